@@ -1,0 +1,14 @@
+# Helpers shared by the test folders.
+
+# Registers `target` to run under mpiexec with each rank count in `RANKS`, labelled mpi.
+function(commsgd_add_mpi_test name target)
+  cmake_parse_arguments(arg "" "" "RANKS" ${ARGN})
+  foreach(np IN LISTS arg_RANKS)
+    add_test(NAME ${name}.np${np}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe ${MPIEXEC_PREFLAGS}
+                     $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(${name}.np${np} PROPERTIES
+      LABELS mpi PROCESSORS ${np} TIMEOUT 600
+      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+  endforeach()
+endfunction()

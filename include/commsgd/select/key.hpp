@@ -1,0 +1,36 @@
+// The order-preserving key of a magnitude, shared by host and device code.
+#pragma once
+
+#include <commsgd/config.hpp>
+
+#include <cstdint>
+#include <cstring>
+
+namespace commsgd::inline v1::select {
+
+// For finite floats, the IEEE-754 bits of |x| read as an unsigned integer order exactly as |x| does, and
+// clearing the sign bit maps -0 onto +0. Radix methods work on these keys.
+COMMSGD_HOST_DEVICE inline std::uint32_t magnitude_key(float x) noexcept {
+  std::uint32_t bits;
+#if defined(__CUDA_ARCH__)
+  bits = __float_as_uint(x);
+#else
+  std::memcpy(&bits, &x, sizeof bits);
+#endif
+  return bits & 0x7fffffffu;
+}
+
+COMMSGD_HOST_DEVICE inline float key_magnitude(std::uint32_t key) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(key);
+#else
+  float x;
+  std::memcpy(&x, &key, sizeof x);
+  return x;
+#endif
+}
+
+// Keys of finite values are below this; the key of +inf.
+inline constexpr std::uint32_t infinite_key = 0x7f800000u;
+
+} // namespace commsgd::inline v1::select
