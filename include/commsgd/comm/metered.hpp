@@ -1,0 +1,187 @@
+// comm::metered<C>: wraps any communicator and counts the bytes and messages each rank sends and receives.
+//
+// Point-to-point traffic is counted as it is. A collective's traffic depends on the algorithm the transport
+// picks, which a wrapper cannot see, so collectives are charged by fixed, documented algorithms: the ones a
+// cost model (cost/) states and a reader can check by hand.
+//   all_reduce_sum  ring reduce-scatter + all-gather over n chunks (chunk j holds m*(j+1)/n - m*j/n
+//   elements):
+//                   rank i sends every chunk but i+1 and then every chunk but i+2, receives every chunk but i
+//                   and then every chunk but i+1 (indices mod n); 2(n-1) messages each way.
+//   all_gather      each rank sends its block to the n-1 others and receives theirs.
+//   all_gather_v    likewise, with each rank's own count; sizes travel as 8-byte counts to every other rank.
+//   broadcast       the root sends the buffer to the n-1 others; each other rank receives it once.
+//   barrier         counted as calls only.
+// Counters are per rank and shared with every communicator split from this one, so a rank's total covers
+// its sub-communicators too.
+#pragma once
+
+#include <commsgd/comm/archetype.hpp>
+#include <commsgd/comm/communicator.hpp>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <vector>
+
+namespace commsgd::inline v1::comm {
+
+struct traffic {
+  std::uint64_t calls = 0;
+  std::uint64_t messages_sent = 0;
+  std::uint64_t messages_received = 0;
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+
+  traffic& operator+=(const traffic& o) noexcept {
+    calls += o.calls;
+    messages_sent += o.messages_sent;
+    messages_received += o.messages_received;
+    bytes_sent += o.bytes_sent;
+    bytes_received += o.bytes_received;
+    return *this;
+  }
+  friend bool operator==(const traffic&, const traffic&) = default;
+};
+
+// One rank's counters, by operation kind.
+class meter {
+public:
+  const traffic& operator[](op_kind k) const noexcept { return per_op_[static_cast<std::size_t>(k)]; }
+  traffic& operator[](op_kind k) noexcept { return per_op_[static_cast<std::size_t>(k)]; }
+  traffic total() const noexcept {
+    traffic t;
+    for (const auto& p : per_op_)
+      t += p;
+    return t;
+  }
+  void reset() noexcept { per_op_ = {}; }
+
+private:
+  std::array<traffic, static_cast<std::size_t>(op_kind_count)> per_op_{};
+};
+
+// Elements rank `i` sends and receives in a ring all-reduce of m elements over n ranks (the meter's rule).
+struct ring_share {
+  std::uint64_t sent = 0;
+  std::uint64_t received = 0;
+};
+inline ring_share ring_all_reduce_share(std::uint64_t m, int n, int i) noexcept {
+  if (n <= 1) return {};
+  const auto un = static_cast<std::uint64_t>(n);
+  auto chunk = [&](std::uint64_t j) {
+    j %= un;
+    return m * (j + 1) / un - m * j / un;
+  };
+  const auto ui = static_cast<std::uint64_t>(i);
+  return {2 * m - chunk(ui + 1) - chunk(ui + 2), 2 * m - chunk(ui) - chunk(ui + 1)};
+}
+
+template <communicator C>
+class metered {
+public:
+  using request_type = request_t<C>;
+
+  explicit metered(C inner) : inner_(std::move(inner)), meter_(std::make_shared<meter>()) {}
+
+  int rank() const noexcept { return inner_.rank(); }
+  int size() const noexcept { return inner_.size(); }
+
+  // This rank's counters (shared with communicators split from this one).
+  const meter& counters() const noexcept { return *meter_; }
+  void reset() noexcept { meter_->reset(); }
+  C& inner() noexcept { return inner_; }
+
+  void barrier() {
+    inner_.barrier();
+    ++(*meter_)[op_kind::barrier].calls;
+  }
+
+  template <reducible T>
+  void all_reduce_sum(std::span<T> data) {
+    inner_.all_reduce_sum(data);
+    const auto share = ring_all_reduce_share(data.size(), size(), rank());
+    const std::uint64_t msgs = size() > 1 ? 2 * static_cast<std::uint64_t>(size() - 1) : 0;
+    charge(op_kind::all_reduce, msgs, msgs, share.sent * sizeof(T), share.received * sizeof(T));
+  }
+
+  template <transferable T>
+  void all_gather(std::span<const T> mine, std::span<T> all) {
+    inner_.all_gather(mine, all);
+    const auto peers = static_cast<std::uint64_t>(size() - 1);
+    charge(op_kind::all_gather, peers, peers, peers * mine.size_bytes(), peers * mine.size_bytes());
+  }
+
+  template <transferable T>
+  std::vector<std::size_t> all_gather_v(std::span<const T> mine, std::vector<T>& all) {
+    auto counts = inner_.all_gather_v(mine, all);
+    const auto peers = static_cast<std::uint64_t>(size() - 1);
+    const std::uint64_t others = (all.size() - mine.size()) * sizeof(T);
+    charge(op_kind::all_gather_v, peers, peers, peers * (mine.size_bytes() + sizeof(std::uint64_t)),
+           others + peers * sizeof(std::uint64_t));
+    return counts;
+  }
+
+  template <transferable T>
+  void broadcast(std::span<T> data, int root) {
+    inner_.broadcast(data, root);
+    const auto peers = static_cast<std::uint64_t>(size() - 1);
+    if (rank() == root)
+      charge(op_kind::broadcast, peers, 0, peers * data.size_bytes(), 0);
+    else
+      charge(op_kind::broadcast, 0, 1, 0, data.size_bytes());
+  }
+
+  template <transferable T>
+  void send(std::span<const T> data, int dest, int tag) {
+    inner_.send(data, dest, tag);
+    charge(op_kind::point_to_point, 1, 0, data.size_bytes(), 0);
+  }
+
+  template <transferable T>
+  void recv(std::span<T> data, int source, int tag) {
+    inner_.recv(data, source, tag);
+    charge(op_kind::point_to_point, 0, 1, 0, data.size_bytes());
+  }
+
+  // Non-blocking traffic is charged when posted: the sizes are known then, and a posted operation either
+  // completes or the group fails.
+  template <transferable T>
+  request_type isend(std::span<const T> data, int dest, int tag) {
+    auto r = inner_.isend(data, dest, tag);
+    charge(op_kind::point_to_point, 1, 0, data.size_bytes(), 0);
+    return r;
+  }
+
+  template <transferable T>
+  request_type irecv(std::span<T> data, int source, int tag) {
+    auto r = inner_.irecv(data, source, tag);
+    charge(op_kind::point_to_point, 0, 1, 0, data.size_bytes());
+    return r;
+  }
+
+  metered split(int color, int key) {
+    ++(*meter_)[op_kind::barrier].calls;
+    return metered(inner_.split(color, key), meter_);
+  }
+
+private:
+  metered(C inner, std::shared_ptr<meter> m) : inner_(std::move(inner)), meter_(std::move(m)) {}
+
+  void charge(op_kind k, std::uint64_t msent, std::uint64_t mrecv, std::uint64_t bsent, std::uint64_t brecv) {
+    auto& t = (*meter_)[k];
+    ++t.calls;
+    t.messages_sent += msent;
+    t.messages_received += mrecv;
+    t.bytes_sent += bsent;
+    t.bytes_received += brecv;
+  }
+
+  C inner_;
+  std::shared_ptr<meter> meter_;
+};
+
+static_assert(communicator<metered<archetype>>);
+
+} // namespace commsgd::inline v1::comm
