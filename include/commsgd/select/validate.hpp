@@ -1,0 +1,49 @@
+// Input checks shared by every selector: k within [0, N], and no NaN or infinity in x.
+#pragma once
+
+#include <commsgd/config.hpp>
+#include <commsgd/error.hpp>
+#include <commsgd/select/key.hpp>
+#include <commsgd/select/selector.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace commsgd::inline v1::select {
+
+// Number of non-finite entries; a branch-free count so that the common all-finite case costs one fast pass.
+inline std::size_t count_non_finite(std::span<const float> x) noexcept {
+  std::size_t total = 0;
+  const std::size_t n = x.size();
+  std::size_t i = 0;
+  // 32-bit partial counts vectorise; the outer sum keeps them from overflowing.
+  while (i < n) {
+    const std::size_t end = n - i > 4096 ? i + 4096 : n;
+    std::uint32_t c = 0;
+    for (; i < end; ++i)
+      c += magnitude_key(x[i]) >= infinite_key;
+    total += c;
+  }
+  return total;
+}
+
+// Throws commsgd::non_finite naming the count and the first index if x holds a NaN or an infinity.
+inline void check_finite(std::span<const float> x, std::string_view what = "x") {
+  const std::size_t bad = count_non_finite(x);
+  if (bad == 0) return;
+  std::size_t first = 0;
+  while (magnitude_key(x[first]) < infinite_key)
+    ++first;
+  throw non_finite(what, bad, first);
+}
+
+// The full precondition of selector::select; methods that fuse the finiteness test into their first pass
+// call check_k and, when that pass saw a non-finite key, check_finite.
+inline void validate(std::span<const float> x, std::size_t k) {
+  check_k(k, x.size());
+  check_finite(x);
+}
+
+} // namespace commsgd::inline v1::select
