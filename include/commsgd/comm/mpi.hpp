@@ -1,0 +1,625 @@
+// comm::mpi: the communicator over MPI, for ranks that are processes (target commsgd::mpi).
+//
+//   boost::mpi::environment env(argc, argv);
+//   auto c = commsgd::comm::mpi::world();                       // a private duplicate of MPI_COMM_WORLD
+//   commsgd::comm::mpi mine(trainer_comm, boost::mpi::comm_attach); // or comm_duplicate, comm_take_ownership
+//
+// Ownership follows boost::mpi::comm_create_kind: comm_attach uses the handle and never frees it,
+// comm_duplicate works on an MPI_Comm_dup of it (a private tag space, freed with the last copy),
+// comm_take_ownership frees the caller's handle on destruction. A boost::mpi::communicator can be passed
+// directly and shares its handle and ownership. Communicators this type creates (duplicates, splits, taken
+// ones) get MPI_ERRORS_RETURN, so MPI failures surface as commsgd::comm_error carrying MPI's error string;
+// an attached handle keeps the error handler its owner chose (MPI_ERRORS_ARE_FATAL aborts, as the owner
+// asked).
+//
+// The data path calls the MPI C API directly (MPI_Allreduce with MPI_IN_PLACE/MPI_SUM on MPI_FLOAT,
+// MPI_DOUBLE, MPI_INT32_T, MPI_UINT32_T; MPI_Allgather(v); MPI_Bcast; MPI_(I)Send/(I)Recv); other
+// transferable types travel as MPI_BYTE. Counts are 64-bit: a transfer larger than max_chunk_elements() MPI
+// elements (INT_MAX by default, the most one MPI call can carry) is split into several calls, never
+// truncated. The limit is a per-communicator setting that every rank must set alike; tests lower it to see
+// chunking on small data.
+//
+// Point-to-point framing: a message of n MPI elements goes as floor(n / L) full pieces of L elements and one
+// final piece of n mod L elements (possibly empty), L the chunk limit. The final piece is always shorter than
+// L, so a receiver that expects another length notices at the first piece that differs (a short piece, or an
+// MPI truncation) instead of waiting for a piece that never comes. Below L this is exactly one message.
+//
+// Size agreement: all_reduce_sum, all_gather and broadcast exchange their sizes (and broadcast its root) in
+// one 16- to 32-byte MPI_Allreduce before the transfer, so ranks that disagree all throw size_mismatch
+// instead of hanging or corrupting memory. That costs one small-message latency per call (a few
+// microseconds; under 1 % of a 1 MiB all-reduce, see bench/results/). Code that has checked its sizes can
+// turn it off with set_verify_sizes(false) on every rank; a disagreement is then the caller's bug (MPI may
+// fail with comm_error, or hang). all_gather_v needs no check: it exchanges the counts anyway. split always
+// checks colours: it is rare and a mistake there would leave ranks in different groups.
+//
+// Not thread safe: one thread at a time per communicator, as MPI_THREAD_SERIALIZED allows.
+#pragma once
+
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/error.hpp>
+
+#include <boost/mpi/communicator.hpp>
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace commsgd::inline v1::comm {
+
+namespace detail {
+
+inline std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return commsgd::detail::concat("MPI error ", code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+inline void mpi_check(int code, const char* call) {
+  if (code != MPI_SUCCESS) throw comm_error(commsgd::detail::concat(call, " failed: ", mpi_error_text(code)));
+}
+
+inline bool mpi_usable() noexcept {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+// How T travels: the native MPI type for the reducible types (MPI_SUM needs them), bytes for the rest.
+template <class T>
+struct mpi_wire {
+  static MPI_Datatype type() noexcept { return MPI_BYTE; }
+  static constexpr std::size_t units = sizeof(T); // MPI elements per T
+};
+template <>
+struct mpi_wire<float> {
+  static MPI_Datatype type() noexcept { return MPI_FLOAT; }
+  static constexpr std::size_t units = 1;
+};
+template <>
+struct mpi_wire<double> {
+  static MPI_Datatype type() noexcept { return MPI_DOUBLE; }
+  static constexpr std::size_t units = 1;
+};
+template <>
+struct mpi_wire<std::int32_t> {
+  static MPI_Datatype type() noexcept { return MPI_INT32_T; }
+  static constexpr std::size_t units = 1;
+};
+template <>
+struct mpi_wire<std::uint32_t> {
+  static MPI_Datatype type() noexcept { return MPI_UINT32_T; }
+  static constexpr std::size_t units = 1;
+};
+
+// Maps an int to uint64 keeping its order, so min/max of the mapped values are min/max of the ints.
+inline constexpr std::uint64_t mpi_ordered(int v) noexcept {
+  return static_cast<std::uint64_t>(static_cast<std::int64_t>(v) - INT_MIN);
+}
+inline constexpr long long mpi_unordered(std::uint64_t v) noexcept {
+  return static_cast<long long>(v) + INT_MIN;
+}
+
+// Piece i of a point-to-point message of n units under limit L (see the framing note at the top).
+inline std::size_t mpi_pieces(std::size_t n, std::size_t limit) noexcept {
+  return n / limit + 1;
+}
+
+} // namespace detail
+
+// Result of comm::mpi isend/irecv: one MPI request per piece of the message.
+//
+// A receive is checked piece by piece, in order: a piece of the wrong length is a comm_error and the pieces
+// after it are cancelled. Destroying (or assigning over) a request that was not completed cancels its
+// pending receives and waits for its pending sends: a send cannot be cancelled portably, and letting it
+// finish in the background could read a buffer the caller frees next. Errors met there are dropped.
+class mpi_request {
+public:
+  mpi_request() = default;
+  mpi_request(const mpi_request&) = delete;
+  mpi_request& operator=(const mpi_request&) = delete;
+  mpi_request(mpi_request&& o) noexcept { take(o); }
+  mpi_request& operator=(mpi_request&& o) noexcept {
+    if (this != &o) {
+      abandon();
+      take(o);
+    }
+    return *this;
+  }
+  ~mpi_request() { abandon(); }
+
+  void wait() {
+    while (next_ < parts_.size()) {
+      MPI_Status status;
+      const int rc = MPI_Wait(&parts_[next_].handle, &status);
+      complete(rc, status);
+    }
+  }
+
+  bool test() {
+    while (next_ < parts_.size()) {
+      int flag = 0;
+      MPI_Status status;
+      const int rc = MPI_Test(&parts_[next_].handle, &flag, &status);
+      if (rc == MPI_SUCCESS && !flag) return false;
+      complete(rc, status);
+    }
+    return true;
+  }
+
+private:
+  friend class mpi;
+
+  struct part {
+    MPI_Request handle = MPI_REQUEST_NULL;
+    int expected = 0; // MPI elements a receive piece must carry
+  };
+
+  mpi_request(bool receive, MPI_Datatype type, int peer, int tag, std::size_t units, std::size_t limit)
+      : type_(type), peer_(peer), tag_(tag), units_(units), limit_(limit), receive_(receive) {
+    parts_.reserve(detail::mpi_pieces(units, limit));
+  }
+
+  void take(mpi_request& o) noexcept {
+    parts_ = std::move(o.parts_);
+    o.parts_.clear();
+    next_ = std::exchange(o.next_, 0);
+    type_ = o.type_;
+    peer_ = o.peer_;
+    tag_ = o.tag_;
+    units_ = o.units_;
+    limit_ = o.limit_;
+    receive_ = o.receive_;
+  }
+
+  // Finishes the current piece; on any failure abandons the rest and throws.
+  void complete(int rc, const MPI_Status& status) {
+    const std::size_t i = next_++;
+    parts_[i].handle = MPI_REQUEST_NULL; // MPI frees a completed (or failed) non-persistent request
+    if (rc != MPI_SUCCESS) {
+      abandon();
+      int cls = 0;
+      MPI_Error_class(rc, &cls);
+      throw comm_error(commsgd::detail::concat(
+          receive_ ? "irecv from rank " : "isend to rank ", peer_, " with tag ", tag_,
+          cls == MPI_ERR_TRUNCATE ? ": the message is longer than the receive buffer of " : ": ",
+          cls == MPI_ERR_TRUNCATE ? std::to_string(units_) + " MPI element(s): " : std::string(),
+          detail::mpi_error_text(rc)));
+    }
+    if (!receive_) return;
+    int got = 0;
+    MPI_Get_count(&status, type_, &got);
+    if (got != parts_[i].expected) {
+      abandon();
+      throw comm_error(commsgd::detail::concat("irecv from rank ", peer_, " with tag ", tag_,
+                                               ": the message ended after ", i * limit_ + got,
+                                               " MPI element(s), the receive buffer holds ", units_));
+    }
+  }
+
+  void abandon() noexcept {
+    if (next_ >= parts_.size()) return;
+    if (detail::mpi_usable())
+      for (std::size_t i = next_; i < parts_.size(); ++i) {
+        auto& h = parts_[i].handle;
+        if (h == MPI_REQUEST_NULL) continue;
+        if (receive_) MPI_Cancel(&h);
+        MPI_Wait(&h, MPI_STATUS_IGNORE);
+      }
+    next_ = parts_.size();
+  }
+
+  std::vector<part> parts_;
+  std::size_t next_ = 0; // first piece not yet completed
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+  int peer_ = -1;
+  int tag_ = 0;
+  std::size_t units_ = 0;
+  std::size_t limit_ = 1;
+  bool receive_ = false;
+};
+
+class mpi {
+public:
+  using request_type = mpi_request;
+
+  // The most MPI elements one MPI call can carry.
+  static constexpr std::size_t default_max_chunk_elements = INT_MAX;
+
+  // A private duplicate of MPI_COMM_WORLD: commsgd's messages can never match the application's.
+  static mpi world() {
+    if (!detail::mpi_usable())
+      throw comm_error("MPI is not initialised (or already finalised): create a boost::mpi::environment "
+                       "(or call MPI_Init) before comm::mpi::world()");
+    return mpi(MPI_COMM_WORLD, boost::mpi::comm_duplicate);
+  }
+
+  // Uses `comm` as boost::mpi::communicator(comm, kind) would: attach, duplicate or take ownership.
+  mpi(MPI_Comm comm, boost::mpi::comm_create_kind kind) {
+    check_handle(comm);
+    try {
+      comm_ = boost::mpi::communicator(comm, kind);
+    } catch (const boost::mpi::exception& e) {
+      throw comm_error(commsgd::detail::concat("creating the communicator failed: ", e.what()));
+    }
+    if (kind != boost::mpi::comm_attach)
+      detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    init();
+  }
+
+  // Shares `comm`'s handle and ownership; pass boost::mpi::communicator(c, boost::mpi::comm_duplicate) for a
+  // private tag space.
+  explicit mpi(const boost::mpi::communicator& comm) : comm_(comm) {
+    check_handle(comm_);
+    init();
+  }
+
+  mpi(const mpi&) = delete;
+  mpi& operator=(const mpi&) = delete;
+  mpi(mpi&& o) noexcept { take(o); }
+  mpi& operator=(mpi&& o) noexcept {
+    if (this != &o) take(o);
+    return *this;
+  }
+  ~mpi() = default;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+
+  MPI_Comm native() const noexcept { return raw_; }
+  const boost::mpi::communicator& as_boost() const noexcept { return comm_; }
+
+  std::size_t max_chunk_elements() const noexcept { return max_chunk_; }
+  // Every rank must set the same limit: pieces of collectives and messages must line up.
+  void set_max_chunk_elements(std::size_t limit) {
+    commsgd::detail::check_range("limit", limit, std::size_t{1}, default_max_chunk_elements, "[1, INT_MAX]");
+    max_chunk_ = limit;
+  }
+
+  bool verify_sizes() const noexcept { return verify_; }
+  // Every rank must choose alike; see the note at the top of the file for what turning it off costs.
+  void set_verify_sizes(bool on) noexcept { verify_ = on; }
+
+  void barrier() { detail::mpi_check(MPI_Barrier(raw_), "MPI_Barrier"); }
+
+  template <reducible T>
+  void all_reduce_sum(std::span<T> data) {
+    if (size_ == 1) return;
+    if (verify_) agree_on_count("all_reduce_sum", "data.size()", data.size());
+    const MPI_Datatype type = detail::mpi_wire<T>::type();
+    for (std::size_t lo = 0; lo < data.size(); lo += max_chunk_)
+      detail::mpi_check(
+          MPI_Allreduce(MPI_IN_PLACE, data.data() + lo, piece(data.size(), lo), type, MPI_SUM, raw_),
+          "MPI_Allreduce");
+  }
+
+  template <transferable T>
+  void all_gather(std::span<const T> mine, std::span<T> all) {
+    const std::size_t m = mine.size();
+    const bool fits = all.size() == m * static_cast<std::size_t>(size_);
+    if (verify_) {
+      const auto mm = min_max<2>({m, fits ? 0u : 1u});
+      if (mm[0].first != mm[0].second) throw disagreement("all_gather", "mine.size()", m, mm[0]);
+      if (mm[1].second != 0) throw bad_all_size(m, all.size(), fits ? "another rank" : "this rank");
+    } else if (!fits) {
+      throw bad_all_size(m, all.size(), "this rank");
+    }
+    if (m == 0) return;
+    using wire = detail::mpi_wire<T>;
+    const MPI_Datatype type = wire::type();
+    const std::size_t units = m * wire::units;
+    if (units <= max_chunk_) {
+      detail::mpi_check(MPI_Allgather(mine.data(), static_cast<int>(units), type, all.data(),
+                                      static_cast<int>(units), type, raw_),
+                        "MPI_Allgather");
+      return;
+    }
+    // Piece [lo, lo + len) of every rank's block lands `units` elements apart: a resized contiguous type
+    // describes that stride, so no staging copy is needed.
+    const std::size_t unit_bytes = sizeof(T) / wire::units;
+    const auto* src = reinterpret_cast<const std::byte*>(mine.data());
+    auto* dst = reinterpret_cast<std::byte*>(all.data());
+    for (std::size_t lo = 0; lo < units; lo += max_chunk_) {
+      const int len = piece(units, lo);
+      MPI_Datatype run = MPI_DATATYPE_NULL, strided = MPI_DATATYPE_NULL;
+      detail::mpi_check(MPI_Type_contiguous(len, type, &run), "MPI_Type_contiguous");
+      int rc = MPI_Type_create_resized(run, 0, static_cast<MPI_Aint>(units * unit_bytes), &strided);
+      MPI_Type_free(&run);
+      detail::mpi_check(rc, "MPI_Type_create_resized");
+      rc = MPI_Type_commit(&strided);
+      if (rc == MPI_SUCCESS)
+        rc = MPI_Allgather(src + lo * unit_bytes, len, type, dst + lo * unit_bytes, 1, strided, raw_);
+      MPI_Type_free(&strided);
+      detail::mpi_check(rc, "MPI_Allgather");
+    }
+  }
+
+  template <transferable T>
+  std::vector<std::size_t> all_gather_v(std::span<const T> mine, std::vector<T>& all) {
+    std::vector<std::uint64_t> counts64(static_cast<std::size_t>(size_));
+    const std::uint64_t my_count = mine.size();
+    detail::mpi_check(MPI_Allgather(&my_count, 1, MPI_UINT64_T, counts64.data(), 1, MPI_UINT64_T, raw_),
+                      "MPI_Allgather");
+    std::vector<std::size_t> counts(counts64.begin(), counts64.end());
+    std::size_t total = 0;
+    for (auto c : counts)
+      total += c;
+    all.resize(total);
+    if (total == 0) return counts;
+
+    using wire = detail::mpi_wire<T>;
+    const MPI_Datatype type = wire::type();
+    bool one_call = true;
+    std::size_t offset = 0;
+    for (auto c : counts) {
+      one_call = one_call && offset * wire::units <= max_chunk_ && c * wire::units <= max_chunk_;
+      offset += c;
+    }
+    if (one_call) {
+      std::vector<int> unit_counts(counts.size()), displs(counts.size());
+      offset = 0;
+      for (std::size_t r = 0; r < counts.size(); ++r) {
+        unit_counts[r] = static_cast<int>(counts[r] * wire::units);
+        displs[r] = static_cast<int>(offset * wire::units);
+        offset += counts[r];
+      }
+      detail::mpi_check(MPI_Allgatherv(mine.data(), static_cast<int>(mine.size() * wire::units), type,
+                                       all.data(), unit_counts.data(), displs.data(), type, raw_),
+                        "MPI_Allgatherv");
+      return counts;
+    }
+    // Some count or displacement does not fit one call: each rank broadcasts its part in pieces.
+    offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      const std::size_t c = counts[static_cast<std::size_t>(r)];
+      if (r == rank_) std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(offset));
+      bcast_units(all.data() + offset, c * wire::units, type, r);
+      offset += c;
+    }
+    return counts;
+  }
+
+  template <transferable T>
+  void broadcast(std::span<T> data, int root) {
+    if (verify_ && size_ > 1) {
+      // Root and size travel together, so a rank with another root (even an invalid one) fails everywhere.
+      const auto mm = min_max<2>({data.size(), detail::mpi_ordered(root)});
+      if (mm[1].first != mm[1].second)
+        throw invalid_argument(commsgd::detail::concat(
+            "broadcast: ranks disagree on 'root' (this rank passed ", root, ", others passed values from ",
+            detail::mpi_unordered(mm[1].first), " to ", detail::mpi_unordered(mm[1].second), ")"));
+      check_peer("root", root);
+      if (mm[0].first != mm[0].second) throw disagreement("broadcast", "data.size()", data.size(), mm[0]);
+    } else {
+      check_peer("root", root);
+    }
+    using wire = detail::mpi_wire<T>;
+    bcast_units(data.data(), data.size() * wire::units, wire::type(), root);
+  }
+
+  template <transferable T>
+  void send(std::span<const T> data, int dest, int tag) {
+    check_peer("dest", dest);
+    check_tag(tag);
+    using wire = detail::mpi_wire<T>;
+    const std::size_t units = data.size() * wire::units;
+    const auto* bytes = reinterpret_cast<const std::byte*>(data.data());
+    const std::size_t unit_bytes = sizeof(T) / wire::units;
+    for (std::size_t i = 0, pieces = detail::mpi_pieces(units, max_chunk_); i < pieces; ++i) {
+      const std::size_t lo = i * max_chunk_;
+      detail::mpi_check(MPI_Send(bytes + lo * unit_bytes, frame(units, lo), wire::type(), dest, tag, raw_),
+                        "MPI_Send");
+    }
+  }
+
+  template <transferable T>
+  void recv(std::span<T> data, int source, int tag) {
+    check_peer("source", source);
+    check_tag(tag);
+    using wire = detail::mpi_wire<T>;
+    const std::size_t units = data.size() * wire::units;
+    auto* bytes = reinterpret_cast<std::byte*>(data.data());
+    const std::size_t unit_bytes = sizeof(T) / wire::units;
+    for (std::size_t i = 0, pieces = detail::mpi_pieces(units, max_chunk_); i < pieces; ++i) {
+      const std::size_t lo = i * max_chunk_;
+      const int len = frame(units, lo);
+      MPI_Status status;
+      const int rc = MPI_Recv(bytes + lo * unit_bytes, len, wire::type(), source, tag, raw_, &status);
+      if (rc != MPI_SUCCESS) {
+        int cls = 0;
+        MPI_Error_class(rc, &cls);
+        throw comm_error(commsgd::detail::concat(
+            "recv from rank ", source, " with tag ", tag,
+            cls == MPI_ERR_TRUNCATE ? ": the message is longer than the receive buffer of " : ": ",
+            cls == MPI_ERR_TRUNCATE ? std::to_string(units) + " MPI element(s): " : std::string(),
+            detail::mpi_error_text(rc)));
+      }
+      int got = 0;
+      MPI_Get_count(&status, wire::type(), &got);
+      if (got != len)
+        throw comm_error(commsgd::detail::concat(
+            "recv from rank ", source, " with tag ", tag, ": the message ended after ",
+            lo + static_cast<std::size_t>(got), " MPI element(s), the receive buffer holds ", units));
+    }
+  }
+
+  template <transferable T>
+  mpi_request isend(std::span<const T> data, int dest, int tag) {
+    check_peer("dest", dest);
+    check_tag(tag);
+    using wire = detail::mpi_wire<T>;
+    const std::size_t units = data.size() * wire::units;
+    const auto* bytes = reinterpret_cast<const std::byte*>(data.data());
+    const std::size_t unit_bytes = sizeof(T) / wire::units;
+    mpi_request req(false, wire::type(), dest, tag, units, max_chunk_);
+    for (std::size_t i = 0, pieces = detail::mpi_pieces(units, max_chunk_); i < pieces; ++i) {
+      const std::size_t lo = i * max_chunk_;
+      auto& p = req.parts_.emplace_back();
+      detail::mpi_check(
+          MPI_Isend(bytes + lo * unit_bytes, frame(units, lo), wire::type(), dest, tag, raw_, &p.handle),
+          "MPI_Isend");
+    }
+    return req;
+  }
+
+  template <transferable T>
+  mpi_request irecv(std::span<T> data, int source, int tag) {
+    check_peer("source", source);
+    check_tag(tag);
+    using wire = detail::mpi_wire<T>;
+    const std::size_t units = data.size() * wire::units;
+    auto* bytes = reinterpret_cast<std::byte*>(data.data());
+    const std::size_t unit_bytes = sizeof(T) / wire::units;
+    mpi_request req(true, wire::type(), source, tag, units, max_chunk_);
+    for (std::size_t i = 0, pieces = detail::mpi_pieces(units, max_chunk_); i < pieces; ++i) {
+      const std::size_t lo = i * max_chunk_;
+      auto& p = req.parts_.emplace_back();
+      p.expected = frame(units, lo);
+      detail::mpi_check(
+          MPI_Irecv(bytes + lo * unit_bytes, p.expected, wire::type(), source, tag, raw_, &p.handle),
+          "MPI_Irecv");
+    }
+    return req;
+  }
+
+  // The new communicator owns its handle and inherits this one's chunk limit and size checking.
+  mpi split(int color, int key) {
+    // Every rank learns the smallest colour, so a negative colour on any rank fails on all of them.
+    int lowest = color;
+    if (size_ > 1)
+      detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, raw_), "MPI_Allreduce");
+    if (lowest < 0)
+      throw invalid_argument(commsgd::detail::concat("split: argument 'color' = ", lowest,
+                                                     lowest == color ? "" : " (on another rank)",
+                                                     " is outside the allowed range [0, inf)"));
+    MPI_Comm child = MPI_COMM_NULL;
+    detail::mpi_check(MPI_Comm_split(raw_, color, key, &child), "MPI_Comm_split");
+    mpi out(child, boost::mpi::comm_take_ownership);
+    out.max_chunk_ = max_chunk_;
+    out.verify_ = verify_;
+    return out;
+  }
+
+private:
+  static void check_handle(MPI_Comm comm) {
+    if (comm == MPI_COMM_NULL)
+      throw invalid_argument("argument 'comm' is MPI_COMM_NULL; a usable communicator is required");
+    if (!detail::mpi_usable()) throw comm_error("MPI is not initialised (or already finalised)");
+    int inter = 0;
+    detail::mpi_check(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter");
+    if (inter)
+      throw invalid_argument("argument 'comm' is an inter-communicator; an intra-communicator is required");
+  }
+
+  void init() {
+    raw_ = comm_;
+    detail::mpi_check(MPI_Comm_rank(raw_, &rank_), "MPI_Comm_rank");
+    detail::mpi_check(MPI_Comm_size(raw_, &size_), "MPI_Comm_size");
+    // MPI_TAG_UB is a predefined attribute of MPI_COMM_WORLD, the same for every communicator.
+    void* value = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &flag);
+    tag_ub_ = flag && value ? *static_cast<int*>(value) : 32767; // 32767: the least the standard allows
+  }
+
+  void take(mpi& o) noexcept {
+    comm_ = std::move(o.comm_);
+    o.comm_ = boost::mpi::communicator(MPI_COMM_NULL, boost::mpi::comm_attach);
+    raw_ = std::exchange(o.raw_, MPI_COMM_NULL);
+    rank_ = std::exchange(o.rank_, 0);
+    size_ = std::exchange(o.size_, 0);
+    tag_ub_ = o.tag_ub_;
+    max_chunk_ = o.max_chunk_;
+    verify_ = o.verify_;
+  }
+
+  void check_peer(const char* name, int value) const {
+    if (value < 0 || value >= size_)
+      throw invalid_argument(commsgd::detail::concat("argument '", name, "' = ", value,
+                                                     " is outside the allowed range [0, ", size_, ")"));
+  }
+
+  void check_tag(int tag) const {
+    if (tag < 0 || tag > tag_ub_)
+      throw invalid_argument(commsgd::detail::concat(
+          "argument 'tag' = ", tag, " is outside the allowed range [0, MPI_TAG_UB = ", tag_ub_, "]"));
+  }
+
+  // Length of the collective piece starting at lo.
+  int piece(std::size_t units, std::size_t lo) const noexcept {
+    return static_cast<int>(std::min(max_chunk_, units - lo));
+  }
+
+  // Length of the point-to-point piece starting at lo: full pieces, then the (short, maybe empty) rest.
+  int frame(std::size_t units, std::size_t lo) const noexcept {
+    return static_cast<int>(units - lo >= max_chunk_ ? max_chunk_ : units - lo);
+  }
+
+  void bcast_units(void* data, std::size_t units, MPI_Datatype type, int root) {
+    int type_size = 0;
+    MPI_Type_size(type, &type_size);
+    auto* bytes = static_cast<std::byte*>(data);
+    for (std::size_t lo = 0; lo < units; lo += max_chunk_)
+      detail::mpi_check(
+          MPI_Bcast(bytes + lo * static_cast<std::size_t>(type_size), piece(units, lo), type, root, raw_),
+          "MPI_Bcast");
+  }
+
+  // Smallest and largest of each value over all ranks, in one small all-reduce (max of v and of ~v).
+  template <std::size_t K>
+  std::array<std::pair<std::uint64_t, std::uint64_t>, K> min_max(std::array<std::uint64_t, K> v) {
+    std::array<std::pair<std::uint64_t, std::uint64_t>, K> out;
+    std::array<std::uint64_t, 2 * K> buf;
+    for (std::size_t k = 0; k < K; ++k) {
+      buf[2 * k] = v[k];
+      buf[2 * k + 1] = ~v[k];
+    }
+    if (size_ > 1)
+      detail::mpi_check(
+          MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(2 * K), MPI_UINT64_T, MPI_MAX, raw_),
+          "MPI_Allreduce");
+    for (std::size_t k = 0; k < K; ++k)
+      out[k] = {~buf[2 * k + 1], buf[2 * k]};
+    return out;
+  }
+
+  void agree_on_count(const char* op, const char* arg, std::size_t n) {
+    const auto mm = min_max<1>({n});
+    if (mm[0].first != mm[0].second) throw disagreement(op, arg, n, mm[0]);
+  }
+
+  static size_mismatch disagreement(const char* op, const char* arg, std::size_t mine,
+                                    std::pair<std::uint64_t, std::uint64_t> range) {
+    return size_mismatch(commsgd::detail::concat(op, ": ranks disagree on ", arg, " (this rank has ", mine,
+                                                 ", the ranks have values from ", range.first, " to ",
+                                                 range.second, ")"));
+  }
+
+  size_mismatch bad_all_size(std::size_t m, std::size_t all, const char* where) const {
+    return size_mismatch(commsgd::detail::concat(
+        "all_gather: on ", where,
+        " argument 'all' does not hold size() * mine.size() elements (this rank: all.size() = ", all,
+        ", size() * mine.size() = ", size_, " * ", m, ")"));
+  }
+
+  boost::mpi::communicator comm_ = boost::mpi::communicator(MPI_COMM_NULL, boost::mpi::comm_attach);
+  MPI_Comm raw_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 0;
+  int tag_ub_ = 32767;
+  std::size_t max_chunk_ = default_max_chunk_elements;
+  bool verify_ = true;
+};
+
+static_assert(request<mpi_request>);
+static_assert(communicator<mpi>);
+
+} // namespace commsgd::inline v1::comm
