@@ -196,7 +196,7 @@ public:
   void all_reduce_sum(std::span<T> data) {
     publish(data.data(), data.size());
     sync("all_reduce_sum");
-    check_equal_counts("all_reduce_sum", "data.size()");
+    agree("all_reduce_sum", [&] { check_equal_counts("all_reduce_sum", "data.size()"); });
     const std::size_t n = data.size();
     const int p = size();
     if (p > 1 && n > 0) {
@@ -234,12 +234,14 @@ public:
     const bool fits = all.size() == mine.size() * static_cast<std::size_t>(size());
     publish(mine.data(), mine.size(), fits ? 1 : 0);
     sync("all_gather");
-    check_equal_counts("all_gather", "mine.size()");
-    for (int r = 0; r < size(); ++r)
-      if (slot(r).a == 0)
-        throw size_mismatch(commsgd::detail::concat(
-            "all_gather: on rank ", r, " argument 'all' must hold size() * mine.size() = ", size(), " * ",
-            slot(r).count, " elements"));
+    agree("all_gather", [&] {
+      check_equal_counts("all_gather", "mine.size()");
+      for (int r = 0; r < size(); ++r)
+        if (slot(r).a == 0)
+          throw size_mismatch(commsgd::detail::concat(
+              "all_gather: on rank ", r, " argument 'all' must hold size() * mine.size() = ", size(), " * ",
+              slot(r).count, " elements"));
+    });
     const std::size_t m = mine.size();
     for (int r = 0; r < size(); ++r)
       if (m > 0) std::memcpy(all.data() + static_cast<std::size_t>(r) * m, slot(r).data, m * sizeof(T));
@@ -268,13 +270,15 @@ public:
   void broadcast(std::span<T> data, int root) {
     publish(data.data(), data.size(), root);
     sync("broadcast");
-    for (int r = 0; r < size(); ++r)
-      if (slot(r).a != root)
-        throw invalid_argument(commsgd::detail::concat("broadcast: ranks disagree on 'root' (rank ", r,
-                                                       " passed ", slot(r).a, ", rank ", rank_, " passed ",
-                                                       root, ")"));
-    detail::check_peer("root", root, size());
-    check_equal_counts("broadcast", "data.size()");
+    agree("broadcast", [&] {
+      for (int r = 0; r < size(); ++r)
+        if (slot(r).a != root)
+          throw invalid_argument(commsgd::detail::concat("broadcast: ranks disagree on 'root' (rank ", r,
+                                                         " passed ", slot(r).a, ", rank ", rank_, " passed ",
+                                                         root, ")"));
+      detail::check_peer("root", root, size());
+      check_equal_counts("broadcast", "data.size()");
+    });
     if (rank_ != root && !data.empty()) std::memcpy(data.data(), slot(root).data, data.size_bytes());
     sync("broadcast");
   }
@@ -311,10 +315,12 @@ public:
   local split(int color, int key) {
     publish(nullptr, 0, color, key);
     sync("split");
-    for (int r = 0; r < size(); ++r)
-      if (slot(r).a < 0)
-        throw invalid_argument(commsgd::detail::concat("split: argument 'color' = ", slot(r).a, " on rank ",
-                                                       r, " is outside the allowed range [0, inf)"));
+    agree("split", [&] {
+      for (int r = 0; r < size(); ++r)
+        if (slot(r).a < 0)
+          throw invalid_argument(commsgd::detail::concat("split: argument 'color' = ", slot(r).a, " on rank ",
+                                                         r, " is outside the allowed range [0, inf)"));
+    });
     // Members of my color, ordered by (key, rank); the first of them creates the shared context.
     std::vector<int> group;
     for (int r = 0; r < size(); ++r)
@@ -352,6 +358,19 @@ private:
   }
 
   void sync(const char* what) { ctx_->barrier(what); }
+
+  // Runs a check that every rank evaluates on the same published data, so all reach the same verdict. A
+  // rejecting rank synchronises once more before it throws: otherwise it could publish for its next call
+  // while a slower rank still reads the slots of this one.
+  template <class Check>
+  void agree(const char* what, Check check) {
+    try {
+      check();
+    } catch (const commsgd::error&) {
+      sync(what);
+      throw;
+    }
+  }
 
   // Every rank sees every count, so every rank reaches the same verdict and none is left waiting.
   void check_equal_counts(const char* op, const char* arg) const {
