@@ -1,0 +1,45 @@
+// radix: exact radix select on magnitude keys with a candidate buffer (AIR top-k's shape).
+//
+// Passes over memory: digit 1 reads x; digit 2 reads x and keeps the keys of the chosen bucket; digit 3 reads
+// only those. So about 2 reads of x, no host synchronisation.
+#pragma once
+
+#include <commsgd/cuda/engine_dispatch.cuh>
+
+namespace commsgd::inline v1::cuda {
+
+struct radix {
+  static constexpr bool is_exact = true;
+  static constexpr const char* name = "radix";
+
+  // Two-phase: with workspace == nullptr only sets workspace_bytes. The threshold lands in *out (device
+  // memory) and, when host_out (pinned) is given, is copied there on the same stream.
+  void select(void* workspace, std::size_t& workspace_bytes, const float* x, std::size_t n, std::size_t k,
+              device_result* out, cudaStream_t stream = nullptr, device_result* host_out = nullptr) const {
+    detail::workspace_carver carver(workspace);
+    const auto w = detail::carve_engine(carver, n, 8);
+    if (detail::size_query(workspace, workspace_bytes, carver.bytes())) return;
+    detail::check_select_args(x, n, k, out);
+    if (detail::trivial_selection(x, n, k, w, out, host_out, stream)) return;
+    detail::engine_params p{};
+    p.n = n;
+    p.k = p.limit = p.main_k = p.main_limit = k;
+    p.cap = w.cap;
+    detail::launch_init(w, p, stream);
+    detail::launch_digit_passes(x, n, w, detail::full_passes, true, stream);
+    detail::launch_finalize(w, out, nullptr, host_out, stream);
+  }
+
+  // Allocating form; synchronises the stream to return the threshold (and throws on non-finite input).
+  commsgd::select::threshold select(const float* x, std::size_t n, std::size_t k,
+                                    cudaStream_t stream = nullptr) const {
+    std::size_t bytes = 0;
+    select(nullptr, bytes, x, n, k, nullptr, stream);
+    device_buffer<char> ws(bytes);
+    device_buffer<device_result> out(1);
+    select(ws.data(), bytes, x, n, k, out.data(), stream);
+    return read_result(out.data(), stream);
+  }
+};
+
+} // namespace commsgd::inline v1::cuda

@@ -1,0 +1,78 @@
+// sampled: DGC's estimate from a strided sample, corrected by the same one-pass window count as
+// laplace_bisect (instead of DGC's fixed 0.8 / 1.3 steps, which need a pass per step).
+//
+// Passes: the exact threshold of the sample (about n / stride keys, read 3 times: cheap), one window pass
+// over x centred on it, and a refine pass when the chosen bucket holds too many keys. No host
+// synchronisation.
+#pragma once
+
+#include <commsgd/cuda/engine_dispatch.cuh>
+
+namespace commsgd::inline v1::cuda {
+
+struct sampled_options {
+  double tol = 0.01;
+  double sample_fraction = 0.01;
+  bool trim = false;
+};
+
+class sampled {
+public:
+  static constexpr bool is_exact = false;
+  static constexpr const char* name = "sampled";
+
+  explicit sampled(sampled_options options = {}) : options_(options) {
+    detail::approx_limit(1, options_.tol);
+    commsgd::detail::check_range("sample_fraction", options_.sample_fraction, 1e-9, 1.0, "[1e-9, 1]");
+  }
+
+  void select(void* workspace, std::size_t& workspace_bytes, const float* x, std::size_t n, std::size_t k,
+              device_result* out, cudaStream_t stream = nullptr, device_result* host_out = nullptr) const {
+    const std::size_t stride =
+        std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(1.0 / options_.sample_fraction)));
+    const std::size_t m = n == 0 ? 0 : (n - 1) / stride + 1;
+    detail::workspace_carver carver(workspace);
+    const auto w = detail::carve_engine(carver, n, 8, m);
+    if (detail::size_query(workspace, workspace_bytes, carver.bytes())) return;
+    detail::check_select_args(x, n, k, out);
+    if (detail::trivial_selection(x, n, k, w, out, host_out, stream)) return;
+    // The sample's share of k, at least 1 so that the sample always yields a threshold.
+    const auto k_sample = std::clamp<std::size_t>(
+        static_cast<std::size_t>(std::llround(static_cast<double>(k) * static_cast<double>(m) / n)), 1, m);
+    detail::engine_params p{};
+    p.n = n;
+    p.k = p.limit = k_sample;
+    p.stage = static_cast<detail::u32>(detail::on_done::sample);
+    p.main_k = k;
+    p.main_limit = options_.trim ? k : detail::approx_limit(k, options_.tol);
+    p.main_approx = options_.trim ? 0 : 1;
+    p.cap = w.cap;
+    p.initial_candidates = m;
+    detail::launch_init(w, p, stream);
+    detail::sample_kernel<><<<detail::grid_for(m), detail::block_threads, 0, stream>>>(x, stride, m, w.cand0);
+    check_launch("sample_kernel");
+    detail::launch_digit_passes(x, m, w, detail::full_passes, false, stream);
+    const unsigned grid = detail::grid_for(n);
+    // A 1 % sample puts the k-th key within a few percent: +-2 binades is ample and keeps buckets narrow.
+    detail::window_pass_kernel<>
+        <<<grid, detail::block_threads, 0, stream>>>(x, w.state, w.hist, w.edge, 1, true);
+    check_launch("window_pass_kernel");
+    detail::launch_digit_passes(x, n, w, detail::full_passes, false, stream);
+    detail::launch_finalize(w, out, nullptr, host_out, stream);
+  }
+
+  commsgd::select::threshold select(const float* x, std::size_t n, std::size_t k,
+                                    cudaStream_t stream = nullptr) const {
+    std::size_t bytes = 0;
+    select(nullptr, bytes, x, n, k, nullptr, stream);
+    device_buffer<char> ws(bytes);
+    device_buffer<device_result> out(1);
+    select(ws.data(), bytes, x, n, k, out.data(), stream);
+    return read_result(out.data(), stream);
+  }
+
+private:
+  sampled_options options_;
+};
+
+} // namespace commsgd::inline v1::cuda

@@ -1,0 +1,291 @@
+// Every CUDA selector and the compaction against a sorted CPU reference written here, independent of the
+// host selectors: exact methods must give the same (value, above, at) and the same pairs; approximate ones
+// must land in [k, ceil((1 + tol) k)] with a threshold consistent with the input.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <commsgd/cuda.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace cu = commsgd::cuda;
+using commsgd::select::magnitude_key;
+using commsgd::select::threshold;
+
+namespace {
+
+threshold reference_threshold(const std::vector<float>& x, std::size_t k) {
+  if (k == 0) return threshold{};
+  std::vector<std::uint32_t> keys(x.size());
+  std::transform(x.begin(), x.end(), keys.begin(), [](float v) { return magnitude_key(v); });
+  std::sort(keys.begin(), keys.end(), std::greater<>());
+  const std::uint32_t t = keys[k - 1];
+  const auto above =
+      static_cast<std::size_t>(std::count_if(keys.begin(), keys.end(), [&](auto v) { return v > t; }));
+  return threshold{commsgd::select::key_magnitude(t), above, k - above};
+}
+
+std::vector<std::uint64_t> reference_indices(const std::vector<float>& x, const threshold& t) {
+  std::vector<std::uint64_t> out;
+  const std::uint32_t tk = magnitude_key(t.value);
+  std::size_t ties = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::uint32_t key = magnitude_key(x[i]);
+    if (key > tk || (key == tk && ties++ < t.at)) out.push_back(i);
+  }
+  return out;
+}
+
+enum class shape { laplace, gaussian, relu_like, ties, zeros, signed_zeros };
+
+std::vector<float> make(std::size_t n, shape s, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> x(n);
+  std::exponential_distribution<float> expo(1.0f);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> small(-3, 3);
+  for (auto& v : x) {
+    switch (s) {
+    case shape::laplace:
+      v = (rng() & 1 ? 1.0f : -1.0f) * expo(rng) * 1e-3f;
+      break;
+    case shape::gaussian:
+      v = normal(rng);
+      break;
+    case shape::relu_like:
+      v = (rng() % 8 == 0) ? 0.0f : (rng() & 1 ? 1.0f : -1.0f) * expo(rng) * expo(rng);
+      break;
+    case shape::ties:
+      v = 0.5f * static_cast<float>(small(rng));
+      break;
+    case shape::zeros:
+      v = 0.0f;
+      break;
+    case shape::signed_zeros:
+      v = (rng() % 4 == 0) ? 1.0f : (rng() & 1 ? -0.0f : 0.0f);
+      break;
+    }
+  }
+  return x;
+}
+
+struct device_input {
+  cu::device_buffer<float> d;
+  explicit device_input(const std::vector<float>& x) : d(x.size()) {
+    if (!x.empty())
+      cu::check(cudaMemcpy(d.data(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice),
+                "cudaMemcpy");
+  }
+};
+
+// The count an approximate method claims must be what its threshold really selects.
+void check_approximate(const std::vector<float>& x, std::size_t k, const threshold& t, double tol) {
+  const std::uint32_t tk = magnitude_key(t.value);
+  std::size_t above = 0, at = 0;
+  for (float v : x) {
+    above += magnitude_key(v) > tk;
+    at += magnitude_key(v) == tk;
+  }
+  if (k == 0) {
+    CHECK(t.count() == 0);
+    return;
+  }
+  CHECK(t.above == above);
+  CHECK(t.at == at);
+  CHECK(t.count() >= k);
+  CHECK(t.count() <= static_cast<std::size_t>(std::ceil((1.0 + tol) * static_cast<double>(k))));
+}
+
+template <class Method>
+threshold run(Method& m, const std::vector<float>& x, std::size_t k) {
+  device_input in(x);
+  return m.select(in.d.data(), x.size(), k);
+}
+
+// Exact methods, and the approximate ones with trim: the reference threshold, bit for bit.
+template <class Method>
+void check_exact(Method m, const std::vector<float>& x, std::size_t k) {
+  const threshold want = reference_threshold(x, k);
+  const threshold got = run(m, x, k);
+  INFO("method ", Method::name, " n ", x.size(), " k ", k);
+  CHECK(got.value == want.value);
+  CHECK(got.above == want.above);
+  CHECK(got.at == want.at);
+}
+
+void check_all_exact(const std::vector<float>& x, std::size_t k) {
+  check_exact(cu::exact{}, x, k);
+  check_exact(cu::radix{}, x, k);
+  check_exact(cu::hierarchical{}, x, k);
+  check_exact(cu::laplace_bisect{{.trim = true, .warm_start = false}}, x, k);
+  check_exact(cu::sampled{{.trim = true}}, x, k);
+}
+
+std::vector<std::size_t> ks_for(std::size_t n) {
+  std::vector<std::size_t> ks{0, 1, n / 2, n, (n + 999) / 1000, (n + 99) / 100};
+  std::erase_if(ks, [&](std::size_t k) { return k > n; });
+  std::sort(ks.begin(), ks.end());
+  ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
+  return ks;
+}
+
+} // namespace
+
+TEST_CASE("exact methods match the sorted reference on random inputs") {
+  const std::size_t sizes[] = {0, 1, 2, 7, 1001, 4096, 4097, 65537, 300001};
+  const shape shapes[] = {shape::laplace, shape::gaussian, shape::relu_like,
+                          shape::ties,    shape::zeros,    shape::signed_zeros};
+  for (std::size_t n : sizes)
+    for (shape s : shapes)
+      for (std::uint64_t seed = 1; seed <= (n < 5000 ? 6u : 2u); ++seed) {
+        const auto x = make(n, s, seed * 7919 + n);
+        for (std::size_t k : ks_for(n))
+          check_all_exact(x, k);
+      }
+}
+
+TEST_CASE("exact methods at 2^24") {
+  const std::size_t n = std::size_t{1} << 24;
+  for (shape s : {shape::laplace, shape::relu_like, shape::ties}) {
+    const auto x = make(n, s, 42);
+    for (std::size_t k : {std::size_t{1}, n / 10000, n / 1000, n / 100, n})
+      check_all_exact(x, k);
+  }
+}
+
+TEST_CASE("approximate methods land within tolerance") {
+  for (std::size_t n : {std::size_t{1000}, std::size_t{65536}, std::size_t{1} << 20})
+    for (shape s : {shape::laplace, shape::gaussian, shape::relu_like})
+      for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+        const auto x = make(n, s, seed);
+        for (std::size_t k : ks_for(n)) {
+          INFO("n ", n, " k ", k, " shape ", static_cast<int>(s));
+          cu::laplace_bisect cold({.warm_start = false});
+          check_approximate(x, k, run(cold, x, k), 0.01);
+          cu::sampled sm;
+          check_approximate(x, k, run(sm, x, k), 0.01);
+          // Warm start: the previous threshold of a similar gradient centres the window.
+          cu::laplace_bisect warm;
+          run(warm, make(n, s, seed + 100), k);
+          CHECK(warm.warm());
+          check_approximate(x, k, run(warm, x, k), 0.01);
+        }
+      }
+}
+
+TEST_CASE("approximate methods refuse when ties exceed the tolerance") {
+  const auto x = make(10000, shape::zeros, 1);
+  cu::laplace_bisect m({.warm_start = false});
+  CHECK_THROWS_AS(run(m, x, 10), commsgd::unsupported);
+  cu::sampled s;
+  CHECK_THROWS_AS(run(s, x, 10), commsgd::unsupported);
+}
+
+TEST_CASE("non-finite input is refused with the count and the first index") {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    auto x = make(100000, shape::laplace, 3);
+    x[777] = bad;
+    x[90000] = bad;
+    auto expect = [&](auto method, std::size_t k) {
+      INFO("method ", decltype(method)::name, " k ", k);
+      try {
+        run(method, x, k);
+        FAIL("no exception");
+      } catch (const commsgd::non_finite& e) {
+        CHECK(e.count() == 2);
+        CHECK(e.first_index() == 777);
+      }
+    };
+    for (std::size_t k : {std::size_t{0}, std::size_t{100}}) {
+      expect(cu::exact{}, k);
+      expect(cu::radix{}, k);
+      expect(cu::hierarchical{}, k);
+      expect(cu::laplace_bisect{}, k);
+      expect(cu::sampled{}, k);
+    }
+    device_input in(x);
+    CHECK_THROWS_AS(cu::check_finite(in.d.data(), x.size()), commsgd::non_finite);
+  }
+}
+
+TEST_CASE("arguments out of range are refused") {
+  const auto x = make(10, shape::laplace, 1);
+  device_input in(x);
+  CHECK_THROWS_AS(cu::radix{}.select(in.d.data(), 10, 11), commsgd::invalid_argument);
+  std::size_t bytes = 0;
+  cu::radix{}.select(nullptr, bytes, in.d.data(), 10, 5, nullptr);
+  CHECK(bytes > 0);
+  cu::device_buffer<char> ws(bytes);
+  cu::device_buffer<cu::device_result> out(1);
+  std::size_t small = bytes - 1;
+  CHECK_THROWS_AS(cu::radix{}.select(ws.data(), small, in.d.data(), 10, 5, out.data()),
+                  commsgd::invalid_argument);
+}
+
+template <class Index>
+void check_compaction(const std::vector<float>& x, std::size_t k) {
+  device_input in(x);
+  std::size_t bytes = 0;
+  cu::radix r;
+  r.select(nullptr, bytes, in.d.data(), x.size(), k, nullptr);
+  cu::device_buffer<char> ws(bytes);
+  cu::device_buffer<cu::device_result> thr(1);
+  r.select(ws.data(), bytes, in.d.data(), x.size(), k, thr.data());
+  const std::size_t capacity = std::max<std::size_t>(k, 1);
+  cu::device_buffer<Index> idx(capacity);
+  cu::device_buffer<float> val(capacity);
+  cu::device_buffer<unsigned long long> count(1);
+  cu::compact<Index>(in.d.data(), x.size(), thr.data(), idx.data(), val.data(), capacity, count.data());
+  const threshold t = cu::read_result(thr.data(), nullptr);
+  unsigned long long got_count = 0;
+  std::vector<Index> got_idx(capacity);
+  std::vector<float> got_val(capacity);
+  cu::check(cudaMemcpy(&got_count, count.data(), sizeof got_count, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cu::check(cudaMemcpy(got_idx.data(), idx.data(), capacity * sizeof(Index), cudaMemcpyDeviceToHost),
+            "cudaMemcpy");
+  cu::check(cudaMemcpy(got_val.data(), val.data(), capacity * sizeof(float), cudaMemcpyDeviceToHost),
+            "cudaMemcpy");
+  const auto want = reference_indices(x, reference_threshold(x, k));
+  INFO("n ", x.size(), " k ", k);
+  REQUIRE(want.size() == k);
+  REQUIRE(got_count == k);
+  CHECK(t.count() == k);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < k; ++i) {
+    wrong += got_idx[i] != want[i];
+    wrong += std::memcmp(&got_val[i], &x[want[i]], sizeof(float)) != 0;
+  }
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("compaction writes the reference set in index order") {
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{5000}, std::size_t{65537}, std::size_t{1} << 20})
+    for (shape s : {shape::laplace, shape::ties, shape::signed_zeros, shape::zeros})
+      for (std::size_t k : ks_for(n)) {
+        const auto x = make(n, s, n + k);
+        check_compaction<std::uint32_t>(x, k);
+        check_compaction<std::uint64_t>(x, k);
+      }
+  const std::size_t n = std::size_t{1} << 24;
+  const auto x = make(n, shape::relu_like, 9);
+  check_compaction<std::uint32_t>(x, n / 1000);
+}
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  doctest::Context context(argc, argv);
+  return context.run();
+}
