@@ -1,0 +1,48 @@
+// The slot every communication scheme plugs into. A scheme owns one global step on one rank: it decides which
+// samples of the batch this rank computes, exchanges through the metered communicator, and updates this
+// rank's parameters. The trainer owns data, timing and evaluation, so schemes compare on the same footing.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace fmnist {
+
+// What the trainer hands a scheme for one step.
+struct step_env {
+  std::size_t step = 0;  // global step counter, from 0
+  std::size_t batch = 0; // samples in this global batch
+  float lr = 0.1f;
+  std::span<float> params; // this rank's replica
+  // Writes into `grad` the gradient of (sum of the losses of batch samples [first, first + count)) / batch
+  // and returns that loss sum; the time it takes is charged as this rank's compute.
+  std::function<double(std::size_t first, std::size_t count, std::span<float> grad)> gradient;
+  // Ranks the step's exchanges run over, and this rank.
+  int rank = 0;
+  int size = 1;
+};
+
+// This rank's equal share of a batch: [begin, end).
+inline std::pair<std::size_t, std::size_t> share_of(std::size_t batch, int rank, int size) {
+  const auto r = static_cast<std::size_t>(rank), n = static_cast<std::size_t>(size);
+  return {batch * r / n, batch * (r + 1) / n};
+}
+
+template <class Comm>
+class scheme {
+public:
+  virtual ~scheme() = default;
+  virtual void step(Comm& comm, step_env& env) = 0;
+  // A model to evaluate: rank 0's replica unless a scheme keeps replicas apart (local SGD between averages).
+  virtual std::span<const float> model(std::span<const float> params) const { return params; }
+  // Extra text for the per-epoch line (clip counts, current interval, staleness).
+  virtual std::string note() const { return {}; }
+};
+
+template <class Comm>
+using scheme_ptr = std::unique_ptr<scheme<Comm>>;
+
+} // namespace fmnist

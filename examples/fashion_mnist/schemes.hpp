@@ -1,0 +1,223 @@
+// The communication schemes the trainer compares, and the factory that builds one from its command-line name.
+//
+//   ring                     SSGD: all-reduce sum of the gradient (ring, as the meter charges it)
+//   allgather                SSGD as the CSSGD paper's baseline: every node gathers every node's gradient
+//   topk:<method>:<density>  SSGD on top-k sparsified gradients with error feedback, sparse all-gather
+//   local:<H>                local SGD, models averaged every H steps
+//   local_adaptive:<H0>      local SGD with ADACOMM's shrinking interval and an elastic pull to the last
+//   average
+#pragma once
+
+#include "scheme.hpp"
+
+#include <commsgd/error.hpp>
+#include <commsgd/select/exact.hpp>
+#include <commsgd/select/selector.hpp>
+#if __has_include(<commsgd/select/radix.hpp>)
+#include <commsgd/select/radix.hpp>
+#define FMNIST_HAS_RADIX 1
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fmnist {
+
+template <class Comm>
+class ssgd_ring final : public scheme<Comm> {
+public:
+  void step(Comm& comm, step_env& env) override {
+    grad_.resize(env.params.size());
+    const auto [lo, hi] = share_of(env.batch, env.rank, env.size);
+    env.gradient(lo, hi - lo, grad_);
+    comm.all_reduce_sum(std::span<float>(grad_));
+    for (std::size_t i = 0; i < grad_.size(); ++i)
+      env.params[i] -= env.lr * grad_[i];
+  }
+
+private:
+  std::vector<float> grad_;
+};
+
+template <class Comm>
+class ssgd_allgather final : public scheme<Comm> {
+public:
+  void step(Comm& comm, step_env& env) override {
+    const std::size_t d = env.params.size();
+    grad_.resize(d);
+    all_.resize(d * static_cast<std::size_t>(env.size));
+    const auto [lo, hi] = share_of(env.batch, env.rank, env.size);
+    env.gradient(lo, hi - lo, grad_);
+    comm.all_gather(std::span<const float>(grad_), std::span<float>(all_));
+    // Summed in rank order on every rank, so the replicas stay bit-identical.
+    std::fill(grad_.begin(), grad_.end(), 0.0f);
+    for (int r = 0; r < env.size; ++r)
+      for (std::size_t i = 0; i < d; ++i)
+        grad_[i] += all_[static_cast<std::size_t>(r) * d + i];
+    for (std::size_t i = 0; i < d; ++i)
+      env.params[i] -= env.lr * grad_[i];
+  }
+
+private:
+  std::vector<float> grad_, all_;
+};
+
+// One selected entry on the wire.
+struct sparse_entry {
+  std::uint32_t index;
+  float value;
+};
+
+// Top-k with error feedback over a sparse all-gather, written on the selector concept so that each
+// selection method plugs in.
+template <class Comm, class Selector>
+class ssgd_top_k final : public scheme<Comm> {
+public:
+  explicit ssgd_top_k(double density) : density_(density) {}
+
+  void step(Comm& comm, step_env& env) override {
+    const std::size_t d = env.params.size();
+    grad_.resize(d);
+    residual_.resize(d, 0.0f);
+    const auto [lo, hi] = share_of(env.batch, env.rank, env.size);
+    env.gradient(lo, hi - lo, grad_);
+    for (std::size_t i = 0; i < d; ++i)
+      residual_[i] += grad_[i];
+    const std::size_t k = commsgd::select::k_for_density(d, density_);
+    const auto t = selector_.select(std::span<const float>(residual_), k);
+    mine_.clear();
+    std::size_t ties = t.at;
+    for (std::size_t i = 0; i < d; ++i) {
+      const float m = std::abs(residual_[i]);
+      if (m > t.value || (m == t.value && ties > 0)) {
+        if (m == t.value) --ties;
+        mine_.push_back({static_cast<std::uint32_t>(i), residual_[i]});
+        residual_[i] = 0.0f; // sent exactly, so the residual keeps nothing of it
+      }
+    }
+    comm.all_gather_v(std::span<const sparse_entry>(mine_), all_);
+    std::fill(grad_.begin(), grad_.end(), 0.0f);
+    for (const auto& e : all_)
+      grad_[e.index] += e.value;
+    for (std::size_t i = 0; i < d; ++i)
+      env.params[i] -= env.lr * grad_[i];
+    sent_ += mine_.size();
+    ++steps_;
+  }
+
+  std::string note() const override {
+    std::ostringstream s;
+    if (steps_ > 0) s << "sent/step " << sent_ / steps_;
+    return s.str();
+  }
+
+private:
+  double density_;
+  Selector selector_;
+  std::vector<float> grad_, residual_;
+  std::vector<sparse_entry> mine_, all_;
+  std::size_t sent_ = 0, steps_ = 0;
+};
+
+// Local SGD: each rank steps on its own share, and models are averaged every `interval` steps. The adaptive
+// form shrinks the interval as the loss falls (ADACOMM: tau = ceil(sqrt(F / F0) * tau0), constant lr) and
+// pulls each local model toward the last average by `pull` every step (EASGD's elastic term), so replicas
+// do not drift apart between averages.
+template <class Comm>
+class local_sgd final : public scheme<Comm> {
+public:
+  local_sgd(int interval, bool adaptive, float pull)
+      : tau0_(interval), tau_(interval), adaptive_(adaptive), pull_(pull) {}
+
+  void step(Comm& comm, step_env& env) override {
+    const std::size_t d = env.params.size();
+    grad_.resize(d);
+    if (anchor_.empty()) anchor_.assign(env.params.begin(), env.params.end());
+    const auto [lo, hi] = share_of(env.batch, env.rank, env.size);
+    const double loss = env.gradient(lo, hi - lo, grad_);
+    // The gradient is scaled for the whole batch; a local step wants the mean over this rank's share.
+    const float lr =
+        env.lr * static_cast<float>(env.batch) / static_cast<float>(std::max<std::size_t>(hi - lo, 1));
+    for (std::size_t i = 0; i < d; ++i)
+      env.params[i] -= lr * grad_[i] + pull_ * (env.params[i] - anchor_[i]);
+    loss_sum_ += loss;
+    samples_ += hi - lo;
+    if (++since_ < tau_) return;
+
+    // Average the models; the adaptive form carries the loss since the last average in the same message.
+    buf_.assign(env.params.begin(), env.params.end());
+    if (adaptive_) {
+      buf_.push_back(static_cast<float>(loss_sum_));
+      buf_.push_back(static_cast<float>(samples_));
+    }
+    comm.all_reduce_sum(std::span<float>(buf_));
+    const float inv = 1.0f / static_cast<float>(env.size);
+    for (std::size_t i = 0; i < d; ++i)
+      env.params[i] = buf_[i] * inv;
+    anchor_.assign(env.params.begin(), env.params.end());
+    if (adaptive_) {
+      const double f = buf_[d] / std::max(1.0f, buf_[d + 1]);
+      if (f0_ == 0) f0_ = f;
+      tau_ = std::clamp(static_cast<int>(std::ceil(std::sqrt(f / f0_) * tau0_)), 1, tau0_);
+    }
+    since_ = 0;
+    loss_sum_ = 0;
+    samples_ = 0;
+    ++averages_;
+  }
+
+  std::string note() const override {
+    std::ostringstream s;
+    s << "interval " << tau_ << ", averages " << averages_;
+    return s.str();
+  }
+
+private:
+  int tau0_, tau_;
+  bool adaptive_;
+  float pull_;
+  int since_ = 0;
+  double loss_sum_ = 0, f0_ = 0;
+  std::size_t samples_ = 0, averages_ = 0;
+  std::vector<float> grad_, anchor_, buf_;
+};
+
+inline std::vector<std::string> split_spec(const std::string& spec) {
+  std::vector<std::string> parts;
+  std::stringstream in(spec);
+  for (std::string p; std::getline(in, p, ':');)
+    parts.push_back(p);
+  return parts;
+}
+
+// Builds a scheme from its name (see the list at the top of this file).
+template <class Comm>
+scheme_ptr<Comm> make_scheme(const std::string& spec) {
+  const auto p = split_spec(spec);
+  auto arg = [&](std::size_t i, const char* fallback) { return p.size() > i ? p[i] : std::string(fallback); };
+  if (p.empty()) throw commsgd::invalid_argument("argument 'scheme' is empty");
+  if (p[0] == "ring") return std::make_unique<ssgd_ring<Comm>>();
+  if (p[0] == "allgather") return std::make_unique<ssgd_allgather<Comm>>();
+  if (p[0] == "topk") {
+    const std::string method = arg(1, "exact");
+    const double density = std::stod(arg(2, "0.01"));
+    if (method == "exact") return std::make_unique<ssgd_top_k<Comm, commsgd::select::exact>>(density);
+#ifdef FMNIST_HAS_RADIX
+    if (method == "radix") return std::make_unique<ssgd_top_k<Comm, commsgd::select::radix>>(density);
+#endif
+    throw commsgd::invalid_argument("argument 'scheme' = '" + spec + "': selection method '" + method +
+                                    "' is not available in this build");
+  }
+  if (p[0] == "local") return std::make_unique<local_sgd<Comm>>(std::stoi(arg(1, "4")), false, 0.0f);
+  if (p[0] == "local_adaptive")
+    return std::make_unique<local_sgd<Comm>>(std::stoi(arg(1, "8")), true, std::stof(arg(2, "0.02")));
+  throw commsgd::invalid_argument("argument 'scheme' = '" + spec +
+                                  "' is not one of ring, allgather, topk:<method>:<density>, local:<H>, "
+                                  "local_adaptive:<H0>[:<pull>]");
+}
+
+} // namespace fmnist

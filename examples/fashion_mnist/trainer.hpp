@@ -1,0 +1,195 @@
+// Data-parallel training of the MLP on one rank, with any scheme, reporting modelled-cluster time and bytes.
+#pragma once
+
+#include "gradient_fit.hpp"
+#include "idx.hpp"
+#include "mlp.hpp"
+#include "schemes.hpp"
+#include "timing.hpp"
+
+#include <commsgd/comm/metered.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace fmnist {
+
+struct train_options {
+  std::string scheme = "ring";
+  int ranks = 4;
+  int epochs = 1;
+  std::size_t batch = 128; // global: split among the ranks
+  float lr = 0.1f;
+  std::uint64_t seed = 1;
+  int evals_per_epoch = 4;
+  double target = 0.80;
+  alpha_beta network;
+  bool wall_clock = false;
+  bool quiet = false;
+  std::string dump_gradient; // where to write a mid-training raw float32 gradient of rank 0 ("" = none)
+  bool fit = true;           // Laplace/Gaussian W1 distances of rank 0's gradient at each evaluation
+};
+
+struct curve_point {
+  int epoch = 0;
+  std::size_t step = 0;
+  double sim_time = 0, compute = 0, comm = 0;       // seconds of the modelled cluster
+  std::uint64_t bytes_sent = 0, bytes_received = 0; // per node, the largest over ranks
+  double accuracy = 0, loss = 0;
+  fit_report fit;
+};
+
+struct train_result {
+  std::string scheme;
+  std::vector<curve_point> curve;
+  double time_to_target = -1; // modelled seconds; negative when never reached
+  std::string note;
+};
+
+// Trains on one rank. Every rank of `base` calls this with the same options; rank 0 fills `out`.
+template <class Base>
+void train_rank(Base base, const train_options& o, const dataset& train, const dataset& test,
+                train_result* out) {
+  using comm_t = commsgd::comm::metered<Base>;
+  comm_t comm(std::move(base));
+  auto& plain = comm.inner(); // bookkeeping traffic that is not the scheme's, so it stays off the meter
+  const int rank = comm.rank(), n = comm.size();
+  auto sch = make_scheme<comm_t>(o.scheme);
+
+  mlp net({static_cast<int>(train.pixels), 256, 128, 10});
+  std::vector<float> params(net.parameter_count());
+  net.initialise(params, o.seed);
+
+  const std::size_t steps_per_epoch = train.count / o.batch;
+  if (steps_per_epoch == 0)
+    throw commsgd::invalid_argument(commsgd::detail::concat(
+        "argument 'batch' = ", o.batch, " is larger than the training set (", train.count, ")"));
+  const std::size_t total_steps = steps_per_epoch * static_cast<std::size_t>(o.epochs);
+  const std::size_t eval_every =
+      std::max<std::size_t>(1, steps_per_epoch / static_cast<std::size_t>(std::max(1, o.evals_per_epoch)));
+  const std::size_t dump_step = total_steps / 2;
+
+  compute_clock clock(o.wall_clock);
+  std::vector<std::uint32_t> order(train.count);
+  std::vector<std::uint32_t> batch_index;
+  double step_compute = 0, loss_window = 0;
+  std::size_t samples_window = 0;
+  std::vector<float> fit_copy;
+  bool want_copy = false;
+
+  step_env env;
+  env.rank = rank;
+  env.size = n;
+  env.lr = o.lr;
+  env.params = params;
+  env.gradient = [&](std::size_t first, std::size_t count, std::span<float> grad) {
+    const double t0 = clock.now();
+    std::fill(grad.begin(), grad.end(), 0.0f);
+    const double loss =
+        net.gradient(params, train, batch_index.data() + first, count, static_cast<double>(env.batch), grad);
+    step_compute += clock.now() - t0;
+    loss_window += loss;
+    samples_window += count;
+    if (want_copy) {
+      fit_copy.assign(grad.begin(), grad.end());
+      want_copy = false;
+    }
+    return loss;
+  };
+
+  train_result res;
+  res.scheme = o.scheme;
+  double sim = 0, sim_compute = 0, sim_comm = 0;
+  std::vector<double> mine(2), all(2 * static_cast<std::size_t>(n));
+  std::size_t step = 0;
+
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    // The same shuffle on every rank, from the seed and the epoch alone.
+    std::iota(order.begin(), order.end(), 0u);
+    std::mt19937_64 gen(o.seed * 1000003u + static_cast<std::uint64_t>(epoch));
+    for (std::size_t i = order.size(); i > 1; --i)
+      std::swap(order[i - 1], order[gen() % i]);
+
+    for (std::size_t s = 0; s < steps_per_epoch; ++s, ++step) {
+      batch_index.assign(order.begin() + static_cast<std::ptrdiff_t>(s * o.batch),
+                         order.begin() + static_cast<std::ptrdiff_t>((s + 1) * o.batch));
+      env.batch = o.batch;
+      env.step = step;
+      const bool eval_now = (step + 1) % eval_every == 0 || s + 1 == steps_per_epoch;
+      want_copy = rank == 0 && ((o.fit && eval_now) || (!o.dump_gradient.empty() && step == dump_step));
+      step_compute = 0;
+      const auto before = comm.counters().total();
+      sch->step(comm, env);
+      const double comm_s = o.network.seconds(comm.counters().total() - before);
+
+      // A step ends when the slowest rank's compute and the slowest rank's exchange are done.
+      mine = {step_compute, comm_s};
+      plain.all_gather(std::span<const double>(mine), std::span<double>(all));
+      double worst_compute = 0, worst_comm = 0;
+      for (int r = 0; r < n; ++r) {
+        worst_compute = std::max(worst_compute, all[2 * static_cast<std::size_t>(r)]);
+        worst_comm = std::max(worst_comm, all[2 * static_cast<std::size_t>(r) + 1]);
+      }
+      sim_compute += worst_compute;
+      sim_comm += worst_comm;
+      sim += worst_compute + worst_comm;
+
+      if (rank == 0 && step == dump_step && !o.dump_gradient.empty() && !fit_copy.empty()) {
+        std::ofstream f(o.dump_gradient, std::ios::binary);
+        // Raw float32 in the machine's order; every machine this targets is little-endian.
+        f.write(reinterpret_cast<const char*>(fit_copy.data()),
+                static_cast<std::streamsize>(fit_copy.size() * sizeof(float)));
+        if (!f)
+          throw commsgd::invalid_argument("cannot write argument 'dump-gradient' = '" + o.dump_gradient +
+                                          "'");
+      }
+
+      if (!eval_now) continue;
+      std::vector<double> window{loss_window, static_cast<double>(samples_window)};
+      plain.all_reduce_sum(std::span<double>(window));
+      std::vector<std::uint64_t> bytes{comm.counters().total().bytes_sent,
+                                       comm.counters().total().bytes_received};
+      std::vector<std::uint64_t> all_bytes(2 * static_cast<std::size_t>(n));
+      plain.all_gather(std::span<const std::uint64_t>(bytes), std::span<std::uint64_t>(all_bytes));
+      loss_window = 0;
+      samples_window = 0;
+      if (rank != 0) continue;
+
+      curve_point pt;
+      pt.epoch = epoch;
+      pt.step = step + 1;
+      pt.sim_time = sim;
+      pt.compute = sim_compute;
+      pt.comm = sim_comm;
+      for (int r = 0; r < n; ++r) {
+        pt.bytes_sent = std::max(pt.bytes_sent, all_bytes[2 * static_cast<std::size_t>(r)]);
+        pt.bytes_received = std::max(pt.bytes_received, all_bytes[2 * static_cast<std::size_t>(r) + 1]);
+      }
+      pt.loss = window[0] / std::max(1.0, window[1]);
+      const auto model = sch->model(params);
+      pt.accuracy =
+          static_cast<double>(net.correct(model, test, 0, test.count)) / static_cast<double>(test.count);
+      if (o.fit && !fit_copy.empty()) pt.fit = fit_gradient(fit_copy);
+      if (res.time_to_target < 0 && pt.accuracy >= o.target) res.time_to_target = pt.sim_time;
+      res.curve.push_back(pt);
+      if (s + 1 == steps_per_epoch && !o.quiet)
+        std::printf(
+            "%-28s epoch %d  acc %.4f  loss %.4f  sent/node %8.2f MB  recv/node %8.2f MB  time %8.3f s "
+            "(compute %.3f, comm %.3f)  W1 laplace %.3g gauss %.3g  %s\n",
+            o.scheme.c_str(), epoch, pt.accuracy, pt.loss, pt.bytes_sent / 1e6, pt.bytes_received / 1e6,
+            pt.sim_time, pt.compute, pt.comm, pt.fit.w1_laplace, pt.fit.w1_gauss, sch->note().c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (rank == 0 && out) {
+    res.note = sch->note();
+    *out = std::move(res);
+  }
+}
+
+} // namespace fmnist
