@@ -1,0 +1,69 @@
+// sync::synchronous: every step every rank exchanges its gradient and applies the mean (SSGD).
+//
+//   sync::synchronous s(comm, {.lr = 0.1f});                  // or synchronous<C, ordered_exchange<C>>
+//   s.start(x); loop { grad at x; s.step(x, grad, {}); } s.finish(x);
+//
+// Replicas stay bit-identical because every rank applies the same update to the same bits: the exchange
+// hands every rank the same sum (its contract) and start() broadcasts rank 0's model.
+#pragma once
+
+#include <commsgd/comm/archetype.hpp>
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/sync/exchange.hpp>
+#include <commsgd/sync/sgd.hpp>
+#include <commsgd/sync/strategy.hpp>
+
+#include <algorithm>
+#include <concepts>
+#include <span>
+#include <vector>
+
+namespace commsgd::inline v1::sync {
+
+struct synchronous_options {
+  float lr = 0.01f; // (0, inf)
+};
+
+template <comm::communicator C, exchange E = all_reduce_exchange<C>>
+class synchronous {
+public:
+  using options = synchronous_options;
+
+  synchronous(C& c, options o) requires std::constructible_from<E, C&> : synchronous(c, o, E(c)) {}
+
+  synchronous(C& c, options o, E ex) : comm_(&c), opt_(o), exchange_(std::move(ex)) {
+    detail::check_learning_rate("lr", opt_.lr);
+  }
+
+  bool computes_gradients() const { return true; }
+
+  void start(std::span<float> params) { comm_->broadcast(params, 0); }
+
+  step_result step(std::span<float> params, std::span<const float> grad, const step_info& = {}) {
+    detail::check_same_size("grad", grad.size(), params.size());
+    detail::require_finite("gradient", grad);
+    sum_.assign(grad.begin(), grad.end());
+    exchange_.sum(std::span<float>(sum_));
+    apply_mean_sum(params, sum_, exchange_.size(), opt_.lr);
+    return {.exchanged = true, .averaged = false};
+  }
+
+  void finish(std::span<float>) {}
+
+  float learning_rate() const { return opt_.lr; }
+  void set_learning_rate(float lr) {
+    detail::check_learning_rate("lr", lr);
+    opt_.lr = lr;
+  }
+
+private:
+  C* comm_;
+  options opt_;
+  E exchange_;
+  std::vector<float> sum_;
+};
+
+static_assert(sync_strategy<synchronous<comm::archetype>>);
+static_assert(sync_strategy<synchronous<comm::archetype, ordered_exchange<comm::archetype>>>);
+
+} // namespace commsgd::inline v1::sync
