@@ -141,8 +141,8 @@ void write_curve(std::ostream& f, const fmnist::train_result& r, const fmnist::t
   for (const auto& p : r.curve)
     f << r.scheme << ',' << ranks << ',' << o.network.gbit_per_s << ',' << p.epoch << ',' << p.step << ','
       << p.sim_time << ',' << p.compute << ',' << p.comm << ',' << p.bytes_sent << ',' << p.bytes_received
-      << ',' << p.accuracy << ',' << p.loss << ',' << p.fit.laplace_b << ',' << p.fit.gauss_sd << ','
-      << p.fit.w1_laplace << ',' << p.fit.w1_gauss << ',' << p.fit.zero_fraction << '\n';
+      << ',' << p.accuracy << ',' << p.loss << ',' << p.fit.laplace.b << ',' << p.fit.gaussian.stddev << ','
+      << p.fit.w1_laplace << ',' << p.fit.w1_gaussian << ',' << p.zero_fraction << '\n';
 }
 
 // Runs one training with the chosen transport; returns rank 0's result (other MPI ranks get an empty one).
@@ -170,7 +170,7 @@ fmnist::train_result run_one(const cli& c, const fmnist::train_options& o, const
 
 std::vector<std::string> default_schemes() {
   std::vector<std::string> s{"ring", "allgather"};
-  for (const char* method : {"exact", "radix"})
+  for (const char* method : {"exact", "radix", "laplace_bisect", "hierarchical", "sampled"})
     for (const char* density : {"0.001", "0.01"})
       s.push_back(std::string("topk:") + method + ":" + density);
   s.push_back("local:4");
@@ -230,8 +230,8 @@ int experiment(cli& c, const fmnist::dataset& train, const fmnist::dataset& test
         "\nrank 0 gradient vs its fits over training (%s): step, Laplace b, W1 Laplace, W1 Gauss, zeros\n",
         results.front().scheme.c_str());
     for (const auto& p : results.front().curve)
-      std::printf("  %6zu  %.3e  %.3e  %.3e  %.3f\n", p.step, p.fit.laplace_b, p.fit.w1_laplace,
-                  p.fit.w1_gauss, p.fit.zero_fraction);
+      std::printf("  %6zu  %.3e  %.3e  %.3e  %.3f\n", p.step, p.fit.laplace.b, p.fit.w1_laplace,
+                  p.fit.w1_gaussian, p.zero_fraction);
   }
   std::printf("\nwrote %s/curves.csv, %s/summary.csv, %s/gradient.f32 (COMMSGD_REAL_GRADIENT for "
               "bench/select_bench)\n",

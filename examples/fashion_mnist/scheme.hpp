@@ -3,6 +3,8 @@
 // rank's parameters. The trainer owns data, timing and evaluation, so schemes compare on the same footing.
 #pragma once
 
+#include "timing.hpp"
+
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -23,6 +25,16 @@ struct step_env {
   // Ranks the step's exchanges run over, and this rank.
   int rank = 0;
   int size = 1;
+  // Local work a scheme does besides the gradient (selection, encoding, summing what arrived) is a node's
+  // compute too: run it through charged() so it lands in this rank's compute time.
+  const compute_clock* clock = nullptr;
+  double* compute = nullptr;
+  template <class F>
+  void charged(F&& f) const {
+    const double t0 = clock->now();
+    f();
+    *compute += clock->now() - t0;
+  }
 };
 
 // This rank's equal share of a batch: [begin, end).

@@ -2,7 +2,8 @@
 //
 //   ring                     SSGD: all-reduce sum of the gradient (ring, as the meter charges it)
 //   allgather                SSGD as the CSSGD paper's baseline: every node gathers every node's gradient
-//   topk:<method>:<density>  SSGD on top-k sparsified gradients with error feedback, sparse all-gather
+//   topk:<method>:<density>  SSGD on top-k sparsified gradients with error feedback, sparse all-gather;
+//                            method: exact, radix, laplace_bisect, hierarchical, sampled
 //   local:<H>                local SGD, models averaged every H steps
 //   local_adaptive:<H0>      local SGD with ADACOMM's shrinking interval and an elastic pull to the last
 //   average
@@ -11,12 +12,7 @@
 #include "scheme.hpp"
 
 #include <commsgd/error.hpp>
-#include <commsgd/select/exact.hpp>
-#include <commsgd/select/selector.hpp>
-#if __has_include(<commsgd/select/radix.hpp>)
-#include <commsgd/select/radix.hpp>
-#define FMNIST_HAS_RADIX 1
-#endif
+#include <commsgd/select/select.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -54,10 +50,12 @@ public:
     env.gradient(lo, hi - lo, grad_);
     comm.all_gather(std::span<const float>(grad_), std::span<float>(all_));
     // Summed in rank order on every rank, so the replicas stay bit-identical.
-    std::fill(grad_.begin(), grad_.end(), 0.0f);
-    for (int r = 0; r < env.size; ++r)
-      for (std::size_t i = 0; i < d; ++i)
-        grad_[i] += all_[static_cast<std::size_t>(r) * d + i];
+    env.charged([&] {
+      std::fill(grad_.begin(), grad_.end(), 0.0f);
+      for (int r = 0; r < env.size; ++r)
+        for (std::size_t i = 0; i < d; ++i)
+          grad_[i] += all_[static_cast<std::size_t>(r) * d + i];
+    });
     for (std::size_t i = 0; i < d; ++i)
       env.params[i] -= env.lr * grad_[i];
   }
@@ -77,7 +75,7 @@ struct sparse_entry {
 template <class Comm, class Selector>
 class ssgd_top_k final : public scheme<Comm> {
 public:
-  explicit ssgd_top_k(double density) : density_(density) {}
+  ssgd_top_k(double density, Selector selector) : density_(density), selector_(std::move(selector)) {}
 
   void step(Comm& comm, step_env& env) override {
     const std::size_t d = env.params.size();
@@ -87,22 +85,26 @@ public:
     env.gradient(lo, hi - lo, grad_);
     for (std::size_t i = 0; i < d; ++i)
       residual_[i] += grad_[i];
-    const std::size_t k = commsgd::select::k_for_density(d, density_);
-    const auto t = selector_.select(std::span<const float>(residual_), k);
-    mine_.clear();
-    std::size_t ties = t.at;
-    for (std::size_t i = 0; i < d; ++i) {
-      const float m = std::abs(residual_[i]);
-      if (m > t.value || (m == t.value && ties > 0)) {
-        if (m == t.value) --ties;
-        mine_.push_back({static_cast<std::uint32_t>(i), residual_[i]});
-        residual_[i] = 0.0f; // sent exactly, so the residual keeps nothing of it
+    env.charged([&] {
+      const std::size_t k = commsgd::select::k_for_density(d, density_);
+      const auto t = selector_.select(std::span<const float>(residual_), k);
+      mine_.clear();
+      std::size_t ties = t.at;
+      for (std::size_t i = 0; i < d; ++i) {
+        const float m = std::abs(residual_[i]);
+        if (m > t.value || (m == t.value && ties > 0)) {
+          if (m == t.value) --ties;
+          mine_.push_back({static_cast<std::uint32_t>(i), residual_[i]});
+          residual_[i] = 0.0f; // sent exactly, so the residual keeps nothing of it
+        }
       }
-    }
+    });
     comm.all_gather_v(std::span<const sparse_entry>(mine_), all_);
-    std::fill(grad_.begin(), grad_.end(), 0.0f);
-    for (const auto& e : all_)
-      grad_[e.index] += e.value;
+    env.charged([&] {
+      std::fill(grad_.begin(), grad_.end(), 0.0f);
+      for (const auto& e : all_)
+        grad_[e.index] += e.value;
+    });
     for (std::size_t i = 0; i < d; ++i)
       env.params[i] -= env.lr * grad_[i];
     sent_ += mine_.size();
@@ -205,12 +207,30 @@ scheme_ptr<Comm> make_scheme(const std::string& spec) {
   if (p[0] == "topk") {
     const std::string method = arg(1, "exact");
     const double density = std::stod(arg(2, "0.01"));
-    if (method == "exact") return std::make_unique<ssgd_top_k<Comm, commsgd::select::exact>>(density);
-#ifdef FMNIST_HAS_RADIX
-    if (method == "radix") return std::make_unique<ssgd_top_k<Comm, commsgd::select::radix>>(density);
-#endif
+    // One thread per selection: each rank stands for a node with its own core.
+    commsgd::select::parallel_options one_thread{1, std::size_t{1} << 20};
+    auto make = [&](auto selector) -> scheme_ptr<Comm> {
+      return std::make_unique<ssgd_top_k<Comm, decltype(selector)>>(density, std::move(selector));
+    };
+    if (method == "exact") return make(commsgd::select::exact{});
+    if (method == "radix") return make(commsgd::select::radix{});
+    if (method == "laplace_bisect") {
+      commsgd::select::laplace_bisect::options o;
+      o.parallel = one_thread;
+      return make(commsgd::select::laplace_bisect{o});
+    }
+    if (method == "hierarchical") {
+      commsgd::select::hierarchical::options o;
+      o.parallel = one_thread;
+      return make(commsgd::select::hierarchical{o});
+    }
+    if (method == "sampled") {
+      commsgd::select::sampled::options o;
+      o.parallel = one_thread;
+      return make(commsgd::select::sampled{o});
+    }
     throw commsgd::invalid_argument("argument 'scheme' = '" + spec + "': selection method '" + method +
-                                    "' is not available in this build");
+                                    "' is not one of exact, radix, laplace_bisect, hierarchical, sampled");
   }
   if (p[0] == "local") return std::make_unique<local_sgd<Comm>>(std::stoi(arg(1, "4")), false, 0.0f);
   if (p[0] == "local_adaptive")

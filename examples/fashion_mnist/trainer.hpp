@@ -1,13 +1,13 @@
 // Data-parallel training of the MLP on one rank, with any scheme, reporting modelled-cluster time and bytes.
 #pragma once
 
-#include "gradient_fit.hpp"
 #include "idx.hpp"
 #include "mlp.hpp"
 #include "schemes.hpp"
 #include "timing.hpp"
 
 #include <commsgd/comm/metered.hpp>
+#include <commsgd/select/fit.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -41,7 +41,8 @@ struct curve_point {
   double sim_time = 0, compute = 0, comm = 0;       // seconds of the modelled cluster
   std::uint64_t bytes_sent = 0, bytes_received = 0; // per node, the largest over ranks
   double accuracy = 0, loss = 0;
-  fit_report fit;
+  commsgd::select::fit_report fit;
+  double zero_fraction = 0; // exact zeros in the gradient (dead ReLUs): part of why its tails are heavy
 };
 
 struct train_result {
@@ -87,6 +88,8 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
   env.size = n;
   env.lr = o.lr;
   env.params = params;
+  env.clock = &clock;
+  env.compute = &step_compute;
   env.gradient = [&](std::size_t first, std::size_t count, std::span<float> grad) {
     const double t0 = clock.now();
     std::fill(grad.begin(), grad.end(), 0.0f);
@@ -174,7 +177,11 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
       const auto model = sch->model(params);
       pt.accuracy =
           static_cast<double>(net.correct(model, test, 0, test.count)) / static_cast<double>(test.count);
-      if (o.fit && !fit_copy.empty()) pt.fit = fit_gradient(fit_copy);
+      if (o.fit && !fit_copy.empty()) {
+        pt.fit = commsgd::select::fit(fit_copy);
+        pt.zero_fraction = static_cast<double>(std::count(fit_copy.begin(), fit_copy.end(), 0.0f)) /
+                           static_cast<double>(fit_copy.size());
+      }
       if (res.time_to_target < 0 && pt.accuracy >= o.target) res.time_to_target = pt.sim_time;
       res.curve.push_back(pt);
       if (s + 1 == steps_per_epoch && !o.quiet)
@@ -182,7 +189,7 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
             "%-28s epoch %d  acc %.4f  loss %.4f  sent/node %8.2f MB  recv/node %8.2f MB  time %8.3f s "
             "(compute %.3f, comm %.3f)  W1 laplace %.3g gauss %.3g  %s\n",
             o.scheme.c_str(), epoch, pt.accuracy, pt.loss, pt.bytes_sent / 1e6, pt.bytes_received / 1e6,
-            pt.sim_time, pt.compute, pt.comm, pt.fit.w1_laplace, pt.fit.w1_gauss, sch->note().c_str());
+            pt.sim_time, pt.compute, pt.comm, pt.fit.w1_laplace, pt.fit.w1_gaussian, sch->note().c_str());
       std::fflush(stdout);
     }
   }
