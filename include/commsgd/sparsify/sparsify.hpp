@@ -1,0 +1,10 @@
+// Everything in sparsify/: the concept, none, top_k with error feedback, sparse_vector and the exchange.
+#pragma once
+
+#include <commsgd/sparsify/exchange.hpp>
+#include <commsgd/sparsify/finite.hpp>
+#include <commsgd/sparsify/none.hpp>
+#include <commsgd/sparsify/sparse_vector.hpp>
+#include <commsgd/sparsify/sparsifier.hpp>
+#include <commsgd/sparsify/state_io.hpp>
+#include <commsgd/sparsify/top_k.hpp>

@@ -1,0 +1,392 @@
+// sparsify::top_k<Selector, Index>: send the k largest magnitudes of gradient + residual, keep the rest.
+//
+// Per step, with e the residual (zero at start):
+//   p = g + e                 computed once, in float, into a scratch buffer
+//   s = top_k(p)              by the Selector, per layer or over the whole model
+//   e <- p with the sent positions set to +0
+// so every position of p ends up either sent or kept with its exact bits: nothing is rounded away and
+// sent + new residual == old residual + gradient holds bit for bit.
+// With DGC momentum correction (momentum m > 0), u is a local momentum and v takes the role of e:
+//   u <- m u + g; v <- v + u; s = top_k(v); zero u and v where sent (momentum-factor masking).
+// The new state and message are built in scratch buffers and swapped in only once the step has succeeded,
+// so a step that throws (a NaN, a selector that refuses) leaves state and last message as they were (a
+// selector's own warm-start memory aside).
+//
+// A CUDA path would plug in at three places, each behind commsgd/cuda.cuh: the fused update of p (one
+// elementwise kernel), the selector (a device selector model), and the compaction into (index, value)
+// pairs (a CUB select-if over the threshold); the exchange then runs on device buffers.
+#pragma once
+
+#include <commsgd/config.hpp>
+#include <commsgd/error.hpp>
+#include <commsgd/select/key.hpp>
+#include <commsgd/select/selector.hpp>
+#include <commsgd/sparsify/finite.hpp>
+#include <commsgd/sparsify/sparse_vector.hpp>
+#include <commsgd/sparsify/sparsifier.hpp>
+#include <commsgd/sparsify/state_io.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <istream>
+#include <optional>
+#include <ostream>
+#include <span>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace commsgd::inline v1::sparsify {
+
+// One stage of a density warm-up: `density` for the next `steps` steps.
+struct warmup_stage {
+  std::uint64_t steps = 0;
+  double density = 1.0;
+};
+
+// DGC's warm-up: densities 25 %, 6.25 %, 1.5625 %, 0.390625 %, each for `steps_per_stage` steps (DGC uses
+// one epoch per stage), after which the sparsifier's own density applies (DGC: 0.1 %).
+inline std::vector<warmup_stage> dgc_warmup(std::uint64_t steps_per_stage) {
+  return {{steps_per_stage, 0.25},
+          {steps_per_stage, 0.0625},
+          {steps_per_stage, 0.015625},
+          {steps_per_stage, 0.00390625}};
+}
+
+struct top_k_options {
+  double density = 0.01;                  // in (0, 1]; k = ceil(density * size) per layer
+  std::optional<std::size_t> k;           // a fixed count over the whole model instead (0 allowed)
+  std::vector<std::size_t> layer_offsets; // empty: one layer; else 0 = o_0 <= o_1 <= ... <= o_L = length
+  double momentum = 0.0;                  // DGC momentum correction when > 0; in [0, 1)
+  std::vector<warmup_stage> warmup;       // densities of the first steps, before `density`
+  double clip_norm = 0.0;                 // > 0: scale g so that ||g||_2 <= clip_norm first; 0: off
+  non_finite_policy on_non_finite = non_finite_policy::refuse;
+};
+
+// A selector may keep state between calls (a warm-start threshold). When it offers one of these two kinds
+// of hook, that state is saved and loaded with the sparsifier's: stream hooks save(os)/load(is), or value
+// hooks saved_state()/restore(state) with a trivially copyable state (select::laplace_bisect).
+template <class S>
+concept selector_with_stream_state = requires(const S& cs, S& s, std::ostream& os, std::istream& is) {
+  cs.save(os);
+  s.load(is);
+};
+
+template <class S>
+concept selector_with_value_state = requires(const S& cs, S& s) {
+  { cs.saved_state() } -> std::copyable;
+  s.restore(cs.saved_state());
+}
+&&std::is_trivially_copyable_v<decltype(std::declval<const S&>().saved_state())>;
+
+template <select::selector Selector, sparse_index Index = std::uint32_t>
+class top_k {
+public:
+  using message_type = sparse_view<Index>;
+  using selector_type = Selector;
+  using index_type = Index;
+  using options = top_k_options;
+  static constexpr const char* name = "top_k";
+
+  explicit top_k(std::size_t length, options opt = {}, const Selector& prototype = Selector{})
+      : length_(length), opt_(std::move(opt)), sent_(length), next_(length) {
+    validate();
+    selectors_.assign(layers_.size() - 1, prototype);
+    residual_.assign(length_, 0.0f);
+    if (has_momentum()) momentum_.assign(length_, 0.0f);
+  }
+
+  std::size_t length() const noexcept { return length_; }
+  std::uint64_t steps() const noexcept { return steps_; }
+  const options& config() const noexcept { return opt_; }
+  bool has_momentum() const noexcept { return opt_.momentum > 0.0; }
+  std::size_t layer_count() const noexcept { return layers_.size() - 1; }
+
+  // What is held back: e, or v under momentum correction.
+  std::span<const float> residual() const noexcept { return residual_; }
+  // DGC's u; empty without momentum correction.
+  std::span<const float> momentum() const noexcept { return momentum_; }
+  // The last step's message, as an owning vector.
+  const basic_sparse_vector<Index>& last() const noexcept { return sent_; }
+  std::span<Selector> selectors() noexcept { return selectors_; }
+
+  double density_at(std::uint64_t step) const noexcept {
+    for (const auto& s : opt_.warmup) {
+      if (step < s.steps) return s.density;
+      step -= s.steps;
+    }
+    return opt_.density;
+  }
+
+  // Entries planned for `step` (an approximate selector may send a few more).
+  std::size_t k_at(std::uint64_t step) const {
+    if (opt_.k) return *opt_.k;
+    std::size_t k = 0;
+    for (std::size_t l = 0; l + 1 < layers_.size(); ++l)
+      k += select::k_for_density(layers_[l + 1] - layers_[l], density_at(step));
+    return k;
+  }
+
+  sparse_view<Index> step(std::span<const float> g) {
+    detail::check_gradient_size(g.size(), length_);
+    work_.resize(length_);
+    if (has_momentum()) work_u_.resize(length_);
+    const float scale = clip_scale(g);
+    const bool zero = opt_.on_non_finite == non_finite_policy::zero;
+    std::uint32_t hi;
+    if (scale != 1.0f)
+      hi = zero ? accumulate<true, true>(g, scale) : accumulate<true, false>(g, scale);
+    else
+      hi = zero ? accumulate<false, true>(g, scale) : accumulate<false, false>(g, scale);
+    if (hi >= select::infinite_key) {
+      if (!zero) detail::throw_non_finite(g, "gradient");
+      if (has_momentum()) detail::throw_non_finite(work_u_, "momentum m u + g (overflow)");
+      detail::throw_non_finite(work_, has_momentum() ? "error-feedback sum v + u (overflow)"
+                                                     : "error-feedback sum g + e (overflow)");
+    }
+
+    next_.clear();
+    const double density = density_at(steps_);
+    for (std::size_t l = 0; l + 1 < layers_.size(); ++l) {
+      const std::size_t lo = layers_[l], n = layers_[l + 1] - lo;
+      const std::size_t k = opt_.k ? *opt_.k : select::k_for_density(n, density);
+      const std::span<const float> p(work_.data() + lo, n);
+      const select::threshold t = selectors_[l].select(p, k);
+      if (t.count() > 0) compact(lo, n, t);
+    }
+    std::swap(sent_, next_);
+    residual_.swap(work_);
+    if (has_momentum()) momentum_.swap(work_u_);
+    ++steps_;
+    return sent_.view();
+  }
+
+  // Forgets everything held back, as at construction.
+  void reset() {
+    std::fill(residual_.begin(), residual_.end(), 0.0f);
+    std::fill(momentum_.begin(), momentum_.end(), 0.0f);
+    steps_ = 0;
+    sent_.clear();
+  }
+
+  void save(std::vector<std::byte>& out) const {
+    detail::state_writer w(name);
+    w.put<std::uint64_t>(length_);
+    w.put<std::uint32_t>(sizeof(Index));
+    w.put<std::uint32_t>(has_momentum() ? 1u : 0u);
+    w.put<std::uint64_t>(layer_count());
+    w.put<std::uint64_t>(steps_);
+    w.put_array(std::span<const float>(residual_));
+    if (has_momentum()) w.put_array(std::span<const float>(momentum_));
+    w.put<std::uint64_t>(selectors_.size());
+    for (const auto& s : selectors_) {
+      if constexpr (selector_with_value_state<Selector>) {
+        const auto st = s.saved_state();
+        w.put_bytes(std::as_bytes(std::span(&st, 1)));
+      } else if constexpr (selector_with_stream_state<Selector>) {
+        std::ostringstream os(std::ios::binary);
+        s.save(os);
+        const std::string bytes = std::move(os).str();
+        w.put_bytes(std::as_bytes(std::span<const char>(bytes)));
+      } else {
+        w.put_bytes({});
+      }
+    }
+    out = std::move(w).finish();
+  }
+  void save(std::ostream& os) const {
+    std::vector<std::byte> blob;
+    save(blob);
+    detail::write_blob(os, blob);
+  }
+
+  // Everything is parsed and checked before anything is replaced, so a bad stream changes nothing.
+  void load(std::span<const std::byte> blob) {
+    detail::state_reader r(blob, name);
+    expect(r.get<std::uint64_t>(), length_, "length");
+    expect(r.get<std::uint32_t>(), sizeof(Index), "index size in bytes");
+    expect(r.get<std::uint32_t>(), has_momentum() ? 1u : 0u, "momentum correction (1 on, 0 off)");
+    expect(r.get<std::uint64_t>(), layer_count(), "layer count");
+    const auto steps = r.get<std::uint64_t>();
+    std::vector<float> residual(length_), momentum(has_momentum() ? length_ : 0);
+    r.get_array(std::span<float>(residual), "residual");
+    if (has_momentum()) r.get_array(std::span<float>(momentum), "momentum");
+    expect(r.get<std::uint64_t>(), selectors_.size(), "selector count");
+    std::vector<Selector> selectors = selectors_;
+    for (auto& s : selectors) {
+      const auto bytes = r.get_bytes();
+      if constexpr (selector_with_value_state<Selector>) {
+        using state_t = decltype(s.saved_state());
+        if (bytes.size() != sizeof(state_t))
+          throw corrupt_data(commsgd::detail::concat("saved state: selector state of ", bytes.size(),
+                                                     " bytes, selector '", Selector::name, "' keeps ",
+                                                     sizeof(state_t)));
+        state_t st;
+        std::memcpy(&st, bytes.data(), sizeof st);
+        try {
+          s.restore(st);
+        } catch (const invalid_argument& e) {
+          throw corrupt_data(std::string("saved state: selector state rejected: ") + e.what());
+        }
+      } else if constexpr (selector_with_stream_state<Selector>) {
+        std::istringstream is(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                              std::ios::binary);
+        s.load(is);
+      } else if (!bytes.empty()) {
+        throw corrupt_data(commsgd::detail::concat("saved state: holds selector state, but selector '",
+                                                   Selector::name, "' keeps none"));
+      }
+    }
+    r.expect_end();
+    residual_.swap(residual);
+    momentum_.swap(momentum);
+    selectors_.swap(selectors);
+    steps_ = steps;
+    sent_.clear();
+  }
+  void load(std::istream& is) { load(detail::read_blob(is)); }
+
+private:
+  void validate() {
+    check_index_fits<Index>(length_);
+    commsgd::detail::check_range("density", opt_.density, std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
+    for (std::size_t j = 0; j < opt_.warmup.size(); ++j)
+      commsgd::detail::check_range("warmup[" + std::to_string(j) + "].density", opt_.warmup[j].density,
+                                   std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
+    commsgd::detail::check_range("momentum", opt_.momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
+    if (!(opt_.clip_norm >= 0.0) || std::isinf(opt_.clip_norm))
+      throw invalid_argument(commsgd::detail::concat("argument 'clip_norm' = ", opt_.clip_norm,
+                                                     " is outside the allowed range [0, inf) (0: off)"));
+    if (opt_.k) {
+      select::check_k(*opt_.k, length_);
+      if (!opt_.layer_offsets.empty())
+        throw invalid_argument("argument 'k' is a whole-model count and cannot be combined with "
+                               "'layer_offsets'; give a density for per-layer selection");
+    }
+    if (opt_.layer_offsets.empty()) {
+      layers_ = {0, length_};
+      return;
+    }
+    const auto& o = opt_.layer_offsets;
+    if (o.size() < 2 || o.front() != 0 || o.back() != length_)
+      throw invalid_argument(commsgd::detail::concat(
+          "argument 'layer_offsets' must start at 0 and end at length = ", length_, " (it has ", o.size(),
+          " entries",
+          o.empty() ? std::string() : commsgd::detail::concat(", from ", o.front(), " to ", o.back()), ")"));
+    for (std::size_t j = 1; j < o.size(); ++j)
+      if (o[j] < o[j - 1])
+        throw invalid_argument(commsgd::detail::concat("argument 'layer_offsets' must not decrease, but [",
+                                                       j - 1, "] = ", o[j - 1], " > [", j, "] = ", o[j]));
+    layers_ = o;
+  }
+
+  template <class T, class U>
+  static void expect(T saved, U mine, const char* what) {
+    if (saved != static_cast<T>(mine))
+      throw corrupt_data(
+          commsgd::detail::concat("saved state: ", what, " is ", saved, ", this sparsifier's is ", mine));
+  }
+
+  // 1 unless clipping is on and the gradient's norm exceeds the bound.
+  float clip_scale(std::span<const float> g) const {
+    if (opt_.clip_norm <= 0.0) return 1.0f;
+    const bool zero = opt_.on_non_finite == non_finite_policy::zero;
+    double ss = 0.0;
+    for (float x : g)
+      if (!zero || detail::is_finite_bits(x)) ss += static_cast<double>(x) * static_cast<double>(x);
+    const double norm = std::sqrt(ss);
+    // A non-finite norm means a non-finite gradient, which the fused pass reports.
+    if (!std::isfinite(norm) || norm <= opt_.clip_norm) return 1.0f;
+    return static_cast<float>(opt_.clip_norm / norm);
+  }
+
+  // Writes p (and u' under momentum) into the scratch buffers in one pass and returns the largest magnitude
+  // key seen, so the finiteness test costs no extra pass.
+  template <bool Clip, bool Zero>
+  std::uint32_t accumulate(std::span<const float> g, float scale) {
+    const float* gp = g.data();
+    const float* e = residual_.data();
+    float* p = work_.data();
+    std::uint32_t hi = 0;
+    auto grad = [&](std::size_t i) {
+      float x = gp[i];
+      if constexpr (Zero) x = detail::is_finite_bits(x) ? x : 0.0f;
+      if constexpr (Clip) x *= scale;
+      return x;
+    };
+    if (has_momentum()) {
+      const float m = static_cast<float>(opt_.momentum);
+      const float* u = momentum_.data();
+      float* nu = work_u_.data();
+      for (std::size_t i = 0; i < length_; ++i) {
+        const float ui = m * u[i] + grad(i);
+        nu[i] = ui;
+        p[i] = e[i] + ui;
+        hi = std::max(hi, std::max(select::magnitude_key(p[i]), select::magnitude_key(ui)));
+      }
+    } else {
+      for (std::size_t i = 0; i < length_; ++i) {
+        p[i] = grad(i) + e[i];
+        hi = std::max(hi, select::magnitude_key(p[i]));
+      }
+    }
+    return hi;
+  }
+
+  // Emits the selected positions of layer [lo, lo + n) in index order and clears them from the new state.
+  void compact(std::size_t lo, std::size_t n, const select::threshold& t) {
+    const std::uint32_t kt = select::magnitude_key(t.value);
+    std::size_t at_left = t.at;
+    float* p = work_.data() + lo;
+    float* u = has_momentum() ? work_u_.data() + lo : nullptr;
+    const std::size_t before = next_.size();
+    next_.reserve(before + t.count());
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t key = select::magnitude_key(p[i]);
+      if (key >= kt) [[unlikely]] {
+        if (key == kt) {
+          if (at_left == 0) continue;
+          --at_left;
+        }
+        next_.push_back_unchecked(static_cast<Index>(lo + i), p[i]);
+        p[i] = 0.0f;
+        if (u) u[i] = 0.0f;
+      }
+    }
+    if (next_.size() - before != t.count())
+      throw error(commsgd::detail::concat("selector '", Selector::name, "' broke its contract: it reported ",
+                                          t.count(), " entries (", t.above, " above ", t.value, ", ", t.at,
+                                          " at it) but the layer at offset ", lo, " holds ",
+                                          next_.size() - before));
+  }
+
+  std::size_t length_;
+  options opt_;
+  std::vector<std::size_t> layers_;
+  std::vector<Selector> selectors_;
+  std::vector<float> residual_, momentum_; // the state
+  std::vector<float> work_, work_u_;       // the next state, built during a step
+  basic_sparse_vector<Index> sent_, next_; // this step's message, and the one being built
+  std::uint64_t steps_ = 0;
+};
+
+namespace detail {
+// The least a selector can be, so the concept check below does not depend on any real selection method.
+struct selector_archetype {
+  static constexpr bool is_exact = true;
+  static constexpr const char* name = "archetype";
+  select::threshold select(std::span<const float>, std::size_t) { return {}; }
+};
+} // namespace detail
+
+static_assert(select::selector<detail::selector_archetype>);
+static_assert(sparsifier<top_k<detail::selector_archetype>>);
+static_assert(sparsifier<top_k<detail::selector_archetype, std::uint64_t>>);
+
+} // namespace commsgd::inline v1::sparsify
