@@ -245,7 +245,7 @@ __device__ inline void settle(engine_state* st, const crossing& c, u32 new_prefi
     st->done = 1;
     return;
   }
-  if (wrote && !st->overflow) {
+  if (wrote && !__ldcg(&st->overflow)) {
     st->source = 1;
     st->cur = st->write_to;
   }
@@ -254,7 +254,8 @@ __device__ inline void settle(engine_state* st, const crossing& c, u32 new_prefi
   st->k_rem -= c.before;
   st->prefix = new_prefix;
   st->det_lo = lo;
-  const u64 source_count = st->source ? st->cand_count[st->cur] : st->n;
+  // Other blocks counted candidates with atomics; this block may hold a stale L1 copy of the counter.
+  const u64 source_count = st->source ? __ldcg(&st->cand_count[st->cur]) : st->n;
   st->write_next = 0;
   if (lo > 0 && c.count <= st->cap && c.count < source_count) {
     st->write_next = 1;

@@ -26,6 +26,8 @@ public:
 
   explicit laplace_bisect(laplace_bisect_options options = {}) : options_(options), previous_(1) {
     detail::approx_limit(1, options_.tol);
+    // A defined (if useless) centre should a first call be refused for non-finite input.
+    check(cudaMemset(previous_.data(), 0, sizeof(float)), "cudaMemset");
   }
 
   // Forget the previous threshold (for instance when the model or the density changes).
