@@ -48,6 +48,8 @@ class scheme {
 public:
   virtual ~scheme() = default;
   virtual void step(Comm& comm, step_env& env) = 0;
+  // After the last step: completes what is pending (local SGD averages the steps since its last sync).
+  virtual void finish(Comm&, step_env&) {}
   // A model to evaluate: rank 0's replica unless a scheme keeps replicas apart (local SGD between averages).
   virtual std::span<const float> model(std::span<const float> params) const { return params; }
   // Extra text for the per-epoch line (clip counts, current interval, staleness).

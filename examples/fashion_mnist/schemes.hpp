@@ -1,8 +1,9 @@
 // The communication schemes the trainer compares, and the factory that builds one from its command-line name.
 //
-//   ring                     SSGD: all-reduce sum of the gradient (ring, as the meter charges it)
-//   allgather                SSGD as the CSSGD paper's baseline: every node gathers every node's gradient
-//   topk:<method>:<density>  SSGD on top-k sparsified gradients with error feedback, sparse all-gather;
+//   ring                     SSGD (sync::synchronous): all-reduce sum of the gradient, ring as the meter
+//   charges it allgather                SSGD as the CSSGD paper's baseline: every node gathers every node's
+//   gradient topk:<method>:<density>  SSGD on top-k sparsified gradients with error feedback, sparse
+//   all-gather;
 //                            method: exact, radix, laplace_bisect, hierarchical, sampled
 //   local:<H>                local SGD, models averaged every H steps
 //   local_adaptive:<H0>      local SGD with ADACOMM's shrinking interval and an elastic pull to the last
@@ -13,6 +14,8 @@
 
 #include <commsgd/error.hpp>
 #include <commsgd/select/select.hpp>
+#include <commsgd/sync/local_sgd.hpp>
+#include <commsgd/sync/synchronous.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -23,19 +26,46 @@
 
 namespace fmnist {
 
-template <class Comm>
-class ssgd_ring final : public scheme<Comm> {
+// Any commsgd::sync strategy in the slot. Strategies expect this rank's mean gradient over its own samples,
+// while the trainer's gradient is scaled for the whole batch, hence the rescale.
+template <class Comm, class Strategy>
+class sync_strategy final : public scheme<Comm> {
 public:
-  void step(Comm& comm, step_env& env) override {
+  template <class Options>
+  sync_strategy(Comm& comm, Options o) : strategy_(comm, o) {}
+
+  void step(Comm&, step_env& env) override {
+    if (!started_) {
+      strategy_.start(env.params);
+      started_ = true;
+    }
     grad_.resize(env.params.size());
     const auto [lo, hi] = share_of(env.batch, env.rank, env.size);
-    env.gradient(lo, hi - lo, grad_);
-    comm.all_reduce_sum(std::span<float>(grad_));
-    for (std::size_t i = 0; i < grad_.size(); ++i)
-      env.params[i] -= env.lr * grad_[i];
+    const double loss = env.gradient(lo, hi - lo, grad_);
+    const float to_local =
+        static_cast<float>(env.batch) / static_cast<float>(std::max<std::size_t>(hi - lo, 1));
+    for (float& g : grad_)
+      g *= to_local;
+    const auto r = strategy_.step(env.params, grad_,
+                                  {.loss = loss / static_cast<double>(std::max<std::size_t>(hi - lo, 1))});
+    averages_ += r.averaged;
+  }
+
+  void finish(Comm&, step_env& env) override { strategy_.finish(env.params); }
+
+  std::string note() const override {
+    if constexpr (requires { strategy_.current_period(); }) {
+      std::ostringstream s;
+      s << "interval " << strategy_.current_period() << ", averages " << averages_;
+      return s.str();
+    }
+    return {};
   }
 
 private:
+  Strategy strategy_;
+  bool started_ = false;
+  std::size_t averages_ = 0;
   std::vector<float> grad_;
 };
 
@@ -125,69 +155,6 @@ private:
   std::size_t sent_ = 0, steps_ = 0;
 };
 
-// Local SGD: each rank steps on its own share, and models are averaged every `interval` steps. The adaptive
-// form shrinks the interval as the loss falls (ADACOMM: tau = ceil(sqrt(F / F0) * tau0), constant lr) and
-// pulls each local model toward the last average by `pull` every step (EASGD's elastic term), so replicas
-// do not drift apart between averages.
-template <class Comm>
-class local_sgd final : public scheme<Comm> {
-public:
-  local_sgd(int interval, bool adaptive, float pull)
-      : tau0_(interval), tau_(interval), adaptive_(adaptive), pull_(pull) {}
-
-  void step(Comm& comm, step_env& env) override {
-    const std::size_t d = env.params.size();
-    grad_.resize(d);
-    if (anchor_.empty()) anchor_.assign(env.params.begin(), env.params.end());
-    const auto [lo, hi] = share_of(env.batch, env.rank, env.size);
-    const double loss = env.gradient(lo, hi - lo, grad_);
-    // The gradient is scaled for the whole batch; a local step wants the mean over this rank's share.
-    const float lr =
-        env.lr * static_cast<float>(env.batch) / static_cast<float>(std::max<std::size_t>(hi - lo, 1));
-    for (std::size_t i = 0; i < d; ++i)
-      env.params[i] -= lr * grad_[i] + pull_ * (env.params[i] - anchor_[i]);
-    loss_sum_ += loss;
-    samples_ += hi - lo;
-    if (++since_ < tau_) return;
-
-    // Average the models; the adaptive form carries the loss since the last average in the same message.
-    buf_.assign(env.params.begin(), env.params.end());
-    if (adaptive_) {
-      buf_.push_back(static_cast<float>(loss_sum_));
-      buf_.push_back(static_cast<float>(samples_));
-    }
-    comm.all_reduce_sum(std::span<float>(buf_));
-    const float inv = 1.0f / static_cast<float>(env.size);
-    for (std::size_t i = 0; i < d; ++i)
-      env.params[i] = buf_[i] * inv;
-    anchor_.assign(env.params.begin(), env.params.end());
-    if (adaptive_) {
-      const double f = buf_[d] / std::max(1.0f, buf_[d + 1]);
-      if (f0_ == 0) f0_ = f;
-      tau_ = std::clamp(static_cast<int>(std::ceil(std::sqrt(f / f0_) * tau0_)), 1, tau0_);
-    }
-    since_ = 0;
-    loss_sum_ = 0;
-    samples_ = 0;
-    ++averages_;
-  }
-
-  std::string note() const override {
-    std::ostringstream s;
-    s << "interval " << tau_ << ", averages " << averages_;
-    return s.str();
-  }
-
-private:
-  int tau0_, tau_;
-  bool adaptive_;
-  float pull_;
-  int since_ = 0;
-  double loss_sum_ = 0, f0_ = 0;
-  std::size_t samples_ = 0, averages_ = 0;
-  std::vector<float> grad_, anchor_, buf_;
-};
-
 inline std::vector<std::string> split_spec(const std::string& spec) {
   std::vector<std::string> parts;
   std::stringstream in(spec);
@@ -198,11 +165,13 @@ inline std::vector<std::string> split_spec(const std::string& spec) {
 
 // Builds a scheme from its name (see the list at the top of this file).
 template <class Comm>
-scheme_ptr<Comm> make_scheme(const std::string& spec) {
+scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr) {
   const auto p = split_spec(spec);
   auto arg = [&](std::size_t i, const char* fallback) { return p.size() > i ? p[i] : std::string(fallback); };
   if (p.empty()) throw commsgd::invalid_argument("argument 'scheme' is empty");
-  if (p[0] == "ring") return std::make_unique<ssgd_ring<Comm>>();
+  if (p[0] == "ring")
+    return std::make_unique<sync_strategy<Comm, commsgd::sync::synchronous<Comm>>>(
+        comm, commsgd::sync::synchronous_options{.lr = lr});
   if (p[0] == "allgather") return std::make_unique<ssgd_allgather<Comm>>();
   if (p[0] == "topk") {
     const std::string method = arg(1, "exact");
@@ -232,9 +201,18 @@ scheme_ptr<Comm> make_scheme(const std::string& spec) {
     throw commsgd::invalid_argument("argument 'scheme' = '" + spec + "': selection method '" + method +
                                     "' is not one of exact, radix, laplace_bisect, hierarchical, sampled");
   }
-  if (p[0] == "local") return std::make_unique<local_sgd<Comm>>(std::stoi(arg(1, "4")), false, 0.0f);
-  if (p[0] == "local_adaptive")
-    return std::make_unique<local_sgd<Comm>>(std::stoi(arg(1, "8")), true, std::stof(arg(2, "0.02")));
+  if (p[0] == "local" || p[0] == "local_adaptive") {
+    commsgd::sync::local_sgd_options o;
+    o.lr = lr;
+    o.period = std::stoi(arg(1, p[0] == "local" ? "4" : "8"));
+    if (p[0] == "local_adaptive") {
+      o.adaptive = true;
+      o.max_period = o.period;
+      o.correction = commsgd::sync::correction_mode::every_step;
+      o.alpha = std::stof(arg(2, "0.02"));
+    }
+    return std::make_unique<sync_strategy<Comm, commsgd::sync::local_sgd<Comm>>>(comm, o);
+  }
   throw commsgd::invalid_argument("argument 'scheme' = '" + spec +
                                   "' is not one of ring, allgather, topk:<method>:<density>, local:<H>, "
                                   "local_adaptive:<H0>[:<pull>]");

@@ -60,7 +60,7 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
   comm_t comm(std::move(base));
   auto& plain = comm.inner(); // bookkeeping traffic that is not the scheme's, so it stays off the meter
   const int rank = comm.rank(), n = comm.size();
-  auto sch = make_scheme<comm_t>(o.scheme);
+  auto sch = make_scheme<comm_t>(o.scheme, comm, o.lr);
 
   mlp net({static_cast<int>(train.pixels), 256, 128, 10});
   std::vector<float> params(net.parameter_count());
@@ -128,6 +128,7 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
       step_compute = 0;
       const auto before = comm.counters().total();
       sch->step(comm, env);
+      if (step + 1 == total_steps) sch->finish(comm, env);
       const double comm_s = o.network.seconds(comm.counters().total() - before);
 
       // A step ends when the slowest rank's compute and the slowest rank's exchange are done.
