@@ -90,7 +90,7 @@ public:
 private:
   static constexpr std::uint32_t buckets = 512;
 
-  double scale(std::span<const float> x, float mu) const {
+  double scale(std::span<const float> x, float mu) {
     const std::size_t n = x.size();
     const std::size_t want = opt_.scale_sample;
     double sum = 0.0;
@@ -106,10 +106,13 @@ private:
     } else {
       const std::size_t pieces = 64;
       const std::size_t len = std::max<std::size_t>(want / pieces, detail::block);
+      sample_.clear();
       for (std::size_t p = 0; p < pieces; ++p) {
         const std::size_t b = (n - len) / (pieces - 1) * p;
         sum += abs_sum(x, b, b + len, mu);
         used += len;
+        for (std::size_t i = b; i < b + len; ++i)
+          sample_.push_back(magnitude_key(x[i]));
       }
     }
     return sum / static_cast<double>(used);
@@ -192,6 +195,18 @@ private:
       w = estimate_ > 0.0f && magnitude_key(estimate_) < infinite_key
               ? cold_window(estimate_)
               : window_spanning(0, infinite_key, buckets);
+      // The histogram pass costs in proportion to the entries at or above the window base. The scale sample
+      // already in hand bounds the answer from below: its key with about twice the expected share of k
+      // above it lies under the true threshold with near certainty, and is usually far above t0 / 2.
+      if (!sample_.empty()) {
+        const double share =
+            static_cast<double>(k) * static_cast<double>(sample_.size()) / static_cast<double>(n);
+        const std::size_t m = std::min(
+            sample_.size(), static_cast<std::size_t>(std::ceil(2.0 * share + 4.0 * std::sqrt(share) + 8.0)));
+        const std::uint32_t bound = detail::radix_select_keys(sample_, m).key;
+        if (bound > w.base && bound < infinite_key) w = window_around(bound, cold_window_shift, buckets, 0);
+        sample_.clear();
+      }
     }
 
     // Bracket: lo is the largest key known to have at least k keys at or above it, hi the smallest known to
@@ -244,6 +259,7 @@ private:
 
   options opt_{};
   state state_{};
+  std::vector<std::uint32_t> sample_; // keys of the scale sample, reused across calls
   unsigned passes_ = 0;
   float estimate_ = 0.0f;
 };

@@ -147,22 +147,26 @@ inline window_counts histogram(std::span<const float> x, key_window w, const par
     std::size_t* h = hist.data() + static_cast<std::size_t>(c) * slots * 2;
     std::size_t* edge = h + slots;
     const float* p = x.data();
+    const key_window win = w;
+    const std::uint32_t base = win.base;
     std::size_t nb = 0;
-    auto one = [&](std::uint32_t key) {
-      if (key < w.base) return;
-      const std::uint32_t i = window_bucket(key, w);
-      ++h[i];
-      edge[i] += on_bucket_edge(key, w);
-      nb += key >= infinite_key;
+    // Keeps the counters in registers: a lambda capturing them by reference made the compiler spill them.
+    auto span_of = [h, edge, win, base](const float* q, std::size_t len, std::size_t& bad_count) {
+      std::size_t local_bad = 0;
+      for (std::size_t j = 0; j < len; ++j) {
+        const std::uint32_t key = key_at(q + j);
+        if (key < base) continue;
+        const std::uint32_t i = window_bucket(key, win);
+        ++h[i];
+        edge[i] += on_bucket_edge(key, win);
+        local_bad += key >= infinite_key;
+      }
+      bad_count += local_bad;
     };
     std::size_t i = b;
-    for (; i + block <= e; i += block) {
-      if (!block_reaches(p + i, w.base)) continue;
-      for (std::size_t j = 0; j < block; ++j)
-        one(key_at(p + i + j));
-    }
-    for (; i < e; ++i)
-      one(key_at(p + i));
+    for (; i + block <= e; i += block)
+      if (block_reaches(p + i, base)) span_of(p + i, block, nb);
+    span_of(p + i, e - i, nb);
     bad[c] = nb;
   });
   window_counts r;
