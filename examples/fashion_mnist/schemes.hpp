@@ -14,12 +14,15 @@
 
 #include <commsgd/error.hpp>
 #include <commsgd/select/select.hpp>
+#include <commsgd/sparsify/exchange.hpp>
+#include <commsgd/sparsify/top_k.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/synchronous.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -94,65 +97,48 @@ private:
   std::vector<float> grad_, all_;
 };
 
-// One selected entry on the wire.
-struct sparse_entry {
-  std::uint32_t index;
-  float value;
-};
-
-// Top-k with error feedback over a sparse all-gather, written on the selector concept so that each
-// selection method plugs in.
+// SSGD on top-k sparsified gradients: sparsify::top_k keeps the error-feedback residual, and
+// sparsify::exchanger sums the ranks' (index, value) pairs, switching to a dense all-reduce when that moves
+// fewer bytes. The gradient stays scaled for the whole batch, so the sum is the step.
 template <class Comm, class Selector>
 class ssgd_top_k final : public scheme<Comm> {
 public:
-  ssgd_top_k(double density, Selector selector) : density_(density), selector_(std::move(selector)) {}
+  ssgd_top_k(double density, Selector selector) : density_(density), prototype_(std::move(selector)) {}
 
   void step(Comm& comm, step_env& env) override {
     const std::size_t d = env.params.size();
+    if (!sparsifier_) {
+      commsgd::sparsify::top_k_options o;
+      o.density = density_;
+      sparsifier_.emplace(d, o, prototype_);
+    }
     grad_.resize(d);
-    residual_.resize(d, 0.0f);
+    sum_.resize(d);
     const auto [lo, hi] = share_of(env.batch, env.rank, env.size);
     env.gradient(lo, hi - lo, grad_);
+    commsgd::sparsify::sparse_view<std::uint32_t> mine;
+    env.charged([&] { mine = sparsifier_->step(grad_); });
+    const auto report = exchanger_.sum(comm, mine, std::span<float>(sum_));
     for (std::size_t i = 0; i < d; ++i)
-      residual_[i] += grad_[i];
-    env.charged([&] {
-      const std::size_t k = commsgd::select::k_for_density(d, density_);
-      const auto t = selector_.select(std::span<const float>(residual_), k);
-      mine_.clear();
-      std::size_t ties = t.at;
-      for (std::size_t i = 0; i < d; ++i) {
-        const float m = std::abs(residual_[i]);
-        if (m > t.value || (m == t.value && ties > 0)) {
-          if (m == t.value) --ties;
-          mine_.push_back({static_cast<std::uint32_t>(i), residual_[i]});
-          residual_[i] = 0.0f; // sent exactly, so the residual keeps nothing of it
-        }
-      }
-    });
-    comm.all_gather_v(std::span<const sparse_entry>(mine_), all_);
-    env.charged([&] {
-      std::fill(grad_.begin(), grad_.end(), 0.0f);
-      for (const auto& e : all_)
-        grad_[e.index] += e.value;
-    });
-    for (std::size_t i = 0; i < d; ++i)
-      env.params[i] -= env.lr * grad_[i];
-    sent_ += mine_.size();
+      env.params[i] -= env.lr * sum_[i];
+    sent_ += mine.size();
+    dense_ += report.dense;
     ++steps_;
   }
 
   std::string note() const override {
     std::ostringstream s;
-    if (steps_ > 0) s << "sent/step " << sent_ / steps_;
+    if (steps_ > 0) s << "pairs/step " << sent_ / steps_ << ", dense steps " << dense_;
     return s.str();
   }
 
 private:
   double density_;
-  Selector selector_;
-  std::vector<float> grad_, residual_;
-  std::vector<sparse_entry> mine_, all_;
-  std::size_t sent_ = 0, steps_ = 0;
+  Selector prototype_;
+  std::optional<commsgd::sparsify::top_k<Selector>> sparsifier_;
+  commsgd::sparsify::exchanger<> exchanger_;
+  std::vector<float> grad_, sum_;
+  std::size_t sent_ = 0, dense_ = 0, steps_ = 0;
 };
 
 inline std::vector<std::string> split_spec(const std::string& spec) {
