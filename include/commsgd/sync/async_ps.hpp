@@ -1,0 +1,349 @@
+// sync::async_ps: a parameter server on one rank; the other ranks push gradients and pull parameters
+// without waiting for each other.
+//
+//   sync::async_ps s(comm, {.lr = 0.1f, .apply_after = 1, .staleness_bound = 4});
+//   s.start(x);                               // server: takes x as the model; worker: pulls it
+//   if (s.computes_gradients())               // workers only
+//     loop { grad at x; s.step(x, grad, {}); }  // push the gradient, pull the newest model into x
+//   s.finish(x);                              // server: serves until every worker is done; all: x = final
+//   model
+//
+// Server rules:
+// - Version v counts the updates applied. A pushed gradient carries the version its worker computed on; when
+//   it is applied at version v its staleness is tau = v - computed_on.
+// - Soft synchronisation: the server applies an update once `apply_after` (j) gradients have arrived: the
+// mean
+//   of the j gradients, each scaled by lr (or lr / max(tau, 1) with staleness_scaling). j = 1 is plain ASGD,
+//   j = workers is a synchronous parameter server.
+// - A worker's pull is answered only after its own pushed gradient has been applied, so every gradient a
+//   worker computes is on a model that includes its previous one.
+// - Staleness bound s (SSP): a worker that has pushed c gradients may pull (and so start step c) only once
+//   every other unfinished worker has pushed at least c - s gradients.
+// - Nothing can stall: when every unfinished worker is either waiting on a pending gradient or held back by
+//   the bound, the pending gradients are applied even if fewer than j; finished workers count for neither
+//   rule. After the last worker says done, every worker receives the final model.
+//
+// Wire protocol (tags tag_base .. tag_base + 3, so other traffic can share the communicator): a 16-byte
+// header worker -> server (pull, push + its gradient on the next tag, done); server -> worker a version and
+// the parameters. Headers go first so that a large gradient never waits on a receive the server has not
+// posted.
+#pragma once
+
+#include <commsgd/comm/archetype.hpp>
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/error.hpp>
+#include <commsgd/sync/sgd.hpp>
+#include <commsgd/sync/strategy.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <optional>
+#include <span>
+#include <thread>
+#include <vector>
+
+namespace commsgd::inline v1::sync {
+
+struct async_ps_options {
+  float lr = 0.01f;               // (0, inf)
+  int server = 0;                 // [0, size)
+  int apply_after = 1;            // j: [1, workers = size - 1]
+  bool staleness_scaling = false; // lr / max(tau, 1) per gradient
+  int staleness_bound = -1;       // s: -1 for none, else [0, inf)
+  int tag_base = 1000;            // [0, inf); uses tag_base .. tag_base + 3
+  bool keep_log = true;           // the server records every applied gradient
+};
+
+// One gradient as the server applied it.
+struct applied_update {
+  int worker = 0;               // rank that pushed it
+  std::int64_t step = 0;        // that worker's push count before this push (its step index)
+  std::int64_t computed_on = 0; // version the worker computed the gradient on
+  std::int64_t applied_at = 0;  // server version when applied (the update makes it applied_at + 1)
+  std::int64_t staleness = 0;   // applied_at - computed_on
+  std::int64_t arrival = 0;     // position in the server's arrival order
+  float factor = 0.0f;          // what the gradient was multiplied by: lr (/ tau) / batch
+};
+
+template <comm::communicator C>
+class async_ps {
+public:
+  using options = async_ps_options;
+
+  async_ps(C& c, options o) : comm_(&c), opt_(o) {
+    if (c.size() < 2)
+      throw invalid_argument(commsgd::detail::concat("async_ps: communicator size = ", c.size(),
+                                                     " is outside the allowed range [2, inf) (a server and a "
+                                                     "worker at least)"));
+    detail::check_learning_rate("lr", opt_.lr);
+    commsgd::detail::check_range("server", opt_.server, 0, c.size() - 1,
+                                 commsgd::detail::concat("[0, size = ", c.size(), ")"));
+    commsgd::detail::check_range("apply_after", opt_.apply_after, 1, c.size() - 1,
+                                 commsgd::detail::concat("[1, workers = ", c.size() - 1, "]"));
+    commsgd::detail::check_range("staleness_bound", opt_.staleness_bound, -1, std::numeric_limits<int>::max(),
+                                 "-1 (none) or [0, inf)");
+    commsgd::detail::check_range("tag_base", opt_.tag_base, 0, std::numeric_limits<int>::max() - 3,
+                                 "[0, INT_MAX - 3]");
+  }
+
+  bool computes_gradients() const { return !is_server(); }
+  bool is_server() const { return comm_->rank() == opt_.server; }
+
+  void start(std::span<float> params) {
+    if (is_server()) {
+      model_.assign(params.begin(), params.end());
+      started_ = true;
+      return;
+    }
+    started_ = true;
+    pull(params);
+  }
+
+  step_result step(std::span<float> params, std::span<const float> grad, const step_info& = {}) {
+    push(grad);
+    pull(params);
+    return {.exchanged = true, .averaged = false};
+  }
+
+  void finish(std::span<float> params) {
+    require_started("finish");
+    if (is_server()) {
+      detail::check_same_size("params", params.size(), model_.size());
+      serve();
+      std::copy(model_.begin(), model_.end(), params.begin());
+      return;
+    }
+    if (unpulled_push_) pull(params);
+    send_header(kind_done);
+    receive_model(params);
+  }
+
+  // Worker: send the gradient computed on the last pulled model.
+  void push(std::span<const float> grad) {
+    require_worker("push");
+    require_started("push");
+    detail::check_same_size("grad", grad.size(), dim_);
+    detail::require_finite("gradient", grad);
+    if (unpulled_push_)
+      throw invalid_argument(
+          "async_ps::push: the previous push was not followed by a pull (allowed: push, pull, "
+          "push, ...)");
+    send_header(kind_push);
+    comm_->send(grad, opt_.server, tag_grad());
+    unpulled_push_ = true;
+  }
+
+  // Worker: wait until the server grants a pull (own gradient applied, staleness bound met) and take the
+  // model.
+  void pull(std::span<float> params) {
+    require_worker("pull");
+    if (dim_ != npos) detail::check_same_size("params", params.size(), dim_);
+    dim_ = params.size();
+    send_header(kind_pull);
+    receive_model(params);
+    unpulled_push_ = false;
+  }
+
+  // The version of the model this rank last saw (server: the current one).
+  std::int64_t version() const { return version_; }
+  // Server only: every applied gradient in the order applied.
+  const std::vector<applied_update>& log() const { return log_; }
+  int workers() const { return comm_->size() - 1; }
+
+private:
+  static constexpr std::int32_t kind_pull = 1, kind_push = 2, kind_done = 3;
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+  struct header {
+    std::int32_t kind = 0;
+    std::int32_t reserved = 0;
+    std::int64_t version = 0;
+  };
+
+  // Server bookkeeping for one worker.
+  struct peer {
+    int rank = 0;
+    header incoming;
+    std::optional<comm::request_t<C>> request;
+    bool done = false;
+    bool wants_pull = false;
+    bool pending = false;
+    std::int64_t pushes = 0;
+    std::int64_t pending_step = 0, pending_version = 0, pending_arrival = 0;
+    std::vector<float> gradient;
+  };
+
+  int tag_header() const { return opt_.tag_base; }
+  int tag_grad() const { return opt_.tag_base + 1; }
+  int tag_version() const { return opt_.tag_base + 2; }
+  int tag_model() const { return opt_.tag_base + 3; }
+
+  void require_worker(const char* what) const {
+    if (is_server())
+      throw invalid_argument(commsgd::detail::concat("async_ps::", what, ": rank ", comm_->rank(),
+                                                     " is the parameter server; it serves in finish()"));
+  }
+  void require_started(const char* what) const {
+    if (!started_)
+      throw invalid_argument(commsgd::detail::concat("async_ps::", what, ": call start() first"));
+  }
+
+  void send_header(std::int32_t kind) {
+    const header h{kind, 0, version_};
+    comm_->send(std::span<const header>(&h, 1), opt_.server, tag_header());
+  }
+
+  void receive_model(std::span<float> params) {
+    std::int64_t v = 0;
+    comm_->recv(std::span<std::int64_t>(&v, 1), opt_.server, tag_version());
+    comm_->recv(params, opt_.server, tag_model());
+    version_ = v;
+  }
+
+  void reply(peer& p) {
+    const std::int64_t v = version_;
+    comm_->send(std::span<const std::int64_t>(&v, 1), p.rank, tag_version());
+    comm_->send(std::span<const float>(model_), p.rank, tag_model());
+  }
+
+  void post(peer& p) {
+    p.request.emplace(comm_->irecv(std::span<header>(&p.incoming, 1), p.rank, tag_header()));
+  }
+
+  // SSP: may this worker start its next step?
+  bool gate_open(const peer& p) const {
+    if (opt_.staleness_bound < 0) return true;
+    for (const auto& q : peers_)
+      if (&q != &p && !q.done && q.pushes < p.pushes - opt_.staleness_bound) return false;
+    return true;
+  }
+
+  void handle(peer& p) {
+    const header h = p.incoming;
+    switch (h.kind) {
+    case kind_push:
+      if (h.version < 0 || h.version > version_ || p.pending)
+        throw corrupt_data(commsgd::detail::concat("async_ps: push from rank ", p.rank, " claims version ",
+                                                   h.version, " (server at ", version_,
+                                                   p.pending ? ", and a push is still pending)" : ")"));
+      p.gradient.resize(model_.size());
+      comm_->recv(std::span<float>(p.gradient), p.rank, tag_grad());
+      p.pending = true;
+      p.pending_version = h.version;
+      p.pending_step = p.pushes++;
+      p.pending_arrival = arrivals_++;
+      queue_.push_back(&p);
+      post(p);
+      break;
+    case kind_pull:
+      p.wants_pull = true;
+      post(p);
+      break;
+    case kind_done:
+      p.done = true;
+      p.request.reset();
+      --active_;
+      break;
+    default:
+      throw corrupt_data(
+          commsgd::detail::concat("async_ps: header of unknown kind ", h.kind, " from rank ", p.rank));
+    }
+  }
+
+  bool try_apply() {
+    if (queue_.empty()) return false;
+    const auto j = static_cast<std::size_t>(opt_.apply_after);
+    std::size_t batch = 0;
+    if (queue_.size() >= j) {
+      batch = j;
+    } else {
+      for (const auto& p : peers_)
+        if (!p.done && !p.pending && !(p.wants_pull && !gate_open(p))) return false;
+      batch = queue_.size(); // everyone left is blocked on us: apply what there is
+    }
+    for (std::size_t b = 0; b < batch; ++b) {
+      peer& p = *queue_.front();
+      queue_.pop_front();
+      const std::int64_t tau = version_ - p.pending_version;
+      float factor = opt_.lr;
+      if (opt_.staleness_scaling) factor = factor / static_cast<float>(std::max<std::int64_t>(tau, 1));
+      factor = factor / static_cast<float>(batch);
+      for (std::size_t i = 0; i < model_.size(); ++i)
+        model_[i] = model_[i] - factor * p.gradient[i];
+      if (opt_.keep_log)
+        log_.push_back({p.rank, p.pending_step, p.pending_version, version_, tau, p.pending_arrival, factor});
+      p.pending = false;
+    }
+    ++version_;
+    return true;
+  }
+
+  bool serve_pulls() {
+    bool any = false;
+    for (auto& p : peers_)
+      if (p.wants_pull && !p.pending && gate_open(p)) {
+        reply(p);
+        p.wants_pull = false;
+        any = true;
+      }
+    return any;
+  }
+
+  void serve() {
+    peers_.clear();
+    for (int r = 0; r < comm_->size(); ++r)
+      if (r != opt_.server) peers_.push_back(peer{.rank = r});
+    active_ = static_cast<int>(peers_.size());
+    for (auto& p : peers_)
+      post(p);
+    int idle = 0;
+    while (active_ > 0) {
+      bool progressed = false;
+      for (auto& p : peers_)
+        if (!p.done && p.request && p.request->test()) {
+          handle(p);
+          while (try_apply()) {
+          }
+          progressed = true;
+        }
+      while (try_apply())
+        progressed = true;
+      progressed = serve_pulls() || progressed;
+      if (progressed) {
+        idle = 0;
+      } else if (++idle < 64) {
+        std::this_thread::yield();
+      } else {
+        // Polling is the only portable way to wait on any of n sources; back off so a shared core is not
+        // burnt while workers compute.
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    while (try_apply()) {
+    }
+    for (auto& p : peers_)
+      reply(p);
+  }
+
+  C* comm_;
+  options opt_;
+  bool started_ = false;
+  std::int64_t version_ = 0;
+  // Worker state.
+  std::size_t dim_ = npos;
+  bool unpulled_push_ = false;
+  // Server state.
+  std::vector<float> model_;
+  std::vector<peer> peers_;
+  std::deque<peer*> queue_;
+  int active_ = 0;
+  std::int64_t arrivals_ = 0;
+  std::vector<applied_update> log_;
+};
+
+static_assert(sync_strategy<async_ps<comm::archetype>>);
+
+} // namespace commsgd::inline v1::sync
