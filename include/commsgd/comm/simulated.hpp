@@ -1,0 +1,285 @@
+// comm::simulated<C>: wraps any communicator and keeps a virtual clock per rank, charged from a network
+// model, so a 2-core machine can report what n nodes on a given network would see, reproducibly.
+//
+// The model (network_model) is deliberately simple, so that cost/ can state it in closed form and a reader
+// can check it by hand:
+// - Every node has a full-duplex link: a transmitter and a receiver that work at the same time. Sending or
+//   receiving one message of m bytes keeps that side busy for alpha + m / bandwidth seconds.
+// - A rank's clock is base + max(transmit time, receive time) over the traffic since the last advance():
+//   traffic is assumed perfectly overlapped and never waiting on a peer. This is the NIC-bound time, a lower
+//   bound for a good implementation; who waits for whom is not modelled unless you call align_to_slowest().
+// - medium::switched: a message to k receivers is k transmissions. medium::multicast: one transmission
+//   reaches any number of receivers (broadcast and all_gather use it); point-to-point is unchanged.
+// - Collectives are charged by fixed algorithms, per rank:
+//     all_reduce_sum  ring (the same chunks as comm::metered): 2(p-1) messages each way, metered's bytes.
+//     all_gather      p-1 messages of the block each way (ring or direct: the same per-node load);
+//                     on a multicast medium one transmission and p-1 receptions.
+//     all_gather_v    as all_gather with each rank's size, plus an 8-byte count per message (as metered).
+//     broadcast       flat: the root transmits p-1 copies; binomial_tree: each rank transmits to its
+//                     children in the tree rooted at root; every other rank receives once. On a multicast
+//                     medium the root transmits once whatever the algorithm.
+//     barrier, split  dissemination: ceil(log2 p) empty messages each way.
+// - advance(t) adds compute time: base becomes now() + t and the link load starts again from zero, since
+//   the step's communication cannot overlap computation that comes after it.
+// The clock is shared with every communicator split from this one (it is the rank's clock, not the group's).
+#pragma once
+
+#include <commsgd/comm/archetype.hpp>
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/metered.hpp>
+#include <commsgd/error.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace commsgd::inline v1::comm {
+
+enum class medium { switched, multicast };
+enum class broadcast_algorithm { flat, binomial_tree };
+
+struct network_model {
+  double latency_s = 50e-6;             // alpha, per message
+  double bandwidth_bytes_per_s = 125e6; // 1 Gbit/s
+  comm::medium medium = comm::medium::switched;
+  broadcast_algorithm broadcast = broadcast_algorithm::flat;
+
+  // The one formula every charge goes through, so cost/ can reproduce a clock bit for bit.
+  double seconds(std::uint64_t messages, std::uint64_t bytes) const noexcept {
+    return latency_s * static_cast<double>(messages) + static_cast<double>(bytes) / bandwidth_bytes_per_s;
+  }
+
+  static network_model gigabit(comm::medium m = comm::medium::switched) { return {50e-6, 125e6, m}; }
+
+  void validate() const {
+    if (!(std::isfinite(latency_s) && latency_s >= 0))
+      throw invalid_argument(commsgd::detail::concat("network_model: 'latency_s' = ", latency_s,
+                                                     " is outside the allowed range [0, inf)"));
+    if (!(std::isfinite(bandwidth_bytes_per_s) && bandwidth_bytes_per_s > 0))
+      throw invalid_argument(
+          commsgd::detail::concat("network_model: 'bandwidth_bytes_per_s' = ", bandwidth_bytes_per_s,
+                                  " is outside the allowed range (0, inf)"));
+  }
+};
+
+// Messages and bytes one rank's transmitter and receiver carry.
+struct link_load {
+  std::uint64_t tx_messages = 0;
+  std::uint64_t tx_bytes = 0;
+  std::uint64_t rx_messages = 0;
+  std::uint64_t rx_bytes = 0;
+
+  link_load& operator+=(const link_load& o) noexcept {
+    tx_messages += o.tx_messages;
+    tx_bytes += o.tx_bytes;
+    rx_messages += o.rx_messages;
+    rx_bytes += o.rx_bytes;
+    return *this;
+  }
+  friend bool operator==(const link_load&, const link_load&) = default;
+};
+
+// Seconds a load keeps a node busy: its transmitter and receiver work in parallel.
+inline double busy_seconds(const link_load& l, const network_model& net) noexcept {
+  return std::max(net.seconds(l.tx_messages, l.tx_bytes), net.seconds(l.rx_messages, l.rx_bytes));
+}
+
+// Per-rank loads of each operation, as simulated<C> charges them (cost/ uses the same functions).
+namespace load {
+
+inline std::uint64_t log2_ceil(int p) noexcept {
+  return p <= 1 ? 0 : static_cast<std::uint64_t>(std::bit_width(static_cast<unsigned>(p - 1)));
+}
+
+inline link_load barrier(int p) noexcept {
+  const auto k = log2_ceil(p);
+  return {k, 0, k, 0};
+}
+
+inline link_load all_reduce(std::uint64_t elements, std::size_t element_size, int p, int rank) noexcept {
+  if (p <= 1) return {};
+  const auto share = ring_all_reduce_share(elements, p, rank);
+  const auto msgs = 2 * static_cast<std::uint64_t>(p - 1);
+  return {msgs, share.sent * element_size, msgs, share.received * element_size};
+}
+
+inline link_load all_gather(std::uint64_t bytes, int p, medium m) noexcept {
+  const auto peers = static_cast<std::uint64_t>(p - 1);
+  if (peers == 0) return {};
+  if (m == medium::multicast) return {1, bytes, peers, peers * bytes};
+  return {peers, peers * bytes, peers, peers * bytes};
+}
+
+inline link_load all_gather_v(std::uint64_t my_bytes, std::uint64_t others_bytes, int p, medium m) noexcept {
+  const auto peers = static_cast<std::uint64_t>(p - 1);
+  if (peers == 0) return {};
+  const std::uint64_t count = sizeof(std::uint64_t);
+  const link_load rx{0, 0, peers, others_bytes + peers * count};
+  if (m == medium::multicast) return {1, my_bytes + count, rx.rx_messages, rx.rx_bytes};
+  return {peers, peers * (my_bytes + count), rx.rx_messages, rx.rx_bytes};
+}
+
+inline link_load broadcast(std::uint64_t bytes, int p, int root, int rank,
+                           const network_model& net) noexcept {
+  if (p <= 1) return {};
+  link_load l;
+  if (rank != root) {
+    l.rx_messages = 1;
+    l.rx_bytes = bytes;
+  }
+  std::uint64_t sends = 0;
+  if (net.medium == medium::multicast) {
+    sends = rank == root ? 1 : 0;
+  } else if (net.broadcast == broadcast_algorithm::flat) {
+    sends = rank == root ? static_cast<std::uint64_t>(p - 1) : 0;
+  } else {
+    // Binomial tree on ranks relative to the root: v sends to v + 2^k for every 2^k > v below p.
+    const auto v = static_cast<unsigned>((rank - root + p) % p);
+    for (unsigned step = 1; step < static_cast<unsigned>(p); step <<= 1)
+      if (step > v && v + step < static_cast<unsigned>(p)) ++sends;
+  }
+  l.tx_messages = sends;
+  l.tx_bytes = sends * bytes;
+  return l;
+}
+
+inline link_load send(std::uint64_t bytes) noexcept {
+  return {1, bytes, 0, 0};
+}
+inline link_load receive(std::uint64_t bytes) noexcept {
+  return {0, 0, 1, bytes};
+}
+
+} // namespace load
+
+// One rank's virtual clock.
+struct virtual_clock {
+  double base = 0;
+  link_load load;
+};
+
+template <communicator C>
+class simulated {
+public:
+  using request_type = request_t<C>;
+
+  simulated(C inner, network_model net)
+      : inner_(std::move(inner)), net_(net), clock_(std::make_shared<virtual_clock>()) {
+    net_.validate();
+  }
+
+  int rank() const noexcept { return inner_.rank(); }
+  int size() const noexcept { return inner_.size(); }
+  C& inner() noexcept { return inner_; }
+  const network_model& network() const noexcept { return net_; }
+
+  // This rank's virtual time in seconds.
+  double now() const noexcept { return clock_->base + busy_seconds(clock_->load, net_); }
+  // Traffic charged since the last advance(), reset() or align_to_slowest().
+  const link_load& load() const noexcept { return clock_->load; }
+
+  // Adds measured or modelled computation after the communication charged so far.
+  void advance(double seconds) {
+    if (!(std::isfinite(seconds) && seconds >= 0))
+      throw invalid_argument(commsgd::detail::concat("argument 'seconds' = ", seconds,
+                                                     " is outside the allowed range [0, inf)"));
+    clock_->base = now() + seconds;
+    clock_->load = {};
+  }
+
+  void reset() noexcept { *clock_ = {}; }
+
+  // Collective: every rank's clock becomes the latest now() of the group, as if all waited for the slowest.
+  // It travels over the inner communicator and is not charged: wrap metered<> outside simulated<> to keep
+  // byte counts clean.
+  double align_to_slowest() {
+    const double mine = now();
+    std::vector<double> all(static_cast<std::size_t>(size()));
+    inner_.all_gather(std::span<const double>(&mine, 1), std::span<double>(all));
+    clock_->base = *std::max_element(all.begin(), all.end());
+    clock_->load = {};
+    return clock_->base;
+  }
+
+  void barrier() {
+    inner_.barrier();
+    charge(load::barrier(size()));
+  }
+
+  template <reducible T>
+  void all_reduce_sum(std::span<T> data) {
+    inner_.all_reduce_sum(data);
+    charge(load::all_reduce(data.size(), sizeof(T), size(), rank()));
+  }
+
+  template <transferable T>
+  void all_gather(std::span<const T> mine, std::span<T> all) {
+    inner_.all_gather(mine, all);
+    charge(load::all_gather(mine.size_bytes(), size(), net_.medium));
+  }
+
+  template <transferable T>
+  std::vector<std::size_t> all_gather_v(std::span<const T> mine, std::vector<T>& all) {
+    auto counts = inner_.all_gather_v(mine, all);
+    charge(
+        load::all_gather_v(mine.size_bytes(), (all.size() - mine.size()) * sizeof(T), size(), net_.medium));
+    return counts;
+  }
+
+  template <transferable T>
+  void broadcast(std::span<T> data, int root) {
+    inner_.broadcast(data, root);
+    charge(load::broadcast(data.size_bytes(), size(), root, rank(), net_));
+  }
+
+  template <transferable T>
+  void send(std::span<const T> data, int dest, int tag) {
+    inner_.send(data, dest, tag);
+    charge(load::send(data.size_bytes()));
+  }
+
+  template <transferable T>
+  void recv(std::span<T> data, int source, int tag) {
+    inner_.recv(data, source, tag);
+    charge(load::receive(data.size_bytes()));
+  }
+
+  // Charged when posted, like comm::metered: the size is known then.
+  template <transferable T>
+  request_type isend(std::span<const T> data, int dest, int tag) {
+    auto r = inner_.isend(data, dest, tag);
+    charge(load::send(data.size_bytes()));
+    return r;
+  }
+
+  template <transferable T>
+  request_type irecv(std::span<T> data, int source, int tag) {
+    auto r = inner_.irecv(data, source, tag);
+    charge(load::receive(data.size_bytes()));
+    return r;
+  }
+
+  simulated split(int color, int key) {
+    auto sub = inner_.split(color, key);
+    charge(load::barrier(size()));
+    return simulated(std::move(sub), net_, clock_);
+  }
+
+private:
+  simulated(C inner, network_model net, std::shared_ptr<virtual_clock> clock)
+      : inner_(std::move(inner)), net_(net), clock_(std::move(clock)) {}
+
+  void charge(const link_load& l) noexcept { clock_->load += l; }
+
+  C inner_;
+  network_model net_;
+  std::shared_ptr<virtual_clock> clock_;
+};
+
+static_assert(communicator<simulated<archetype>>);
+
+} // namespace commsgd::inline v1::comm

@@ -1,0 +1,91 @@
+// Per-node messages and bytes of every exchange in coding/, as comm::metered counts them, in closed form
+// or by exact enumeration. A multicast on a switched network is r unicasts, so it is counted r times here;
+// cost/time.hpp states what a true multicast medium changes.
+//
+// Per node, d values of `element_size` bytes, L = ceil(d / r), G = C(n-1, r):
+//   ring all-reduce   2(n-1) messages each way; bytes from metered's chunk rule (ring_all_reduce_share)
+//   all-gather        n-1 messages of d values each way
+//   unicast           the same as all-gather, as n-1 point-to-point messages
+//   uncoded shuffle   r*G messages each way; receives G*d values exactly, sends the balanced segments
+//                     [d*j/r, d*(j+1)/r) its positions pick (about G*d values; exact by enumeration)
+//   cssgd             r*G messages each way (G multicasts of L words, r copies each); r*G*L words each way
+#pragma once
+
+#include <commsgd/coding/assignment.hpp>
+#include <commsgd/coding/cssgd.hpp>
+#include <commsgd/coding/subsets.hpp>
+#include <commsgd/coding/uncoded_shuffle.hpp>
+#include <commsgd/comm/metered.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace commsgd::inline v1::cost {
+
+struct node_traffic {
+  std::uint64_t messages_sent = 0;
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t messages_received = 0;
+  std::uint64_t bytes_received = 0;
+
+  friend bool operator==(const node_traffic&, const node_traffic&) = default;
+};
+
+// What a meter counted, in the same shape (calls are not part of a cost model).
+inline node_traffic measured(const comm::traffic& t) noexcept {
+  return {t.messages_sent, t.bytes_sent, t.messages_received, t.bytes_received};
+}
+
+namespace detail {
+inline void check_node(int n, int rank) {
+  commsgd::detail::check_range("rank", rank, 0, n - 1, commsgd::detail::concat("[0, n - 1 = ", n - 1, "]"));
+}
+} // namespace detail
+
+inline node_traffic ring_all_reduce(int n, std::uint64_t d, std::size_t element_size, int rank) {
+  commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
+  detail::check_node(n, rank);
+  const auto share = comm::ring_all_reduce_share(d, n, rank);
+  const std::uint64_t msgs = 2 * static_cast<std::uint64_t>(n - 1);
+  return {msgs, share.sent * element_size, msgs, share.received * element_size};
+}
+
+inline node_traffic all_gather(int n, std::uint64_t d, std::size_t element_size) {
+  commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
+  const auto peers = static_cast<std::uint64_t>(n - 1);
+  return {peers, peers * d * element_size, peers, peers * d * element_size};
+}
+
+inline node_traffic unicast(int n, std::uint64_t d, std::size_t element_size) {
+  return all_gather(n, d, element_size);
+}
+
+inline node_traffic uncoded_shuffle(int n, int r, std::uint64_t d, std::size_t element_size, int rank) {
+  commsgd::coding::detail::check_nodes_and_redundancy(n, r);
+  detail::check_node(n, rank);
+  using namespace commsgd::coding;
+  node_traffic t;
+  if (r == n) return t;
+  const std::uint64_t groups = binomial(n - 1, r);
+  t.messages_sent = t.messages_received = static_cast<std::uint64_t>(r) * groups;
+  t.bytes_received = groups * d * element_size;
+  for (node_set g : subsets_lex(n, r + 1)) {
+    if (!contains(g, rank)) continue;
+    for (int k : members(g)) {
+      if (k == rank) continue;
+      const node_set b = g & ~node_bit(k);
+      const auto [lo, hi] = balanced_segment(d, r, position_in(b, rank));
+      t.bytes_sent += (hi - lo) * element_size;
+    }
+  }
+  return t;
+}
+
+inline node_traffic cssgd(int n, int r, std::uint64_t d, std::size_t element_size = 4) {
+  commsgd::coding::detail::check_nodes_and_redundancy(n, r);
+  const std::uint64_t copies = static_cast<std::uint64_t>(r) * coding::binomial(n - 1, r);
+  const std::uint64_t bytes = copies * coding::cssgd_packet_length(d, r) * element_size;
+  return {copies, bytes, copies, bytes};
+}
+
+} // namespace commsgd::inline v1::cost
