@@ -1,0 +1,75 @@
+// Compaction writes exactly the selected set, in index order.
+#include "select_data.hpp"
+
+#include <commsgd/select/select.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace sel = commsgd::select;
+
+namespace {
+
+// The selection the contract describes, built the obvious way.
+std::vector<std::uint64_t> expected_indices(std::span<const float> x, const sel::threshold& t) {
+  std::vector<std::uint64_t> out;
+  std::size_t ties = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float m = std::fabs(x[i]);
+    if (m > t.value || (m == t.value && ties++ < t.at)) out.push_back(i);
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE_TEMPLATE("compact writes the selected (index, value) pairs in index order", Index, std::uint32_t,
+                   std::uint64_t) {
+  std::uint64_t seed = 40;
+  for (std::size_t n : {0u, 1u, 15u, 16u, 17u, 1000u, 65539u})
+    for (auto s : select_data::shapes) {
+      std::vector<float> x = select_data::make(s, n, seed++);
+      if (n > 20) x[7] = x[19] = x[3]; // a tie somewhere
+      for (std::size_t k : {std::size_t{0}, std::size_t{1}, n / 100, n / 3, n}) {
+        if (k > n) continue;
+        CAPTURE(n);
+        CAPTURE(k);
+        const sel::threshold t = sel::exact{}.select(x, k);
+        const auto got = sel::compact<Index>(x, t);
+        const auto want = expected_indices(x, t);
+        REQUIRE(got.indices.size() == want.size());
+        CHECK(got.indices.size() == k);
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          CHECK(got.indices[i] == want[i]);
+          CHECK(got.values[i] == x[want[i]]);
+        }
+      }
+    }
+}
+
+TEST_CASE("compact checks its output sizes and that the threshold describes x") {
+  std::vector<float> x{1, -5, 3, 3, 0, -3};
+  const sel::threshold t = sel::exact{}.select(x, 2); // 5 and the first 3
+  std::vector<std::uint32_t> idx(2);
+  std::vector<float> val(2);
+  CHECK(sel::compact<std::uint32_t>(x, t, idx, val) == 2);
+  CHECK(idx == std::vector<std::uint32_t>{1, 2});
+  CHECK(val == std::vector<float>{-5, 3});
+  std::vector<std::uint32_t> small(1);
+  CHECK_THROWS_AS(sel::compact<std::uint32_t>(x, t, small, val), commsgd::size_mismatch);
+  std::vector<float> big(3);
+  CHECK_THROWS_AS(sel::compact<std::uint32_t>(x, t, idx, big), commsgd::size_mismatch);
+  // Thresholds that do not match x: too many above, or fewer ties than claimed.
+  CHECK_THROWS_AS(sel::compact<std::uint32_t>(x, sel::threshold{2.0f, 1, 1}, idx, val),
+                  commsgd::invalid_argument);
+  std::vector<std::uint32_t> i3(3);
+  std::vector<float> v3(3);
+  CHECK_THROWS_AS(sel::compact<std::uint32_t>(x, sel::threshold{5.0f, 0, 3}, i3, v3),
+                  commsgd::invalid_argument);
+  // The approximate contract (every tie taken) compacts the same way.
+  const sel::threshold all_ties{3.0f, 1, 3};
+  const auto s = sel::compact<std::uint64_t>(x, all_ties);
+  CHECK(s.indices == std::vector<std::uint64_t>{1, 2, 3, 5});
+}
