@@ -65,6 +65,16 @@ cli parse(int argc, char** argv) {
   int i = 1;
   if (i < argc && argv[i][0] != '-') c.mode = argv[i++];
   if (c.mode != "train" && c.mode != "experiment") usage("unknown mode '" + c.mode + "'");
+  if (c.mode == "experiment") {
+    // Small enough for a few minutes on two cores, large enough that the schemes separate: 10 nodes as in
+    // the CSSGD paper, 10,000 training images, 2 epochs; every flag below can still override these.
+    c.train.ranks = 10;
+    c.subset = 10000;
+    c.test_subset = 2000;
+    c.train.epochs = 2;
+    c.train.batch = 100;
+    c.train.target = 0.75;
+  }
   for (; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -173,6 +183,7 @@ std::vector<std::string> default_schemes() {
   for (const char* method : {"exact", "radix", "laplace_bisect", "hierarchical", "sampled"})
     for (const char* density : {"0.001", "0.01"})
       s.push_back(std::string("topk:") + method + ":" + density);
+  s.push_back("asgd");
   s.push_back("local:4");
   s.push_back("local_adaptive:8:0.02");
   return s;

@@ -8,6 +8,7 @@
 
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/select/fit.hpp>
+#include <commsgd/sync/async_ps.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -52,6 +53,99 @@ struct train_result {
   std::string note;
 };
 
+// ASGD (`asgd[:j]`): rank 0 is a parameter server (sync::async_ps), ranks 1..n-1 are workers that each take
+// their share of every batch, push the gradient and pull the newest model without waiting for each other.
+// No rank may join a per-step collective here (the server serves only in finish()), so the modelled time is
+// NIC-bound: the busiest of the workers' own compute + push/pull traffic and the server's link load. Only the
+// final model is evaluated, so the curve has one point. Interleaving follows the threads' real timing, so
+// results vary slightly from run to run, as they would on a cluster.
+template <class Comm>
+void train_async(Comm& comm, const train_options& o, const dataset& train, const dataset& test, mlp& net,
+                 std::vector<float>& params, train_result* out) {
+  auto& plain = comm.inner();
+  const int rank = comm.rank(), n = comm.size();
+  if (n < 2)
+    throw commsgd::invalid_argument(commsgd::detail::concat(
+        "scheme 'asgd' needs argument 'ranks' >= 2 (a server and a worker), got ", n));
+  const auto p = split_spec(o.scheme);
+  commsgd::sync::async_ps_options ao;
+  ao.lr = o.lr;
+  ao.apply_after = p.size() > 1 ? std::stoi(p[1]) : 1;
+  ao.staleness_scaling = true;
+  ao.keep_log = false;
+  commsgd::sync::async_ps<Comm> ps(comm, ao);
+  ps.start(params);
+
+  compute_clock clock(o.wall_clock);
+  double compute = 0;
+  const std::size_t steps_per_epoch = train.count / o.batch;
+  const int workers = n - 1;
+  std::vector<float> grad(params.size());
+  std::vector<std::uint32_t> order(train.count), index;
+  double loss_sum = 0;
+  std::size_t samples = 0;
+  if (ps.computes_gradients()) {
+    const auto [lo, hi] = share_of(o.batch, rank - 1, workers);
+    for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+      std::iota(order.begin(), order.end(), 0u);
+      std::mt19937_64 gen(o.seed * 1000003u + static_cast<std::uint64_t>(epoch));
+      for (std::size_t i = order.size(); i > 1; --i)
+        std::swap(order[i - 1], order[gen() % i]);
+      for (std::size_t s = 0; s < steps_per_epoch; ++s) {
+        index.assign(order.begin() + static_cast<std::ptrdiff_t>(s * o.batch + lo),
+                     order.begin() + static_cast<std::ptrdiff_t>(s * o.batch + hi));
+        const double t0 = clock.now();
+        std::fill(grad.begin(), grad.end(), 0.0f);
+        // Each push is one worker's own mini-batch, so its mean gradient is what the server applies.
+        loss_sum +=
+            net.gradient(params, train, index.data(), index.size(), static_cast<double>(index.size()), grad);
+        samples += index.size();
+        compute += clock.now() - t0;
+        ps.step(params, grad, {});
+      }
+    }
+  }
+  ps.finish(params);
+
+  // After finish() nobody serves any more, so the bookkeeping collectives are safe again.
+  const auto t = comm.counters().total();
+  std::vector<double> mine{compute, o.network.seconds(t), loss_sum, static_cast<double>(samples)};
+  std::vector<double> all(4 * static_cast<std::size_t>(n));
+  plain.all_gather(std::span<const double>(mine), std::span<double>(all));
+  std::vector<std::uint64_t> bytes{t.bytes_sent, t.bytes_received},
+      all_bytes(2 * static_cast<std::size_t>(n));
+  plain.all_gather(std::span<const std::uint64_t>(bytes), std::span<std::uint64_t>(all_bytes));
+  if (rank != 0 || !out) return;
+  curve_point pt;
+  pt.epoch = o.epochs;
+  pt.step = steps_per_epoch * static_cast<std::size_t>(o.epochs);
+  double loss = 0, count = 0;
+  for (int r = 0; r < n; ++r) {
+    const auto* a = &all[4 * static_cast<std::size_t>(r)];
+    pt.compute = std::max(pt.compute, a[0]);
+    pt.comm = std::max(pt.comm, a[1]);
+    pt.sim_time = std::max(pt.sim_time, a[0] + a[1]);
+    loss += a[2];
+    count += a[3];
+    pt.bytes_sent = std::max(pt.bytes_sent, all_bytes[2 * static_cast<std::size_t>(r)]);
+    pt.bytes_received = std::max(pt.bytes_received, all_bytes[2 * static_cast<std::size_t>(r) + 1]);
+  }
+  pt.loss = loss / std::max(1.0, count);
+  pt.accuracy =
+      static_cast<double>(net.correct(params, test, 0, test.count)) / static_cast<double>(test.count);
+  train_result res;
+  res.scheme = o.scheme;
+  if (pt.accuracy >= o.target) res.time_to_target = pt.sim_time;
+  res.curve.push_back(pt);
+  res.note = "final model only";
+  if (!o.quiet)
+    std::printf("%-28s epoch %d  acc %.4f  loss %.4f  sent/node %8.2f MB  recv/node %8.2f MB  time %8.3f s "
+                "(compute %.3f, comm %.3f)  server applies after %d push(es), lr / staleness\n",
+                o.scheme.c_str(), o.epochs, pt.accuracy, pt.loss, pt.bytes_sent / 1e6,
+                pt.bytes_received / 1e6, pt.sim_time, pt.compute, pt.comm, ao.apply_after);
+  *out = std::move(res);
+}
+
 // Trains on one rank. Every rank of `base` calls this with the same options; rank 0 fills `out`.
 template <class Base>
 void train_rank(Base base, const train_options& o, const dataset& train, const dataset& test,
@@ -60,11 +154,11 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
   comm_t comm(std::move(base));
   auto& plain = comm.inner(); // bookkeeping traffic that is not the scheme's, so it stays off the meter
   const int rank = comm.rank(), n = comm.size();
-  auto sch = make_scheme<comm_t>(o.scheme, comm, o.lr);
-
   mlp net({static_cast<int>(train.pixels), 256, 128, 10});
   std::vector<float> params(net.parameter_count());
   net.initialise(params, o.seed);
+  if (split_spec(o.scheme).front() == "asgd") return train_async(comm, o, train, test, net, params, out);
+  auto sch = make_scheme<comm_t>(o.scheme, comm, o.lr);
 
   const std::size_t steps_per_epoch = train.count / o.batch;
   if (steps_per_epoch == 0)
