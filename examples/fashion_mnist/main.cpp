@@ -183,6 +183,9 @@ std::vector<std::string> default_schemes() {
   for (const char* method : {"exact", "radix", "laplace_bisect", "hierarchical", "sampled"})
     for (const char* density : {"0.001", "0.01"})
       s.push_back(std::string("topk:") + method + ":" + density);
+  for (const char* r : {"2", "3"})
+    s.push_back(std::string("cssgd:") + r + ":xor");
+  s.push_back("cssgd:2:int32");
   s.push_back("asgd");
   s.push_back("local:4");
   s.push_back("local_adaptive:8:0.02");

@@ -12,6 +12,7 @@
 
 #include "scheme.hpp"
 
+#include <commsgd/coding/cssgd.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/select.hpp>
 #include <commsgd/sparsify/exchange.hpp>
@@ -141,6 +142,49 @@ private:
   std::size_t sent_ = 0, dense_ = 0, steps_ = 0;
 };
 
+// CSSGD (coding::cssgd): the batch is cut into C(n, r) blocks, this rank computes the gradients of the
+// blocks the assignment gives it (r/n of the batch) and the coded multicast exchange sums all of them.
+template <class Comm, class Combiner>
+class cssgd_scheme final : public scheme<Comm> {
+public:
+  explicit cssgd_scheme(int r) : r_(r) {}
+
+  void step(Comm& comm, step_env& env) override {
+    const std::size_t d = env.params.size();
+    if (!coder_) coder_.emplace(comm, r_);
+    const auto sizes = coder_->block_sizes(env.batch);
+    std::vector<std::size_t> offset(sizes.size() + 1, 0);
+    for (std::size_t q = 0; q < sizes.size(); ++q)
+      offset[q + 1] = offset[q] + sizes[q];
+    const auto mine = coder_->my_blocks();
+    blocks_.resize(mine.size());
+    views_.clear();
+    for (std::size_t j = 0; j < mine.size(); ++j) {
+      blocks_[j].resize(d);
+      env.gradient(offset[mine[j]], sizes[mine[j]], blocks_[j]);
+      views_.emplace_back(blocks_[j]);
+    }
+    sum_.resize(d);
+    clipped_ += coder_->exchange(views_, sum_).clipped;
+    for (std::size_t i = 0; i < d; ++i)
+      env.params[i] -= env.lr * sum_[i];
+  }
+
+  std::string note() const override {
+    std::ostringstream s;
+    s << "r = " << r_ << ", blocks " << (coder_ ? coder_->block_count() : 0) << ", clipped " << clipped_;
+    return s.str();
+  }
+
+private:
+  int r_;
+  std::optional<commsgd::coding::cssgd<Combiner, Comm>> coder_;
+  std::vector<std::vector<float>> blocks_;
+  std::vector<std::span<const float>> views_;
+  std::vector<float> sum_;
+  std::uint64_t clipped_ = 0;
+};
+
 inline std::vector<std::string> split_spec(const std::string& spec) {
   std::vector<std::string> parts;
   std::stringstream in(spec);
@@ -186,6 +230,14 @@ scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr) {
     }
     throw commsgd::invalid_argument("argument 'scheme' = '" + spec + "': selection method '" + method +
                                     "' is not one of exact, radix, laplace_bisect, hierarchical, sampled");
+  }
+  if (p[0] == "cssgd") {
+    const int r = std::stoi(arg(1, "2"));
+    const std::string combiner = arg(2, "xor");
+    if (combiner == "xor") return std::make_unique<cssgd_scheme<Comm, commsgd::coding::xor_bits>>(r);
+    if (combiner == "int32") return std::make_unique<cssgd_scheme<Comm, commsgd::coding::int32_sum>>(r);
+    throw commsgd::invalid_argument("argument 'scheme' = '" + spec + "': combiner '" + combiner +
+                                    "' is not one of xor, int32");
   }
   if (p[0] == "local" || p[0] == "local_adaptive") {
     commsgd::sync::local_sgd_options o;
