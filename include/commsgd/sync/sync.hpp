@@ -1,0 +1,10 @@
+// Every sync strategy.
+#pragma once
+
+#include <commsgd/sync/async_ps.hpp>
+#include <commsgd/sync/exchange.hpp>
+#include <commsgd/sync/local_sgd.hpp>
+#include <commsgd/sync/partitioned.hpp>
+#include <commsgd/sync/sgd.hpp>
+#include <commsgd/sync/strategy.hpp>
+#include <commsgd/sync/synchronous.hpp>
