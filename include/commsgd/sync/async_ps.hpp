@@ -295,7 +295,7 @@ private:
   void serve() {
     peers_.clear();
     for (int r = 0; r < comm_->size(); ++r)
-      if (r != opt_.server) peers_.push_back(peer{.rank = r});
+      if (r != opt_.server) peers_.emplace_back().rank = r;
     active_ = static_cast<int>(peers_.size());
     for (auto& p : peers_)
       post(p);
