@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <span>
 #include <vector>
@@ -43,6 +44,13 @@ public:
   int classes() const noexcept { return widths_.back(); }
   // Where layer l's parameters begin in the flat vector (the partitioned scheme orders by it).
   std::size_t layer_offset(std::size_t l) const { return weight_off_[l]; }
+  // Parameters of each layer (weights and bias, contiguous), in forward order.
+  std::vector<std::size_t> layer_sizes() const {
+    std::vector<std::size_t> sizes;
+    for (std::size_t l = 0; l < layers(); ++l)
+      sizes.push_back((l + 1 < layers() ? weight_off_[l + 1] : size_) - weight_off_[l]);
+    return sizes;
+  }
 
   // He initialisation from a portable generator (mt19937 + Box-Muller), so one seed gives one model on every
   // standard library, which std::normal_distribution does not promise.
@@ -65,10 +73,17 @@ public:
 
   // Adds to `grad` the gradient of (sum of the losses of the samples `index[0..count)`) / `scale`, and
   // returns that sum of losses. Dividing by the global batch size here makes the ranks' contributions add up
-  // to the batch mean, so an all-reduce sum is the whole step.
+  // to the batch mean, so an all-reduce sum is the whole step. `on_layer(l)`, when given, is called as soon
+  // as layer l's slice of `grad` is final: last layer first, as backpropagation produces them.
   double gradient(std::span<const float> params, const dataset& data, const std::uint32_t* index,
-                  std::size_t count, double scale, std::span<float> grad) {
-    if (count == 0) return 0.0;
+                  std::size_t count, double scale, std::span<float> grad,
+                  const std::function<void(std::size_t)>& on_layer = {}) {
+    if (count == 0) {
+      // Nothing to add, but a caller that waits for every layer still hears of each one.
+      for (std::size_t l = layers(); on_layer && l-- > 0;)
+        on_layer(l);
+      return 0.0;
+    }
     forward(params, data, index, count);
     const auto m = static_cast<Eigen::Index>(count);
     matrix& p = act_.back(); // softmax probabilities, classes x m
@@ -85,6 +100,7 @@ public:
       vec_map gb(grad.data() + bias_off_[l], out);
       gw.noalias() += delta_ * act_[l].transpose();
       gb.noalias() += delta_.rowwise().sum();
+      if (on_layer) on_layer(l);
       if (l == 0) break;
       cmap w(params.data() + weight_off_[l], out, in);
       matrix back = w.transpose() * delta_;

@@ -22,6 +22,12 @@ struct step_env {
   // Writes into `grad` the gradient of (sum of the losses of batch samples [first, first + count)) / batch
   // and returns that loss sum; the time it takes is charged as this rank's compute.
   std::function<double(std::size_t first, std::size_t count, std::span<float> grad)> gradient;
+  // The same with an explicit divisor and a call as each layer's slice of `grad` becomes final (last layer
+  // first), for schemes that start exchanging before the backward pass ends. Its time is charged as compute,
+  // so whatever `on_layer` does must be measured and taken back out of *compute by the scheme.
+  std::function<double(std::size_t first, std::size_t count, double scale, std::span<float> grad,
+                       const std::function<void(std::size_t layer)>& on_layer)>
+      gradient_by_layer;
   // Ranks the step's exchanges run over, and this rank.
   int rank = 0;
   int size = 1;
@@ -50,6 +56,13 @@ public:
   virtual void step(Comm& comm, step_env& env) = 0;
   // After the last step: completes what is pending (local SGD averages the steps since its last sync).
   virtual void finish(Comm&, step_env&) {}
+  // Modelled seconds this rank's step takes on `net`, from the compute measured in it and the link load that
+  // comm::simulated charged for it. Default: the exchange starts after the compute and nothing overlaps, so
+  // the step is compute + the busier side of the link (the simulated clock's own rule).
+  virtual double step_seconds(double compute, const commsgd::comm::link_load& load,
+                              const commsgd::comm::network_model& net) const {
+    return compute + commsgd::comm::busy_seconds(load, net);
+  }
   // A model to evaluate: rank 0's replica unless a scheme keeps replicas apart (local SGD between averages).
   virtual std::span<const float> model(std::span<const float> params) const { return params; }
   // Extra text for the per-epoch line (clip counts, current interval, staleness).

@@ -8,6 +8,9 @@
 //   local:<H>                local SGD, models averaged every H steps
 //   local_adaptive:<H0>      local SGD with ADACOMM's shrinking interval and an elastic pull to the last
 //   average
+//   partitioned[:<elements>[:<credit KiB>]]
+//                            SSGD through sync::partitioned: per-layer partitions exchanged while the
+//                            backward pass still runs (ByteScheduler / DDP buckets)
 #pragma once
 
 #include "scheme.hpp"
@@ -18,6 +21,7 @@
 #include <commsgd/sparsify/exchange.hpp>
 #include <commsgd/sparsify/top_k.hpp>
 #include <commsgd/sync/local_sgd.hpp>
+#include <commsgd/sync/partitioned.hpp>
 #include <commsgd/sync/synchronous.hpp>
 
 #include <algorithm>
@@ -185,6 +189,104 @@ private:
   std::uint64_t clipped_ = 0;
 };
 
+// SSGD through sync::partitioned: the gradient is cut into partitions that never straddle a layer, and
+// each layer's partitions are handed to the exchange the moment backpropagation finishes that layer, so the
+// exchange of the last layers runs while the first layers' gradients are still being computed.
+//
+// Model of the overlap (step_seconds), per rank, on one full-duplex link:
+// - t_l: when layer l's gradient was final, measured on this rank's compute clock from the start of the step
+//   (forward included, the time spent inside gradient_ready taken out: that is the library's bookkeeping,
+//   which a real node would run on its communication thread).
+// - Layer l's traffic, taken from the partition table (a partition this rank owns: n - 1 contributions in,
+//   n - 1 sums out; any other: one contribution out, one sum in), occupies the link for
+//   comm::busy_seconds(load_l, net), the simulated clock's own formula. The link takes layers in the order
+//   they become ready (the last layer first) and serves one at a time: layer l starts at
+//   max(t_l, the end of the previous layer's traffic).
+// - The sum of a partition cannot come back before every contribution has arrived: one more message of the
+//   largest partition (alpha + bytes / bandwidth) after the link drains.
+// - The step ends at max(compute, that end). Peers are assumed to reach each layer at the same time (they
+//   run the same computation on equal shares); waiting for a slower rank is charged by the trainer, which
+//   aligns every clock to the slowest rank after each step.
+// The per-layer loads must add up to exactly what comm::simulated charged for the step (plus the initial
+// broadcast on the first step, charged serially): the scheme checks that, so the model cannot drift from the
+// traffic that really moved.
+template <class Comm>
+class partitioned_scheme final : public scheme<Comm> {
+public:
+  partitioned_scheme(Comm& comm, std::vector<std::size_t> layer_sizes, commsgd::sync::partitioned_options o)
+      : sync_(comm, layer_sizes, o), layer_load_(layer_sizes.size()), ready_at_(layer_sizes.size(), 0.0) {
+    const int n = comm.size(), me = comm.rank();
+    for (const auto& p : sync_.partitions()) {
+      const std::uint64_t bytes = p.count * sizeof(float);
+      largest_ = std::max(largest_, bytes);
+      if (n == 1) continue;
+      const auto peers = static_cast<std::uint64_t>(n - 1);
+      auto& l = layer_load_[p.layer];
+      if (p.owner == me)
+        l += {peers, peers * bytes, peers, peers * bytes};
+      else
+        l += {1, bytes, 1, bytes};
+    }
+  }
+
+  void step(Comm&, step_env& env) override {
+    if (!started_) {
+      sync_.start(env.params);
+      started_ = true;
+    }
+    grad_.resize(env.params.size());
+    const auto [lo, hi] = share_of(env.batch, env.rank, env.size);
+    sync_.begin_step(grad_);
+    const double t0 = env.clock->now();
+    double in_exchange = 0;
+    // sync::partitioned applies lr times the mean over ranks of each rank's mean gradient.
+    env.gradient_by_layer(lo, hi - lo, static_cast<double>(std::max<std::size_t>(hi - lo, 1)), grad_,
+                          [&](std::size_t layer) {
+                            const double t = env.clock->now();
+                            ready_at_[layer] = t - t0 - in_exchange;
+                            sync_.gradient_ready(layer);
+                            in_exchange += env.clock->now() - t;
+                          });
+    *env.compute -= in_exchange;
+    sync_.finish_step(env.params);
+  }
+
+  double step_seconds(double compute, const commsgd::comm::link_load& load,
+                      const commsgd::comm::network_model& net) const override {
+    commsgd::comm::link_load modelled;
+    for (const auto& l : layer_load_)
+      modelled += l;
+    if (modelled.tx_messages > load.tx_messages || modelled.tx_bytes > load.tx_bytes ||
+        modelled.rx_messages > load.rx_messages || modelled.rx_bytes > load.rx_bytes)
+      throw commsgd::invalid_argument("partitioned scheme: the per-layer loads exceed what comm::simulated "
+                                      "charged for the step");
+    const commsgd::comm::link_load rest{
+        load.tx_messages - modelled.tx_messages, load.tx_bytes - modelled.tx_bytes,
+        load.rx_messages - modelled.rx_messages, load.rx_bytes - modelled.rx_bytes};
+    double link_free = 0;
+    for (std::size_t l = layer_load_.size(); l-- > 0;) {
+      if (layer_load_[l] == commsgd::comm::link_load{}) continue;
+      link_free = std::max(link_free, ready_at_[l]) + commsgd::comm::busy_seconds(layer_load_[l], net);
+    }
+    if (link_free > 0) link_free += net.seconds(1, largest_);
+    return commsgd::comm::busy_seconds(rest, net) + std::max(compute, link_free);
+  }
+
+  std::string note() const override {
+    std::ostringstream s;
+    s << sync_.partitions().size() << " partitions";
+    return s.str();
+  }
+
+private:
+  commsgd::sync::partitioned<Comm> sync_;
+  std::vector<commsgd::comm::link_load> layer_load_;
+  std::vector<double> ready_at_;
+  std::uint64_t largest_ = 0;
+  bool started_ = false;
+  std::vector<float> grad_;
+};
+
 inline std::vector<std::string> split_spec(const std::string& spec) {
   std::vector<std::string> parts;
   std::stringstream in(spec);
@@ -195,7 +297,8 @@ inline std::vector<std::string> split_spec(const std::string& spec) {
 
 // Builds a scheme from its name (see the list at the top of this file).
 template <class Comm>
-scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr) {
+scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr,
+                             const std::vector<std::size_t>& layer_sizes) {
   const auto p = split_spec(spec);
   auto arg = [&](std::size_t i, const char* fallback) { return p.size() > i ? p[i] : std::string(fallback); };
   if (p.empty()) throw commsgd::invalid_argument("argument 'scheme' is empty");
@@ -251,9 +354,18 @@ scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr) {
     }
     return std::make_unique<sync_strategy<Comm, commsgd::sync::local_sgd<Comm>>>(comm, o);
   }
-  throw commsgd::invalid_argument("argument 'scheme' = '" + spec +
-                                  "' is not one of ring, allgather, topk:<method>:<density>, local:<H>, "
-                                  "local_adaptive:<H0>[:<pull>]");
+  if (p[0] == "partitioned") {
+    commsgd::sync::partitioned_options o;
+    o.lr = lr;
+    o.partition_elements = std::stoul(arg(1, "16384"));
+    o.credit_bytes = std::stoul(arg(2, "1024")) * 1024;
+    return std::make_unique<partitioned_scheme<Comm>>(comm, layer_sizes, o);
+  }
+  throw commsgd::invalid_argument(
+      "argument 'scheme' = '" + spec +
+      "' is not one of ring, allgather, topk:<method>:<density>, "
+      "cssgd:<r>[:xor|int32], asgd[:<j>], local:<H>, local_adaptive:<H0>[:<pull>], "
+      "partitioned[:<elements>[:<credit KiB>]]");
 }
 
 } // namespace fmnist

@@ -1,7 +1,9 @@
-// What a modelled cluster would take: compute measured on this machine, communication charged by a model.
+// What a modelled cluster would take: compute measured on this machine, communication charged by
+// commsgd::comm::simulated.
 #pragma once
 
 #include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/simulated.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -28,28 +30,25 @@ private:
   bool wall_;
 };
 
-// Latency-bandwidth model of one full-duplex port per node on a switch: each message pays alpha, and the
-// busier direction of the port sets the transfer time. It reproduces the textbook figures of the collectives
-// the meter charges (ring all-reduce: 2(n-1) alpha + 2(n-1)/n d/B; all-gather by unicast: (n-1)(alpha +
-// d/B)).
-struct alpha_beta {
-  double alpha_s = 20e-6; // per message
+// The modelled network. Communication time is not computed here: the per-rank communicator is wrapped in
+// comm::simulated, whose network_model charges every message (alpha + bytes / bandwidth on each side of a
+// full-duplex link, the busier side sets the time; a switched medium, so a multicast to k nodes is k
+// transmissions). This struct only holds the two bandwidths the trainer reports: the one the simulated clock
+// runs on, and a second one evaluated from the same per-step link loads with the same formula.
+struct network_options {
   double gbit_per_s = 1.0;
+  double alpha_s = 50e-6; // network_model::gigabit()'s latency
+  double alt_gbit_per_s = 10.0;
 
-  double seconds(const commsgd::comm::traffic& t) const {
-    const double msgs = static_cast<double>(std::max(t.messages_sent, t.messages_received));
-    const double bytes = static_cast<double>(std::max(t.bytes_sent, t.bytes_received));
-    return msgs * alpha_s + bytes * 8.0 / (gbit_per_s * 1e9);
+  commsgd::comm::network_model model(double gbps) const {
+    commsgd::comm::network_model m;
+    m.latency_s = alpha_s;
+    m.bandwidth_bytes_per_s = gbps * 1e9 / 8.0;
+    m.medium = commsgd::comm::medium::switched;
+    return m;
   }
+  commsgd::comm::network_model primary() const { return model(gbit_per_s); }
+  commsgd::comm::network_model alternative() const { return model(alt_gbit_per_s); }
 };
-
-inline commsgd::comm::traffic operator-(commsgd::comm::traffic a, const commsgd::comm::traffic& b) {
-  a.calls -= b.calls;
-  a.messages_sent -= b.messages_sent;
-  a.messages_received -= b.messages_received;
-  a.bytes_sent -= b.bytes_sent;
-  a.bytes_received -= b.bytes_received;
-  return a;
-}
 
 } // namespace fmnist

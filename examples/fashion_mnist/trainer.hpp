@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -29,7 +30,7 @@ struct train_options {
   std::uint64_t seed = 1;
   int evals_per_epoch = 4;
   double target = 0.80;
-  alpha_beta network;
+  network_options network;
   bool wall_clock = false;
   bool quiet = false;
   std::string dump_gradient; // where to write a mid-training raw float32 gradient of rank 0 ("" = none)
@@ -39,7 +40,8 @@ struct train_options {
 struct curve_point {
   int epoch = 0;
   std::size_t step = 0;
-  double sim_time = 0, compute = 0, comm = 0;       // seconds of the modelled cluster
+  double sim_time = 0, compute = 0, comm = 0;       // seconds of the modelled cluster (comm::simulated)
+  double sim_time_alt = 0;                          // the same on network_options::alt_gbit_per_s
   std::uint64_t bytes_sent = 0, bytes_received = 0; // per node, the largest over ranks
   double accuracy = 0, loss = 0;
   commsgd::select::fit_report fit;
@@ -49,20 +51,23 @@ struct curve_point {
 struct train_result {
   std::string scheme;
   std::vector<curve_point> curve;
-  double time_to_target = -1; // modelled seconds; negative when never reached
+  double time_to_target = -1;     // modelled seconds; negative when never reached
+  double time_to_target_alt = -1; // the same on the second bandwidth
   std::string note;
 };
 
 // ASGD (`asgd[:j]`): rank 0 is a parameter server (sync::async_ps), ranks 1..n-1 are workers that each take
 // their share of every batch, push the gradient and pull the newest model without waiting for each other.
 // No rank may join a per-step collective here (the server serves only in finish()), so the modelled time is
-// NIC-bound: the busiest of the workers' own compute + push/pull traffic and the server's link load. Only the
-// final model is evaluated, so the curve has one point. Interleaving follows the threads' real timing, so
-// results vary slightly from run to run, as they would on a cluster.
+// NIC-bound, which is comm::simulated's rule: each worker's clock runs its own compute then its push/pull
+// traffic (advance() after each step), the server's clock is the load on its link; the run takes the latest
+// clock. Only the final model is evaluated, so the curve has one point. Interleaving follows the threads'
+// real timing, so results vary slightly from run to run, as they would on a cluster.
 template <class Comm>
 void train_async(Comm& comm, const train_options& o, const dataset& train, const dataset& test, mlp& net,
                  std::vector<float>& params, train_result* out) {
-  auto& plain = comm.inner();
+  auto& sim = comm.inner();
+  auto& plain = sim.inner();
   const int rank = comm.rank(), n = comm.size();
   if (n < 2)
     throw commsgd::invalid_argument(commsgd::detail::concat(
@@ -77,7 +82,8 @@ void train_async(Comm& comm, const train_options& o, const dataset& train, const
   ps.start(params);
 
   compute_clock clock(o.wall_clock);
-  double compute = 0;
+  double compute = 0, alt = 0; // alt: this rank's clock on the second bandwidth, from the same loads
+  const auto alt_net = o.network.alternative();
   const std::size_t steps_per_epoch = train.count / o.batch;
   const int workers = n - 1;
   std::vector<float> grad(params.size());
@@ -100,7 +106,10 @@ void train_async(Comm& comm, const train_options& o, const dataset& train, const
         loss_sum +=
             net.gradient(params, train, index.data(), index.size(), static_cast<double>(index.size()), grad);
         samples += index.size();
-        compute += clock.now() - t0;
+        const double c = clock.now() - t0;
+        compute += c;
+        alt += commsgd::comm::busy_seconds(sim.load(), alt_net) + c;
+        sim.advance(c);
         ps.step(params, grad, {});
       }
     }
@@ -109,8 +118,9 @@ void train_async(Comm& comm, const train_options& o, const dataset& train, const
 
   // After finish() nobody serves any more, so the bookkeeping collectives are safe again.
   const auto t = comm.counters().total();
-  std::vector<double> mine{compute, o.network.seconds(t), loss_sum, static_cast<double>(samples)};
-  std::vector<double> all(4 * static_cast<std::size_t>(n));
+  alt += commsgd::comm::busy_seconds(sim.load(), alt_net);
+  std::vector<double> mine{compute, sim.now(), loss_sum, static_cast<double>(samples), alt};
+  std::vector<double> all(5 * static_cast<std::size_t>(n));
   plain.all_gather(std::span<const double>(mine), std::span<double>(all));
   std::vector<std::uint64_t> bytes{t.bytes_sent, t.bytes_received},
       all_bytes(2 * static_cast<std::size_t>(n));
@@ -121,10 +131,11 @@ void train_async(Comm& comm, const train_options& o, const dataset& train, const
   pt.step = steps_per_epoch * static_cast<std::size_t>(o.epochs);
   double loss = 0, count = 0;
   for (int r = 0; r < n; ++r) {
-    const auto* a = &all[4 * static_cast<std::size_t>(r)];
+    const auto* a = &all[5 * static_cast<std::size_t>(r)];
     pt.compute = std::max(pt.compute, a[0]);
-    pt.comm = std::max(pt.comm, a[1]);
-    pt.sim_time = std::max(pt.sim_time, a[0] + a[1]);
+    pt.comm = std::max(pt.comm, a[1] - a[0]);
+    pt.sim_time = std::max(pt.sim_time, a[1]);
+    pt.sim_time_alt = std::max(pt.sim_time_alt, a[4]);
     loss += a[2];
     count += a[3];
     pt.bytes_sent = std::max(pt.bytes_sent, all_bytes[2 * static_cast<std::size_t>(r)]);
@@ -135,7 +146,10 @@ void train_async(Comm& comm, const train_options& o, const dataset& train, const
       static_cast<double>(net.correct(params, test, 0, test.count)) / static_cast<double>(test.count);
   train_result res;
   res.scheme = o.scheme;
-  if (pt.accuracy >= o.target) res.time_to_target = pt.sim_time;
+  if (pt.accuracy >= o.target) {
+    res.time_to_target = pt.sim_time;
+    res.time_to_target_alt = pt.sim_time_alt;
+  }
   res.curve.push_back(pt);
   res.note = "final model only";
   if (!o.quiet)
@@ -147,18 +161,29 @@ void train_async(Comm& comm, const train_options& o, const dataset& train, const
 }
 
 // Trains on one rank. Every rank of `base` calls this with the same options; rank 0 fills `out`.
+//
+// The scheme's communicator is metered<simulated<Base>>: simulated keeps this rank's virtual clock from the
+// network model, metered outside it counts the bytes, and align_to_slowest (which travels over Base) stays
+// off both. After each step the clock is advanced by the compute the step exposes (all of it, unless the
+// scheme overlaps it with the exchange) and aligned to the slowest rank, as a bulk-synchronous cluster would
+// be. Local SGD's independent steps are aligned too: a slightly pessimistic reading for it (the per-step
+// maximum of ten ranks' compute rather than the maximum of their sums), but compute is a small part of every
+// step.
 template <class Base>
 void train_rank(Base base, const train_options& o, const dataset& train, const dataset& test,
                 train_result* out) {
-  using comm_t = commsgd::comm::metered<Base>;
-  comm_t comm(std::move(base));
-  auto& plain = comm.inner(); // bookkeeping traffic that is not the scheme's, so it stays off the meter
+  using sim_t = commsgd::comm::simulated<Base>;
+  using comm_t = commsgd::comm::metered<sim_t>;
+  comm_t comm(sim_t(std::move(base), o.network.primary()));
+  auto& sim = comm.inner();
+  auto& plain = sim.inner(); // bookkeeping traffic that is not the scheme's: neither metered nor charged
+  const auto alt_net = o.network.alternative();
   const int rank = comm.rank(), n = comm.size();
   mlp net({static_cast<int>(train.pixels), 256, 128, 10});
   std::vector<float> params(net.parameter_count());
   net.initialise(params, o.seed);
   if (split_spec(o.scheme).front() == "asgd") return train_async(comm, o, train, test, net, params, out);
-  auto sch = make_scheme<comm_t>(o.scheme, comm, o.lr);
+  auto sch = make_scheme<comm_t>(o.scheme, comm, o.lr, net.layer_sizes());
 
   const std::size_t steps_per_epoch = train.count / o.batch;
   if (steps_per_epoch == 0)
@@ -198,10 +223,24 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
     }
     return loss;
   };
+  env.gradient_by_layer = [&](std::size_t first, std::size_t count, double scale, std::span<float> grad,
+                              const std::function<void(std::size_t)>& on_layer) {
+    const double t0 = clock.now();
+    std::fill(grad.begin(), grad.end(), 0.0f);
+    const double loss = net.gradient(params, train, batch_index.data() + first, count, scale, grad, on_layer);
+    step_compute += clock.now() - t0;
+    loss_window += loss;
+    samples_window += count;
+    if (want_copy) {
+      fit_copy.assign(grad.begin(), grad.end());
+      want_copy = false;
+    }
+    return loss;
+  };
 
   train_result res;
   res.scheme = o.scheme;
-  double sim = 0, sim_compute = 0, sim_comm = 0;
+  double sim_compute = 0, sim_alt = 0;
   std::vector<double> mine(2), all(2 * static_cast<std::size_t>(n));
   std::size_t step = 0;
 
@@ -220,22 +259,24 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
       const bool eval_now = (step + 1) % eval_every == 0 || s + 1 == steps_per_epoch;
       want_copy = rank == 0 && ((o.fit && eval_now) || (!o.dump_gradient.empty() && step == dump_step));
       step_compute = 0;
-      const auto before = comm.counters().total();
       sch->step(comm, env);
       if (step + 1 == total_steps) sch->finish(comm, env);
-      const double comm_s = o.network.seconds(comm.counters().total() - before);
 
-      // A step ends when the slowest rank's compute and the slowest rank's exchange are done.
-      mine = {step_compute, comm_s};
+      // The simulated clock holds the step's link load since the last advance(); the scheme says how much of
+      // the step's compute that traffic does not hide. The step ends when the slowest rank's clock does.
+      const auto load = sim.load();
+      const double step_s = sch->step_seconds(step_compute, load, sim.network());
+      sim.advance(std::max(0.0, step_s - commsgd::comm::busy_seconds(load, sim.network())));
+      sim.align_to_slowest();
+      mine = {step_compute, sch->step_seconds(step_compute, load, alt_net)};
       plain.all_gather(std::span<const double>(mine), std::span<double>(all));
-      double worst_compute = 0, worst_comm = 0;
+      double worst_compute = 0, worst_alt = 0;
       for (int r = 0; r < n; ++r) {
         worst_compute = std::max(worst_compute, all[2 * static_cast<std::size_t>(r)]);
-        worst_comm = std::max(worst_comm, all[2 * static_cast<std::size_t>(r) + 1]);
+        worst_alt = std::max(worst_alt, all[2 * static_cast<std::size_t>(r) + 1]);
       }
       sim_compute += worst_compute;
-      sim_comm += worst_comm;
-      sim += worst_compute + worst_comm;
+      sim_alt += worst_alt;
 
       if (rank == 0 && step == dump_step && !o.dump_gradient.empty() && !fit_copy.empty()) {
         std::ofstream f(o.dump_gradient, std::ios::binary);
@@ -261,9 +302,10 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
       curve_point pt;
       pt.epoch = epoch;
       pt.step = step + 1;
-      pt.sim_time = sim;
+      pt.sim_time = sim.now();
+      pt.sim_time_alt = sim_alt;
       pt.compute = sim_compute;
-      pt.comm = sim_comm;
+      pt.comm = pt.sim_time - sim_compute; // what the slowest compute does not cover
       for (int r = 0; r < n; ++r) {
         pt.bytes_sent = std::max(pt.bytes_sent, all_bytes[2 * static_cast<std::size_t>(r)]);
         pt.bytes_received = std::max(pt.bytes_received, all_bytes[2 * static_cast<std::size_t>(r) + 1]);
@@ -277,7 +319,10 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
         pt.zero_fraction = static_cast<double>(std::count(fit_copy.begin(), fit_copy.end(), 0.0f)) /
                            static_cast<double>(fit_copy.size());
       }
-      if (res.time_to_target < 0 && pt.accuracy >= o.target) res.time_to_target = pt.sim_time;
+      if (res.time_to_target < 0 && pt.accuracy >= o.target) {
+        res.time_to_target = pt.sim_time;
+        res.time_to_target_alt = pt.sim_time_alt;
+      }
       res.curve.push_back(pt);
       if (s + 1 == steps_per_epoch && !o.quiet)
         std::printf(
