@@ -24,4 +24,5 @@
 #include <commsgd/cuda/radix.cuh>
 #include <commsgd/cuda/result.cuh>
 #include <commsgd/cuda/sampled.cuh>
+#include <commsgd/cuda/top_k.cuh>
 #include <commsgd/cuda/validate.cuh>
