@@ -232,7 +232,10 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
     loss_window += loss;
     samples_window += count;
     if (want_copy) {
+      // Scaled as env.gradient's would be, so the fits compare across schemes.
       fit_copy.assign(grad.begin(), grad.end());
+      for (float& v : fit_copy)
+        v *= static_cast<float>(scale / static_cast<double>(env.batch));
       want_copy = false;
     }
     return loss;
