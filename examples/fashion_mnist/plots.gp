@@ -30,4 +30,5 @@ set boxwidth 0.9
 set xtics rotate by -40 left
 set logscale y
 set key inside top right
-plot dir."/summary.csv" using ($8/1e6):xtic(1) title "sent", '' using ($9/1e6) title "received"
+# every ::1 skips the CSV header row, which would otherwise become an empty first bar.
+plot dir."/summary.csv" every ::1 using ($8/1e6):xtic(1) title "sent", '' every ::1 using ($9/1e6) title "received"
