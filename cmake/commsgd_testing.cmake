@@ -1,5 +1,10 @@
 # Helpers shared by the test folders.
 
+# Environment of every program run under mpiexec: root is allowed (CI runs as root), more ranks than cores
+# are allowed, and LeakSanitizer is off because Open MPI keeps allocations until exit by design.
+set(COMMSGD_MPI_TEST_ENVIRONMENT
+    "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;ASAN_OPTIONS=detect_leaks=0")
+
 # Registers `target` to run under mpiexec with each rank count in `RANKS`, labelled mpi.
 function(commsgd_add_mpi_test name target)
   cmake_parse_arguments(arg "" "" "RANKS" ${ARGN})
@@ -9,6 +14,6 @@ function(commsgd_add_mpi_test name target)
                      $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS})
     set_tests_properties(${name}.np${np} PROPERTIES
       LABELS mpi PROCESSORS ${np} TIMEOUT 600
-      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+      ENVIRONMENT "${COMMSGD_MPI_TEST_ENVIRONMENT}")
   endforeach()
 endfunction()
