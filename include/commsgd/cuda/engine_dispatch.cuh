@@ -98,4 +98,17 @@ inline void check_select_args(const float* x, std::size_t n, std::size_t k, cons
   if (out == nullptr) throw invalid_argument("argument 'out' (device result) is null");
 }
 
+// The allocating form every method offers: ask for the workspace size, allocate it, run, read the result
+// back. The one host synchronisation is in read_result.
+template <class Method>
+commsgd::select::threshold select_allocating(Method& method, const float* x, std::size_t n, std::size_t k,
+                                             cudaStream_t stream) {
+  std::size_t bytes = 0;
+  method.select(nullptr, bytes, x, n, k, nullptr, stream);
+  device_buffer<char> ws(bytes);
+  device_buffer<device_result> out(1);
+  method.select(ws.data(), bytes, x, n, k, out.data(), stream);
+  return read_result(out.data(), stream);
+}
+
 } // namespace commsgd::inline v1::cuda::detail

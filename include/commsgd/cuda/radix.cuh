@@ -33,12 +33,7 @@ struct radix {
   // Allocating form; synchronises the stream to return the threshold (and throws on non-finite input).
   commsgd::select::threshold select(const float* x, std::size_t n, std::size_t k,
                                     cudaStream_t stream = nullptr) const {
-    std::size_t bytes = 0;
-    select(nullptr, bytes, x, n, k, nullptr, stream);
-    device_buffer<char> ws(bytes);
-    device_buffer<device_result> out(1);
-    select(ws.data(), bytes, x, n, k, out.data(), stream);
-    return read_result(out.data(), stream);
+    return detail::select_allocating(*this, x, n, k, stream);
   }
 };
 

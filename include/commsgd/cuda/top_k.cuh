@@ -6,8 +6,9 @@
 //                              in p) in the same pass
 //   s = top_k(p)               the device Selector (laplace_bisect by default, any cuda:: selector fits)
 //   pairs of s, index order    cuda::compact: |p_i| > t, plus the first `at` indices with |p_i| == t (the
-//                              host tie rule, so an exact selector sends the host top_k<select::exact>'s set);
-//                              at density 1 (k == length) the selector is skipped and everything is sent
+//                              host tie rule, so an exact selector sends the host top_k<select::exact>'s
+//                              set); at density 1 (k == length) the selector is skipped and everything is
+//                              sent
 //   e <- p, +0 where sent      a scatter over the sent indices; every other position keeps p's exact bits,
 //                              so sent + new residual == old residual + gradient, bit for bit
 //   pairs -> pinned host       returned as a sparsify::sparse_view<Index>, for sparsify::exchanger::sum
@@ -153,7 +154,8 @@ class pinned_array {
 public:
   pinned_array() = default;
   explicit pinned_array(std::size_t count) : count_(count) {
-    if (count > 0) check(cudaMallocHost(reinterpret_cast<void**>(&data_), count * sizeof(T)), "cudaMallocHost");
+    if (count > 0)
+      check(cudaMallocHost(reinterpret_cast<void**>(&data_), count * sizeof(T)), "cudaMallocHost");
   }
   pinned_array(pinned_array&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)) {}
@@ -232,7 +234,8 @@ public:
   // The last successful step's message (empty before the first).
   sparsify::sparse_view<Index> last() const noexcept {
     const auto& s = stage_[current_];
-    return {length_, std::span<const Index>(s.index.data(), sent_), std::span<const float>(s.value.data(), sent_)};
+    return {length_, std::span<const Index>(s.index.data(), sent_),
+            std::span<const float>(s.value.data(), sent_)};
   }
 
   // One step on the gradient d_grad (device memory, length() floats), ordered on `stream`. Returns the pairs
@@ -265,8 +268,8 @@ public:
     const bool everything = k_ == length_;
     std::size_t select_bytes = 0, compact_bytes = 0;
     if (!everything) selector_.select(nullptr, select_bytes, work_.data(), length_, k_, &sc->result, stream);
-    compact<Index>(nullptr, compact_bytes, work_.data(), length_, &sc->result, nullptr, nullptr, 0, &sc->count,
-                   stream);
+    compact<Index>(nullptr, compact_bytes, work_.data(), length_, &sc->result, nullptr, nullptr, 0,
+                   &sc->count, stream);
     const std::size_t need = std::max(select_bytes, compact_bytes);
     if (workspace_.size() < need) workspace_ = device_buffer<char>(need);
     std::size_t bytes = workspace_.size();
@@ -373,7 +376,9 @@ public:
     sent_ = 0;
     if constexpr (requires { selector_.reset(); }) selector_.reset();
   }
-  void load(std::istream& is, cudaStream_t stream = nullptr) { load(sparsify::detail::read_blob(is), stream); }
+  void load(std::istream& is, cudaStream_t stream = nullptr) {
+    load(sparsify::detail::read_blob(is), stream);
+  }
 
 private:
   // A message staged in pinned memory.
@@ -402,7 +407,8 @@ private:
     if (length_ == 0) return;
     check(cudaMemsetAsync(residual_.data(), 0, length_ * sizeof(float), stream), "cudaMemsetAsync(residual)");
     if (has_momentum())
-      check(cudaMemsetAsync(momentum_.data(), 0, length_ * sizeof(float), stream), "cudaMemsetAsync(momentum)");
+      check(cudaMemsetAsync(momentum_.data(), 0, length_ * sizeof(float), stream),
+            "cudaMemsetAsync(momentum)");
   }
 
   void grow_device_pairs(std::size_t capacity) {
@@ -422,9 +428,10 @@ private:
     compact<Index>(workspace_.data(), bytes, work_.data(), length_, &sc->result, d_index_.data(),
                    d_value_.data(), capacity_, &sc->count, stream);
     if (capacity_ > 0) {
-      detail::top_k_zero_sent_kernel<Index><<<detail::grid_for_count(capacity_), detail::block_threads, 0,
-                                              stream>>>(d_index_.data(), &sc->count, capacity_, work_.data(),
-                                                        has_momentum() ? work_u_.data() : nullptr);
+      detail::top_k_zero_sent_kernel<Index>
+          <<<detail::grid_for_count(capacity_), detail::block_threads, 0, stream>>>(
+              d_index_.data(), &sc->count, capacity_, work_.data(),
+              has_momentum() ? work_u_.data() : nullptr);
       check_launch("top_k_zero_sent_kernel");
     }
     if (out.index.size() < capacity_) {
