@@ -53,7 +53,8 @@ struct device_vector {
   cu::device_buffer<float> d;
   explicit device_vector(const std::vector<float>& x) : d(x.size()) {
     if (!x.empty())
-      cu::check(cudaMemcpy(d.data(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+      cu::check(cudaMemcpy(d.data(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice),
+                "cudaMemcpy");
   }
 };
 
@@ -116,8 +117,10 @@ message<typename Sparsifier::index_type> checked_step(Sparsifier& s, const std::
       volatile float mu = m * u[i]; // no contraction into an FMA on the host either
       const float ui = mu + g[i];
       want = e[i] + ui;
-      if (sent[i]) not_cleared += bits_of(u_next[i]) != 0;
-      else broken += bits_of(u_next[i]) != bits_of(ui);
+      if (sent[i])
+        not_cleared += bits_of(u_next[i]) != 0;
+      else
+        broken += bits_of(u_next[i]) != bits_of(ui);
     } else {
       want = g[i] + e[i];
     }
@@ -162,7 +165,7 @@ TEST_CASE("cuda::top_k with an exact selector sends the host top_k<select::exact
         cu::top_k<cu::exact> dev(n, {.density = density, .momentum = m});
         cu::top_k<cu::radix> dev_radix(n, {.density = density, .momentum = m});
         cu::top_k<cu::laplace_bisect> dev_trim(n, {.density = density, .momentum = m},
-                                                cu::laplace_bisect({.trim = true}));
+                                               cu::laplace_bisect({.trim = true}));
         for (std::uint64_t step = 0; step < 4; ++step) {
           const auto g = gradient(n, 7 * n + step, step % 2 == 1);
           const auto want = copy(host.step(g));
@@ -238,7 +241,8 @@ TEST_CASE("cuda::top_k with density 1 sends everything and keeps nothing") {
         wrong += msg.index[i] != i || bits_of(msg.value[i]) != bits_of(g[i] + plus_zero);
       CHECK(wrong == 0);
       std::size_t kept = 0;
-      for (float v : s.residual_to_host()) kept += bits_of(v) != 0;
+      for (float v : s.residual_to_host())
+        kept += bits_of(v) != 0;
       CHECK(kept == 0);
     }
   };
