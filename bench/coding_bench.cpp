@@ -2,6 +2,7 @@
 //
 //   coding_bench                       every exchange for n in {3, 4, 6, 8, 10}, r in 1..n-1
 //   coding_bench --benchmark_filter=cssgd/10
+//   mpiexec -n 3 coding_bench          every exchange for n = 3 (2..4 processes) over comm::mpi
 //
 // Figures are per node, for gradients of d = 2^20 floats. Bytes and simulated times come from the cost
 // model (cost/), which the run checks against comm::metered and comm::simulated on comm::local threads
@@ -9,6 +10,14 @@
 // itself runs at d_run <= 2^20 where n * C(n-1, r) blocks of 2^20 floats would not fit in memory; wall_ms
 // is that run's wall time and says little about a real network. Encode and decode times are estimated from
 // the combiner throughput measured at start-up (one core) times the words each node combines and removes.
+//
+// Under mpiexec with 2..4 processes (builds with COMMSGD_BENCH_HAS_MPI) the same exchanges run instead over
+// comm::mpi wrapped in metered and simulated, for n = the number of processes and the same r as the threads
+// mode, at the full d = 2^20; the same exact check against the cost model applies (on any rank's mismatch
+// every rank stops). mpi_wall_ms is the median, over a fixed number of iterations after one warm-up, of the
+// slowest rank's wall time for one exchange (barrier to barrier); all ranks run the same fixed iteration
+// counts so they stay in the same collectives, and only rank 0 reports. MPI is initialised only when the
+// launcher says there is more than one process: started alone, the program is the threads benchmark above.
 #include <commsgd/coding/coding.hpp>
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
@@ -24,7 +33,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <utility>
 #include <vector>
+
+#if COMMSGD_BENCH_HAS_MPI
+#include <commsgd/comm/mpi.hpp>
+
+#include <boost/mpi/environment.hpp>
+#endif
 
 namespace coding = commsgd::coding;
 namespace comm = commsgd::comm;
@@ -117,6 +134,27 @@ cost::node_traffic model_traffic(kind k, int n, int r, std::uint64_t d, int rank
   return {};
 }
 
+// Per-node bytes (worst node, in units of d) and modelled times at the full d, from the cost model.
+void model_counters(benchmark::State& state, kind k, int n, int r) {
+  const auto net = comm::network_model::gigabit();
+  cost::node_traffic worst{};
+  for (int i = 0; i < n; ++i) {
+    const auto t = model_traffic(k, n, r, d_full, i);
+    worst.bytes_sent = std::max(worst.bytes_sent, t.bytes_sent);
+    worst.bytes_received = std::max(worst.bytes_received, t.bytes_received);
+  }
+  const auto mc = comm::network_model::gigabit(comm::medium::multicast);
+  std::uint64_t tx_mc = 0;
+  for (int i = 0; i < n; ++i)
+    tx_mc = std::max(tx_mc, cost::exchange_load(k, n, r, d_full, 4, i, mc).tx_bytes);
+  const double d_values = static_cast<double>(d_full);
+  state.counters["sent_d"] = static_cast<double>(worst.bytes_sent) / 4 / d_values;
+  state.counters["recv_d"] = static_cast<double>(worst.bytes_received) / 4 / d_values;
+  state.counters["tx_mcast_d"] = static_cast<double>(tx_mc) / 4 / d_values;
+  state.counters["sim_switched_ms"] = 1e3 * cost::exchange_seconds_slowest(k, n, r, d_full, 4, net);
+  state.counters["sim_mcast_ms"] = 1e3 * cost::exchange_seconds_slowest(k, n, r, d_full, 4, mc);
+}
+
 void exchange_bench(benchmark::State& state, kind k) {
   const int n = static_cast<int>(state.range(0));
   const int r = static_cast<int>(state.range(1));
@@ -140,22 +178,7 @@ void exchange_bench(benchmark::State& state, kind k) {
     }
     state.SetIterationTime(wall);
   }
-  cost::node_traffic worst{};
-  for (int i = 0; i < n; ++i) {
-    const auto t = model_traffic(k, n, r, d_full, i);
-    worst.bytes_sent = std::max(worst.bytes_sent, t.bytes_sent);
-    worst.bytes_received = std::max(worst.bytes_received, t.bytes_received);
-  }
-  const auto mc = comm::network_model::gigabit(comm::medium::multicast);
-  std::uint64_t tx_mc = 0;
-  for (int i = 0; i < n; ++i)
-    tx_mc = std::max(tx_mc, cost::exchange_load(k, n, r, d_full, 4, i, mc).tx_bytes);
-  const double d_values = static_cast<double>(d_full);
-  state.counters["sent_d"] = static_cast<double>(worst.bytes_sent) / 4 / d_values;
-  state.counters["recv_d"] = static_cast<double>(worst.bytes_received) / 4 / d_values;
-  state.counters["tx_mcast_d"] = static_cast<double>(tx_mc) / 4 / d_values;
-  state.counters["sim_switched_ms"] = 1e3 * cost::exchange_seconds_slowest(k, n, r, d_full, 4, net);
-  state.counters["sim_mcast_ms"] = 1e3 * cost::exchange_seconds_slowest(k, n, r, d_full, 4, mc);
+  model_counters(state, k, n, r);
   state.counters["d_run"] = static_cast<double>(d_run);
   if (k == kind::cssgd) {
     const double g = static_cast<double>(coding::binomial(n - 1, r));
@@ -177,37 +200,141 @@ void uncoded_args(benchmark::internal::Benchmark* b) {
     b->Args({n, 1});
 }
 
+// The order of the rows; the uncoded exchanges have no r and run once with r = 1.
+constexpr std::pair<const char*, kind> exchanges[] = {{"cssgd", kind::cssgd},
+                                                      {"uncoded_shuffle", kind::uncoded_shuffle},
+                                                      {"all_gather", kind::all_gather},
+                                                      {"unicast", kind::unicast},
+                                                      {"ring_all_reduce", kind::ring_all_reduce}};
+
+bool redundant(kind k) {
+  return k == kind::cssgd || k == kind::uncoded_shuffle;
+}
+
+void register_threads() {
+  for (auto [name, k] : exchanges)
+    benchmark::RegisterBenchmark((std::string("exchange_bench/") + name).c_str(), exchange_bench, k)
+        ->Apply(redundant(k) ? redundant_args : uncoded_args)
+        ->ArgNames({"n", "r"})
+        ->UseManualTime()
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+}
+
+#if COMMSGD_BENCH_HAS_MPI
+
+constexpr int mpi_iterations = 9;
+
+// One exchange over comm::mpi on every rank; the cost-model check and the slowest rank's time.
+void mpi_exchange_bench(benchmark::State& state, kind k) {
+  const int r = static_cast<int>(state.range(1));
+  const auto net = comm::network_model::gigabit();
+  using stack = comm::simulated<comm::metered<comm::mpi>>;
+  stack s(comm::metered<comm::mpi>(comm::mpi::world()), net);
+  const int n = s.size();
+  const MPI_Comm raw = s.inner().inner().native();
+  std::uint64_t sent = 0, received = 0;
+  auto once = [&] {
+    const double t = exchange_once(k, s, r, d_full);
+    const auto got = cost::measured(s.inner().counters().total());
+    int mismatch = got != model_traffic(k, n, r, d_full, s.rank()) ||
+                   s.now() != cost::exchange_seconds(k, n, r, d_full, 4, s.rank(), net);
+    MPI_Allreduce(MPI_IN_PLACE, &mismatch, 1, MPI_INT, MPI_LOR, raw);
+    if (mismatch) {
+      if (s.rank() == 0)
+        std::fprintf(stderr, "cost model disagrees with the measured MPI run: %s n=%d r=%d\n",
+                     cost::exchange_name(k), n, r);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    std::uint64_t bytes[2] = {got.bytes_sent, got.bytes_received};
+    MPI_Allreduce(MPI_IN_PLACE, bytes, 2, MPI_UINT64_T, MPI_MAX, raw);
+    sent = bytes[0];
+    received = bytes[1];
+    double slowest = t;
+    MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, raw);
+    return slowest;
+  };
+  once(); // warm-up: first touch of the buffers and of Open MPI's shared-memory segments
+  std::vector<double> times;
+  for (auto _ : state) {
+    times.push_back(once());
+    state.SetIterationTime(times.back());
+  }
+  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
+  model_counters(state, k, n, r);
+  const double d_values = static_cast<double>(d_full);
+  state.counters["sent_d"] = static_cast<double>(sent) / 4 / d_values; // metered, worst rank
+  state.counters["recv_d"] = static_cast<double>(received) / 4 / d_values;
+  state.counters["mpi_wall_ms"] = 1e3 * times[times.size() / 2];
+  state.counters["ranks"] = n;
+}
+
+void register_mpi(int n) {
+  for (auto [name, k] : exchanges)
+    for (int r = 1; r < (redundant(k) ? n : 2); ++r)
+      benchmark::RegisterBenchmark((std::string("mpi_exchange/") + name).c_str(), mpi_exchange_bench, k)
+          ->Args({n, r})
+          ->ArgNames({"n", "r"})
+          ->Iterations(mpi_iterations)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+}
+
+// Output of the ranks other than 0 goes nowhere.
+class silent_reporter : public benchmark::BenchmarkReporter {
+public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+// The process count the launcher announces (Open MPI, or a PMI launcher such as Hydra); 1 without one.
+int launched_processes() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  return 1;
+}
+
+int mpi_main(int argc, char** argv) {
+  boost::mpi::environment env(argc, argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2 || size > 4) {
+    if (rank == 0)
+      std::fprintf(stderr, "coding_bench: the MPI mode runs on 2 to 4 processes, not %d\n", size);
+    return 2;
+  }
+  // Only rank 0 may write --benchmark_out: the others would truncate the same file.
+  std::vector<char*> args(argv, argv + argc);
+  if (rank != 0)
+    args.erase(std::remove_if(args.begin() + 1, args.end(),
+                              [](const char* a) { return std::string(a).starts_with("--benchmark_out"); }),
+               args.end());
+  int nargs = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  benchmark::Initialize(&nargs, args.data());
+  register_mpi(size);
+  if (rank == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    silent_reporter quiet;
+    benchmark::RunSpecifiedBenchmarks(&quiet);
+  }
+  benchmark::Shutdown();
+  return 0;
+}
+
+#endif
+
 } // namespace
 
-BENCHMARK_CAPTURE(exchange_bench, cssgd, kind::cssgd)
-    ->Apply(redundant_args)
-    ->ArgNames({"n", "r"})
-    ->UseManualTime()
-    ->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(exchange_bench, uncoded_shuffle, kind::uncoded_shuffle)
-    ->Apply(redundant_args)
-    ->ArgNames({"n", "r"})
-    ->UseManualTime()
-    ->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(exchange_bench, all_gather, kind::all_gather)
-    ->Apply(uncoded_args)
-    ->ArgNames({"n", "r"})
-    ->UseManualTime()
-    ->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(exchange_bench, unicast, kind::unicast)
-    ->Apply(uncoded_args)
-    ->ArgNames({"n", "r"})
-    ->UseManualTime()
-    ->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(exchange_bench, ring_all_reduce, kind::ring_all_reduce)
-    ->Apply(uncoded_args)
-    ->ArgNames({"n", "r"})
-    ->UseManualTime()
-    ->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
-
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+#if COMMSGD_BENCH_HAS_MPI
+  if (launched_processes() > 1) return mpi_main(argc, argv);
+#endif
+  benchmark::Initialize(&argc, argv);
+  register_threads();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
