@@ -167,10 +167,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     o.center = in.flag() ? sel::laplace_bisect::location::sample_median : sel::laplace_bisect::location::zero;
     o.warm_start = in.flag();
     o.scale_sample = in.below(80);
-#ifndef COMMSGD_FUZZ_KNOWN_BUGS
-    // Known finding (README.md): 1 <= scale_sample <= 3 with 4 * scale_sample < N < 16 reads out of bounds.
-    if (o.scale_sample > 0 && o.scale_sample < 4) o.scale_sample = 0;
-#endif
     o.collect_limit = in.below(40);
     o.parallel = par;
     sel::laplace_bisect s(o);

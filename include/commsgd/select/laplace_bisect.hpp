@@ -95,7 +95,10 @@ private:
     const std::size_t want = opt_.scale_sample;
     double sum = 0.0;
     std::size_t used = 0;
-    if (want == 0 || n <= 4 * want) {
+    const std::size_t pieces = 64;
+    const std::size_t len = std::max<std::size_t>(want / pieces, detail::block);
+    // Sampling needs 64 pieces of `len` values that fit inside x; smaller inputs are summed whole.
+    if (want == 0 || n <= 4 * want || n < pieces * len) {
       const unsigned chunks = detail::thread_count(n, opt_.parallel);
       std::vector<double> part(chunks, 0.0);
       detail::for_chunks(n, chunks,
@@ -103,9 +106,9 @@ private:
       for (double p : part)
         sum += p;
       used = n;
+      scaled_whole_ = true;
     } else {
-      const std::size_t pieces = 64;
-      const std::size_t len = std::max<std::size_t>(want / pieces, detail::block);
+      scaled_whole_ = false;
       sample_.clear();
       for (std::size_t p = 0; p < pieces; ++p) {
         const std::size_t b = (n - len) / (pieces - 1) * p;
@@ -189,7 +192,7 @@ private:
     } else {
       const float mu = opt_.center == location::sample_median ? median_estimate(x) : 0.0f;
       const double b = scale(x, mu);
-      if (opt_.scale_sample == 0 || n <= 4 * opt_.scale_sample) ++passes_;
+      if (scaled_whole_) ++passes_;
       estimate_ = laplace_tail_threshold(static_cast<float>(b), mu, n, k);
       // b is 0 for all-zero pieces and NaN when x holds a NaN: the histogram pass sorts out both.
       w = estimate_ > 0.0f && magnitude_key(estimate_) < infinite_key
@@ -260,6 +263,7 @@ private:
   options opt_{};
   state state_{};
   std::vector<std::uint32_t> sample_; // keys of the scale sample, reused across calls
+  bool scaled_whole_ = false;         // the last scale() read all of x (one full pass)
   unsigned passes_ = 0;
   float estimate_ = 0.0f;
 };

@@ -9,6 +9,7 @@
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -179,13 +180,19 @@ inline std::vector<std::byte> read_blob(std::istream& is) {
   if (total < state_prefix_bytes + 12 || total > state_max_bytes)
     throw corrupt_data(
         commsgd::detail::concat("saved state: header claims an impossible size of ", total, " bytes"));
-  blob.resize(total);
-  const auto rest = static_cast<std::streamsize>(total - state_prefix_bytes);
-  is.read(reinterpret_cast<char*>(blob.data() + state_prefix_bytes), rest);
-  if (is.gcount() != rest)
-    throw corrupt_data(commsgd::detail::concat("saved state: the stream ends after ",
-                                               state_prefix_bytes + static_cast<std::size_t>(is.gcount()),
-                                               " of ", total, " bytes (truncated)"));
+  // The header's size is not trusted with memory: the blob grows only as bytes actually arrive, so a
+  // corrupt size costs at most one chunk before the stream runs out.
+  constexpr std::size_t chunk = std::size_t{1} << 20;
+  while (blob.size() < total) {
+    const std::size_t have = blob.size();
+    const std::size_t want = std::min<std::size_t>(chunk, static_cast<std::size_t>(total) - have);
+    blob.resize(have + want);
+    is.read(reinterpret_cast<char*>(blob.data() + have), static_cast<std::streamsize>(want));
+    if (is.gcount() != static_cast<std::streamsize>(want))
+      throw corrupt_data(commsgd::detail::concat("saved state: the stream ends after ",
+                                                 have + static_cast<std::size_t>(is.gcount()), " of ", total,
+                                                 " bytes (truncated)"));
+  }
   return blob;
 }
 
