@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -43,6 +44,16 @@ inline void check_nodes_and_redundancy(int n, int r) {
 }
 
 } // namespace detail
+
+// Where one node finds each block during an exchange: a block it computes is blocks[held[q]] of what it
+// passes in; a block it receives lands in slot lacking[q] of its receive buffer.
+struct block_slots {
+  static constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+  std::vector<std::size_t> held;    // block -> index in blocks_of(node), or none
+  std::vector<std::size_t> lacking; // block -> slot among the received blocks, or none
+  std::size_t lacking_count = 0;
+  bool holds(std::size_t q) const noexcept { return held[q] != none; }
+};
 
 class assignment {
 public:
@@ -71,6 +82,18 @@ public:
     commsgd::detail::check_range("node", node, 0, n_ - 1,
                                  commsgd::detail::concat("[0, n - 1 = ", n_ - 1, "]"));
     return per_node_[static_cast<std::size_t>(node)];
+  }
+
+  block_slots slots_of(int node) const {
+    block_slots s;
+    s.held.assign(block_count(), block_slots::none);
+    s.lacking.assign(block_count(), block_slots::none);
+    const auto mine = blocks_of(node);
+    for (std::size_t j = 0; j < mine.size(); ++j)
+      s.held[mine[j]] = j;
+    for (std::size_t q = 0; q < block_count(); ++q)
+      if (!s.holds(q)) s.lacking[q] = s.lacking_count++;
+    return s;
   }
 
   // The block held by exactly the nodes of s.

@@ -48,17 +48,8 @@ public:
 
   // Collective over `comm` (it splits the exchange groups). `comm` must outlive the scheme.
   cssgd(C& comm, int r, std::span<const double> weights = {})
-      : comm_(&comm), assignment_(comm.size(), r, weights), groups_(make_exchange_groups(comm, r + 1)) {
-    constexpr auto none = std::numeric_limits<std::size_t>::max();
-    const std::size_t p = assignment_.block_count();
-    held_.assign(p, none);
-    lacking_slot_.assign(p, none);
-    const auto mine = assignment_.blocks_of(comm.rank());
-    for (std::size_t j = 0; j < mine.size(); ++j)
-      held_[mine[j]] = j;
-    for (std::size_t q = 0; q < p; ++q)
-      if (held_[q] == none) lacking_slot_[q] = lacking_count_++;
-  }
+      : comm_(&comm), assignment_(comm.size(), r, weights), slots_(assignment_.slots_of(comm.rank())),
+        groups_(make_exchange_groups(comm, r + 1)) {}
 
   int redundancy() const noexcept { return assignment_.redundancy(); }
   std::size_t block_count() const noexcept { return assignment_.block_count(); }
@@ -77,11 +68,11 @@ public:
     const int r = redundancy();
     const int me = comm_->rank();
     const std::size_t len = static_cast<std::size_t>(cssgd_packet_length(d, r));
-    decoded_.resize(lacking_count_ * d);
+    decoded_.resize(slots_.lacking_count * d);
     packet_.resize(len);
 
     auto segment = [&](node_set block, int pos) {
-      const auto g = blocks[held_[assignment_.index_of(block)]];
+      const auto g = blocks[slots_.held[assignment_.index_of(block)]];
       const std::size_t lo = std::min(d, static_cast<std::size_t>(pos) * len);
       const std::size_t hi = std::min(d, lo + len);
       return g.subspan(lo, hi - lo);
@@ -112,11 +103,11 @@ public:
 
     acc_.assign(d, Combiner::accumulator_zero);
     for (std::size_t q = 0; q < assignment_.block_count(); ++q) {
-      if (lacking_slot_[q] == std::numeric_limits<std::size_t>::max())
-        Combiner::accumulate(std::span(acc_), blocks[held_[q]]);
+      if (slots_.holds(q))
+        Combiner::accumulate(std::span(acc_), blocks[slots_.held[q]]);
       else
         Combiner::accumulate(std::span(acc_),
-                             std::span<const std::uint32_t>(decoded_).subspan(lacking_slot_[q] * d, d));
+                             std::span<const std::uint32_t>(decoded_).subspan(slots_.lacking[q] * d, d));
     }
     Combiner::finish(acc_, out);
     return result;
@@ -137,7 +128,7 @@ private:
   void keep_segment(node_set lacking, int s, std::size_t d, std::size_t len) {
     const std::size_t lo = std::min(d, static_cast<std::size_t>(position_in(lacking, s)) * len);
     const std::size_t hi = std::min(d, lo + len);
-    const std::size_t slot = lacking_slot_[assignment_.index_of(lacking)];
+    const std::size_t slot = slots_.lacking[assignment_.index_of(lacking)];
     std::copy(packet_.begin(), packet_.begin() + static_cast<std::ptrdiff_t>(hi - lo),
               decoded_.begin() + static_cast<std::ptrdiff_t>(slot * d + lo));
     for (std::size_t e = hi - lo; e < len; ++e)
@@ -149,10 +140,8 @@ private:
 
   C* comm_;
   coding::assignment assignment_;
+  block_slots slots_; // derived from assignment_, so declared after it
   std::vector<exchange_group<C>> groups_;
-  std::vector<std::size_t> held_;         // block -> index in my_blocks(), or none
-  std::vector<std::size_t> lacking_slot_; // block -> slot in decoded_, or none
-  std::size_t lacking_count_ = 0;
   std::vector<std::uint32_t> decoded_;
   std::vector<std::uint32_t> packet_;
   std::vector<typename Combiner::accumulator> acc_;

@@ -34,16 +34,7 @@ public:
 
   // Not collective: point-to-point traffic needs no sub-communicators. `comm` must outlive the scheme.
   uncoded_shuffle(C& comm, int r, std::span<const double> weights = {})
-      : comm_(&comm), assignment_(comm.size(), r, weights) {
-    constexpr auto none = std::numeric_limits<std::size_t>::max();
-    const std::size_t p = assignment_.block_count();
-    held_.assign(p, none);
-    lacking_slot_.assign(p, none);
-    const auto mine = assignment_.blocks_of(comm.rank());
-    for (std::size_t j = 0; j < mine.size(); ++j)
-      held_[mine[j]] = j;
-    for (std::size_t q = 0; q < p; ++q)
-      if (held_[q] == none) lacking_slot_[q] = lacking_count_++;
+      : comm_(&comm), assignment_(comm.size(), r, weights), slots_(assignment_.slots_of(comm.rank())) {
     // The groups this rank is in, in the shared lexicographic order: both ends of every pair walk it alike,
     // which is what matches sends to receives on one tag.
     const int me = comm.rank();
@@ -63,13 +54,13 @@ public:
     detail::check_blocks(blocks, my_blocks().size(), d);
     const int r = redundancy();
     const int me = comm_->rank();
-    decoded_.resize(lacking_count_ * d);
+    decoded_.resize(slots_.lacking_count * d);
 
     std::vector<comm::request_t<C>> pending;
     pending.reserve(2 * groups_.size() * static_cast<std::size_t>(r));
     for (node_set t : groups_) {
       const node_set lacking = t & ~node_bit(me);
-      const std::size_t base = lacking_slot_[assignment_.index_of(lacking)] * d;
+      const std::size_t base = slots_.lacking[assignment_.index_of(lacking)] * d;
       for (int s : members(lacking)) {
         const auto [lo, hi] = balanced_segment(d, r, position_in(lacking, s));
         pending.push_back(
@@ -81,7 +72,7 @@ public:
         if (k == me) continue;
         const node_set b = t & ~node_bit(k);
         const auto [lo, hi] = balanced_segment(d, r, position_in(b, me));
-        pending.push_back(comm_->isend(blocks[held_[assignment_.index_of(b)]].subspan(lo, hi - lo), k,
+        pending.push_back(comm_->isend(blocks[slots_.held[assignment_.index_of(b)]].subspan(lo, hi - lo), k,
                                        detail::shuffle_tag));
       }
     detail::wait_all(pending);
@@ -89,9 +80,8 @@ public:
     std::fill(out.begin(), out.end(), detail::sum_identity);
     for (std::size_t q = 0; q < assignment_.block_count(); ++q) {
       const std::span<const float> g =
-          lacking_slot_[q] == std::numeric_limits<std::size_t>::max()
-              ? blocks[held_[q]]
-              : std::span<const float>(decoded_).subspan(lacking_slot_[q] * d, d);
+          slots_.holds(q) ? blocks[slots_.held[q]]
+                          : std::span<const float>(decoded_).subspan(slots_.lacking[q] * d, d);
       for (std::size_t e = 0; e < d; ++e)
         out[e] += g[e];
     }
@@ -101,10 +91,8 @@ public:
 private:
   C* comm_;
   coding::assignment assignment_;
+  block_slots slots_; // derived from assignment_, so declared after it
   std::vector<node_set> groups_;
-  std::vector<std::size_t> held_;
-  std::vector<std::size_t> lacking_slot_;
-  std::size_t lacking_count_ = 0;
   std::vector<float> decoded_;
 };
 
