@@ -9,6 +9,11 @@
 // A prime: pieces never line up with the suite's sizes, so the last piece of a transfer is ragged.
 inline constexpr std::size_t small_chunk = 4093;
 
+// The cases are written against the concept; this runner only makes sense for a model of it, and so does
+// the metered wrapper the metered_counts case builds around it.
+static_assert(commsgd::comm::communicator<commsgd::comm::mpi>);
+static_assert(commsgd::comm::communicator<commsgd::comm::metered<commsgd::comm::mpi>>);
+
 #define COMMSGD_MPI_CASE(name)                                                                               \
   TEST_CASE("conformance/mpi/" #name) {                                                                      \
     auto c = commsgd::comm::mpi::world();                                                                    \
