@@ -3,6 +3,8 @@
 // input on one rank raises an error on every rank instead of a hang.
 #include "mpi/support.hpp"
 
+#include "support/gradients.hpp"
+
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/mpi.hpp>
 #include <commsgd/cost/sparse.hpp>
@@ -24,25 +26,10 @@ namespace sel = commsgd::select;
 namespace cm = commsgd::comm;
 namespace cost = commsgd::cost;
 
+using test_data::gradient;
+using test_data::same_bits;
+
 namespace {
-
-std::vector<float> gradient(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::exponential_distribution<float> mag(1.0f);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  std::vector<float> g(n);
-  for (auto& x : g) {
-    const float r = u(rng);
-    x = r < 0.12f ? 0.0f : (r < 0.56f ? -1.0f : 1.0f) * mag(rng) * mag(rng) * 1e-3f;
-  }
-  return g;
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return std::ranges::equal(a, b, [](float x, float y) {
-    return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(y);
-  });
-}
 
 // Every rank's pairs, gathered over a separate communicator so the meter sees only the exchange, and summed
 // in rank order: the reference the sparse path must match bit for bit.

@@ -1,5 +1,7 @@
 // sparsify::top_k and sparsify::none on one rank: error feedback conserves every bit, the options do what
 // they say, state round-trips, and bad input raises the right error naming the argument.
+#include "support/gradients.hpp"
+
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #include <commsgd/sparsify/none.hpp>
@@ -19,6 +21,8 @@
 
 namespace sp = commsgd::sparsify;
 namespace sel = commsgd::select;
+
+using test_data::gradient;
 
 namespace {
 
@@ -43,19 +47,6 @@ static_assert(sel::selector<sorted_reference>);
 
 std::uint32_t bits(float x) {
   return std::bit_cast<std::uint32_t>(x);
-}
-
-// Heavy-tailed, with exact zeros, like real gradients.
-std::vector<float> gradient(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::exponential_distribution<float> mag(1.0f);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  std::vector<float> g(n);
-  for (auto& x : g) {
-    const float r = u(rng);
-    x = r < 0.12f ? 0.0f : (r < 0.56f ? -1.0f : 1.0f) * mag(rng) * mag(rng) * 1e-3f;
-  }
-  return g;
 }
 
 // The error-feedback identity, position by position: p = g + e_old (once, in float); every p is either
