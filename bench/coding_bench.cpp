@@ -118,28 +118,12 @@ double exchange_once(kind k, C& c, int r, std::size_t d) {
   return 0;
 }
 
-cost::node_traffic model_traffic(kind k, int n, int r, std::uint64_t d, int rank) {
-  switch (k) {
-  case kind::ring_all_reduce:
-    return cost::ring_all_reduce(n, d, 4, rank);
-  case kind::all_gather:
-    return cost::all_gather(n, d, 4);
-  case kind::unicast:
-    return cost::unicast(n, d, 4);
-  case kind::uncoded_shuffle:
-    return cost::uncoded_shuffle(n, r, d, 4, rank);
-  case kind::cssgd:
-    return cost::cssgd(n, r, d, 4);
-  }
-  return {};
-}
-
 // Per-node bytes (worst node, in units of d) and modelled times at the full d, from the cost model.
 void model_counters(benchmark::State& state, kind k, int n, int r) {
   const auto net = comm::network_model::gigabit();
   cost::node_traffic worst{};
   for (int i = 0; i < n; ++i) {
-    const auto t = model_traffic(k, n, r, d_full, i);
+    const auto t = cost::exchange_traffic(k, n, r, d_full, 4, i);
     worst.bytes_sent = std::max(worst.bytes_sent, t.bytes_sent);
     worst.bytes_received = std::max(worst.bytes_received, t.bytes_received);
   }
@@ -166,7 +150,8 @@ void exchange_bench(benchmark::State& state, kind k) {
     comm::local_group(n).run([&](comm::local& c) {
       comm::simulated<comm::metered<comm::local>> s(comm::metered<comm::local>(c), net);
       const double t = exchange_once(k, s, r, d_run);
-      if (cost::measured(s.inner().counters().total()) != model_traffic(k, n, r, d_run, c.rank()) ||
+      if (cost::measured(s.inner().counters().total()) !=
+              cost::exchange_traffic(k, n, r, d_run, 4, c.rank()) ||
           s.now() != cost::exchange_seconds(k, n, r, d_run, 4, c.rank(), net))
         mismatch = true;
       if (c.rank() == 0) wall = t;
@@ -237,7 +222,7 @@ void mpi_exchange_bench(benchmark::State& state, kind k) {
   auto once = [&] {
     const double t = exchange_once(k, s, r, d_full);
     const auto got = cost::measured(s.inner().counters().total());
-    int mismatch = got != model_traffic(k, n, r, d_full, s.rank()) ||
+    int mismatch = got != cost::exchange_traffic(k, n, r, d_full, 4, s.rank()) ||
                    s.now() != cost::exchange_seconds(k, n, r, d_full, 4, s.rank(), net);
     MPI_Allreduce(MPI_IN_PLACE, &mismatch, 1, MPI_INT, MPI_LOR, raw);
     if (mismatch) {

@@ -55,22 +55,6 @@ void run_exchange(kind k, C& c, int r, std::size_t d, auto&& before) {
   }
 }
 
-cost::node_traffic model_traffic(kind k, int n, int r, std::uint64_t d, int rank) {
-  switch (k) {
-  case kind::ring_all_reduce:
-    return cost::ring_all_reduce(n, d, 4, rank);
-  case kind::all_gather:
-    return cost::all_gather(n, d, 4);
-  case kind::unicast:
-    return cost::unicast(n, d, 4);
-  case kind::uncoded_shuffle:
-    return cost::uncoded_shuffle(n, r, d, 4, rank);
-  case kind::cssgd:
-    return cost::cssgd(n, r, d, 4);
-  }
-  return {};
-}
-
 constexpr kind all_kinds[] = {kind::ring_all_reduce, kind::all_gather, kind::unicast, kind::uncoded_shuffle,
                               kind::cssgd};
 
@@ -89,7 +73,7 @@ TEST_CASE("metered bytes and messages equal the cost model exactly") {
           local_group(n).run([&](local& c) {
             comm::metered<local> m(c);
             run_exchange(k, m, r, d, [&] { m.reset(); });
-            CHECK(cost::measured(m.counters().total()) == model_traffic(k, n, r, d, c.rank()));
+            CHECK(cost::measured(m.counters().total()) == cost::exchange_traffic(k, n, r, d, 4, c.rank()));
           });
         }
 }

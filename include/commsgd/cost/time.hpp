@@ -96,6 +96,25 @@ inline const char* exchange_name(exchange_kind k) noexcept {
   return "unknown";
 }
 
+// One node's bytes and messages for an exchange, as comm::metered counts them; r is ignored by the uncoded
+// exchanges.
+inline node_traffic exchange_traffic(exchange_kind k, int n, int r, std::uint64_t d, std::size_t element_size,
+                                     int rank) {
+  switch (k) {
+  case exchange_kind::ring_all_reduce:
+    return ring_all_reduce(n, d, element_size, rank);
+  case exchange_kind::all_gather:
+    return all_gather(n, d, element_size);
+  case exchange_kind::unicast:
+    return unicast(n, d, element_size);
+  case exchange_kind::uncoded_shuffle:
+    return uncoded_shuffle(n, r, d, element_size, rank);
+  case exchange_kind::cssgd:
+    return cssgd(n, r, d, element_size);
+  }
+  return {};
+}
+
 // One node's load for an exchange; r is ignored by the uncoded exchanges.
 inline comm::link_load exchange_load(exchange_kind k, int n, int r, std::uint64_t d, std::size_t element_size,
                                      int rank, const comm::network_model& net) {
