@@ -5,6 +5,7 @@
 #include <commsgd/coding/combiner.hpp>
 #include <commsgd/coding/cssgd.hpp>
 #include <commsgd/coding/groups.hpp>
+#include <commsgd/coding/reducer.hpp>
 #include <commsgd/coding/scheme.hpp>
 #include <commsgd/coding/subsets.hpp>
 #include <commsgd/coding/uncoded.hpp>

@@ -25,6 +25,7 @@
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/policy/traits.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -157,3 +158,35 @@ static_assert(coding_scheme<cssgd<xor_bits, comm::archetype>>);
 static_assert(coding_scheme<cssgd<int32_sum, comm::archetype>>);
 
 } // namespace commsgd::inline v1::coding
+
+namespace commsgd::inline v1::policy {
+
+// Redundancy r (data_parallel_options::redundancy), coded multicasts in (r+1)-groups (coding/cssgd.hpp).
+template <coding::combiner Combiner = coding::xor_bits>
+struct cssgd {};
+
+template <class Combiner>
+struct coding_traits<cssgd<Combiner>> {
+  template <comm::communicator C>
+  using type = coding::cssgd<Combiner, C>;
+
+  template <comm::communicator C, class Options>
+  static type<C> make(C& c, std::size_t, const Options& o) {
+    return type<C>(c, o.redundancy);
+  }
+
+  static constexpr bool plain = false;
+
+  template <class Sparsifier>
+  static consteval bool accepts() {
+    static_assert(
+        is_dense<Sparsifier>,
+        "commsgd::data_parallel<cssgd, Sparsifier, Sync>: coded exchange "
+        "combines equally shaped dense block gradients segment by segment, while a sparsifier "
+        "(top_k) leaves each rank a different sparse set, so there is nothing to code together; use "
+        "policy::uncoded<> with the sparsifier, or the coded scheme with policy::dense");
+    return true;
+  }
+};
+
+} // namespace commsgd::inline v1::policy

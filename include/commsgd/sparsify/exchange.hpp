@@ -13,9 +13,11 @@
 // in the same rank order, so on comm::local both paths give the same sums (up to the sign of zeros). Other
 // transports may order a dense sum differently.
 //
-// A CUDA path would plug in here with the pairs and the output in device memory: a CUDA-aware transport
-// gathers device buffers directly, and the scatter-add becomes a kernel that walks ranks in order (atomics
-// would lose the deterministic order).
+// The CUDA sparsifier (cuda::top_k, through commsgd/cuda.cuh) hands over its pairs in pinned host memory,
+// so this host exchange sums them as they are. Gathering device buffers directly would need a CUDA-aware
+// transport and a scatter-add kernel that walks ranks in order (atomics would lose the deterministic
+// order); neither exists. sparsify/reducer.hpp puts a sparsifier and this exchange behind the reducer a
+// strategy sums through.
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>

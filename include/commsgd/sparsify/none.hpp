@@ -1,9 +1,13 @@
 // sparsify::none: the dense baseline. It sends the gradient as is, so the exchange is a plain all-reduce;
 // it keeps only a step counter as state.
+//
+// policy::dense is the same baseline inside data_parallel: there the block gradients go to the coding
+// scheme's exchange untouched, with no sparsifier in between (a coded scheme needs them dense).
 #pragma once
 
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/policy/traits.hpp>
 #include <commsgd/sparsify/finite.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/sparsifier.hpp>
@@ -87,3 +91,15 @@ private:
 static_assert(sparsifier<none>);
 
 } // namespace commsgd::inline v1::sparsify
+
+namespace commsgd::inline v1::policy {
+
+// No sparsifier: every coding scheme sums the dense block gradients.
+struct dense {};
+
+template <>
+struct sparsifier_traits<dense> {
+  static constexpr bool dense_blocks = true;
+};
+
+} // namespace commsgd::inline v1::policy

@@ -4,7 +4,9 @@
 #include <commsgd/sparsify/exchange.hpp>
 #include <commsgd/sparsify/finite.hpp>
 #include <commsgd/sparsify/none.hpp>
+#include <commsgd/sparsify/reducer.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/sparsifier.hpp>
 #include <commsgd/sparsify/state_io.hpp>
 #include <commsgd/sparsify/top_k.hpp>
+#include <commsgd/sparsify/top_k_policy.hpp>

@@ -1,20 +1,21 @@
 // sync::async_ps: a parameter server on one rank; the other ranks push gradients and pull parameters
-// without waiting for each other.
+// without waiting for each other. The two roles are two types, async_ps_server<C> and async_ps_worker<C>;
+// async_ps<C> picks the one of this rank (the rank named by options::server serves), which is what
+// data_parallel<..., policy::async_ps> holds.
 //
 //   sync::async_ps s(comm, {.lr = 0.1f, .apply_after = 1, .staleness_bound = 4});
-//   s.start(x);                               // server: takes x as the model; worker: pulls it
-//   if (s.computes_gradients())               // workers only
-//     loop { grad at x; s.step(x, grad, {}); }  // push the gradient, pull the newest model into x
-//   s.finish(x);                              // server: serves until every worker is done; all: x = final
-//   model
+//   s.start(x);                                  // server: takes x as the model; worker: pulls it
+//   if (s.computes_gradients())                  // workers only
+//     loop { grad at x; s.step(x, grad, {}); }   // push the gradient, pull the newest model into x
+//   s.finish(x);                                 // server: serves until every worker is done;
+//                                                // all: x = the final model
 //
 // Server rules:
 // - Version v counts the updates applied. A pushed gradient carries the version its worker computed on; when
 //   it is applied at version v its staleness is tau = v - computed_on.
 // - Soft synchronisation: the server applies an update once `apply_after` (j) gradients have arrived: the
-// mean
-//   of the j gradients, each scaled by lr (or lr / max(tau, 1) with staleness_scaling). j = 1 is plain ASGD,
-//   j = workers is a synchronous parameter server.
+//   mean of the j gradients, each scaled by lr (or lr / max(tau, 1) with staleness_scaling). j = 1 is plain
+//   ASGD, j = workers is a synchronous parameter server.
 // - A worker's pull is answered only after its own pushed gradient has been applied, so every gradient a
 //   worker computes is on a model that includes its previous one.
 // - Staleness bound s (SSP): a worker that has pushed c gradients may pull (and so start step c) only once
@@ -32,6 +33,8 @@
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/policy/traits.hpp>
+#include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/strategy.hpp>
 
@@ -42,7 +45,7 @@
 #include <limits>
 #include <optional>
 #include <span>
-#include <thread>
+#include <variant>
 #include <vector>
 
 namespace commsgd::inline v1::sync {
@@ -68,36 +71,89 @@ struct applied_update {
   float factor = 0.0f;          // what the gradient was multiplied by: lr (/ tau) / batch
 };
 
-template <comm::communicator C>
-class async_ps {
-public:
-  using options = async_ps_options;
+namespace detail {
 
-  async_ps(C& c, options o) : comm_(&c), opt_(o) {
+// What both roles share: the checked options and the wire format.
+template <comm::communicator C>
+class async_ps_wire {
+protected:
+  async_ps_wire(C& c, const async_ps_options& o) : comm_(&c), opt_(o) { validate(c, o); }
+
+  static constexpr std::int32_t kind_pull = 1, kind_push = 2, kind_done = 3;
+
+  struct header {
+    std::int32_t kind = 0;
+    std::int32_t reserved = 0;
+    std::int64_t version = 0;
+  };
+
+  int tag_header() const { return opt_.tag_base; }
+  int tag_grad() const { return opt_.tag_base + 1; }
+  int tag_version() const { return opt_.tag_base + 2; }
+  int tag_model() const { return opt_.tag_base + 3; }
+
+  void require_started(const char* what) const {
+    if (!started_)
+      throw invalid_argument(commsgd::detail::concat("async_ps::", what, ": call start() first"));
+  }
+
+public:
+  static void validate(const C& c, const async_ps_options& o) {
     if (c.size() < 2)
       throw invalid_argument(commsgd::detail::concat("async_ps: communicator size = ", c.size(),
                                                      " is outside the allowed range [2, inf) (a server and a "
                                                      "worker at least)"));
-    detail::check_learning_rate("lr", opt_.lr);
-    commsgd::detail::check_range("server", opt_.server, 0, c.size() - 1,
+    check_learning_rate("lr", o.lr);
+    commsgd::detail::check_range("server", o.server, 0, c.size() - 1,
                                  commsgd::detail::concat("[0, size = ", c.size(), ")"));
-    commsgd::detail::check_range("apply_after", opt_.apply_after, 1, c.size() - 1,
+    commsgd::detail::check_range("apply_after", o.apply_after, 1, c.size() - 1,
                                  commsgd::detail::concat("[1, workers = ", c.size() - 1, "]"));
-    commsgd::detail::check_range("staleness_bound", opt_.staleness_bound, -1, std::numeric_limits<int>::max(),
+    commsgd::detail::check_range("staleness_bound", o.staleness_bound, -1, std::numeric_limits<int>::max(),
                                  "-1 (none) or [0, inf)");
-    commsgd::detail::check_range("tag_base", opt_.tag_base, 0, std::numeric_limits<int>::max() - 3,
+    commsgd::detail::check_range("tag_base", o.tag_base, 0, std::numeric_limits<int>::max() - 3,
                                  "[0, INT_MAX - 3]");
   }
 
-  bool computes_gradients() const { return !is_server(); }
-  bool is_server() const { return comm_->rank() == opt_.server; }
+  // The version of the model this rank last saw (server: the current one).
+  std::int64_t version() const { return version_; }
+  int workers() const { return comm_->size() - 1; }
+  int rank() const { return comm_->rank(); }
+
+protected:
+  C* comm_;
+  async_ps_options opt_;
+  bool started_ = false;
+  std::int64_t version_ = 0;
+};
+
+inline invalid_argument not_a_worker(const char* what, int rank) {
+  return invalid_argument(commsgd::detail::concat("async_ps::", what, ": rank ", rank,
+                                                  " is the parameter server; it serves in finish()"));
+}
+
+} // namespace detail
+
+// The worker role: pushes gradients and pulls models; any rank but options::server.
+template <comm::communicator C>
+class async_ps_worker : public detail::async_ps_wire<C> {
+  using base = detail::async_ps_wire<C>;
+  using base::comm_, base::opt_, base::started_, base::version_;
+  using typename base::header;
+
+public:
+  using options = async_ps_options;
+
+  async_ps_worker(C& c, options o) : base(c, o) {
+    if (c.rank() == opt_.server)
+      throw invalid_argument(commsgd::detail::concat("async_ps_worker: rank ", c.rank(),
+                                                     " is the server (options 'server' = ", opt_.server,
+                                                     "); make an async_ps_server there"));
+  }
+
+  bool computes_gradients() const { return true; }
+  bool is_server() const { return false; }
 
   void start(std::span<float> params) {
-    if (is_server()) {
-      model_.assign(params.begin(), params.end());
-      started_ = true;
-      return;
-    }
     started_ = true;
     pull(params);
   }
@@ -109,61 +165,96 @@ public:
   }
 
   void finish(std::span<float> params) {
-    require_started("finish");
-    if (is_server()) {
-      detail::check_same_size("params", params.size(), model_.size());
-      serve();
-      std::copy(model_.begin(), model_.end(), params.begin());
-      return;
-    }
+    this->require_started("finish");
     if (unpulled_push_) pull(params);
-    send_header(kind_done);
+    send_header(base::kind_done);
     receive_model(params);
   }
 
-  // Worker: send the gradient computed on the last pulled model.
+  // Send the gradient computed on the last pulled model.
   void push(std::span<const float> grad) {
-    require_worker("push");
-    require_started("push");
+    this->require_started("push");
     detail::check_same_size("grad", grad.size(), dim_);
     detail::require_finite("gradient", grad);
     if (unpulled_push_)
       throw invalid_argument(
           "async_ps::push: the previous push was not followed by a pull (allowed: push, pull, "
           "push, ...)");
-    send_header(kind_push);
-    comm_->send(grad, opt_.server, tag_grad());
+    send_header(base::kind_push);
+    comm_->send(grad, opt_.server, this->tag_grad());
     unpulled_push_ = true;
   }
 
-  // Worker: wait until the server grants a pull (own gradient applied, staleness bound met) and take the
-  // model.
+  // Wait until the server grants a pull (own gradient applied, staleness bound met) and take the model.
   void pull(std::span<float> params) {
-    require_worker("pull");
     if (dim_ != npos) detail::check_same_size("params", params.size(), dim_);
     dim_ = params.size();
-    send_header(kind_pull);
+    send_header(base::kind_pull);
     receive_model(params);
     unpulled_push_ = false;
   }
 
-  // The version of the model this rank last saw (server: the current one).
-  std::int64_t version() const { return version_; }
-  // Server only: every applied gradient in the order applied.
-  const std::vector<applied_update>& log() const { return log_; }
-  int workers() const { return comm_->size() - 1; }
-
 private:
-  static constexpr std::int32_t kind_pull = 1, kind_push = 2, kind_done = 3;
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
-  struct header {
-    std::int32_t kind = 0;
-    std::int32_t reserved = 0;
-    std::int64_t version = 0;
-  };
+  void send_header(std::int32_t kind) {
+    const header h{kind, 0, version_};
+    comm_->send(std::span<const header>(&h, 1), opt_.server, this->tag_header());
+  }
 
-  // Server bookkeeping for one worker.
+  void receive_model(std::span<float> params) {
+    std::int64_t v = 0;
+    comm_->recv(std::span<std::int64_t>(&v, 1), opt_.server, this->tag_version());
+    comm_->recv(params, opt_.server, this->tag_model());
+    version_ = v;
+  }
+
+  std::size_t dim_ = npos;
+  bool unpulled_push_ = false;
+};
+
+// The server role: holds the model and serves every worker inside finish(); rank options::server only.
+template <comm::communicator C>
+class async_ps_server : public detail::async_ps_wire<C> {
+  using base = detail::async_ps_wire<C>;
+  using base::comm_, base::opt_, base::started_, base::version_;
+  using typename base::header;
+
+public:
+  using options = async_ps_options;
+
+  async_ps_server(C& c, options o) : base(c, o) {
+    if (c.rank() != opt_.server)
+      throw invalid_argument(commsgd::detail::concat("async_ps_server: rank ", c.rank(),
+                                                     " is not the server (options 'server' = ", opt_.server,
+                                                     "); make an async_ps_worker there"));
+  }
+
+  bool computes_gradients() const { return false; }
+  bool is_server() const { return true; }
+
+  void start(std::span<float> params) {
+    model_.assign(params.begin(), params.end());
+    started_ = true;
+  }
+
+  // A server computes no gradient: it serves in finish().
+  step_result step(std::span<float>, std::span<const float>, const step_info& = {}) {
+    throw detail::not_a_worker("step", comm_->rank());
+  }
+
+  void finish(std::span<float> params) {
+    this->require_started("finish");
+    detail::check_same_size("params", params.size(), model_.size());
+    serve();
+    std::copy(model_.begin(), model_.end(), params.begin());
+  }
+
+  // Every applied gradient in the order applied.
+  const std::vector<applied_update>& log() const { return log_; }
+
+private:
+  // Bookkeeping for one worker.
   struct peer {
     int rank = 0;
     header incoming;
@@ -176,41 +267,14 @@ private:
     std::vector<float> gradient;
   };
 
-  int tag_header() const { return opt_.tag_base; }
-  int tag_grad() const { return opt_.tag_base + 1; }
-  int tag_version() const { return opt_.tag_base + 2; }
-  int tag_model() const { return opt_.tag_base + 3; }
-
-  void require_worker(const char* what) const {
-    if (is_server())
-      throw invalid_argument(commsgd::detail::concat("async_ps::", what, ": rank ", comm_->rank(),
-                                                     " is the parameter server; it serves in finish()"));
-  }
-  void require_started(const char* what) const {
-    if (!started_)
-      throw invalid_argument(commsgd::detail::concat("async_ps::", what, ": call start() first"));
-  }
-
-  void send_header(std::int32_t kind) {
-    const header h{kind, 0, version_};
-    comm_->send(std::span<const header>(&h, 1), opt_.server, tag_header());
-  }
-
-  void receive_model(std::span<float> params) {
-    std::int64_t v = 0;
-    comm_->recv(std::span<std::int64_t>(&v, 1), opt_.server, tag_version());
-    comm_->recv(params, opt_.server, tag_model());
-    version_ = v;
-  }
-
   void reply(peer& p) {
     const std::int64_t v = version_;
-    comm_->send(std::span<const std::int64_t>(&v, 1), p.rank, tag_version());
-    comm_->send(std::span<const float>(model_), p.rank, tag_model());
+    comm_->send(std::span<const std::int64_t>(&v, 1), p.rank, this->tag_version());
+    comm_->send(std::span<const float>(model_), p.rank, this->tag_model());
   }
 
   void post(peer& p) {
-    p.request.emplace(comm_->irecv(std::span<header>(&p.incoming, 1), p.rank, tag_header()));
+    p.request.emplace(comm_->irecv(std::span<header>(&p.incoming, 1), p.rank, this->tag_header()));
   }
 
   // SSP: may this worker start its next step?
@@ -224,13 +288,13 @@ private:
   void handle(peer& p) {
     const header h = p.incoming;
     switch (h.kind) {
-    case kind_push:
+    case base::kind_push:
       if (h.version < 0 || h.version > version_ || p.pending)
         throw corrupt_data(commsgd::detail::concat("async_ps: push from rank ", p.rank, " claims version ",
                                                    h.version, " (server at ", version_,
                                                    p.pending ? ", and a push is still pending)" : ")"));
       p.gradient.resize(model_.size());
-      comm_->recv(std::span<float>(p.gradient), p.rank, tag_grad());
+      comm_->recv(std::span<float>(p.gradient), p.rank, this->tag_grad());
       p.pending = true;
       p.pending_version = h.version;
       p.pending_step = p.pushes++;
@@ -238,11 +302,11 @@ private:
       queue_.push_back(&p);
       post(p);
       break;
-    case kind_pull:
+    case base::kind_pull:
       p.wants_pull = true;
       post(p);
       break;
-    case kind_done:
+    case base::kind_done:
       p.done = true;
       p.request.reset();
       --active_;
@@ -292,6 +356,21 @@ private:
     return any;
   }
 
+  // One pass over every worker: returns whether anything moved.
+  bool serve_once() {
+    bool progressed = false;
+    for (auto& p : peers_)
+      if (!p.done && p.request && p.request->test()) {
+        handle(p);
+        while (try_apply()) {
+        }
+        progressed = true;
+      }
+    while (try_apply())
+      progressed = true;
+    return serve_pulls() || progressed;
+  }
+
   void serve() {
     peers_.clear();
     for (int r = 0; r < comm_->size(); ++r)
@@ -299,43 +378,14 @@ private:
     active_ = static_cast<int>(peers_.size());
     for (auto& p : peers_)
       post(p);
-    int idle = 0;
-    while (active_ > 0) {
-      bool progressed = false;
-      for (auto& p : peers_)
-        if (!p.done && p.request && p.request->test()) {
-          handle(p);
-          while (try_apply()) {
-          }
-          progressed = true;
-        }
-      while (try_apply())
-        progressed = true;
-      progressed = serve_pulls() || progressed;
-      if (progressed) {
-        idle = 0;
-      } else if (++idle < 64) {
-        std::this_thread::yield();
-      } else {
-        // Polling is the only portable way to wait on any of n sources; back off so a shared core is not
-        // burnt while workers compute.
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-    }
+    detail::poll_until([&] { return active_ == 0; }, [&] { return serve_once(); },
+                       std::chrono::microseconds(100));
     while (try_apply()) {
     }
     for (auto& p : peers_)
       reply(p);
   }
 
-  C* comm_;
-  options opt_;
-  bool started_ = false;
-  std::int64_t version_ = 0;
-  // Worker state.
-  std::size_t dim_ = npos;
-  bool unpulled_push_ = false;
-  // Server state.
   std::vector<float> model_;
   std::vector<peer> peers_;
   std::deque<peer*> queue_;
@@ -344,6 +394,87 @@ private:
   std::vector<applied_update> log_;
 };
 
+// This rank's role, chosen by options::server: the form data_parallel<..., policy::async_ps> holds.
+template <comm::communicator C>
+class async_ps {
+public:
+  using options = async_ps_options;
+  using server_type = async_ps_server<C>;
+  using worker_type = async_ps_worker<C>;
+
+  async_ps(C& c, options o) : role_(pick(c, o)) {}
+
+  bool computes_gradients() const { return !is_server(); }
+  bool is_server() const { return std::holds_alternative<server_type>(role_); }
+
+  void start(std::span<float> params) {
+    std::visit([&](auto& r) { r.start(params); }, role_);
+  }
+  step_result step(std::span<float> params, std::span<const float> grad, const step_info& info = {}) {
+    return std::visit([&](auto& r) { return r.step(params, grad, info); }, role_);
+  }
+  void finish(std::span<float> params) {
+    std::visit([&](auto& r) { r.finish(params); }, role_);
+  }
+
+  // Worker: push, pull (the server refuses both).
+  void push(std::span<const float> grad) { worker("push").push(grad); }
+  void pull(std::span<float> params) { worker("pull").pull(params); }
+
+  std::int64_t version() const {
+    return std::visit([](const auto& r) { return r.version(); }, role_);
+  }
+  // Server: every applied gradient in the order applied (empty on a worker).
+  const std::vector<applied_update>& log() const {
+    static const std::vector<applied_update> none;
+    return is_server() ? std::get<server_type>(role_).log() : none;
+  }
+  int workers() const {
+    return std::visit([](const auto& r) { return r.workers(); }, role_);
+  }
+
+  // The role itself, for what only one of them offers.
+  server_type* server() noexcept { return std::get_if<server_type>(&role_); }
+  worker_type* worker() noexcept { return std::get_if<worker_type>(&role_); }
+
+private:
+  static std::variant<server_type, worker_type> pick(C& c, const options& o) {
+    detail::async_ps_wire<C>::validate(c, o);
+    if (c.rank() == o.server) return server_type(c, o);
+    return worker_type(c, o);
+  }
+
+  worker_type& worker(const char* what) {
+    if (auto* w = worker()) return *w;
+    throw detail::not_a_worker(what, std::get<server_type>(role_).rank());
+  }
+
+  std::variant<server_type, worker_type> role_;
+};
+
+static_assert(sync_strategy<async_ps_server<comm::archetype>>);
+static_assert(sync_strategy<async_ps_worker<comm::archetype>>);
 static_assert(sync_strategy<async_ps<comm::archetype>>);
 
 } // namespace commsgd::inline v1::sync
+
+namespace commsgd::inline v1::policy {
+
+// A parameter server on one rank; it exchanges by itself.
+struct async_ps {};
+
+template <>
+struct sync_traits<async_ps> : exchanges_by_itself {
+  template <comm::communicator C>
+  using type = sync::async_ps<C>;
+
+  // Options::async_ps with its lr replaced by Options::lr.
+  template <comm::communicator C, class Options>
+  static type<C> make(C& c, std::size_t, const Options& o) {
+    auto so = o.async_ps;
+    so.lr = o.lr;
+    return type<C>(c, so);
+  }
+};
+
+} // namespace commsgd::inline v1::policy

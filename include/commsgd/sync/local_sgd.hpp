@@ -24,6 +24,7 @@
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/exchange.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/strategy.hpp>
@@ -193,3 +194,24 @@ private:
 static_assert(sync_strategy<local_sgd<comm::archetype>>);
 
 } // namespace commsgd::inline v1::sync
+
+namespace commsgd::inline v1::policy {
+
+// Averages models now and then; it exchanges by itself.
+struct local_sgd {};
+
+template <>
+struct sync_traits<local_sgd> : exchanges_by_itself {
+  template <comm::communicator C>
+  using type = sync::local_sgd<C>;
+
+  // Options::local_sgd with its lr replaced by Options::lr.
+  template <comm::communicator C, class Options>
+  static type<C> make(C& c, std::size_t, const Options& o) {
+    auto so = o.local_sgd;
+    so.lr = o.lr;
+    return type<C>(c, so);
+  }
+};
+
+} // namespace commsgd::inline v1::policy

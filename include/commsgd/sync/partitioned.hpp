@@ -32,6 +32,8 @@
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/policy/traits.hpp>
+#include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/strategy.hpp>
 
@@ -42,7 +44,6 @@
 #include <limits>
 #include <set>
 #include <span>
-#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -200,16 +201,7 @@ public:
       if (!ready_[l])
         throw invalid_argument(commsgd::detail::concat("partitioned::finish_step: layer ", l,
                                                        " was never marked ready in this step"));
-    int idle = 0;
-    while (!complete()) {
-      if (pump()) {
-        idle = 0;
-      } else if (++idle < 64) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    }
+    detail::poll_until([&] { return complete(); }, [&] { return pump(); }, std::chrono::microseconds(50));
     if (comm_->size() == 1) std::copy(grad_.begin(), grad_.end(), sum_.begin());
     apply_mean_sum(params, sum_, comm_->size(), opt_.lr);
     in_step_ = false;
@@ -363,3 +355,24 @@ private:
 static_assert(sync_strategy<partitioned<comm::archetype>>);
 
 } // namespace commsgd::inline v1::sync
+
+namespace commsgd::inline v1::policy {
+
+// Exchanges partitions as backward produces them; it exchanges by itself.
+struct partitioned {};
+
+template <>
+struct sync_traits<partitioned> : exchanges_by_itself {
+  template <comm::communicator C>
+  using type = sync::partitioned<C>;
+
+  // Options::partitioned with its lr replaced by Options::lr; Options::layer_sizes, or one layer.
+  template <comm::communicator C, class Options>
+  static type<C> make(C& c, std::size_t length, const Options& o) {
+    auto so = o.partitioned;
+    so.lr = o.lr;
+    return type<C>(c, o.layer_sizes.empty() ? std::vector<std::size_t>{length} : o.layer_sizes, so);
+  }
+};
+
+} // namespace commsgd::inline v1::policy

@@ -5,6 +5,8 @@
 #include <commsgd/sync/exchange.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/partitioned.hpp>
+#include <commsgd/sync/poll.hpp>
+#include <commsgd/sync/reducer.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/strategy.hpp>
 #include <commsgd/sync/synchronous.hpp>

@@ -3,18 +3,26 @@
 //   sync::synchronous s(comm, {.lr = 0.1f});                  // or synchronous<C, ordered_exchange<C>>
 //   s.start(x); loop { grad at x; s.step(x, grad, {}); } s.finish(x);
 //
+// With block gradients and a reducer (sync/reducer.hpp), as data_parallel drives it, the reducer makes the
+// sum (a coding scheme's exchange, or a sparsifier's messages summed) and the step applies its mean:
+//
+//   s.step(x, blocks, reducer, {});
+//
 // Replicas stay bit-identical because every rank applies the same update to the same bits: the exchange
 // hands every rank the same sum (its contract) and start() broadcasts rank 0's model.
 #pragma once
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/exchange.hpp>
+#include <commsgd/sync/reducer.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>
 #include <concepts>
+#include <cstddef>
 #include <span>
 #include <vector>
 
@@ -48,6 +56,15 @@ public:
     return {.exchanged = true, .averaged = false};
   }
 
+  // The reducer checks and sums the blocks; the update is the mean over every block of every rank.
+  template <reducer R>
+  step_result step(std::span<float> params, block_gradients blocks, R& reduce, const step_info& = {}) {
+    sum_.resize(params.size());
+    reduce.reduce(blocks, std::span<float>(sum_));
+    apply_mean_sum(params, sum_, static_cast<int>(reduce.block_count()), opt_.lr);
+    return {.exchanged = true, .averaged = false};
+  }
+
   void finish(std::span<float>) {}
 
   float learning_rate() const { return opt_.lr; }
@@ -67,3 +84,26 @@ static_assert(sync_strategy<synchronous<comm::archetype>>);
 static_assert(sync_strategy<synchronous<comm::archetype, ordered_exchange<comm::archetype>>>);
 
 } // namespace commsgd::inline v1::sync
+
+namespace commsgd::inline v1::policy {
+
+// Sums block gradients every step, so it takes any coding scheme and any sparsifier.
+struct synchronous {};
+
+template <>
+struct sync_traits<synchronous> {
+  template <comm::communicator C>
+  using type = sync::synchronous<C>;
+
+  template <comm::communicator C, class Options>
+  static type<C> make(C& c, std::size_t, const Options& o) {
+    return type<C>(c, sync::synchronous_options{.lr = o.lr});
+  }
+
+  template <class Coding, class Sparsifier>
+  static consteval bool accepts() {
+    return true;
+  }
+};
+
+} // namespace commsgd::inline v1::policy

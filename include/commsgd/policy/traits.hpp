@@ -1,0 +1,84 @@
+// The open seam data_parallel<Coding, Sparsifier, Sync, C> composes through.
+//
+// A policy is a small tag type in namespace commsgd::policy. Its own header specialises one of the three
+// traits below next to the tag, saying how to build its part over a communicator and which partners it
+// takes; data_parallel.hpp names no policy. To add one, write the tag and the specialisation in its header
+// and include that header from the area's umbrella; a type written outside the library plugs in the same
+// way (tests/unit/data_parallel_user_policies.cpp does it with a sparsifier and a sync strategy).
+//
+//   coding_traits<P>      template <class C> using type = <a coding::coding_scheme over C>;
+//                         static type<C> make(C&, std::size_t length, const Options&);
+//                         static constexpr bool plain;   one block per rank summed by the all-reduce
+//                         template <class Sparsifier> static consteval bool accepts();
+//   sparsifier_traits<P>  static constexpr bool dense_blocks;  true: the blocks reach the coding scheme as
+//                         they are; false: using type = <a sparsify::sparsifier>;
+//                         static type make(std::size_t length, const Options&); its messages are summed
+//                         by sparsify::exchanger over one block per rank (coding_traits<P>::plain)
+//   sync_traits<P>        template <class C> using type = <a sync::sync_strategy over C>;
+//                         static type<C> make(C&, std::size_t length, const Options&);
+//                         template <class Coding, class Sparsifier> static consteval bool accepts();
+//
+// Options is data_parallel_options; it is a template parameter only so that a policy's header need not
+// include every other policy's options. accepts() returns true or fails a static_assert whose message says
+// why the pair makes no sense: a C++20 static_assert message must be a literal, so the reason has to live in
+// the header of the policy that refuses. A sync strategy whose step takes a reducer (sync/reducer.hpp) sums
+// block gradients and so composes with any coding scheme and sparsifier; one that exchanges by itself takes
+// one gradient per rank (exchanges_by_itself below).
+#pragma once
+
+#include <commsgd/config.hpp>
+
+#include <type_traits>
+
+namespace commsgd::inline v1::policy {
+
+template <class P>
+struct coding_traits;
+template <class P>
+struct sparsifier_traits;
+template <class P>
+struct sync_traits;
+
+template <class P>
+concept coding_policy = requires {
+  sizeof(coding_traits<P>);
+};
+template <class P>
+concept sparsifier_policy = requires {
+  sizeof(sparsifier_traits<P>);
+};
+template <class P>
+concept sync_policy = requires {
+  sizeof(sync_traits<P>);
+};
+
+// Whether a sparsifier policy leaves the block gradients dense (nothing between them and the coding scheme).
+template <sparsifier_policy P>
+inline constexpr bool is_dense = sparsifier_traits<P>::dense_blocks;
+
+// Whether a coding policy is one block per rank summed by the communicator's all-reduce, which is what a
+// strategy that exchanges by itself does anyway.
+template <coding_policy P>
+inline constexpr bool is_plain = coding_traits<P>::plain;
+
+// The accepts() of a sync strategy that exchanges models or partitions itself: it takes this rank's whole
+// gradient, so there is no block to code and no message to sparsify.
+struct exchanges_by_itself {
+  template <class Coding, class Sparsifier>
+  static consteval bool accepts() {
+    static_assert(is_plain<Coding> && is_dense<Sparsifier>,
+                  "commsgd::data_parallel<Coding, Sparsifier, Sync>: this Sync strategy exchanges by itself "
+                  "(local_sgd averages models, async_ps pushes to a server, partitioned exchanges partitions "
+                  "as backward produces them); none sums block gradients every step, which coding (cssgd, "
+                  "uncoded_shuffle, all-gather, unicast) and error-feedback sparsification (top_k) are "
+                  "defined on. Use policy::uncoded<> with policy::dense");
+    return true;
+  }
+};
+
+namespace detail {
+template <class>
+inline constexpr bool dependent_false = false;
+} // namespace detail
+
+} // namespace commsgd::inline v1::policy
