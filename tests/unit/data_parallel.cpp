@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 using namespace commsgd;
@@ -201,4 +202,129 @@ TEST_CASE("bad input is refused with the argument named") {
     data_parallel<policy::uncoded<>, policy::dense, policy::synchronous> dp(c, 4, {.lr = -1.0f});
   }),
                   invalid_argument);
+}
+
+namespace {
+
+// What every composition offers, whatever its policies.
+template <class Dp>
+concept full_member_set = requires(Dp& dp, const Dp& cdp, std::span<float> x, std::span<const float> g,
+                                   coding::block_gradients blocks) {
+  { cdp.computes_gradients() } -> std::same_as<bool>;
+  { cdp.length() } -> std::same_as<std::size_t>;
+  { cdp.block_count() } -> std::same_as<std::size_t>;
+  { cdp.my_blocks() } -> std::same_as<std::span<const std::size_t>>;
+  { cdp.block_sizes(std::size_t{}) } -> std::same_as<std::vector<std::size_t>>;
+  cdp.coding();
+  dp.strategy();
+  dp.start(x);
+  { dp.step(x, g) } -> std::same_as<sync::step_result>;
+  { dp.step(x, blocks, sync::step_info{}) } -> std::same_as<sync::step_result>;
+  dp.finish(x);
+  { cdp.last_coding() } -> std::same_as<const coding::exchange_result&>;
+  { cdp.last_sparse() } -> std::same_as<const sparsify::exchange_report&>;
+};
+template <class Dp>
+concept has_sparsifier = requires(Dp& dp) {
+  dp.sparsifier();
+};
+
+using dense_ring = data_parallel<policy::uncoded<>, policy::dense, policy::synchronous>;
+using coded = data_parallel<policy::cssgd<coding::xor_bits>, policy::dense, policy::synchronous>;
+using top_k32 = data_parallel<policy::uncoded<>, policy::top_k<select::exact>, policy::synchronous>;
+using top_k64 =
+    data_parallel<policy::uncoded<>, policy::top_k<select::exact, std::uint64_t>, policy::synchronous>;
+using local_dp = data_parallel<policy::uncoded<>, policy::dense, policy::local_sgd>;
+using server_dp = data_parallel<policy::uncoded<>, policy::dense, policy::async_ps>;
+using parts_dp = data_parallel<policy::uncoded<>, policy::dense, policy::partitioned>;
+
+static_assert(full_member_set<dense_ring> && full_member_set<coded> && full_member_set<top_k32> &&
+              full_member_set<top_k64> && full_member_set<local_dp> && full_member_set<server_dp> &&
+              full_member_set<parts_dp>);
+static_assert(has_sparsifier<top_k32> && has_sparsifier<top_k64>);
+static_assert(!has_sparsifier<dense_ring> && !has_sparsifier<coded> && !has_sparsifier<local_dp>);
+static_assert(std::is_move_constructible_v<dense_ring> && std::is_move_constructible_v<coded> &&
+              std::is_move_constructible_v<top_k32> && std::is_move_constructible_v<local_dp> &&
+              std::is_move_constructible_v<server_dp> && std::is_move_constructible_v<parts_dp>);
+static_assert(std::is_move_assignable_v<coded> && std::is_move_assignable_v<top_k32>);
+
+// Trains `steps` steps, moving the object into a new one after `move_at` steps and back into the moved-from
+// original after `back_at`; returns rank 0's model.
+template <class Dp>
+std::vector<float> train_moving(int n, data_parallel_options o, int steps, int move_at, int back_at) {
+  std::vector<float> result;
+  std::mutex mu;
+  local_group(n).run([&](comm::local& c) {
+    Dp first(c, problem.dim(), o);
+    std::optional<Dp> second;
+    Dp* dp = &first;
+    std::vector<float> x(problem.dim(), 0.0f);
+    dp->start(x);
+    const auto sizes = dp->block_sizes(batch);
+    std::vector<std::vector<float>> grads(dp->my_blocks().size(), std::vector<float>(problem.dim()));
+    std::vector<std::span<const float>> views(grads.begin(), grads.end());
+    for (int t = 0; t < steps; ++t) {
+      if (t == move_at) {
+        second.emplace(std::move(first));
+        dp = &*second;
+      }
+      if (t == back_at) {
+        first = std::move(*second);
+        dp = &first;
+      }
+      for (std::size_t j = 0; j < grads.size(); ++j)
+        problem.gradient(x, block_rows(sizes, dp->my_blocks()[j], t), grads[j]);
+      dp->step(x, coding::block_gradients(views));
+    }
+    dp->finish(x);
+    if (c.rank() == 0) {
+      std::lock_guard lock(mu);
+      result = x;
+    }
+  });
+  return result;
+}
+
+} // namespace
+
+TEST_CASE(
+    "a data_parallel moved mid-training, and moved back into the moved-from one, trains on bit for bit") {
+  data_parallel_options o{.lr = 0.05f, .redundancy = 2};
+  o.top_k.density = 0.25;
+  CHECK(same_bits(train_moving<coded>(4, o, 30, 10, 20), train_blocks<coded>(4, o, 30)));
+  CHECK(same_bits(train_moving<top_k32>(3, o, 30, 10, 20), train_blocks<top_k32>(3, o, 30)));
+  CHECK(same_bits(train_moving<dense_ring>(3, o, 30, 5, 6), train_blocks<dense_ring>(3, o, 30)));
+}
+
+TEST_CASE("top_k with 64-bit indices exchanges 64-bit pairs and trains exactly as with 32-bit ones") {
+  static_assert(
+      std::is_same_v<std::remove_cvref_t<decltype(std::declval<top_k64&>().sparsifier())>::index_type,
+                     std::uint64_t>);
+  for (int n : {1, 3, 4})
+    for (double density : {0.1, 0.25, 1.0})
+      for (auto path : {cost::sparse_path::sparse, cost::sparse_path::dense}) {
+        CAPTURE(n);
+        CAPTURE(density);
+        CAPTURE(static_cast<int>(path));
+        data_parallel_options o{.lr = 0.05f};
+        o.top_k.density = density;
+        o.sparse_exchange.path = path;
+        const auto wide = train_blocks<top_k64>(n, o, 40);
+        CHECK(same_bits(wide, train_blocks<top_k32>(n, o, 40)));
+        CHECK(problem.loss(wide) < problem.loss(std::vector<float>(problem.dim(), 0.0f)));
+      }
+  // The pairs travel as 64-bit entries: each rank's count is what the sparsifier sent, on every path.
+  local_group(3).run([](comm::local& c) {
+    data_parallel_options o{.lr = 0.05f};
+    o.top_k.k = 5;
+    o.sparse_exchange.path = cost::sparse_path::sparse;
+    top_k64 dp(c, problem.dim(), o);
+    std::vector<float> x(problem.dim(), 0.0f), g(problem.dim());
+    dp.start(x);
+    problem.gradient(x, problem.batch(c.rank(), c.size(), 0, 40), g);
+    dp.step(x, std::span<const float>(g));
+    CHECK_FALSE(dp.last_sparse().dense);
+    CHECK(dp.last_sparse().counts == std::vector<std::uint64_t>{5, 5, 5});
+    CHECK(dp.sparsifier().last().size() == 5);
+  });
 }
