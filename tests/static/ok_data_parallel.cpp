@@ -13,3 +13,6 @@ template class commsgd::data_parallel<policy::uncoded<>, policy::top_k<select::r
 template class commsgd::data_parallel<policy::uncoded<>, policy::dense, policy::local_sgd>;
 template class commsgd::data_parallel<policy::uncoded<>, policy::dense, policy::async_ps>;
 template class commsgd::data_parallel<policy::uncoded<>, policy::dense, policy::partitioned>;
+template class commsgd::data_parallel<policy::uncoded<>, policy::top_k<select::radix, std::uint64_t>,
+                                      policy::synchronous>;
+template class commsgd::data_parallel<policy::cssgd<>, policy::dense, policy::synchronous, comm::local>;

@@ -9,10 +9,11 @@
 // Models:
 //   all_reduce_exchange<C>  the communicator's all_reduce_sum (the transport picks the reduction order).
 //   ordered_exchange<C>     all_gather, then sum in rank order on every rank: the same bits on every
-//   transport
-//                           and equal to a single-process sum of the per-rank buffers in rank order. Costs n
-//                           times the receive volume of a ring all-reduce; use it where reproducibility
-//                           matters.
+//                           transport and equal to a single-process sum of the per-rank buffers in rank
+//                           order. Costs n times the receive volume of a ring all-reduce; use it where
+//                           reproducibility matters.
+//
+//   sync::synchronous<C, sync::ordered_exchange<C>> s(comm, {.lr = 0.1f});   // tests/unit/sync_snippets.cpp
 #pragma once
 
 #include <commsgd/comm/archetype.hpp>

@@ -16,9 +16,9 @@
 //
 // Correction (EASGD's elastic pull, keeps local models from drifting apart):
 //   at_sync     at a sync point x <- x - alpha (x - x_avg) instead of x <- x_avg (alpha = 1 is plain
-//   averaging); every_step  after every local step x <- x - alpha (x - x_global), x_global the last common
-//   model; at sync
-//               points x <- x_avg as usual.
+//               averaging);
+//   every_step  after every local step x <- x - alpha (x - x_global), x_global the last common model; at
+//               sync points x <- x_avg as usual.
 #pragma once
 
 #include <commsgd/comm/archetype.hpp>

@@ -1,17 +1,20 @@
 // sync::partitioned: the gradient is exchanged in fixed-size partitions, highest priority first, with at most
 // `credit_bytes` of sends in flight, overlapping the exchange with the rest of the backward pass.
 //
-//   sync::partitioned s(comm, layer_sizes, {.lr = 0.1f, .partition_elements = 4096, .credit_bytes = 64 <<
-//   10}); s.start(x); loop {
-//     s.begin_step(grad);                           // grad must stay alive and, per layer, unchanged once
-//     ready for (layer = L - 1; layer >= 0; --layer) {    // backward produces the last layer first
+//   sync::partitioned s(comm, layer_sizes,
+//                       {.lr = 0.1f, .partition_elements = 4096, .credit_bytes = 64 << 10});
+//   s.start(x);
+//   loop {
+//     s.begin_step(grad);                         // grad must stay alive, and each layer's slice
+//                                                 // unchanged once that layer is ready
+//     for (layer = L - 1; layer >= 0; --layer) {  // backward produces the last layer first
 //       ... fill grad's slice of `layer` ...
-//       s.gradient_ready(layer);                    // sends what it can; returns at once
+//       s.gradient_ready(layer);                  // sends what it can; returns at once
 //     }
-//     s.finish_step(x);                             // completes every partition; x -= lr * mean gradient
+//     s.finish_step(x);                           // completes every partition; x -= lr * mean gradient
 //   }
 //   s.finish(x);
-// step(x, grad, info) does all of that in one call (no overlap).
+// step(x, grad, info) does all of that in one call (no overlap). tests/unit/sync_snippets.cpp runs the loop.
 //
 // Partitions never straddle a layer. Priority is the order the next forward pass needs them: layer 0 first,
 // then by offset; among the sends that are ready, the scheduler starts them strictly in priority order and

@@ -1,15 +1,16 @@
 // The sync-strategy concept: when and what a data-parallel rank exchanges, and how it turns gradients into
 // a model update.
 //
-// A trainer (or data_parallel<Coding, Sparsifier, Sync>) drives every strategy through the same life cycle:
+// A trainer (or data_parallel<Coding, Sparsifier, Sync>) drives every strategy through the same life cycle
+// (tests/unit/sync_snippets.cpp compiles and runs it):
 //
-//   s.start(params);                          // once: ranks agree on the initial model (or a server takes
-//   it) while (training) {
-//     if (!s.computes_gradients()) break;     // a parameter server rank only serves, in finish()
+//   s.start(params);                         // once: ranks agree on the initial model (or a server takes it)
+//   while (training) {
+//     if (!s.computes_gradients()) break;    // a parameter server rank only serves, in finish()
 //     ... gradient of this rank's mini-batch at `params` into `grad` ...
-//     s.step(params, grad, {.loss = l});      // exchange (or not) and update `params` in place
+//     s.step(params, grad, {.loss = l});     // exchange (or not) and update `params` in place
 //   }
-//   s.finish(params);                         // completes everything; `params` is the final model
+//   s.finish(params);                        // completes everything; `params` is the final model
 //
 // `params` is this rank's model; after step() it is the model the next forward pass uses. `grad` is the
 // gradient this rank computed at `params` (flat, any layer layout the strategy was told about).
