@@ -253,3 +253,61 @@ TEST_CASE("async_ps refuses bad arguments with their name, value and range") {
     s.finish(x);
   });
 }
+
+TEST_CASE("the server and worker roles are two types; each refuses the other's rank") {
+  static_assert(sync::sync_strategy<sync::async_ps_server<local>>);
+  static_assert(sync::sync_strategy<sync::async_ps_worker<local>>);
+  constexpr int n = 4, steps = 5;
+  const std::size_t dim = slot(n, 0, steps);
+  // The roles driven directly, rank 2 serving: every one-hot gradient lands exactly once, as with async_ps.
+  std::vector<float> server_model;
+  std::vector<sync::applied_update> log;
+  std::vector<std::vector<float>> worker_models(n);
+  std::mutex mu;
+  const sync::async_ps_options opt{.lr = 1.0f, .server = 2, .apply_after = 2};
+  local_group(n).run([&](local& c) {
+    std::vector<float> x(dim, 0.0f), g(dim, 0.0f);
+    if (c.rank() == opt.server) {
+      CHECK_THROWS_WITH_AS(sync::async_ps_worker<local>(c, opt), doctest::Contains("async_ps_server there"),
+                           commsgd::invalid_argument);
+      sync::async_ps_server<local> server(c, opt);
+      CHECK_FALSE(server.computes_gradients());
+      server.start(x);
+      CHECK_THROWS_WITH_AS(server.step(x, g, {}), doctest::Contains("parameter server"),
+                           commsgd::invalid_argument);
+      server.finish(x);
+      std::lock_guard lock(mu);
+      server_model = x;
+      log = server.log();
+    } else {
+      CHECK_THROWS_WITH_AS(sync::async_ps_server<local>(c, opt), doctest::Contains("async_ps_worker there"),
+                           commsgd::invalid_argument);
+      sync::async_ps_worker<local> worker(c, opt);
+      CHECK(worker.computes_gradients());
+      worker.start(x);
+      for (int k = 0; k < steps; ++k) {
+        std::fill(g.begin(), g.end(), 0.0f);
+        g[slot(c.rank(), k, steps)] = 1.0f;
+        worker.step(x, g, {});
+      }
+      worker.finish(x);
+      std::lock_guard lock(mu);
+      worker_models[static_cast<std::size_t>(c.rank())] = x;
+    }
+  });
+  CHECK(log.size() == static_cast<std::size_t>((n - 1) * steps));
+  for (int r = 0; r < n; ++r) {
+    if (r == opt.server) continue;
+    for (int k = 0; k < steps; ++k) {
+      const auto v = server_model[slot(r, k, steps)];
+      CHECK((v == -1.0f || v == -0.5f)); // lr / batch, the batch being 1 or 2 gradients
+    }
+    CHECK(std::memcmp(worker_models[static_cast<std::size_t>(r)].data(), server_model.data(),
+                      dim * sizeof(float)) == 0);
+  }
+  std::set<std::pair<int, std::int64_t>> applied;
+  for (const auto& u : log) {
+    CHECK(applied.insert({u.worker, u.step}).second);
+    CHECK(server_model[slot(u.worker, static_cast<int>(u.step), steps)] == -u.factor);
+  }
+}
