@@ -32,6 +32,7 @@
 #include <commsgd/sparsify/sparsify.hpp>
 #include <commsgd/sync/sync.hpp>
 
+#include <concepts>
 #include <cstddef>
 #include <span>
 #include <type_traits>
@@ -41,7 +42,7 @@
 namespace commsgd::inline v1 {
 
 // Options of the built-in policies; each field says which policies read it. A policy's traits receive the
-// whole struct.
+// whole struct (or a struct derived from it that adds the settings of a policy written elsewhere).
 struct data_parallel_options {
   float lr = 0.01f;                             // every strategy: (0, inf)
   int redundancy = 1;                           // cssgd, uncoded_shuffle: [1, n]
@@ -54,6 +55,10 @@ struct data_parallel_options {
 };
 
 namespace detail {
+
+template <class O>
+concept extended_options =
+    std::derived_from<O, data_parallel_options> && !std::same_as<O, data_parallel_options>;
 
 // The reducer of a composition: the coding scheme's exchange on dense blocks, or the sparsifier's messages
 // summed by the sparse exchange.
@@ -108,9 +113,12 @@ public:
                 "composes only with policy::uncoded<> and policy::dense");
 
   // Collective (a coded scheme splits its exchange groups here).
-  data_parallel(C& comm, std::size_t length, options o)
-      : length_(length), opt_(std::move(o)), reducer_(make_reducer(comm, length_, opt_)),
-        strategy_(sync_traits::make(comm, length_, opt_)) {}
+  data_parallel(C& comm, std::size_t length, const options& o) : data_parallel(comm, length, o, built{}) {}
+
+  // A policy written outside the library takes settings of its own through a struct derived from
+  // data_parallel_options: every policy's traits receive it whole.
+  template <detail::extended_options Options>
+  data_parallel(C& comm, std::size_t length, const Options& o) : data_parallel(comm, length, o, built{}) {}
 
   std::size_t length() const noexcept { return length_; }
   std::size_t block_count() const noexcept { return coding().block_count(); }
@@ -169,12 +177,20 @@ public:
   }
 
 private:
-  static reducer_type make_reducer(C& comm, std::size_t length, const options& o) {
+  struct built {};
+
+  template <class Options>
+  data_parallel(C& comm, std::size_t length, const Options& o, built)
+      : length_(length), reducer_(make_reducer(comm, length, o)),
+        strategy_(sync_traits::template make<C>(comm, length, o)) {}
+
+  template <class Options>
+  static reducer_type make_reducer(C& comm, std::size_t length, const Options& o) {
     if constexpr (policy::is_dense<Sparsifier>)
-      return reducer_type(coding_traits::make(comm, length, o));
+      return reducer_type(coding_traits::template make<C>(comm, length, o));
     else
-      return reducer_type(comm, coding_traits::make(comm, length, o), sparsifier_traits::make(length, o),
-                          o.sparse_exchange);
+      return reducer_type(comm, coding_traits::template make<C>(comm, length, o),
+                          sparsifier_traits::make(length, o), o.sparse_exchange);
   }
 
   void check_length(std::size_t got) const {
@@ -187,7 +203,6 @@ private:
   static inline const sparsify::exchange_report no_sparse_{};
 
   std::size_t length_;
-  options opt_;
   reducer_type reducer_;
   strategy_type strategy_;
 };

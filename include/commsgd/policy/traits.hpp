@@ -18,8 +18,9 @@
 //                         static type<C> make(C&, std::size_t length, const Options&);
 //                         template <class Coding, class Sparsifier> static consteval bool accepts();
 //
-// Options is data_parallel_options; it is a template parameter only so that a policy's header need not
-// include every other policy's options. accepts() returns true or fails a static_assert whose message says
+// Options is data_parallel_options, or a struct derived from it that adds the settings of a policy written
+// outside the library; it is a template parameter so that a policy's header need not include every other
+// policy's options, and so that such a policy reads its own fields. accepts() returns true or fails a static_assert whose message says
 // why the pair makes no sense: a C++20 static_assert message must be a literal, so the reason has to live in
 // the header of the policy that refuses. A sync strategy whose step takes a reducer (sync/reducer.hpp) sums
 // block gradients and so composes with any coding scheme and sparsifier; one that exchanges by itself takes
