@@ -1,25 +1,28 @@
 // The communication schemes the trainer compares, and the factory that builds one from its command-line name.
 //
-//   ring                     SSGD (sync::synchronous): all-reduce sum of the gradient, ring as the meter
-//   charges it allgather                SSGD as the CSSGD paper's baseline: every node gathers every node's
-//   gradient topk:<method>:<density>  SSGD on top-k sparsified gradients with error feedback, sparse
-//   all-gather;
-//                            method: exact, radix, laplace_bisect, hierarchical, sampled
-//   local:<H>                local SGD, models averaged every H steps
-//   local_adaptive:<H0>      local SGD with ADACOMM's shrinking interval and an elastic pull to the last
-//   average
+//   ring                               SSGD (sync::synchronous): all-reduce sum of the gradient, ring as
+//                                      the meter charges it
+//   allgather                          SSGD as the CSSGD paper's baseline: every node gathers every node's
+//                                      gradient (data_parallel over coding::uncoded<by_all_gather>)
+//   topk:<method>:<density>            SSGD on top-k sparsified gradients with error feedback, sparse
+//                                      all-gather (data_parallel with top-k as its sparsifier);
+//                                      method: exact, radix, laplace_bisect, hierarchical, sampled
+//   cssgd:<r>[:xor|int32]              coded SSGD with redundancy r (data_parallel over coding::cssgd)
+//   local:<H>                          local SGD, models averaged every H steps
+//   local_adaptive:<H0>[:<pull>]       local SGD with ADACOMM's shrinking interval and an elastic pull to
+//                                      the last average
 //   partitioned[:<elements>[:<credit KiB>]]
-//                            SSGD through sync::partitioned: per-layer partitions exchanged while the
-//                            backward pass still runs (ByteScheduler / DDP buckets)
+//                                      SSGD through sync::partitioned: per-layer partitions exchanged while
+//                                      the backward pass still runs (ByteScheduler / DDP buckets)
+//
+// (asgd[:<j>] runs in trainer.hpp: a parameter server has no common step to put in this slot.)
 #pragma once
 
 #include "scheme.hpp"
 
-#include <commsgd/coding/cssgd.hpp>
+#include <commsgd/data_parallel.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/select.hpp>
-#include <commsgd/sparsify/exchange.hpp>
-#include <commsgd/sparsify/top_k.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/partitioned.hpp>
 #include <commsgd/sync/synchronous.hpp>
@@ -27,7 +30,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <optional>
+#include <istream>
+#include <numeric>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -77,117 +82,125 @@ private:
   std::vector<float> grad_;
 };
 
-template <class Comm>
-class ssgd_allgather final : public scheme<Comm> {
+// Any data_parallel composition in the slot: this rank computes the gradient of every block data_parallel
+// gives it, and data_parallel does the rest (exchange, sparsification, update). data_parallel applies lr
+// times the mean over all blocks of the block gradients, so each block's gradient is its loss sum divided
+// by batch / block_count: the mean over blocks is then the batch mean every other scheme applies, however
+// unevenly the batch splits into blocks.
+template <class Comm, class Dp>
+class composed final : public scheme<Comm> {
 public:
-  void step(Comm& comm, step_env& env) override {
+  composed(Comm& comm, std::size_t length, commsgd::data_parallel_options o)
+      : dp_(comm, length, std::move(o)) {}
+
+  // data_parallel::start() is not called: every rank builds the same initial model from the seed, and for
+  // these synchronous compositions start() would only broadcast it once more, traffic that the exchanges
+  // compared here have never been charged.
+  void step(Comm&, step_env& env) override {
+    if constexpr (requires { dp_.sparsifier().charge_to(&env); }) dp_.sparsifier().charge_to(&env);
     const std::size_t d = env.params.size();
-    grad_.resize(d);
-    all_.resize(d * static_cast<std::size_t>(env.size));
-    const auto [lo, hi] = share_of(env.batch, env.rank, env.size);
-    env.gradient(lo, hi - lo, grad_);
-    comm.all_gather(std::span<const float>(grad_), std::span<float>(all_));
-    // Summed in rank order on every rank, so the replicas stay bit-identical.
-    env.charged([&] {
-      std::fill(grad_.begin(), grad_.end(), 0.0f);
-      for (int r = 0; r < env.size; ++r)
-        for (std::size_t i = 0; i < d; ++i)
-          grad_[i] += all_[static_cast<std::size_t>(r) * d + i];
-    });
-    for (std::size_t i = 0; i < d; ++i)
-      env.params[i] -= env.lr * grad_[i];
-  }
-
-private:
-  std::vector<float> grad_, all_;
-};
-
-// SSGD on top-k sparsified gradients: sparsify::top_k keeps the error-feedback residual, and
-// sparsify::exchanger sums the ranks' (index, value) pairs, switching to a dense all-reduce when that moves
-// fewer bytes. The gradient stays scaled for the whole batch, so the sum is the step.
-template <class Comm, class Selector>
-class ssgd_top_k final : public scheme<Comm> {
-public:
-  ssgd_top_k(double density, Selector selector) : density_(density), prototype_(std::move(selector)) {}
-
-  void step(Comm& comm, step_env& env) override {
-    const std::size_t d = env.params.size();
-    if (!sparsifier_) {
-      commsgd::sparsify::top_k_options o;
-      o.density = density_;
-      sparsifier_.emplace(d, o, prototype_);
+    const auto sizes = dp_.block_sizes(env.batch);
+    offset_.assign(sizes.size() + 1, 0);
+    for (std::size_t q = 0; q < sizes.size(); ++q)
+      offset_[q + 1] = offset_[q] + sizes[q];
+    const auto mine = dp_.my_blocks();
+    const double scale = static_cast<double>(env.batch) / static_cast<double>(dp_.block_count());
+    blocks_.resize(mine.size());
+    views_.clear();
+    for (std::size_t j = 0; j < mine.size(); ++j) {
+      blocks_[j].resize(d);
+      env.gradient_by_layer(offset_[mine[j]], sizes[mine[j]], scale, blocks_[j], [](std::size_t) {});
+      views_.emplace_back(blocks_[j]);
     }
-    grad_.resize(d);
-    sum_.resize(d);
-    const auto [lo, hi] = share_of(env.batch, env.rank, env.size);
-    env.gradient(lo, hi - lo, grad_);
-    commsgd::sparsify::sparse_view<std::uint32_t> mine;
-    env.charged([&] { mine = sparsifier_->step(grad_); });
-    const auto report = exchanger_.sum(comm, mine, std::span<float>(sum_));
-    for (std::size_t i = 0; i < d; ++i)
-      env.params[i] -= env.lr * sum_[i];
-    sent_ += mine.size();
-    dense_ += report.dense;
+    dp_.step(env.params, commsgd::coding::block_gradients(views_));
+    clipped_ += dp_.last_coding().clipped;
+    const auto& sparse = dp_.last_sparse();
+    if (!sparse.counts.empty()) sent_ += sparse.counts[static_cast<std::size_t>(env.rank)];
+    dense_ += sparse.dense;
     ++steps_;
   }
 
   std::string note() const override {
     std::ostringstream s;
-    if (steps_ > 0) s << "pairs/step " << sent_ / steps_ << ", dense steps " << dense_;
+    if constexpr (requires { dp_.sparsifier(); }) {
+      if (steps_ > 0) s << "pairs/step " << sent_ / steps_ << ", dense steps " << dense_;
+    } else if constexpr (requires { dp_.coding().redundancy(); }) {
+      s << "r = " << dp_.coding().redundancy() << ", blocks " << dp_.block_count() << ", clipped "
+        << clipped_;
+    }
     return s.str();
   }
 
 private:
-  double density_;
-  Selector prototype_;
-  std::optional<commsgd::sparsify::top_k<Selector>> sparsifier_;
-  commsgd::sparsify::exchanger<> exchanger_;
-  std::vector<float> grad_, sum_;
+  Dp dp_;
+  std::vector<std::size_t> offset_;
+  std::vector<std::vector<float>> blocks_;
+  std::vector<std::span<const float>> views_;
+  std::uint64_t clipped_ = 0;
   std::size_t sent_ = 0, dense_ = 0, steps_ = 0;
 };
 
-// CSSGD (coding::cssgd): the batch is cut into C(n, r) blocks, this rank computes the gradients of the
-// blocks the assignment gives it (r/n of the batch) and the coded multicast exchange sums all of them.
-template <class Comm, class Combiner>
-class cssgd_scheme final : public scheme<Comm> {
+// top-k as data_parallel's sparsifier, with what the comparison needs on top of policy::top_k: each selector
+// runs on one thread (a rank stands for a node with its own core), and the time the sparsifier takes (the
+// error-feedback sum, the selection, the compaction) is charged as this rank's compute, as a node would
+// spend it. It is a policy defined outside commsgd: a tag and the traits specialised below.
+template <class Selector>
+struct charged_top_k {};
+
+template <class Sparsifier>
+class charged_sparsifier {
 public:
-  explicit cssgd_scheme(int r) : r_(r) {}
+  using message_type = typename Sparsifier::message_type;
+  static constexpr const char* name = Sparsifier::name;
 
-  void step(Comm& comm, step_env& env) override {
-    const std::size_t d = env.params.size();
-    if (!coder_) coder_.emplace(comm, r_);
-    const auto sizes = coder_->block_sizes(env.batch);
-    std::vector<std::size_t> offset(sizes.size() + 1, 0);
-    for (std::size_t q = 0; q < sizes.size(); ++q)
-      offset[q + 1] = offset[q] + sizes[q];
-    const auto mine = coder_->my_blocks();
-    blocks_.resize(mine.size());
-    views_.clear();
-    for (std::size_t j = 0; j < mine.size(); ++j) {
-      blocks_[j].resize(d);
-      env.gradient(offset[mine[j]], sizes[mine[j]], blocks_[j]);
-      views_.emplace_back(blocks_[j]);
-    }
-    sum_.resize(d);
-    clipped_ += coder_->exchange(views_, sum_).clipped;
-    for (std::size_t i = 0; i < d; ++i)
-      env.params[i] -= env.lr * sum_[i];
-  }
+  explicit charged_sparsifier(Sparsifier s) : inner_(std::move(s)) {}
 
-  std::string note() const override {
-    std::ostringstream s;
-    s << "r = " << r_ << ", blocks " << (coder_ ? coder_->block_count() : 0) << ", clipped " << clipped_;
-    return s.str();
+  std::size_t length() const noexcept { return inner_.length(); }
+  std::uint64_t steps() const noexcept { return inner_.steps(); }
+  message_type step(std::span<const float> g) {
+    message_type m;
+    if (env_)
+      env_->charged([&] { m = inner_.step(g); });
+    else
+      m = inner_.step(g);
+    return m;
   }
+  void save(std::ostream& os) const { inner_.save(os); }
+  void load(std::istream& is) { inner_.load(is); }
+
+  // Where the next steps' time goes: the trainer's step_env, which outlives the run.
+  void charge_to(const step_env* env) noexcept { env_ = env; }
 
 private:
-  int r_;
-  std::optional<commsgd::coding::cssgd<Combiner, Comm>> coder_;
-  std::vector<std::vector<float>> blocks_;
-  std::vector<std::span<const float>> views_;
-  std::vector<float> sum_;
-  std::uint64_t clipped_ = 0;
+  Sparsifier inner_;
+  const step_env* env_ = nullptr;
 };
+
+template <class Selector>
+Selector one_thread_selector() {
+  if constexpr (requires(typename Selector::options o) { o.parallel; }) {
+    typename Selector::options o;
+    o.parallel = commsgd::select::parallel_options{1, std::size_t{1} << 20};
+    return Selector{o};
+  } else {
+    return Selector{};
+  }
+}
+
+} // namespace fmnist
+
+template <class Selector>
+struct commsgd::policy::sparsifier_traits<fmnist::charged_top_k<Selector>> {
+  static constexpr bool dense_blocks = false;
+  using type = fmnist::charged_sparsifier<commsgd::sparsify::top_k<Selector>>;
+
+  template <class Options>
+  static type make(std::size_t length, const Options& o) {
+    return type(commsgd::sparsify::top_k<Selector>(length, o.top_k, fmnist::one_thread_selector<Selector>()));
+  }
+};
+
+namespace fmnist {
 
 // SSGD through sync::partitioned: the gradient is cut into partitions that never straddle a layer, and
 // each layer's partitions are handed to the exchange the moment backpropagation finishes that layer, so the
@@ -305,40 +318,42 @@ scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr,
   if (p[0] == "ring")
     return std::make_unique<sync_strategy<Comm, commsgd::sync::synchronous<Comm>>>(
         comm, commsgd::sync::synchronous_options{.lr = lr});
-  if (p[0] == "allgather") return std::make_unique<ssgd_allgather<Comm>>();
+  using commsgd::data_parallel;
+  namespace policy = commsgd::policy;
+  const commsgd::data_parallel_options base{.lr = lr};
+  const std::size_t length = std::accumulate(layer_sizes.begin(), layer_sizes.end(), std::size_t{0});
+  if (p[0] == "allgather")
+    return std::make_unique<composed<Comm, data_parallel<policy::uncoded<commsgd::coding::by_all_gather>,
+                                                         policy::dense, policy::synchronous, Comm>>>(
+        comm, length, base);
   if (p[0] == "topk") {
     const std::string method = arg(1, "exact");
     const double density = std::stod(arg(2, "0.01"));
-    // One thread per selection: each rank stands for a node with its own core.
-    commsgd::select::parallel_options one_thread{1, std::size_t{1} << 20};
-    auto make = [&](auto selector) -> scheme_ptr<Comm> {
-      return std::make_unique<ssgd_top_k<Comm, decltype(selector)>>(density, std::move(selector));
+    auto o = base;
+    o.top_k.density = density;
+    auto make = [&]<class Selector>() -> scheme_ptr<Comm> {
+      using dp = data_parallel<policy::uncoded<>, charged_top_k<Selector>, policy::synchronous, Comm>;
+      return std::make_unique<composed<Comm, dp>>(comm, length, o);
     };
-    if (method == "exact") return make(commsgd::select::exact{});
-    if (method == "radix") return make(commsgd::select::radix{});
-    if (method == "laplace_bisect") {
-      commsgd::select::laplace_bisect::options o;
-      o.parallel = one_thread;
-      return make(commsgd::select::laplace_bisect{o});
-    }
-    if (method == "hierarchical") {
-      commsgd::select::hierarchical::options o;
-      o.parallel = one_thread;
-      return make(commsgd::select::hierarchical{o});
-    }
-    if (method == "sampled") {
-      commsgd::select::sampled::options o;
-      o.parallel = one_thread;
-      return make(commsgd::select::sampled{o});
-    }
+    if (method == "exact") return make.template operator()<commsgd::select::exact>();
+    if (method == "radix") return make.template operator()<commsgd::select::radix>();
+    if (method == "laplace_bisect") return make.template operator()<commsgd::select::laplace_bisect>();
+    if (method == "hierarchical") return make.template operator()<commsgd::select::hierarchical>();
+    if (method == "sampled") return make.template operator()<commsgd::select::sampled>();
     throw commsgd::invalid_argument("argument 'scheme' = '" + spec + "': selection method '" + method +
                                     "' is not one of exact, radix, laplace_bisect, hierarchical, sampled");
   }
   if (p[0] == "cssgd") {
     const int r = std::stoi(arg(1, "2"));
     const std::string combiner = arg(2, "xor");
-    if (combiner == "xor") return std::make_unique<cssgd_scheme<Comm, commsgd::coding::xor_bits>>(r);
-    if (combiner == "int32") return std::make_unique<cssgd_scheme<Comm, commsgd::coding::int32_sum>>(r);
+    auto o = base;
+    o.redundancy = r;
+    auto make = [&]<class Combiner>() -> scheme_ptr<Comm> {
+      using dp = data_parallel<policy::cssgd<Combiner>, policy::dense, policy::synchronous, Comm>;
+      return std::make_unique<composed<Comm, dp>>(comm, length, o);
+    };
+    if (combiner == "xor") return make.template operator()<commsgd::coding::xor_bits>();
+    if (combiner == "int32") return make.template operator()<commsgd::coding::int32_sum>();
     throw commsgd::invalid_argument("argument 'scheme' = '" + spec + "': combiner '" + combiner +
                                     "' is not one of xor, int32");
   }
