@@ -166,26 +166,13 @@ template <coding::combiner Combiner = coding::xor_bits>
 struct cssgd {};
 
 template <class Combiner>
-struct coding_traits<cssgd<Combiner>> {
+struct coding_traits<cssgd<Combiner>> : codes_dense_blocks {
   template <comm::communicator C>
   using type = coding::cssgd<Combiner, C>;
 
   template <comm::communicator C, class Options>
   static type<C> make(C& c, std::size_t, const Options& o) {
     return type<C>(c, o.redundancy);
-  }
-
-  static constexpr bool plain = false;
-
-  template <class Sparsifier>
-  static consteval bool accepts() {
-    static_assert(
-        is_dense<Sparsifier>,
-        "commsgd::data_parallel<cssgd, Sparsifier, Sync>: coded exchange "
-        "combines equally shaped dense block gradients segment by segment, while a sparsifier "
-        "(top_k) leaves each rank a different sparse set, so there is nothing to code together; use "
-        "policy::uncoded<> with the sparsifier, or the coded scheme with policy::dense");
-    return true;
   }
 };
 

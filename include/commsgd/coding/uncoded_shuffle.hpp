@@ -107,26 +107,13 @@ namespace commsgd::inline v1::policy {
 struct uncoded_shuffle {};
 
 template <>
-struct coding_traits<uncoded_shuffle> {
+struct coding_traits<uncoded_shuffle> : codes_dense_blocks {
   template <comm::communicator C>
   using type = coding::uncoded_shuffle<C>;
 
   template <comm::communicator C, class Options>
   static type<C> make(C& c, std::size_t, const Options& o) {
     return type<C>(c, o.redundancy);
-  }
-
-  static constexpr bool plain = false;
-
-  template <class Sparsifier>
-  static consteval bool accepts() {
-    static_assert(
-        is_dense<Sparsifier>,
-        "commsgd::data_parallel<uncoded_shuffle, Sparsifier, Sync>: the shuffle sends "
-        "segments of equally shaped dense block gradients that r ranks hold, while a sparsifier "
-        "(top_k) leaves each rank a different sparse set, so there is nothing to code together; use "
-        "policy::uncoded<> with the sparsifier, or the shuffle with policy::dense");
-    return true;
   }
 };
 

@@ -13,23 +13,23 @@
 //   sparsifier_traits<P>  static constexpr bool dense_blocks;  true: the blocks reach the coding scheme as
 //                         they are; false: using type = <a sparsify::sparsifier>;
 //                         static type make(std::size_t length, const Options&); its messages are summed
-//                         by sparsify::exchanger over one block per rank (coding_traits<P>::plain)
+//                         by sparsify::exchanger, one per rank (so only a plain coding policy pairs)
 //   sync_traits<P>        template <class C> using type = <a sync::sync_strategy over C>;
 //                         static type<C> make(C&, std::size_t length, const Options&);
 //                         template <class Coding, class Sparsifier> static consteval bool accepts();
 //
 // Options is data_parallel_options, or a struct derived from it that adds the settings of a policy written
 // outside the library; it is a template parameter so that a policy's header need not include every other
-// policy's options, and so that such a policy reads its own fields. accepts() returns true or fails a static_assert whose message says
-// why the pair makes no sense: a C++20 static_assert message must be a literal, so the reason has to live in
-// the header of the policy that refuses. A sync strategy whose step takes a reducer (sync/reducer.hpp) sums
-// block gradients and so composes with any coding scheme and sparsifier; one that exchanges by itself takes
-// one gradient per rank (exchanges_by_itself below).
+// policy's options, and so that such a policy reads its own fields.
+//
+// accepts() returns true or fails a static_assert whose message says why the pair makes no sense: a C++20
+// static_assert message must be a literal, so the reason lives in the header of the policy that refuses. A
+// sync strategy whose step takes a reducer (sync/reducer.hpp) sums block gradients and so composes with any
+// coding scheme and sparsifier; one that exchanges by itself takes one gradient per rank. Rules that several
+// policies share live below (exchanges_by_itself, codes_dense_blocks) for their traits to inherit.
 #pragma once
 
 #include <commsgd/config.hpp>
-
-#include <type_traits>
 
 namespace commsgd::inline v1::policy {
 
@@ -77,9 +77,28 @@ struct exchanges_by_itself {
   }
 };
 
-namespace detail {
-template <class>
-inline constexpr bool dependent_false = false;
-} // namespace detail
+// The plain and accepts() of a coding scheme with redundancy, which combines or shuffles segments of the
+// dense block gradients that several ranks hold (cssgd, uncoded_shuffle).
+struct codes_dense_blocks {
+  static constexpr bool plain = false;
+
+  template <class Sparsifier>
+  static consteval bool accepts() {
+    static_assert(is_dense<Sparsifier>,
+                  "commsgd::data_parallel<cssgd or uncoded_shuffle, Sparsifier, Sync>: a coded (or shuffled) "
+                  "exchange combines equally shaped dense block gradients segment by segment, while a "
+                  "sparsifier (top_k) leaves each rank a different sparse set, so there is nothing to code "
+                  "together; use policy::uncoded<> with the sparsifier, or the coded scheme with "
+                  "policy::dense");
+    return true;
+  }
+};
+
+// A strategy's own options with data_parallel_options::lr put in: one learning rate for every strategy.
+template <class StrategyOptions>
+StrategyOptions with_lr(StrategyOptions so, float lr) {
+  so.lr = lr;
+  return so;
+}
 
 } // namespace commsgd::inline v1::policy

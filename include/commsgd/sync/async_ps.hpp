@@ -471,9 +471,7 @@ struct sync_traits<async_ps> : exchanges_by_itself {
   // Options::async_ps with its lr replaced by Options::lr.
   template <comm::communicator C, class Options>
   static type<C> make(C& c, std::size_t, const Options& o) {
-    auto so = o.async_ps;
-    so.lr = o.lr;
-    return type<C>(c, so);
+    return type<C>(c, with_lr(o.async_ps, o.lr));
   }
 };
 

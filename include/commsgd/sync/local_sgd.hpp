@@ -208,9 +208,7 @@ struct sync_traits<local_sgd> : exchanges_by_itself {
   // Options::local_sgd with its lr replaced by Options::lr.
   template <comm::communicator C, class Options>
   static type<C> make(C& c, std::size_t, const Options& o) {
-    auto so = o.local_sgd;
-    so.lr = o.lr;
-    return type<C>(c, so);
+    return type<C>(c, with_lr(o.local_sgd, o.lr));
   }
 };
 

@@ -372,9 +372,8 @@ struct sync_traits<partitioned> : exchanges_by_itself {
   // Options::partitioned with its lr replaced by Options::lr; Options::layer_sizes, or one layer.
   template <comm::communicator C, class Options>
   static type<C> make(C& c, std::size_t length, const Options& o) {
-    auto so = o.partitioned;
-    so.lr = o.lr;
-    return type<C>(c, o.layer_sizes.empty() ? std::vector<std::size_t>{length} : o.layer_sizes, so);
+    return type<C>(c, o.layer_sizes.empty() ? std::vector<std::size_t>{length} : o.layer_sizes,
+                   with_lr(o.partitioned, o.lr));
   }
 };
 
