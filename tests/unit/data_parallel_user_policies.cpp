@@ -117,9 +117,14 @@ private:
 constexpr float threshold = 0.05f;
 constexpr float mu = 0.5f;
 
-// The policy tags, as a user's own header would declare them.
+// The policy tags, as a user's own header would declare them, and their settings: data_parallel hands a
+// struct derived from data_parallel_options to every policy's traits whole.
 struct threshold_policy {};
 struct heavy_ball_policy {};
+struct options : data_parallel_options {
+  float threshold = user::threshold;
+  float mu = user::mu;
+};
 
 } // namespace user
 
@@ -127,19 +132,16 @@ template <>
 struct commsgd::policy::sparsifier_traits<user::threshold_policy> {
   static constexpr bool dense_blocks = false;
   using type = user::threshold_sparsifier;
-  template <class Options>
-  static type make(std::size_t length, const Options&) {
-    return type(length, user::threshold);
-  }
+  static type make(std::size_t length, const user::options& o) { return type(length, o.threshold); }
 };
 
 template <>
 struct commsgd::policy::sync_traits<user::heavy_ball_policy> {
   template <comm::communicator C>
   using type = user::heavy_ball<C>;
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, o.lr, user::mu);
+  template <comm::communicator C>
+  static type<C> make(C& c, std::size_t, const user::options& o) {
+    return type<C>(c, o.lr, o.mu);
   }
   template <class Coding, class Sparsifier>
   static consteval bool accepts() {
@@ -163,7 +165,7 @@ toy::rows block_rows(const std::vector<std::size_t>& sizes, std::size_t q, int t
 // Trains every rank through Dp; returns every rank's final model and rank 0's count of sparsifier steps
 // where there is a sparsifier.
 template <class Dp>
-std::vector<std::vector<float>> train(int n, data_parallel_options o) {
+std::vector<std::vector<float>> train(int n, const user::options& o) {
   std::vector<std::vector<float>> finals(static_cast<std::size_t>(n));
   local_group(n).run([&](local& c) {
     Dp dp(c, problem.dim(), o);
@@ -224,8 +226,14 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-data_parallel_options sparse_options(float lr) {
-  data_parallel_options o{.lr = lr};
+user::options with_lr(float lr) {
+  user::options o;
+  o.lr = lr;
+  return o;
+}
+
+user::options sparse_options(float lr) {
+  user::options o = with_lr(lr);
   o.sparse_exchange.path = cost::sparse_path::sparse; // the replay sums pairs, as the sparse path does
   return o;
 }
@@ -251,13 +259,22 @@ TEST_CASE("a user sync strategy composes with every coding scheme and with top_k
     for (int n : {1, 3}) {
       CAPTURE(n);
       const auto got =
-          train<data_parallel<policy::uncoded<>, policy::dense, user::heavy_ball_policy>>(n, {.lr = 0.02f});
+          train<data_parallel<policy::uncoded<>, policy::dense, user::heavy_ball_policy>>(n, with_lr(0.02f));
       for (const auto& x : got)
         CHECK(same_bits(x, replay(n, 0.02f, false, true)));
     }
+    // The strategy's own setting travels in the derived options: no momentum is plain SGD.
+    user::options no_momentum = with_lr(0.02f);
+    no_momentum.mu = 0.0f;
+    const auto sgd =
+        train<data_parallel<policy::uncoded<>, policy::dense, user::heavy_ball_policy>>(3, no_momentum);
+    const auto want = replay(3, 0.02f, false, false);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      CHECK(sgd[0][i] == want[i]);
   }
   SUBCASE("cssgd and the uncoded shuffle of the same assignment agree bit for bit, and both converge") {
-    const data_parallel_options o{.lr = 0.05f, .redundancy = 2};
+    user::options o = with_lr(0.05f);
+    o.redundancy = 2;
     const auto coded =
         train<data_parallel<policy::cssgd<coding::xor_bits>, policy::dense, user::heavy_ball_policy>>(4, o);
     const auto shuffled =
@@ -269,12 +286,12 @@ TEST_CASE("a user sync strategy composes with every coding scheme and with top_k
     CHECK(problem.loss(coded[0]) < 0.1 * start);
   }
   SUBCASE("top_k at density 1 sends everything, so it equals the dense composition's update") {
-    data_parallel_options o = sparse_options(0.02f);
+    user::options o = sparse_options(0.02f);
     o.top_k.density = 1.0;
     const auto sparse =
         train<data_parallel<policy::uncoded<>, policy::top_k<select::exact>, user::heavy_ball_policy>>(3, o);
     const auto dense =
-        train<data_parallel<policy::uncoded<>, policy::dense, user::heavy_ball_policy>>(3, {.lr = 0.02f});
+        train<data_parallel<policy::uncoded<>, policy::dense, user::heavy_ball_policy>>(3, with_lr(0.02f));
     // The sparse sum starts from +0, the ring from rank 0's value: equal up to the sign of an exact zero.
     for (std::size_t i = 0; i < dense[0].size(); ++i)
       CHECK(sparse[0][i] == dense[0][i]);
