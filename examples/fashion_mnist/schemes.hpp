@@ -30,9 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <istream>
 #include <numeric>
-#include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -148,31 +146,23 @@ template <class Selector>
 struct charged_top_k {};
 
 template <class Sparsifier>
-class charged_sparsifier {
+class charged_sparsifier : public Sparsifier {
 public:
-  using message_type = typename Sparsifier::message_type;
-  static constexpr const char* name = Sparsifier::name;
+  using Sparsifier::Sparsifier;
 
-  explicit charged_sparsifier(Sparsifier s) : inner_(std::move(s)) {}
-
-  std::size_t length() const noexcept { return inner_.length(); }
-  std::uint64_t steps() const noexcept { return inner_.steps(); }
-  message_type step(std::span<const float> g) {
-    message_type m;
+  typename Sparsifier::message_type step(std::span<const float> g) {
+    typename Sparsifier::message_type m;
     if (env_)
-      env_->charged([&] { m = inner_.step(g); });
+      env_->charged([&] { m = Sparsifier::step(g); });
     else
-      m = inner_.step(g);
+      m = Sparsifier::step(g);
     return m;
   }
-  void save(std::ostream& os) const { inner_.save(os); }
-  void load(std::istream& is) { inner_.load(is); }
 
   // Where the next steps' time goes: the trainer's step_env, which outlives the run.
   void charge_to(const step_env* env) noexcept { env_ = env; }
 
 private:
-  Sparsifier inner_;
   const step_env* env_ = nullptr;
 };
 
@@ -196,7 +186,7 @@ struct commsgd::policy::sparsifier_traits<fmnist::charged_top_k<Selector>> {
 
   template <class Options>
   static type make(std::size_t length, const Options& o) {
-    return type(commsgd::sparsify::top_k<Selector>(length, o.top_k, fmnist::one_thread_selector<Selector>()));
+    return type(length, o.top_k, fmnist::one_thread_selector<Selector>());
   }
 };
 
