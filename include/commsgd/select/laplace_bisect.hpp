@@ -1,11 +1,19 @@
 // laplace_bisect (seed 001): estimate the threshold from a Laplace fit, then correct it on the true counts.
 //
-// t0 = b ln(N / k) with b = mean |x - mu| (mu = 0, or a median estimate). Real gradients are heavier-tailed
-// than Laplace, so instead of bisecting one threshold per pass, each pass counts 512 candidate thresholds at
-// once (a histogram of magnitude keys in a window that brackets t0 wide) and keeps the tightest bracket
-// [L, H) around the k-th largest key. Usually one histogram pass either lands within tolerance or leaves a
-// bracket small enough to collect and finish exactly in a second pass. Warm start: training thresholds move
-// slowly, so a narrow window around the previous call's answer usually settles it in one pass.
+// Cold start: t0 = b ln(N / k) with b = mean |x - mu| (mu = 0, or a median estimate). Real gradients are
+// heavier-tailed than Laplace, so instead of bisecting one threshold per pass, each pass counts 512
+// candidate thresholds at once (a histogram of magnitude keys in a window that brackets t0 wide) and keeps
+// the tightest bracket [L, H) around the k-th largest key. Usually one histogram pass either lands within
+// tolerance or leaves a bracket small enough to collect and finish exactly in a second pass.
+//
+// Warm start (the previous call's threshold t is known): in training the selector sees p = g + e, and the
+// error-feedback residuals e grow until they cross t, so mass piles up just below it and the threshold
+// drifts by a few per cent per step. One pass collects every key at or above a floor t (1 - margin), the
+// margin twice the larger of the last two relative moves plus 1 % (2 % to 25 %), raising the floor on the
+// way once the held keys exceed a few k (detail::collect_top); the exact k-th largest of what it holds
+// finishes the call. A rise of the threshold never misses. A fall below the floor widens the band: one
+// octave below the floor, then down to key 0, each pass collecting only the new band while the keys
+// already held count as above it; so at most 3 passes, 2 for any fall within an octave.
 #pragma once
 
 #include <commsgd/config.hpp>
@@ -64,8 +72,12 @@ public:
       throw invalid_argument(commsgd::detail::concat("laplace_bisect state threshold = ", s.threshold,
                                                      " is outside the allowed range [0, +inf)"));
     state_ = s;
+    moves_[0] = moves_[1] = -1.0;
   }
-  void reset() noexcept { state_ = state{}; }
+  void reset() noexcept {
+    state_ = state{};
+    moves_[0] = moves_[1] = -1.0;
+  }
 
   // Passes over x made by the last call (the scale sample counts as none): what warm start saves.
   unsigned last_passes() const noexcept { return passes_; }
@@ -83,7 +95,14 @@ public:
       return k == 0 ? threshold{} : detail::all_result(x);
     }
     const threshold r = search(x, k);
-    if (opt_.warm_start) state_.threshold = r.value;
+    if (opt_.warm_start) {
+      const float before = state_.threshold;
+      moves_[1] = moves_[0];
+      moves_[0] = before > 0.0f && r.value > 0.0f
+                      ? std::fabs(static_cast<double>(r.value) / static_cast<double>(before) - 1.0)
+                      : -1.0;
+      state_.threshold = r.value;
+    }
     return r;
   }
 
@@ -182,13 +201,49 @@ private:
     return threshold{key_magnitude(key), above, equal};
   }
 
+  // Relative distance of the warm floor below the previous threshold: twice the larger of the last two
+  // relative moves plus 1 %, in [2 %, 25 %]; 5 % when fewer than two moves are known.
+  double warm_margin() const {
+    if (moves_[0] < 0.0 || moves_[1] < 0.0) return 0.05;
+    return std::clamp(2.0 * std::max(moves_[0], moves_[1]) + 0.01, 0.02, 0.25);
+  }
+
+  threshold warm_search(std::span<const float> x, std::size_t k, std::size_t limit) {
+    const std::uint32_t top = magnitude_key(state_.threshold);
+    const float floor_value =
+        static_cast<float>(static_cast<double>(state_.threshold) * (1.0 - warm_margin()));
+    std::uint32_t lo = std::min(magnitude_key(floor_value), top);
+    std::uint32_t hi = 0x80000000u; // every key, non-finite ones included
+    std::size_t above = 0;          // keys >= hi, all above the answer
+    // Enough room that a floor rise is rare at the margin's usual width, small enough to stay in cache.
+    const std::size_t cap = std::max<std::size_t>(4 * k, std::size_t{1} << 14);
+    for (unsigned miss = 0;; ++miss) {
+      detail::collect_top(x, lo, hi, k - above, cap, opt_.parallel, bufs_, cand_);
+      ++passes_;
+      if (hi == 0x80000000u && !cand_.empty() &&
+          *std::max_element(cand_.begin(), cand_.end()) >= infinite_key)
+        check_finite(x);
+      if (cand_.size() >= k - above) {
+        const detail::finish f = detail::finish_among(cand_, above, k);
+        return settle(f.key, f.above, f.equal, k, limit);
+      }
+      // The answer lies below lo: what was held is all of [lo, hi).
+      above += cand_.size();
+      hi = lo;
+      // One octave, then everything: a pass from key 0 costs little more, its floor rises within the
+      // first few thousand keys.
+      const std::uint64_t drop = std::uint64_t{1} << key_octave_shift;
+      lo = miss > 0 || drop >= lo ? 0u : static_cast<std::uint32_t>(lo - drop);
+    }
+  }
+
   threshold search(std::span<const float> x, std::size_t k) {
     const std::size_t n = x.size();
     const std::size_t limit = opt_.trim ? k : count_limit(k, opt_.tol);
 
     key_window w;
     if (opt_.warm_start && state_.threshold > 0.0f) {
-      w = warm_window(state_.threshold);
+      return warm_search(x, k, limit);
     } else {
       const float mu = opt_.center == location::sample_median ? median_estimate(x) : 0.0f;
       const double b = scale(x, mu);
@@ -266,6 +321,9 @@ private:
   bool scaled_whole_ = false;         // the last scale() read all of x (one full pass)
   unsigned passes_ = 0;
   float estimate_ = 0.0f;
+  double moves_[2] = {-1.0, -1.0}; // relative moves of the threshold over the last two calls (-1: unknown)
+  std::vector<std::vector<std::uint32_t>> bufs_; // warm pass scratch, one per chunk
+  std::vector<std::uint32_t> cand_;              // warm pass candidates
 };
 
 static_assert(selector<laplace_bisect>);
