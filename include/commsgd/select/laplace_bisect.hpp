@@ -8,12 +8,14 @@
 //
 // Warm start (the previous call's threshold t is known): in training the selector sees p = g + e, and the
 // error-feedback residuals e grow until they cross t, so mass piles up just below it and the threshold
-// drifts by a few per cent per step. One pass collects every key at or above a floor t (1 - margin), the
-// margin twice the larger of the last two relative moves plus 1 % (2 % to 25 %), raising the floor on the
-// way once the held keys exceed a few k (detail::collect_top); the exact k-th largest of what it holds
-// finishes the call. A rise of the threshold never misses. A fall below the floor widens the band: one
-// octave below the floor, then down to key 0, each pass collecting only the new band while the keys
-// already held count as above it; so at most 3 passes, 2 for any fall within an octave.
+// drifts by a few per cent per step, often steadily. The next threshold is predicted (no move, or the
+// last move repeated, whichever erred less lately) and one pass collects every key at or above a floor a
+// margin below the prediction, the margin sized from the recent prediction errors; the floor rises on the
+// way whenever the held keys pass about 2k (detail::collect_top), and the exact k-th largest of what it
+// holds finishes the call. A threshold above the floor never misses. One below it widens the band
+// geometrically: a margin eight times as wide and at least a half, then everything below, each pass
+// collecting only the new band while the keys already held count as above it; so at most 3 passes, and
+// 2 for a fall of up to a half.
 #pragma once
 
 #include <commsgd/config.hpp>
@@ -72,11 +74,11 @@ public:
       throw invalid_argument(commsgd::detail::concat("laplace_bisect state threshold = ", s.threshold,
                                                      " is outside the allowed range [0, +inf)"));
     state_ = s;
-    moves_[0] = moves_[1] = -1.0;
+    track_ = tracker{};
   }
   void reset() noexcept {
     state_ = state{};
-    moves_[0] = moves_[1] = -1.0;
+    track_ = tracker{};
   }
 
   // Passes over x made by the last call (the scale sample counts as none): what warm start saves.
@@ -96,11 +98,7 @@ public:
     }
     const threshold r = search(x, k);
     if (opt_.warm_start) {
-      const float before = state_.threshold;
-      moves_[1] = moves_[0];
-      moves_[0] = before > 0.0f && r.value > 0.0f
-                      ? std::fabs(static_cast<double>(r.value) / static_cast<double>(before) - 1.0)
-                      : -1.0;
+      track_.record(state_.threshold, r.value);
       state_.threshold = r.value;
     }
     return r;
@@ -201,39 +199,71 @@ private:
     return threshold{key_magnitude(key), above, equal};
   }
 
-  // Relative distance of the warm floor below the previous threshold: twice the larger of the last two
-  // relative moves plus 1 %, in [2 %, 25 %]; 5 % when fewer than two moves are known.
-  double warm_margin() const {
-    if (moves_[0] < 0.0 || moves_[1] < 0.0) return 0.05;
-    return std::clamp(2.0 * std::max(moves_[0], moves_[1]) + 0.01, 0.02, 0.25);
-  }
+  // Where the warm start expects the next threshold and how far below it to start collecting. Two
+  // predictors: no move (the last threshold), and the last move repeated (residuals that keep growing make
+  // the threshold fall steadily). Each call scores both on what it found; the next one uses the predictor
+  // whose last two relative errors are smaller, with a margin of twice the larger of them plus 0.5 %, in
+  // [1 %, 25 %]. Until both have two errors: no move, 5 %. Kept out of the saved state: a restore starts
+  // from the default margin.
+  struct tracker {
+    float last = 0.0f, before = 0.0f;                  // the last two thresholds (0: unknown)
+    double error[2][2] = {{-1.0, -1.0}, {-1.0, -1.0}}; // [predictor][age]: |found / predicted - 1|
+
+    double predict(int which) const {
+      if (which == 0 || before <= 0.0f) return last;
+      const double trend = std::clamp(static_cast<double>(last) / static_cast<double>(before), 0.5, 2.0);
+      return static_cast<double>(last) * trend;
+    }
+    double worst(int which) const { return std::max(error[which][0], error[which][1]); }
+    bool scored() const { return error[0][1] >= 0.0 && error[1][1] >= 0.0; }
+    int best() const { return scored() && worst(1) < worst(0) ? 1 : 0; }
+    double margin() const { return scored() ? std::clamp(2.0 * worst(best()) + 0.005, 0.01, 0.25) : 0.05; }
+
+    // A call found `now` where the previous one had found `previous` (0: it started cold or was restored).
+    void record(float previous, float now) {
+      if (previous <= 0.0f || previous != last || now <= 0.0f) {
+        *this = tracker{};
+        last = now;
+        return;
+      }
+      for (int w = 0; w < 2; ++w) {
+        error[w][1] = error[w][0];
+        error[w][0] = std::fabs(static_cast<double>(now) / predict(w) - 1.0);
+      }
+      before = last;
+      last = now;
+    }
+  };
 
   threshold warm_search(std::span<const float> x, std::size_t k, std::size_t limit) {
-    const std::uint32_t top = magnitude_key(state_.threshold);
-    const float floor_value =
-        static_cast<float>(static_cast<double>(state_.threshold) * (1.0 - warm_margin()));
-    std::uint32_t lo = std::min(magnitude_key(floor_value), top);
+    // A restored state has no history: predict no move from it.
+    const double guess = track_.last == state_.threshold ? track_.predict(track_.best()) : state_.threshold;
+    const double margin = track_.last == state_.threshold ? track_.margin() : 0.05;
+    auto floor_at = [&](double m) {
+      const float v = static_cast<float>(guess * (1.0 - m));
+      return v > 0.0f ? std::min(magnitude_key(v), infinite_key) : 0u;
+    };
+    std::uint32_t lo = floor_at(margin);
     std::uint32_t hi = 0x80000000u; // every key, non-finite ones included
     std::size_t above = 0;          // keys >= hi, all above the answer
-    // Enough room that a floor rise is rare at the margin's usual width, small enough to stay in cache.
-    const std::size_t cap = std::max<std::size_t>(4 * k, std::size_t{1} << 14);
     for (unsigned miss = 0;; ++miss) {
-      detail::collect_top(x, lo, hi, k - above, cap, opt_.parallel, bufs_, cand_);
+      // Room for twice the keys still wanted: the floor rises early when far more reach it (a wide band
+      // after a miss), and rarely at the usual margin.
+      const std::size_t r = k - above;
+      detail::collect_top(x, lo, hi, r, 2 * r + 1024, opt_.parallel, bufs_, cand_);
       ++passes_;
       if (hi == 0x80000000u && !cand_.empty() &&
           *std::max_element(cand_.begin(), cand_.end()) >= infinite_key)
         check_finite(x);
-      if (cand_.size() >= k - above) {
+      if (cand_.size() >= r) {
         const detail::finish f = detail::finish_among(cand_, above, k);
         return settle(f.key, f.above, f.equal, k, limit);
       }
-      // The answer lies below lo: what was held is all of [lo, hi).
+      // The answer lies below lo, and what was held is all of [lo, hi). Widen geometrically: a margin
+      // eight times as wide and at least a half (an octave), then everything below.
       above += cand_.size();
       hi = lo;
-      // One octave, then everything: a pass from key 0 costs little more, its floor rises within the
-      // first few thousand keys.
-      const std::uint64_t drop = std::uint64_t{1} << key_octave_shift;
-      lo = miss > 0 || drop >= lo ? 0u : static_cast<std::uint32_t>(lo - drop);
+      lo = miss == 0 ? std::min(floor_at(std::max(8.0 * margin, 0.5)), hi - 1u) : 0u;
     }
   }
 
@@ -321,7 +351,7 @@ private:
   bool scaled_whole_ = false;         // the last scale() read all of x (one full pass)
   unsigned passes_ = 0;
   float estimate_ = 0.0f;
-  double moves_[2] = {-1.0, -1.0}; // relative moves of the threshold over the last two calls (-1: unknown)
+  tracker track_{};
   std::vector<std::vector<std::uint32_t>> bufs_; // warm pass scratch, one per chunk
   std::vector<std::uint32_t> cand_;              // warm pass candidates
 };
