@@ -235,6 +235,41 @@ private:
     }
   };
 
+  // The scale sample of a cold call (64 pieces, a few per mille of a large x) read to check a warm floor:
+  // when it puts the floor far above the threshold (a miss: a second pass) or far below it (many times the
+  // keys to collect), the floor becomes the cold call's bound, the sample key with about twice the
+  // expected share of k above it. So a warm call whose state is off costs what a cold call costs, and the
+  // check costs a count over the sample. Inputs too small to sample, or k too small for the sample to
+  // tell, keep the floor.
+  std::uint32_t sample_check(std::span<const float> x, std::size_t k, std::uint32_t floor) {
+    const std::size_t n = x.size();
+    const std::size_t want = opt_.scale_sample, pieces = 64;
+    const std::size_t len = std::max<std::size_t>(want / pieces, detail::block);
+    if (want == 0 || n <= 4 * want || n < pieces * len) return floor;
+    const double share = static_cast<double>(k) * static_cast<double>(pieces * len) / static_cast<double>(n);
+    if (share < 16.0) return floor;
+    auto start = [&](std::size_t p) { return (n - len) / (pieces - 1) * p; };
+    std::size_t reach = 0;
+    for (std::size_t p = 0; p < pieces; ++p) {
+      const float* q = x.data() + start(p);
+      std::uint32_t c = 0; // a plain count, so that it vectorises
+      for (std::size_t i = 0; i < len; ++i)
+        c += detail::key_at(q + i) >= floor;
+      reach += c;
+    }
+    const std::size_t m = std::min(
+        pieces * len, static_cast<std::size_t>(std::ceil(2.0 * share + 4.0 * std::sqrt(share) + 8.0)));
+    const double c = static_cast<double>(reach);
+    if (c >= share - 3.0 * std::sqrt(share) && c <= 1.5 * static_cast<double>(m)) return floor;
+    sample_.clear();
+    for (std::size_t p = 0; p < pieces; ++p)
+      for (std::size_t i = start(p); i < start(p) + len; ++i)
+        sample_.push_back(magnitude_key(x[i]));
+    const std::uint32_t bound = detail::radix_select_keys(sample_, m).key;
+    sample_.clear();
+    return std::min(bound, infinite_key);
+  }
+
   threshold warm_search(std::span<const float> x, std::size_t k, std::size_t limit) {
     // A restored state has no history: predict no move from it.
     const double guess = track_.last == state_.threshold ? track_.predict(track_.best()) : state_.threshold;
@@ -243,7 +278,7 @@ private:
       const float v = static_cast<float>(guess * (1.0 - m));
       return v > 0.0f ? std::min(magnitude_key(v), infinite_key) : 0u;
     };
-    std::uint32_t lo = floor_at(margin);
+    std::uint32_t lo = sample_check(x, k, floor_at(margin));
     std::uint32_t hi = 0x80000000u; // every key, non-finite ones included
     std::size_t above = 0;          // keys >= hi, all above the answer
     for (unsigned miss = 0;; ++miss) {
