@@ -202,8 +202,8 @@ private:
   // Where the warm start expects the next threshold and how far below it to start collecting. Two
   // predictors: no move (the last threshold), and the last move repeated (residuals that keep growing make
   // the threshold fall steadily). Each call scores both on what it found; the next one uses the predictor
-  // whose last two relative errors are smaller, with a margin of twice the larger of them plus 0.5 %, in
-  // [1 %, 25 %]. Until both have two errors: no move, 5 %. Kept out of the saved state: a restore starts
+  // whose last two relative errors are smaller, with a margin of twice the larger of them plus 0.25 %, in
+  // [0.5 %, 25 %]. Until both have two errors: no move, 5 %. Kept out of the saved state: a restore starts
   // from the default margin.
   struct tracker {
     float last = 0.0f, before = 0.0f;                  // the last two thresholds (0: unknown)
@@ -217,7 +217,7 @@ private:
     double worst(int which) const { return std::max(error[which][0], error[which][1]); }
     bool scored() const { return error[0][1] >= 0.0 && error[1][1] >= 0.0; }
     int best() const { return scored() && worst(1) < worst(0) ? 1 : 0; }
-    double margin() const { return scored() ? std::clamp(2.0 * worst(best()) + 0.005, 0.01, 0.25) : 0.05; }
+    double margin() const { return scored() ? std::clamp(2.0 * worst(best()) + 0.0025, 0.005, 0.25) : 0.05; }
 
     // A call found `now` where the previous one had found `previous` (0: it started cold or was restored).
     void record(float previous, float now) {
