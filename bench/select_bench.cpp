@@ -5,7 +5,7 @@
 //   select_bench --benchmark_filter='select/(nth_element|floor|radix|laplace_bisect)/laplace/16777216/0.001'
 // Data is generated lazily for the cases the filter keeps. COMMSGD_REAL_GRADIENT names a raw little-endian
 // float32 file that adds the distribution `real`. Every method runs on one thread, like the anchors.
-// Counter count_over_k: the achieved count / k (1 for the exact methods).
+// Counters count_over_k: the achieved count / k (1 for the exact methods); passes_per_call (laplace_bisect).
 //
 // Sequence mode, --sequence=DIR (repeatable): DIR holds consecutive accumulators of a training run, as
 // examples/fashion_mnist --dump-accumulators writes them (manifest.txt + raw float32 files). Each benchmark
@@ -14,9 +14,10 @@
 // Counters: ms_per_call (median over sweeps of the mean per call, CPU time of the calling thread: for the
 // *_t2 variants, which run on two threads, that is its own chunk plus the serial parts, the time the call
 // takes when each thread has a core of its own), wall_ms_per_call (the same on the wall clock),
-// passes_per_call (laplace_bisect), count_over_k (mean) and max_count_over_k. Names: sequence/<method>/<DIR's last component>/<N>/<density>. The methods
-// laplace_bisect_from_0.8x and _from_1.2x of the synthetic grid restore a state 0.8 or 1.2 times the true
-// threshold before every call: how the warm start copes with a threshold that moved by 20 %.
+// passes_per_call (laplace_bisect), count_over_k (mean) and max_count_over_k. Names:
+// sequence/<method>/<DIR's last component>/<N>/<density>; --sweeps=S sets the sweeps (default 5).
+// The methods laplace_bisect_from_0.8x and _from_1.2x of the synthetic grid restore a state 0.8 or 1.2
+// times the true threshold before every call: how the warm start copes with a threshold that moved by 20 %.
 #include "../tests/unit/select_data.hpp"
 
 #include <commsgd/select/select.hpp>

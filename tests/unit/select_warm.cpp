@@ -34,8 +34,7 @@ sel::laplace_bisect::options warm_opts(bool trim, unsigned threads = 1) {
 }
 
 // Error-feedback accumulators p = g + e: what top-k training feeds its selector. The residual e keeps
-// every unsent entry, so mass piles up just below each step's threshold. The gradient's scale follows
-// `scales`, which moves the threshold by about as much.
+// every unsent entry, so mass piles up just below each step's threshold.
 struct feedback {
   std::vector<float> residual;
   std::mt19937_64 rng;

@@ -12,8 +12,10 @@
 // last move repeated, whichever erred less lately) and one pass collects every key at or above a floor a
 // margin below the prediction, the margin sized from the recent prediction errors; the floor rises on the
 // way whenever the held keys pass about 2k (detail::collect_top), and the exact k-th largest of what it
-// holds finishes the call. A threshold above the floor never misses. One below it widens the band
-// geometrically: a margin eight times as wide and at least a half, then everything below, each pass
+// holds finishes the call. On a large x the cold call's scale sample is counted above the floor first;
+// where it says the floor is far off either way, the cold call's bound replaces it, so a state that no
+// longer fits costs what a cold call costs. A threshold above the floor never misses. One below it widens the
+// band geometrically: a margin eight times as wide and at least a half, then everything below, each pass
 // collecting only the new band while the keys already held count as above it; so at most 3 passes, and
 // 2 for a fall of up to a half.
 #pragma once
