@@ -162,3 +162,26 @@ TEST_CASE("warm path refuses non-finite input like a cold call") {
   l.restore({1e6f});
   CHECK_THROWS_AS(l.select(x, 10), commsgd::non_finite);
 }
+
+TEST_CASE("a warm start whose sample overstates the tail still finishes exactly") {
+  // The 64 sampled pieces hold the largest values and everything else is small, so the sample's bound
+  // lies above the true threshold: the pass from it misses, and the next takes everything below.
+  const std::size_t n = std::size_t{1} << 20, len = 1024, pieces = 64;
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i)
+    x[i] = 1.0f + static_cast<float>(i % 997) * 1e-4f;
+  std::size_t j = 0;
+  for (std::size_t p = 0; p < pieces; ++p)
+    for (std::size_t i = (n - len) / (pieces - 1) * p; i < (n - len) / (pieces - 1) * p + len; ++i)
+      x[i] = (j++ % 2 ? -2.0f : 2.0f) + static_cast<float>(j) * 1e-5f;
+  for (std::size_t k : {std::size_t{10486}, std::size_t{70000}}) {
+    CAPTURE(k);
+    const sel::threshold ref = select_data::reference(x, k);
+    for (float state : {1e6f, 1e-6f}) {
+      sel::laplace_bisect l(warm_opts(true));
+      l.restore({state});
+      CHECK(l.select(x, k) == ref);
+      CHECK(l.last_passes() <= 2);
+    }
+  }
+}

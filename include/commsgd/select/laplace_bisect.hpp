@@ -297,10 +297,12 @@ private:
         return settle(f.key, f.above, f.equal, k, limit);
       }
       // The answer lies below lo, and what was held is all of [lo, hi). Widen geometrically: a margin
-      // eight times as wide and at least a half (an octave), then everything below.
+      // eight times as wide and at least a half (an octave), then everything below; straight to everything
+      // when the sample's bound already lay below that.
       above += cand_.size();
       hi = lo;
-      lo = miss == 0 ? std::min(floor_at(std::max(8.0 * margin, 0.5)), hi - 1u) : 0u;
+      const std::uint32_t wider = floor_at(std::max(8.0 * margin, 0.5));
+      lo = miss == 0 && wider < hi ? wider : 0u;
     }
   }
 
