@@ -5,7 +5,19 @@
 //   select_bench --benchmark_filter='select/(nth_element|floor|radix|laplace_bisect)/laplace/16777216/0.001'
 // Data is generated lazily for the cases the filter keeps. COMMSGD_REAL_GRADIENT names a raw little-endian
 // float32 file that adds the distribution `real`. Every method runs on one thread, like the anchors.
-// Counter count_over_k: the achieved count / k (1 for the exact methods).
+// Counters count_over_k: the achieved count / k (1 for the exact methods); passes_per_call (laplace_bisect).
+//
+// Sequence mode, --sequence=DIR (repeatable): DIR holds consecutive accumulators of a training run, as
+// examples/fashion_mnist --dump-accumulators writes them (manifest.txt + raw float32 files). Each benchmark
+// iteration is one sweep: every method is called once per step in order, so a warm start sees the true
+// drift; the first step of a sweep only primes the method (untimed), the other calls are timed one by one.
+// Counters: ms_per_call (median over sweeps of the mean per call, CPU time of the calling thread: for the
+// *_t2 variants, which run on two threads, that is its own chunk plus the serial parts, the time the call
+// takes when each thread has a core of its own), wall_ms_per_call (the same on the wall clock),
+// passes_per_call (laplace_bisect), count_over_k (mean) and max_count_over_k. Names:
+// sequence/<method>/<DIR's last component>/<N>/<density>; --sweeps=S sets the sweeps (default 5).
+// The methods laplace_bisect_from_0.8x and _from_1.2x of the synthetic grid restore a state 0.8 or 1.2
+// times the true threshold before every call: how the warm start copes with a threshold that moved by 20 %.
 #include "../tests/unit/select_data.hpp"
 
 #include <commsgd/select/select.hpp>
@@ -13,15 +25,21 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
+#include <sstream>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace sel = commsgd::select;
@@ -78,19 +96,47 @@ data_set& data_for(const std::string& dist, std::size_t n) {
 
 using run_fn = std::function<double(std::span<const float>, std::size_t)>; // returns count / k
 
+// Passes over x of the last laplace_bisect call made through a run_fn (0 for other methods).
+unsigned last_passes = 0;
+
 template <class S>
 run_fn selector_run(S s) {
   auto p = std::make_shared<S>(std::move(s));
   return [p](std::span<const float> x, std::size_t k) {
     const sel::threshold t = p->select(x, k);
     benchmark::DoNotOptimize(t);
+    if constexpr (std::is_same_v<S, sel::laplace_bisect>) last_passes = p->last_passes();
     return static_cast<double>(t.count()) / static_cast<double>(k);
   };
 }
 
 run_fn make_method(const std::string& m) {
+  const sel::parallel_options two_threads{2, std::size_t{1} << 20};
   if (m == "exact") return selector_run(sel::exact{});
   if (m == "radix") return selector_run(sel::radix{sel::radix::options{one_thread}});
+  if (m == "radix_t2") return selector_run(sel::radix{sel::radix::options{two_threads}});
+  if (m == "laplace_bisect_t2" || m == "laplace_bisect_cold_t2") {
+    sel::laplace_bisect::options o;
+    o.parallel = two_threads;
+    o.warm_start = m == "laplace_bisect_t2";
+    return selector_run(sel::laplace_bisect{o});
+  }
+  if (m == "laplace_bisect_from_0.8x" || m == "laplace_bisect_from_1.2x") {
+    // Finds the true threshold once, then restores a state off by the factor before every call.
+    sel::laplace_bisect::options o;
+    o.parallel = one_thread;
+    auto p = std::make_shared<sel::laplace_bisect>(o);
+    auto truth = std::make_shared<float>(0.0f);
+    const float factor = m == "laplace_bisect_from_0.8x" ? 0.8f : 1.2f;
+    return [p, truth, factor](std::span<const float> x, std::size_t k) {
+      if (*truth == 0.0f) *truth = sel::radix{sel::radix::options{one_thread}}.select(x, k).value;
+      p->restore(sel::laplace_bisect::state{*truth * factor});
+      const sel::threshold t = p->select(x, k);
+      benchmark::DoNotOptimize(t);
+      last_passes = p->last_passes();
+      return static_cast<double>(t.count()) / static_cast<double>(k);
+    };
+  }
   if (m == "hierarchical")
     return selector_run(sel::hierarchical{sel::hierarchical::options{1 << 15, 3.0, one_thread}});
   if (m == "sampled") {
@@ -146,6 +192,8 @@ run_fn make_method(const std::string& m) {
 void run_case(benchmark::State& state, std::string method, std::string dist, std::size_t n, double density) {
   data_set& d = data_for(dist, n);
   const bool warm = method == "laplace_bisect";
+  last_passes = 0;
+  double passes = 0;
   const auto& bufs = warm ? d.perturbed : d.fresh;
   const std::size_t size = bufs[0].size();
   const std::size_t k = sel::k_for_density(size, density);
@@ -156,9 +204,11 @@ void run_case(benchmark::State& state, std::string method, std::string dist, std
   for (auto _ : state) {
     ratio = run(bufs[i], k);
     sum += ratio;
+    passes += last_passes;
     i = (i + 1) % bufs.size();
   }
   state.counters["count_over_k"] = sum / static_cast<double>(state.iterations());
+  state.counters["passes_per_call"] = passes / static_cast<double>(state.iterations());
   state.counters["n"] = static_cast<double>(size);
   state.counters["k"] = static_cast<double>(k);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
@@ -171,10 +221,126 @@ std::string density_name(double d) {
   return b;
 }
 
+// --- sequence mode ---
+
+struct sequence {
+  std::string tag;
+  double density = 0;
+  std::vector<std::vector<float>> steps;
+};
+
+std::vector<sequence>& sequences() {
+  static std::vector<sequence> all;
+  return all;
+}
+
+sequence load_sequence(const std::string& dir) {
+  sequence s;
+  s.tag = std::filesystem::path(dir).filename().string();
+  if (s.tag.empty()) s.tag = std::filesystem::path(dir).parent_path().filename().string();
+  std::ifstream m(std::filesystem::path(dir) / "manifest.txt");
+  if (!m) throw std::runtime_error("select_bench: no manifest.txt in --sequence=" + dir);
+  std::size_t n = 0;
+  std::string line;
+  while (std::getline(m, line)) {
+    std::istringstream in(line);
+    std::string key;
+    in >> key;
+    if (key == "n")
+      in >> n;
+    else if (key == "density")
+      in >> s.density;
+    else if (key == "file") {
+      std::string name;
+      in >> name;
+      std::ifstream f(std::filesystem::path(dir) / name, std::ios::binary);
+      std::vector<float> x(n);
+      f.read(reinterpret_cast<char*>(x.data()), static_cast<std::streamsize>(n * sizeof(float)));
+      if (!f || n == 0) throw std::runtime_error("select_bench: cannot read " + name + " in " + dir);
+      s.steps.push_back(std::move(x));
+    }
+  }
+  if (s.steps.size() < 2 || !(s.density > 0))
+    throw std::runtime_error("select_bench: --sequence=" + dir + " needs n, density and at least 2 files");
+  return s;
+}
+
+double thread_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void run_sequence(benchmark::State& state, std::string method, std::size_t which) {
+  const sequence& s = sequences()[which];
+  const std::size_t k = sel::k_for_density(s.steps[0].size(), s.density);
+  run_fn run = make_method(method);
+  std::vector<double> sweep_cpu, sweep_wall;
+  double count_sum = 0, count_max = 0, passes = 0, calls = 0;
+  for (auto _ : state) {
+    run(s.steps[0], k); // primes a warm start with the true previous step
+    double cpu = 0, wall = 0;
+    for (std::size_t i = 1; i < s.steps.size(); ++i) {
+      last_passes = 0;
+      const double w0 = wall_seconds(), c0 = thread_seconds();
+      const double ratio = run(s.steps[i], k);
+      cpu += thread_seconds() - c0;
+      wall += wall_seconds() - w0;
+      count_sum += ratio;
+      count_max = std::max(count_max, ratio);
+      passes += last_passes;
+      calls += 1;
+    }
+    sweep_cpu.push_back(cpu / static_cast<double>(s.steps.size() - 1));
+    sweep_wall.push_back(wall / static_cast<double>(s.steps.size() - 1));
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t m = v.size();
+    return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+  };
+  state.counters["ms_per_call"] = 1e3 * median(sweep_cpu);
+  state.counters["wall_ms_per_call"] = 1e3 * median(sweep_wall);
+  state.counters["count_over_k"] = count_sum / calls;
+  state.counters["max_count_over_k"] = count_max;
+  state.counters["passes_per_call"] = passes / calls;
+  state.counters["n"] = static_cast<double>(s.steps[0].size());
+  state.counters["k"] = static_cast<double>(k);
+  state.counters["calls_per_sweep"] = static_cast<double>(s.steps.size() - 1);
+}
+
+void register_sequences(int sweeps) {
+  const char* methods[] = {
+      "floor",          "nth_element",         "radix",    "hierarchical",      "sampled",
+      "laplace_bisect", "laplace_bisect_cold", "radix_t2", "laplace_bisect_t2", "laplace_bisect_cold_t2"};
+  for (std::size_t i = 0; i < sequences().size(); ++i) {
+    const sequence& s = sequences()[i];
+    for (const char* m : methods) {
+      const std::string name = "sequence/" + std::string(m) + "/" + s.tag + "/" +
+                               std::to_string(s.steps[0].size()) + "/" + density_name(s.density);
+      benchmark::RegisterBenchmark(name.c_str(), run_sequence, std::string(m), i)
+          ->Iterations(sweeps)
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
 const int registered = [] {
-  const char* methods[] = {"floor",   "nth_element",    "partial_sort",
-                           "exact",   "radix",          "hierarchical",
-                           "sampled", "laplace_bisect", "laplace_bisect_cold"};
+  const char* methods[] = {"floor",
+                           "nth_element",
+                           "partial_sort",
+                           "exact",
+                           "radix",
+                           "hierarchical",
+                           "sampled",
+                           "laplace_bisect",
+                           "laplace_bisect_cold",
+                           "laplace_bisect_from_0.8x",
+                           "laplace_bisect_from_1.2x"};
   const double densities[] = {1e-4, 1e-3, 1e-2};
   std::vector<std::pair<std::string, std::size_t>> cases;
   for (int p : {16, 20, 24, 26})
@@ -194,4 +360,30 @@ const int registered = [] {
 
 } // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  // Our own flags first: --sequence=DIR (repeatable) and --sweeps=S (default 5); the rest is Google
+  // Benchmark's.
+  std::vector<char*> rest{argv[0]};
+  int sweeps = 5;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a.rfind("--sequence=", 0) == 0)
+        sequences().push_back(load_sequence(a.substr(11)));
+      else if (a.rfind("--sweeps=", 0) == 0)
+        sweeps = std::max(1, std::stoi(a.substr(9)));
+      else
+        rest.push_back(argv[i]);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  register_sequences(sweeps);
+  int n = static_cast<int>(rest.size());
+  benchmark::Initialize(&n, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -11,6 +11,7 @@
 #include <commsgd/comm/mpi.hpp>
 #endif
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -63,6 +64,10 @@ struct cli {
          "  --min-accuracy A  exit 1 when the final accuracy is below A\n"
          "  --csv PATH        curve CSV (train)   --out DIR  experiment output directory\n"
          "  --dump-gradient PATH  raw float32 gradient of a mid-training step (for bench/select_bench)\n"
+         "  --dump-accumulators DIR  (topk schemes) rank 0's accumulators g + e of the steps below, raw\n"
+         "                    float32 with DIR/manifest.txt (for select_bench sequence)\n"
+         "  --dump-steps F:C  the C consecutive steps from step F (0-based; default 0:16)\n"
+         "  --hidden W1,W2,.. hidden layer widths (default 256,128; 4096,4096 has about 20M parameters)\n"
          "  --clock thread|steady  compute time per rank: thread CPU time (default) or wall time\n"
          "  --data DIR        Fashion-MNIST IDX files (default $COMMSGD_FASHION_MNIST or "
          "/usr/share/datasets/fashion-mnist)\n";
@@ -134,7 +139,21 @@ cli parse(int argc, char** argv) {
         c.out = value();
       else if (a == "--dump-gradient")
         c.train.dump_gradient = value();
-      else if (a == "--clock")
+      else if (a == "--dump-accumulators")
+        c.train.dump_accumulators = value();
+      else if (a == "--dump-steps") {
+        const std::string v = value();
+        const auto colon = v.find(':');
+        if (colon == std::string::npos) usage("--dump-steps needs FIRST:COUNT, got '" + v + "'");
+        c.train.dump_first = std::stoul(v.substr(0, colon));
+        c.train.dump_count = std::stoul(v.substr(colon + 1));
+      } else if (a == "--hidden") {
+        c.train.hidden.clear();
+        std::stringstream in(value());
+        std::string item;
+        while (std::getline(in, item, ','))
+          c.train.hidden.push_back(std::stoi(item));
+      } else if (a == "--clock")
         c.train.wall_clock = value() == "steady";
       else if (a == "--data")
         c.data = value();
@@ -150,6 +169,10 @@ cli parse(int argc, char** argv) {
   }
   if (c.train.ranks < 1 || c.train.ranks > 64) usage("--ranks must be in [1, 64]");
   if (c.train.epochs < 1) usage("--epochs must be at least 1");
+  if (c.train.hidden.empty() ||
+      std::any_of(c.train.hidden.begin(), c.train.hidden.end(), [](int w) { return w < 1 || w > 65536; }))
+    usage("--hidden must list widths in [1, 65536]");
+  if (!c.train.dump_accumulators.empty() && c.train.dump_count == 0) c.train.dump_count = 16;
   if (!(c.train.network.gbit_per_s > 0) || !(c.train.network.alt_gbit_per_s > 0))
     usage("--gbps and --gbps-alt must be positive");
   if (!(c.train.network.alpha_s >= 0)) usage("--alpha-us must not be negative");

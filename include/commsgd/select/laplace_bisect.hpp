@@ -1,11 +1,23 @@
 // laplace_bisect (seed 001): estimate the threshold from a Laplace fit, then correct it on the true counts.
 //
-// t0 = b ln(N / k) with b = mean |x - mu| (mu = 0, or a median estimate). Real gradients are heavier-tailed
-// than Laplace, so instead of bisecting one threshold per pass, each pass counts 512 candidate thresholds at
-// once (a histogram of magnitude keys in a window that brackets t0 wide) and keeps the tightest bracket
-// [L, H) around the k-th largest key. Usually one histogram pass either lands within tolerance or leaves a
-// bracket small enough to collect and finish exactly in a second pass. Warm start: training thresholds move
-// slowly, so a narrow window around the previous call's answer usually settles it in one pass.
+// Cold start: t0 = b ln(N / k) with b = mean |x - mu| (mu = 0, or a median estimate). Real gradients are
+// heavier-tailed than Laplace, so instead of bisecting one threshold per pass, each pass counts 512
+// candidate thresholds at once (a histogram of magnitude keys in a window that brackets t0 wide) and keeps
+// the tightest bracket [L, H) around the k-th largest key. Usually one histogram pass either lands within
+// tolerance or leaves a bracket small enough to collect and finish exactly in a second pass.
+//
+// Warm start (the previous call's threshold t is known): in training the selector sees p = g + e, and the
+// error-feedback residuals e grow until they cross t, so mass piles up just below it and the threshold
+// drifts by a few per cent per step, often steadily. The next threshold is predicted (no move, or the
+// last move repeated, whichever erred less lately) and one pass collects every key at or above a floor a
+// margin below the prediction, the margin sized from the recent prediction errors; the floor rises on the
+// way whenever the held keys pass about 2k (detail::collect_top), and the exact k-th largest of what it
+// holds finishes the call. On a large x the cold call's scale sample is counted above the floor first;
+// where it says the floor is far off either way, the cold call's bound replaces it, so a state that no
+// longer fits costs what a cold call costs. A threshold above the floor never misses. One below it widens the
+// band geometrically: a margin eight times as wide and at least a half, then everything below, each pass
+// collecting only the new band while the keys already held count as above it; so at most 3 passes, and
+// 2 for a fall of up to a half.
 #pragma once
 
 #include <commsgd/config.hpp>
@@ -64,8 +76,12 @@ public:
       throw invalid_argument(commsgd::detail::concat("laplace_bisect state threshold = ", s.threshold,
                                                      " is outside the allowed range [0, +inf)"));
     state_ = s;
+    track_ = tracker{};
   }
-  void reset() noexcept { state_ = state{}; }
+  void reset() noexcept {
+    state_ = state{};
+    track_ = tracker{};
+  }
 
   // Passes over x made by the last call (the scale sample counts as none): what warm start saves.
   unsigned last_passes() const noexcept { return passes_; }
@@ -83,7 +99,10 @@ public:
       return k == 0 ? threshold{} : detail::all_result(x);
     }
     const threshold r = search(x, k);
-    if (opt_.warm_start) state_.threshold = r.value;
+    if (opt_.warm_start) {
+      track_.record(state_.threshold, r.value);
+      state_.threshold = r.value;
+    }
     return r;
   }
 
@@ -182,13 +201,118 @@ private:
     return threshold{key_magnitude(key), above, equal};
   }
 
+  // Where the warm start expects the next threshold and how far below it to start collecting. Two
+  // predictors: no move (the last threshold), and the last move repeated (residuals that keep growing make
+  // the threshold fall steadily). Each call scores both on what it found; the next one uses the predictor
+  // whose last two relative errors are smaller, with a margin of twice the larger of them plus 0.25 %, in
+  // [0.5 %, 25 %]. Until both have two errors: no move, 5 %. Kept out of the saved state: a restore starts
+  // from the default margin.
+  struct tracker {
+    float last = 0.0f, before = 0.0f;                  // the last two thresholds (0: unknown)
+    double error[2][2] = {{-1.0, -1.0}, {-1.0, -1.0}}; // [predictor][age]: |found / predicted - 1|
+
+    double predict(int which) const {
+      if (which == 0 || before <= 0.0f) return last;
+      const double trend = std::clamp(static_cast<double>(last) / static_cast<double>(before), 0.5, 2.0);
+      return static_cast<double>(last) * trend;
+    }
+    double worst(int which) const { return std::max(error[which][0], error[which][1]); }
+    bool scored() const { return error[0][1] >= 0.0 && error[1][1] >= 0.0; }
+    int best() const { return scored() && worst(1) < worst(0) ? 1 : 0; }
+    double margin() const { return scored() ? std::clamp(2.0 * worst(best()) + 0.0025, 0.005, 0.25) : 0.05; }
+
+    // A call found `now` where the previous one had found `previous` (0: it started cold or was restored).
+    void record(float previous, float now) {
+      if (previous <= 0.0f || previous != last || now <= 0.0f) {
+        *this = tracker{};
+        last = now;
+        return;
+      }
+      for (int w = 0; w < 2; ++w) {
+        error[w][1] = error[w][0];
+        error[w][0] = std::fabs(static_cast<double>(now) / predict(w) - 1.0);
+      }
+      before = last;
+      last = now;
+    }
+  };
+
+  // The scale sample of a cold call (64 pieces, a few per mille of a large x) read to check a warm floor:
+  // when it puts the floor far above the threshold (a miss: a second pass) or far below it (many times the
+  // keys to collect), the floor becomes the cold call's bound, the sample key with about twice the
+  // expected share of k above it. So a warm call whose state is off costs what a cold call costs, and the
+  // check costs a count over the sample. Inputs too small to sample, or k too small for the sample to
+  // tell, keep the floor.
+  std::uint32_t sample_check(std::span<const float> x, std::size_t k, std::uint32_t floor) {
+    const std::size_t n = x.size();
+    const std::size_t want = opt_.scale_sample, pieces = 64;
+    const std::size_t len = std::max<std::size_t>(want / pieces, detail::block);
+    if (want == 0 || n <= 4 * want || n < pieces * len) return floor;
+    const double share = static_cast<double>(k) * static_cast<double>(pieces * len) / static_cast<double>(n);
+    if (share < 16.0) return floor;
+    auto start = [&](std::size_t p) { return (n - len) / (pieces - 1) * p; };
+    std::size_t reach = 0;
+    for (std::size_t p = 0; p < pieces; ++p) {
+      const float* q = x.data() + start(p);
+      std::uint32_t c = 0; // a plain count, so that it vectorises
+      for (std::size_t i = 0; i < len; ++i)
+        c += detail::key_at(q + i) >= floor;
+      reach += c;
+    }
+    const std::size_t m = std::min(
+        pieces * len, static_cast<std::size_t>(std::ceil(2.0 * share + 4.0 * std::sqrt(share) + 8.0)));
+    const double c = static_cast<double>(reach);
+    if (c >= share - 3.0 * std::sqrt(share) && c <= 1.5 * static_cast<double>(m)) return floor;
+    sample_.clear();
+    for (std::size_t p = 0; p < pieces; ++p)
+      for (std::size_t i = start(p); i < start(p) + len; ++i)
+        sample_.push_back(magnitude_key(x[i]));
+    const std::uint32_t bound = detail::radix_select_keys(sample_, m).key;
+    sample_.clear();
+    return std::min(bound, infinite_key);
+  }
+
+  threshold warm_search(std::span<const float> x, std::size_t k, std::size_t limit) {
+    // A restored state has no history: predict no move from it.
+    const double guess = track_.last == state_.threshold ? track_.predict(track_.best()) : state_.threshold;
+    const double margin = track_.last == state_.threshold ? track_.margin() : 0.05;
+    auto floor_at = [&](double m) {
+      const float v = static_cast<float>(guess * (1.0 - m));
+      return v > 0.0f ? std::min(magnitude_key(v), infinite_key) : 0u;
+    };
+    std::uint32_t lo = sample_check(x, k, floor_at(margin));
+    std::uint32_t hi = 0x80000000u; // every key, non-finite ones included
+    std::size_t above = 0;          // keys >= hi, all above the answer
+    for (unsigned miss = 0;; ++miss) {
+      // Room for twice the keys still wanted: the floor rises early when far more reach it (a wide band
+      // after a miss), and rarely at the usual margin.
+      const std::size_t r = k - above;
+      detail::collect_top(x, lo, hi, r, 2 * r + 1024, opt_.parallel, bufs_, cand_);
+      ++passes_;
+      if (hi == 0x80000000u && !cand_.empty() &&
+          *std::max_element(cand_.begin(), cand_.end()) >= infinite_key)
+        check_finite(x);
+      if (cand_.size() >= r) {
+        const detail::finish f = detail::finish_among(cand_, above, k);
+        return settle(f.key, f.above, f.equal, k, limit);
+      }
+      // The answer lies below lo, and what was held is all of [lo, hi). Widen geometrically: a margin
+      // eight times as wide and at least a half (an octave), then everything below; straight to everything
+      // when the sample's bound already lay below that.
+      above += cand_.size();
+      hi = lo;
+      const std::uint32_t wider = floor_at(std::max(8.0 * margin, 0.5));
+      lo = miss == 0 && wider < hi ? wider : 0u;
+    }
+  }
+
   threshold search(std::span<const float> x, std::size_t k) {
     const std::size_t n = x.size();
     const std::size_t limit = opt_.trim ? k : count_limit(k, opt_.tol);
 
     key_window w;
     if (opt_.warm_start && state_.threshold > 0.0f) {
-      w = warm_window(state_.threshold);
+      return warm_search(x, k, limit);
     } else {
       const float mu = opt_.center == location::sample_median ? median_estimate(x) : 0.0f;
       const double b = scale(x, mu);
@@ -266,6 +390,9 @@ private:
   bool scaled_whole_ = false;         // the last scale() read all of x (one full pass)
   unsigned passes_ = 0;
   float estimate_ = 0.0f;
+  tracker track_{};
+  std::vector<std::vector<std::uint32_t>> bufs_; // warm pass scratch, one per chunk
+  std::vector<std::uint32_t> cand_;              // warm pass candidates
 };
 
 static_assert(selector<laplace_bisect>);

@@ -303,3 +303,74 @@ inline threshold all_result(std::span<const float> x) {
 
 } // namespace detail
 } // namespace commsgd::inline v1::select
+
+namespace commsgd::inline v1::select::detail {
+
+// One pass: every key in [lo, hi) that can be among the r largest keys of that range (r >= 1), in no
+// particular order, into out. Each chunk starts with floor lo and, whenever it holds more than `cap` keys,
+// raises its floor to the r-th largest key it holds and drops the keys below. A chunk's r-th largest is at
+// most the r-th largest of the whole range, so nothing that the answer needs is dropped, and blocks below
+// the raised floor are skipped by the vectorised test: the pass costs one read of x plus work in
+// proportion to the keys that reach the floor. When the range holds fewer than r keys no floor rises and
+// out holds all of them. Keys >= hi are skipped (hi = 0x80000000 takes every key, non-finite ones too).
+// bufs is scratch reused across calls, one buffer per chunk.
+inline void collect_top(std::span<const float> x, std::uint32_t lo, std::uint32_t hi, std::size_t r,
+                        std::size_t cap, const parallel_options& opt,
+                        std::vector<std::vector<std::uint32_t>>& bufs, std::vector<std::uint32_t>& out) {
+  const unsigned chunks = thread_count(x.size(), opt);
+  if (bufs.size() < chunks) bufs.resize(chunks);
+  cap = std::max(cap, 2 * r + block);
+  std::vector<std::size_t> held(chunks, 0);
+  for_chunks(x.size(), chunks, [&](std::size_t b, std::size_t e, unsigned c) {
+    std::vector<std::uint32_t>& buf = bufs[c];
+    std::vector<std::uint32_t> pick;
+    std::size_t limit = cap;
+    if (buf.size() < std::min(limit, e - b) + block) buf.resize(std::min(limit, e - b) + block);
+    std::uint32_t* q = buf.data();
+    std::uint32_t floor = lo;
+    std::size_t m = 0;
+    const float* p = x.data();
+    // Raises the floor to the r-th largest key held; ties at it are all kept.
+    auto tighten = [&] {
+      pick.assign(q, q + m);
+      floor = std::max(floor, radix_select_keys(pick, r).key);
+      std::size_t kept = 0;
+      for (std::size_t j = 0; j < m; ++j) {
+        q[kept] = q[j];
+        kept += q[j] >= floor;
+      }
+      m = kept;
+      // Many ties at the floor keep the buffer full: give it room rather than tighten every block.
+      if (m > limit / 2) {
+        limit *= 2;
+        buf.resize(limit + block);
+        q = buf.data();
+      }
+    };
+    std::size_t i = b;
+    for (; i + block <= e; i += block) {
+      if (!block_reaches(p + i, floor)) continue;
+      for (std::size_t j = 0; j < block; ++j) {
+        const std::uint32_t key = key_at(p + i + j);
+        q[m] = key;
+        m += key >= floor && key < hi;
+      }
+      if (m > limit) tighten();
+    }
+    for (; i < e; ++i) {
+      const std::uint32_t key = key_at(p + i);
+      q[m] = key;
+      m += key >= floor && key < hi;
+    }
+    held[c] = m;
+  });
+  out.clear();
+  std::size_t total = 0;
+  for (unsigned c = 0; c < chunks; ++c)
+    total += held[c];
+  out.reserve(total);
+  for (unsigned c = 0; c < chunks; ++c)
+    out.insert(out.end(), bufs[c].begin(), bufs[c].begin() + static_cast<std::ptrdiff_t>(held[c]));
+}
+
+} // namespace commsgd::inline v1::select::detail
