@@ -35,6 +35,9 @@ struct step_env {
   // compute too: run it through charged() so it lands in this rank's compute time.
   const compute_clock* clock = nullptr;
   double* compute = nullptr;
+  // Set by the trainer when it dumps what a top-k selector sees: called after each sparsifier step, outside
+  // the charged time, with the accumulator p = g + e the selector was given and the count it sent.
+  std::function<void(std::span<const float> accumulator, std::size_t sent)> on_accumulator;
   template <class F>
   void charged(F&& f) const {
     const double t0 = clock->now();

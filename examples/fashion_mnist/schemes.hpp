@@ -156,6 +156,14 @@ public:
       env_->charged([&] { m = Sparsifier::step(g); });
     else
       m = Sparsifier::step(g);
+    if (env_ && env_->on_accumulator) {
+      // The selector's input, rebuilt outside the charged time: sent positions hold +0 in the residual.
+      const auto r = this->residual();
+      accumulator_.assign(r.begin(), r.end());
+      for (std::size_t i = 0; i < m.size(); ++i)
+        accumulator_[m.indices[i]] = m.values[i];
+      env_->on_accumulator(accumulator_, m.size());
+    }
     return m;
   }
 
@@ -164,6 +172,7 @@ public:
 
 private:
   const step_env* env_ = nullptr;
+  std::vector<float> accumulator_;
 };
 
 template <class Selector>

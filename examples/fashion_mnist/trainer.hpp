@@ -46,73 +46,34 @@ struct train_options {
   std::size_t dump_first = 0, dump_count = 0;
 };
 
-// Writes what a top-k scheme's selector sees on rank 0. A replica of the scheme's sparsifier (the same
-// density and a selector of the same method, which is deterministic) is fed rank 0's gradients from the
-// first step, so its residual matches the scheme's and p = residual + sent values after each step (sent
-// positions keep +0 in the residual). It runs outside the timed compute.
+// Writes what a top-k scheme's selector sees on rank 0: the scheme's own sparsifier reports its accumulator
+// p = g + e after each step (step_env::on_accumulator), and the steps asked for go to one raw float32 file
+// each, listed in a manifest. It runs outside the charged compute.
 class accumulator_dump {
 public:
-  accumulator_dump(const train_options& o, std::size_t length) : o_(o) {
+  explicit accumulator_dump(const train_options& o) : o_(o) {
     const auto p = split_spec(o.scheme);
     if (p.size() != 3 || p[0] != "topk")
       throw commsgd::invalid_argument(
           "argument 'dump-accumulators' needs a scheme topk:<method>:<density>, got '" + o.scheme + "'");
     density_ = std::stod(p[2]);
     method_ = p[1];
-    const commsgd::select::parallel_options one_thread{1, std::size_t{1} << 20};
-    auto make = [&](auto selector) {
-      commsgd::sparsify::top_k_options to;
-      to.density = density_;
-      auto tk = std::make_shared<commsgd::sparsify::top_k<decltype(selector)>>(length, to, selector);
-      step_ = [tk](std::span<const float> g, std::vector<float>& acc) {
-        const auto sent = tk->step(g);
-        const auto r = tk->residual();
-        acc.assign(r.begin(), r.end());
-        for (std::size_t i = 0; i < sent.size(); ++i)
-          acc[sent.indices[i]] = sent.values[i];
-        return sent.size();
-      };
-    };
-    if (method_ == "exact")
-      make(commsgd::select::exact{});
-    else if (method_ == "radix")
-      make(commsgd::select::radix{});
-    else if (method_ == "laplace_bisect") {
-      commsgd::select::laplace_bisect::options lo;
-      lo.parallel = one_thread;
-      make(commsgd::select::laplace_bisect{lo});
-    } else if (method_ == "hierarchical") {
-      commsgd::select::hierarchical::options ho;
-      ho.parallel = one_thread;
-      make(commsgd::select::hierarchical{ho});
-    } else if (method_ == "sampled") {
-      commsgd::select::sampled::options so;
-      so.parallel = one_thread;
-      make(commsgd::select::sampled{so});
-    } else
-      throw commsgd::invalid_argument("argument 'dump-accumulators': unknown selection method '" + method_ +
-                                      "'");
     std::filesystem::create_directories(o.dump_accumulators);
   }
 
-  bool wants(std::size_t step) const { return step < o_.dump_first + o_.dump_count; }
-
-  void feed(std::span<const float> g, std::size_t step) {
-    if (!wants(step)) return;
-    const std::size_t sent = step_(g, acc_);
-    if (step < o_.dump_first) return;
+  void feed(std::span<const float> p, std::size_t sent, std::size_t step) {
+    if (step < o_.dump_first || step >= o_.dump_first + o_.dump_count) return;
     const std::string name = "accumulator-" + std::to_string(step) + ".f32";
     std::ofstream f(std::filesystem::path(o_.dump_accumulators) / name, std::ios::binary);
     // Raw float32 in the machine's order; every machine this targets is little-endian.
-    f.write(reinterpret_cast<const char*>(acc_.data()),
-            static_cast<std::streamsize>(acc_.size() * sizeof(float)));
+    f.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
     if (!f)
       throw commsgd::invalid_argument("cannot write argument 'dump-accumulators' = '" + o_.dump_accumulators +
                                       "'");
     files_.push_back(name + " " + std::to_string(step) + " " + std::to_string(sent));
     std::ofstream m(std::filesystem::path(o_.dump_accumulators) / "manifest.txt");
     m << "# top-k accumulators p_t = g_t + e_(t-1) of rank 0, raw little-endian float32, one file per step\n"
-      << "n " << acc_.size() << "\ndensity " << density_ << "\nmethod " << method_ << "\nscheme " << o_.scheme
+      << "n " << p.size() << "\ndensity " << density_ << "\nmethod " << method_ << "\nscheme " << o_.scheme
       << "\nranks " << o_.ranks << "\nbatch " << o_.batch << "\nlr " << o_.lr << "\n# file step sent\n";
     for (const auto& line : files_)
       m << "file " << line << '\n';
@@ -122,8 +83,6 @@ private:
   train_options o_;
   double density_ = 0;
   std::string method_;
-  std::function<std::size_t(std::span<const float>, std::vector<float>&)> step_;
-  std::vector<float> acc_;
   std::vector<std::string> files_;
 };
 
@@ -288,7 +247,7 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
   const std::size_t dump_step = total_steps / 2;
 
   std::unique_ptr<accumulator_dump> dump;
-  if (rank == 0 && !o.dump_accumulators.empty()) dump = std::make_unique<accumulator_dump>(o, params.size());
+  if (rank == 0 && !o.dump_accumulators.empty()) dump = std::make_unique<accumulator_dump>(o);
 
   compute_clock clock(o.wall_clock);
   std::vector<std::uint32_t> order(train.count);
@@ -305,6 +264,8 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
   env.params = params;
   env.clock = &clock;
   env.compute = &step_compute;
+  if (dump)
+    env.on_accumulator = [&](std::span<const float> p, std::size_t sent) { dump->feed(p, sent, env.step); };
   env.gradient = [&](std::size_t first, std::size_t count, std::span<float> grad) {
     const double t0 = clock.now();
     std::fill(grad.begin(), grad.end(), 0.0f);
@@ -317,7 +278,6 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
       fit_copy.assign(grad.begin(), grad.end());
       want_copy = false;
     }
-    if (dump) dump->feed(grad, env.step);
     return loss;
   };
   env.gradient_by_layer = [&](std::size_t first, std::size_t count, double scale, std::span<float> grad,
