@@ -68,6 +68,13 @@ public:
   using error::error;
 };
 
+// A fault of commsgd itself: a state its own logic should never reach (never the user's input). Worth a
+// report with the input that caused it.
+class internal_error : public error {
+public:
+  explicit internal_error(const std::string& what) : error("internal error: " + what) {}
+};
+
 namespace detail {
 
 template <class... Parts>
