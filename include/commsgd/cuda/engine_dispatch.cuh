@@ -80,6 +80,12 @@ void launch_finalize(const engine_workspace<State>& w, device_result* out, float
           "cudaMemcpyAsync(host result)");
 }
 
+inline void check_select_args(const float* x, std::size_t n, std::size_t k, const device_result* out) {
+  select::check_k(k, n);
+  if (n > 0 && x == nullptr) throw invalid_argument("argument 'x' is null with n > 0");
+  if (out == nullptr) throw invalid_argument("argument 'out' (device result) is null");
+}
+
 // The k == 0 prologue of every method (n == 0 implies k == 0): nothing to select, but the input is still
 // checked. Returns whether it handled the call.
 template <class State>
@@ -95,10 +101,15 @@ bool trivial_selection(const float* x, std::size_t n, std::size_t k, const engin
   return true;
 }
 
-inline void check_select_args(const float* x, std::size_t n, std::size_t k, const device_result* out) {
-  select::check_k(k, n);
-  if (n > 0 && x == nullptr) throw invalid_argument("argument 'x' is null with n > 0");
-  if (out == nullptr) throw invalid_argument("argument 'out' (device result) is null");
+// The opening of every method's two-phase select, once `needed` bytes of workspace are laid out: answers a
+// size query, checks the arguments, and takes k == 0. True when that finished the call.
+template <class State>
+bool select_prologue(const engine_workspace<State>& w, void* workspace, std::size_t& workspace_bytes,
+                     std::size_t needed, const float* x, std::size_t n, std::size_t k, device_result* out,
+                     device_result* host_out, cudaStream_t stream) {
+  if (size_query(workspace, workspace_bytes, needed)) return true;
+  check_select_args(x, n, k, out);
+  return trivial_selection(x, n, k, w, out, host_out, stream);
 }
 
 // The allocating form every method offers: ask for the workspace size, allocate it, run, read the result

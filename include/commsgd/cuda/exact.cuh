@@ -30,9 +30,9 @@ struct exact {
     auto* keys = carver.take<detail::u32>(n);
     auto* sorted = carver.take<detail::u32>(n);
     void* sort_storage = carver.take_bytes(sort_bytes);
-    if (detail::size_query(workspace, workspace_bytes, carver.bytes())) return;
-    detail::check_select_args(x, n, k, out);
-    if (detail::trivial_selection(x, n, k, w, out, host_out, stream)) return;
+    if (detail::select_prologue(w, workspace, workspace_bytes, carver.bytes(), x, n, k, out, host_out,
+                                stream))
+      return;
     detail::launch_init(w, detail::initial_state<detail::exact_state>(n, k), stream);
     detail::magnitude_keys_kernel<>
         <<<detail::grid_for(n), detail::block_threads, 0, stream>>>(x, keys, w.state);

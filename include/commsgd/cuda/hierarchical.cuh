@@ -28,9 +28,9 @@ struct hierarchical {
     using state_t = detail::hierarchical_state;
     detail::workspace_carver carver(workspace);
     const auto w = detail::carve_engine<state_t>(carver, n, hierarchical_tuning::candidate_divisor);
-    if (detail::size_query(workspace, workspace_bytes, carver.bytes())) return;
-    detail::check_select_args(x, n, k, out);
-    if (detail::trivial_selection(x, n, k, w, out, host_out, stream)) return;
+    if (detail::select_prologue(w, workspace, workspace_bytes, carver.bytes(), x, n, k, out, host_out,
+                                stream))
+      return;
     // First the threshold among the segments' candidates, checked; then, only if the check fails, over x.
     state_t init = detail::initial_state<state_t>(n, k, k, 0, w.cap);
     init.stage = static_cast<detail::u32>(detail::on_done::verify);

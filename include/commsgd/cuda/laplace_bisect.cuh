@@ -42,9 +42,9 @@ public:
     using state_t = detail::laplace_bisect_state;
     detail::workspace_carver carver(workspace);
     const auto w = detail::carve_engine<state_t>(carver, n, laplace_bisect_tuning::candidate_divisor);
-    if (detail::size_query(workspace, workspace_bytes, carver.bytes())) return;
-    detail::check_select_args(x, n, k, out);
-    if (detail::trivial_selection(x, n, k, w, out, host_out, stream)) return;
+    if (detail::select_prologue(w, workspace, workspace_bytes, carver.bytes(), x, n, k, out, host_out,
+                                stream))
+      return;
     const std::size_t limit = options_.trim ? k : commsgd::select::count_limit(k, options_.tol);
     detail::launch_init(w, detail::initial_state<state_t>(n, k, limit, options_.trim ? 0 : 1, w.cap), stream);
     const unsigned grid = detail::grid_for(n);

@@ -34,9 +34,9 @@ public:
     using state_t = detail::sampled_state;
     detail::workspace_carver carver(workspace);
     const auto w = detail::carve_engine<state_t>(carver, n, sampled_tuning::candidate_divisor, m);
-    if (detail::size_query(workspace, workspace_bytes, carver.bytes())) return;
-    detail::check_select_args(x, n, k, out);
-    if (detail::trivial_selection(x, n, k, w, out, host_out, stream)) return;
+    if (detail::select_prologue(w, workspace, workspace_bytes, carver.bytes(), x, n, k, out, host_out,
+                                stream))
+      return;
     // The sample's share of k, at least 1 so that the sample always yields a threshold.
     const auto k_sample = std::clamp<std::size_t>(
         static_cast<std::size_t>(std::llround(static_cast<double>(k) * static_cast<double>(m) / n)), 1, m);

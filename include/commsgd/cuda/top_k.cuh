@@ -150,32 +150,9 @@ __global__ void top_k_all_kernel(device_result* out, u64 n) {
   *out = device_result{0.0f, 0u, 0ull, n, 0ull, ~0ull};
 }
 
-// Move-only page-locked host array: the target of the asynchronous copies of the pairs.
+// Page-locked host array: the target of the asynchronous copies of the pairs.
 template <class T>
-class pinned_array {
-public:
-  pinned_array() = default;
-  explicit pinned_array(std::size_t count) : count_(count) {
-    if (count > 0)
-      check(cudaMallocHost(reinterpret_cast<void**>(&data_), count * sizeof(T)), "cudaMallocHost");
-  }
-  pinned_array(pinned_array&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)) {}
-  pinned_array& operator=(pinned_array other) noexcept {
-    std::swap(data_, other.data_);
-    std::swap(count_, other.count_);
-    return *this;
-  }
-  ~pinned_array() {
-    if (data_) cudaFreeHost(data_);
-  }
-  T* data() const noexcept { return data_; }
-  std::size_t size() const noexcept { return count_; }
-
-private:
-  T* data_ = nullptr;
-  std::size_t count_ = 0;
-};
+using pinned_array = owned_array<T, pinned_memory>;
 
 inline unsigned grid_for_count(std::size_t n) {
   const std::size_t blocks = (n + block_threads - 1) / block_threads;
