@@ -186,6 +186,15 @@ TEST_CASE("count_limit and is_selected give the host's answers on the device") {
   CHECK(commsgd::select::count_limit(100, 0.1) == 110);
 }
 
+TEST_CASE("the engine's internal-inconsistency flag reads as internal_error, not as a tolerance refusal") {
+  cu::device_result r{1.0f, cu::internal_inconsistency, 0, 0, 0, 0};
+  CHECK_THROWS_AS(cu::to_threshold(r), commsgd::internal_error);
+  r.flags = cu::ties_exceed_tolerance;
+  CHECK_THROWS_AS(cu::to_threshold(r), commsgd::unsupported);
+  r.flags = 0;
+  CHECK(cu::to_threshold(r) == threshold{1.0f, 0, 0});
+}
+
 TEST_CASE("exact methods match the sorted reference on random inputs") {
   const std::size_t sizes[] = {0, 1, 2, 7, 1001, 4096, 4097, 65537, 300001};
   const shape shapes[] = {shape::laplace, shape::gaussian, shape::relu_like,
