@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -411,14 +412,9 @@ public:
     check_peer("dest", dest);
     check_tag(tag);
     using wire = detail::mpi_wire<T>;
-    const std::size_t units = data.size() * wire::units;
-    const auto* bytes = reinterpret_cast<const std::byte*>(data.data());
-    const std::size_t unit_bytes = sizeof(T) / wire::units;
-    for (std::size_t i = 0, pieces = detail::mpi_pieces(units, max_chunk_); i < pieces; ++i) {
-      const std::size_t lo = i * max_chunk_;
-      detail::mpi_check(MPI_Send(bytes + lo * unit_bytes, frame(units, lo), wire::type(), dest, tag, raw_),
-                        "MPI_Send");
-    }
+    for_each_piece(data, [&](const void* at, int len, std::size_t) {
+      detail::mpi_check(MPI_Send(at, len, wire::type(), dest, tag, raw_), "MPI_Send");
+    });
   }
 
   template <transferable T>
@@ -427,13 +423,9 @@ public:
     check_tag(tag);
     using wire = detail::mpi_wire<T>;
     const std::size_t units = data.size() * wire::units;
-    auto* bytes = reinterpret_cast<std::byte*>(data.data());
-    const std::size_t unit_bytes = sizeof(T) / wire::units;
-    for (std::size_t i = 0, pieces = detail::mpi_pieces(units, max_chunk_); i < pieces; ++i) {
-      const std::size_t lo = i * max_chunk_;
-      const int len = frame(units, lo);
+    for_each_piece(data, [&](void* at, int len, std::size_t lo) {
       MPI_Status status;
-      const int rc = MPI_Recv(bytes + lo * unit_bytes, len, wire::type(), source, tag, raw_, &status);
+      const int rc = MPI_Recv(at, len, wire::type(), source, tag, raw_, &status);
       if (rc != MPI_SUCCESS) {
         int cls = 0;
         MPI_Error_class(rc, &cls);
@@ -449,7 +441,7 @@ public:
         throw comm_error(commsgd::detail::concat(
             "recv from rank ", source, " with tag ", tag, ": the message ended after ",
             lo + static_cast<std::size_t>(got), " MPI element(s), the receive buffer holds ", units));
-    }
+    });
   }
 
   template <transferable T>
@@ -457,17 +449,11 @@ public:
     check_peer("dest", dest);
     check_tag(tag);
     using wire = detail::mpi_wire<T>;
-    const std::size_t units = data.size() * wire::units;
-    const auto* bytes = reinterpret_cast<const std::byte*>(data.data());
-    const std::size_t unit_bytes = sizeof(T) / wire::units;
-    mpi_request req(false, wire::type(), dest, tag, units, max_chunk_);
-    for (std::size_t i = 0, pieces = detail::mpi_pieces(units, max_chunk_); i < pieces; ++i) {
-      const std::size_t lo = i * max_chunk_;
+    mpi_request req(false, wire::type(), dest, tag, data.size() * wire::units, max_chunk_);
+    for_each_piece(data, [&](const void* at, int len, std::size_t) {
       auto& p = req.parts_.emplace_back();
-      detail::mpi_check(
-          MPI_Isend(bytes + lo * unit_bytes, frame(units, lo), wire::type(), dest, tag, raw_, &p.handle),
-          "MPI_Isend");
-    }
+      detail::mpi_check(MPI_Isend(at, len, wire::type(), dest, tag, raw_, &p.handle), "MPI_Isend");
+    });
     return req;
   }
 
@@ -476,18 +462,12 @@ public:
     check_peer("source", source);
     check_tag(tag);
     using wire = detail::mpi_wire<T>;
-    const std::size_t units = data.size() * wire::units;
-    auto* bytes = reinterpret_cast<std::byte*>(data.data());
-    const std::size_t unit_bytes = sizeof(T) / wire::units;
-    mpi_request req(true, wire::type(), source, tag, units, max_chunk_);
-    for (std::size_t i = 0, pieces = detail::mpi_pieces(units, max_chunk_); i < pieces; ++i) {
-      const std::size_t lo = i * max_chunk_;
+    mpi_request req(true, wire::type(), source, tag, data.size() * wire::units, max_chunk_);
+    for_each_piece(data, [&](void* at, int len, std::size_t) {
       auto& p = req.parts_.emplace_back();
-      p.expected = frame(units, lo);
-      detail::mpi_check(
-          MPI_Irecv(bytes + lo * unit_bytes, p.expected, wire::type(), source, tag, raw_, &p.handle),
-          "MPI_Irecv");
-    }
+      p.expected = len;
+      detail::mpi_check(MPI_Irecv(at, len, wire::type(), source, tag, raw_, &p.handle), "MPI_Irecv");
+    });
     return req;
   }
 
@@ -562,6 +542,21 @@ private:
   // Length of the point-to-point piece starting at lo: full pieces, then the (short, maybe empty) rest.
   int frame(std::size_t units, std::size_t lo) const noexcept {
     return static_cast<int>(units - lo >= max_chunk_ ? max_chunk_ : units - lo);
+  }
+
+  // MPI counts are int: a point-to-point transfer of `data` goes as pieces of at most max_chunk_ MPI
+  // elements, f(address, count, first element) for each in order; both sides derive the same pieces.
+  template <class T, class F>
+  void for_each_piece(std::span<T> data, F&& f) const {
+    using wire = detail::mpi_wire<std::remove_const_t<T>>;
+    using byte = std::conditional_t<std::is_const_v<T>, const std::byte, std::byte>;
+    const std::size_t units = data.size() * wire::units;
+    const std::size_t unit_bytes = sizeof(T) / wire::units;
+    auto* bytes = reinterpret_cast<byte*>(data.data());
+    for (std::size_t i = 0, pieces = detail::mpi_pieces(units, max_chunk_); i < pieces; ++i) {
+      const std::size_t lo = i * max_chunk_;
+      f(bytes + lo * unit_bytes, frame(units, lo), lo);
+    }
   }
 
   void bcast_units(void* data, std::size_t units, MPI_Datatype type, int root) {

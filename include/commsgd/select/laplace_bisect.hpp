@@ -92,11 +92,9 @@ public:
     check_k(k, x.size());
     passes_ = 0;
     estimate_ = 0.0f;
-    const std::size_t n = x.size();
-    if (k == 0 || k == n) {
-      check_finite(x);
+    if (const auto trivial = detail::trivial_result(x, k)) {
       passes_ = 1;
-      return k == 0 ? threshold{} : detail::all_result(x);
+      return *trivial;
     }
     const threshold r = search(x, k);
     if (opt_.warm_start) {
