@@ -80,6 +80,10 @@ class TopKState:
     def iteration(self):
         return self._c.iteration()
 
+    def compute_seconds(self):
+        """Seconds this rank spent in the sparsifier (selection and error feedback) so far."""
+        return self._c.compute_seconds()
+
     def keys(self):
         return self._c.keys()
 

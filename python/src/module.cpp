@@ -31,6 +31,7 @@
 
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -158,7 +159,9 @@ public:
         msg = dense_message(g); // a NaN here makes every rank's exchange raise
       } else {
         auto& b = find(params, sizes, n);
+        const auto t0 = std::chrono::steady_clock::now();
         msg = std::visit([&](auto& s) { return s.step(g); }, b.sparsifier);
+        compute_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
     } catch (const commsgd::error&) {
       local = std::current_exception();
@@ -181,6 +184,8 @@ public:
   py::dict traffic() const { return traffic_dict(comm_); }
   void reset_traffic() { comm_.reset(); }
   std::int64_t iteration() const { return iteration_; }
+  // Seconds spent in the sparsifier's steps (selection, error feedback), the hook's own computation.
+  double compute_seconds() const { return compute_; }
 
   py::object residual(const std::string& key) const {
     auto it = buckets_.find(key);
@@ -340,6 +345,7 @@ private:
   sparsify::top_k_options opt_;
   std::int64_t dense_warmup_ = 0;
   std::int64_t iteration_ = 0;
+  double compute_ = 0.0;
   std::map<std::string, bucket> buckets_;
   std::map<std::int64_t, std::string> owner_; // parameter index -> key of the bucket holding its residual
   sparsify::exchanger<std::uint32_t> exchanger_;
@@ -471,6 +477,7 @@ PYBIND11_MODULE(_C, m) {
       .def("traffic", &topk_state::traffic)
       .def("reset_traffic", &topk_state::reset_traffic)
       .def("iteration", &topk_state::iteration)
+      .def("compute_seconds", &topk_state::compute_seconds)
       .def("residual", &topk_state::residual)
       .def("last_sent", &topk_state::last_sent)
       .def("keys", &topk_state::keys)
