@@ -256,3 +256,38 @@ def _local_sgd(rank, world, correction):
 @pytest.mark.parametrize("correction", ["none", "at_sync"])
 def test_local_sgd_schedule_and_averaging(correction):
     run_ranks(_local_sgd, 2, (correction,))
+
+
+def _adaptive(rank, world):
+    torch.manual_seed(0)
+    model = mlp()
+    ddp = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ls = commsgd_torch.LocalSGD(model, lr=0.05, period=2, warmup_steps=1, adaptive=True, max_period=6,
+                                correction="every_step", optimizer=opt)
+    ddp.register_comm_hook(ls, commsgd_torch.local_sgd_hook)
+    g = torch.Generator().manual_seed(5 + rank)
+    periods = []
+    for step in range(12):
+        x, y = torch.rand(16, 784, generator=g), torch.randint(0, 10, (16,), generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        loss.backward()
+        opt.step()
+        ls.step(loss.item())
+        periods.append(ls.current_period())
+    assert all(1 <= p <= 6 for p in periods)
+    # The adaptive rule needs the loss at a sync point: NaN is refused with the library's message on every
+    # rank at the next sync point (within max_period steps).
+    with pytest.raises(commsgd_torch.InvalidArgument, match="loss"):
+        for _ in range(8):
+            opt.zero_grad()
+            ddp(torch.rand(4, 784)).sum().backward()
+            opt.step()
+            ls.step(float("nan"))
+    return periods
+
+
+def test_local_sgd_adaptive_interval_runs_and_refuses_a_nan_loss():
+    a, b = run_ranks(_adaptive, 2)
+    assert a == b  # every rank computes the same interval from the same averaged loss
