@@ -1,4 +1,4 @@
-# Installs the headers and exports commsgd::commsgd (and commsgd::mpi / commsgd::cuda when built).
+# Installs the headers and exports commsgd::commsgd (and commsgd::mpi / commsgd::torch / commsgd::cuda when built).
 include(CMakePackageConfigHelpers)
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/commsgd TYPE INCLUDE)
@@ -7,6 +7,10 @@ install(EXPORT commsgd-targets NAMESPACE commsgd:: DESTINATION ${CMAKE_INSTALL_L
 if(TARGET commsgd_mpi)
   install(TARGETS commsgd_mpi EXPORT commsgd-mpi-targets)
   install(EXPORT commsgd-mpi-targets NAMESPACE commsgd:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/commsgd)
+endif()
+if(TARGET commsgd_torch)
+  install(TARGETS commsgd_torch EXPORT commsgd-torch-targets)
+  install(EXPORT commsgd-torch-targets NAMESPACE commsgd:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/commsgd)
 endif()
 if(TARGET commsgd_cuda)
   install(TARGETS commsgd_cuda EXPORT commsgd-cuda-targets)

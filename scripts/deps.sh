@@ -4,7 +4,8 @@ set -euo pipefail
 packages=(cmake ninja-build g++ python3 zlib1g-dev
           libboost-mpi-dev openmpi-bin libopenmpi-dev
           doctest-dev libbenchmark-dev libeigen3-dev
-          dataset-fashion-mnist gnuplot-nox)
+          dataset-fashion-mnist gnuplot-nox
+          python3-torch libtorch-dev libgloo-dev pybind11-dev python3-pytest)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -3,6 +3,7 @@
 // Models (each satisfies `communicator`, checked by static_asserts in its own header):
 //   comm::local          ranks are threads of one process           (comm/local.hpp)
 //   comm::mpi            Boost.MPI over an existing MPI_Comm          (comm/mpi.hpp, target commsgd::mpi)
+//   comm::process_group  a torch.distributed (c10d) process group    (comm/process_group.hpp, commsgd::torch)
 //   comm::metered<C>     counts bytes and messages of any C          (comm/metered.hpp)
 //   comm::simulated<C>   charges a modelled network clock for any C  (comm/simulated.hpp)
 //

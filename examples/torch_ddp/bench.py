@@ -1,0 +1,445 @@
+#!/usr/bin/python3
+"""DDP on Fashion-MNIST with PyTorch's communication hooks and commsgd's, head to head.
+
+Every scheme trains the same model from the same seed with SGD (momentum 0.9; for top-k the momentum moves
+into the hook as DGC's momentum correction) on the same shards with `--world` processes on gloo
+(127.0.0.1), and reports test accuracy as it goes, bytes and messages per rank per step, measured compute
+time, and a modelled time on a 1 and a 10 Gbit/s network.
+
+Bytes: commsgd's hooks count with comm::metered; PyTorch's hooks are counted from the tensors they pass to
+torch.distributed.all_reduce (wrapped here), charged as the same ring all-reduce comm::metered charges.
+Modelled step time = compute + max(alpha * messages sent + bytes sent / B, alpha * messages received +
+bytes received / B), alpha = 50 us: the formula of comm::simulated's network_model (rank 0's traffic).
+Compute = forward + backward + optimizer step of one rank's batch, measured in one process with one thread
+(the same work for every scheme), plus, for commsgd's top-k, the sparsifier's own time as the library
+measures it during the run. PyTorch hooks'
+own computation (casts, PowerSGD's matrix products and orthogonalisation) is not added: that favours them.
+
+    PYTHONPATH=build/dev/python /usr/bin/python3 examples/torch_ddp/bench.py --out bench/results/torch-ddp
+"""
+import argparse
+import csv
+import datetime
+import gzip
+import math
+import multiprocessing as mp
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook as psgd
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import commsgd_torch
+
+ALPHA = 50e-6
+BANDWIDTHS = {"1G": 125e6, "10G": 1250e6}
+WARMUP = 20  # dense iterations before compression starts, the same for PowerSGD, top-k and local SGD
+
+
+# ---- data and models -------------------------------------------------------------------------------------
+
+def idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    dims = struct.unpack(">i", data[:4])[0] & 0xFF
+    shape = struct.unpack(">" + "i" * dims, data[4:4 + 4 * dims])
+    return torch.frombuffer(bytearray(data[4 + 4 * dims:]), dtype=torch.uint8).reshape(shape)
+
+
+def fashion_mnist(root, split, count):
+    prefix = "train" if split == "train" else "t10k"
+    x = idx(os.path.join(root, f"{prefix}-images-idx3-ubyte.gz"))[:count]
+    y = idx(os.path.join(root, f"{prefix}-labels-idx1-ubyte.gz"))[:count]
+    return x.reshape(len(x), -1).float() / 255.0, y.long()
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128),
+                               torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+class CNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(1, 16, 5)
+        self.c2 = torch.nn.Conv2d(16, 32, 5)
+        self.f1 = torch.nn.Linear(512, 128)
+        self.f2 = torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = torch.max_pool2d(torch.relu(self.c1(x.view(-1, 1, 28, 28))), 2)
+        x = torch.max_pool2d(torch.relu(self.c2(x)), 2)
+        return self.f2(torch.relu(self.f1(x.flatten(1))))
+
+
+MODELS = {"mlp": mlp, "cnn": CNN}
+
+SCHEMES = ["ddp", "fp16", "bf16", "powersgd-r1", "powersgd-r2", "powersgd-r4",
+           "topk-laplace-1e-3", "topk-laplace-1e-2", "topk-radix-1e-3", "topk-radix-1e-2", "localsgd-h8"]
+
+
+# ---- traffic of PyTorch's hooks --------------------------------------------------------------------------
+
+class Counter:
+    """Per-rank traffic of the all-reduces PyTorch's hooks issue, charged as comm::metered's ring."""
+
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+        self.reset()
+
+    def reset(self):
+        self.bytes_sent = self.bytes_received = self.messages_sent = self.messages_received = 0
+
+    def all_reduce(self, tensor, element_size=None):
+        n, p, i = tensor.numel(), self.world, self.rank
+        esz = element_size or tensor.element_size()
+        if p == 1:
+            return
+        chunk = [n * (j + 1) // p - n * j // p for j in range(p)]
+        self.bytes_sent += esz * ((n - chunk[(i + 1) % p]) + (n - chunk[(i + 2) % p]))
+        self.bytes_received += esz * ((n - chunk[i]) + (n - chunk[(i + 1) % p]))
+        self.messages_sent += 2 * (p - 1)
+        self.messages_received += 2 * (p - 1)
+
+    def traffic(self):
+        return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+                "messages_sent": self.messages_sent, "messages_received": self.messages_received}
+
+
+def install_counter(counter):
+    original = dist.all_reduce
+
+    def counted(tensor, *args, **kwargs):
+        counter.all_reduce(tensor)
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = counted
+
+
+# ---- one run ---------------------------------------------------------------------------------------------
+
+def run(rank, world, a, model_name, scheme, store, queue):
+    try:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=300))
+        out = train(rank, world, a, model_name, scheme)
+        dist.barrier()
+        dist.destroy_process_group()
+        queue.put((rank, "ok", out))
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def train(rank, world, a, model_name, scheme):
+    x, y = fashion_mnist(a.data, "train", a.train)
+    xt, yt = fashion_mnist(a.data, "test", a.test)
+    shard = len(x) // world
+    x, y = x[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
+    torch.manual_seed(a.seed)
+    model = MODELS[model_name]()
+    ddp = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    counter = Counter(rank, world)
+    state = None
+    if scheme == "ddp":
+        install_counter(counter)
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    elif scheme == "fp16":
+        install_counter(counter)
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif scheme == "bf16":
+        # bf16_compress_hook needs NCCL, and gloo cannot sum bfloat16: the same rounding is emulated (each
+        # rank's bucket and the sum rounded to bfloat16, the sum taken in float32) and charged at 2 bytes.
+        def bf16_emulated(_, bucket):
+            buf = bucket.buffer()
+            wire = buf.to(torch.bfloat16).div_(world).to(torch.float32)
+            counter.all_reduce(wire, element_size=2)
+            fut = dist.all_reduce(wire, async_op=True).get_future()
+
+            def decompress(f):
+                buf.copy_(f.value()[0].to(torch.bfloat16).to(torch.float32))
+                return buf
+            return fut.then(decompress)
+        ddp.register_comm_hook(None, bf16_emulated)
+    elif scheme.startswith("powersgd"):
+        install_counter(counter)
+        r = int(scheme.split("-r")[1])
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=r, start_powerSGD_iter=WARMUP,
+                                   use_error_feedback=True, warm_start=True, random_seed=a.seed)
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    elif scheme.startswith("topk"):
+        _, selector, density = scheme.split("-", 2)
+        selector = {"laplace": "laplace_bisect", "radix": "radix"}[selector]
+        # DGC: the momentum moves into the hook (momentum correction), the optimizer steps without it.
+        state = commsgd_torch.TopKState(model, density=float(density), selector=selector, momentum=0.9,
+                                        dense_warmup_steps=WARMUP)
+        for group in opt.param_groups:
+            group["momentum"] = 0.0
+        ddp.register_comm_hook(state, commsgd_torch.topk_hook)
+    elif scheme.startswith("localsgd"):
+        period = int(scheme.split("-h")[1])
+        state = commsgd_torch.LocalSGD(model, lr=a.lr, period=period, warmup_steps=WARMUP, optimizer=opt)
+        ddp.register_comm_hook(state, commsgd_torch.local_sgd_hook)
+    else:
+        raise ValueError(f"unknown scheme {scheme}")
+
+    def traffic():
+        return state.traffic() if isinstance(state, (commsgd_torch.TopKState, commsgd_torch.LocalSGD)) \
+            else counter.traffic()
+
+    g = torch.Generator().manual_seed(a.seed + rank)
+    steps_per_epoch = shard // a.batch
+    evals_per_epoch = a.evals_per_epoch
+    eval_at = {round(steps_per_epoch * k / evals_per_epoch) for k in range(1, evals_per_epoch + 1)}
+    records, step = [], 0
+    prev = dict(traffic())
+    prev_hook = 0.0
+    loss_fn = torch.nn.functional.cross_entropy
+    for epoch in range(a.epochs):
+        order = torch.randperm(shard, generator=g)
+        for b in range(steps_per_epoch):
+            i = order[b * a.batch:(b + 1) * a.batch]
+            opt.zero_grad()
+            loss = loss_fn(ddp(x[i]), y[i])
+            loss.backward()
+            opt.step()
+            if isinstance(state, commsgd_torch.LocalSGD):
+                state.step(loss.item())
+            step += 1
+            now = dict(traffic())
+            rec = {k: now[k] - prev[k] for k in ("bytes_sent", "bytes_received", "messages_sent",
+                                                  "messages_received")}
+            prev = now
+            if isinstance(state, commsgd_torch.TopKState):
+                rec["hook_s"] = state.compute_seconds() - prev_hook
+                prev_hook = state.compute_seconds()
+            else:
+                rec["hook_s"] = 0.0
+            rec["step"], rec["epoch"] = step, step / steps_per_epoch
+            if (b + 1) in eval_at:
+                with torch.no_grad():
+                    rec["acc"] = (model(xt).argmax(1) == yt).float().mean().item()
+            records.append(rec)
+    return {"records": records}
+
+
+def measure_compute(a, model_name, steps=60):
+    """Median seconds of forward + backward + SGD step of one rank's batch, one process, one thread: what a
+    rank with a core of its own spends between exchanges (4 ranks on this 2-core machine would time each
+    other's work instead)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(a.seed)
+    x, y = fashion_mnist(a.data, "train", a.batch * steps)
+    model = MODELS[model_name]()
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    times = []
+    for s in range(steps):
+        xb, yb = x[s * a.batch:(s + 1) * a.batch], y[s * a.batch:(s + 1) * a.batch]
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[5:])
+
+
+def launch(a, model_name, scheme):
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=run, args=(r, a.world, a, model_name, scheme, store, queue))
+                 for r in range(a.world)]
+        for p in procs:
+            p.start()
+        results = {}
+        for _ in range(a.world):
+            rank, status, out = queue.get(timeout=1800)
+            if status != "ok":
+                raise RuntimeError(f"{model_name}/{scheme} rank {rank}:\n{out}")
+            results[rank] = out
+        for p in procs:
+            p.join()
+    return results[0]
+
+
+# ---- report ----------------------------------------------------------------------------------------------
+
+def modelled(records, compute_s, bandwidth):
+    t, out = 0.0, []
+    for r in records:
+        tx = ALPHA * r["messages_sent"] + r["bytes_sent"] / bandwidth
+        rx = ALPHA * r["messages_received"] + r["bytes_received"] / bandwidth
+        t += compute_s + r["hook_s"] + max(tx, rx)
+        out.append(t)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--out", required=True, help="folder for the CSV files, the table and the plot")
+    p.add_argument("--models", default="mlp,cnn")
+    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--world", type=int, default=4)
+    p.add_argument("--train", type=int, default=16000)
+    p.add_argument("--test", type=int, default=2000)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--evals-per-epoch", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--target-gap", type=float, default=0.02,
+                   help="target accuracy = DDP allreduce's final accuracy minus this")
+    p.add_argument("--report", action="store_true", help="only rewrite goal.md from OUT/summary.csv")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    if a.report:
+        with open(os.path.join(a.out, "summary.csv")) as f:
+            write_goal(a.out, list(csv.DictReader(f)))
+        return
+    models, schemes = a.models.split(","), a.schemes.split(",")
+    curves, summary = [], []
+    for m in models:
+        runs = {}
+        compute_s = measure_compute(a, m)
+        print(f"{m:4s} compute per step {1e3 * compute_s:.2f} ms (one process, one thread)", flush=True)
+        for s in schemes:
+            t0 = time.time()
+            res = launch(a, m, s)
+            res["compute_s"] = compute_s
+            runs[s] = res
+            accs = [r["acc"] for r in res["records"] if "acc" in r]
+            print(f"{m:4s} {s:20s} final accuracy {accs[-1]:.4f}  ({time.time() - t0:.0f} s)", flush=True)
+        base = runs.get("ddp") or next(iter(runs.values()))
+        target = [r["acc"] for r in base["records"] if "acc" in r][-1] - a.target_gap
+        for s, res in runs.items():
+            recs = res["records"]
+            times = {k: modelled(recs, res["compute_s"], bw) for k, bw in BANDWIDTHS.items()}
+            n = len(recs)
+            per_step = {k: sum(r[k] for r in recs) / n for k in ("bytes_sent", "bytes_received", "messages_sent")}
+            reached = {k: None for k in BANDWIDTHS}
+            per_epoch = {}
+            for j, r in enumerate(recs):
+                if "acc" not in r:
+                    continue
+                curves.append([m, s, r["step"], f"{r['epoch']:.3f}", f"{r['acc']:.4f}",
+                               f"{times['1G'][j]:.4f}", f"{times['10G'][j]:.4f}"])
+                if abs(r["epoch"] - round(r["epoch"])) < 1e-9:
+                    per_epoch[round(r["epoch"])] = r["acc"]
+                for k in BANDWIDTHS:
+                    if reached[k] is None and r["acc"] >= target:
+                        reached[k] = times[k][j]
+            accs = [r["acc"] for r in recs if "acc" in r]
+            summary.append({
+                "model": m, "scheme": s, "final_acc": accs[-1], "target": target,
+                "acc_per_epoch": " ".join(f"{per_epoch[e]:.3f}" for e in sorted(per_epoch)),
+                "bytes_sent_per_step": per_step["bytes_sent"], "bytes_received_per_step": per_step["bytes_received"],
+                "messages_sent_per_step": per_step["messages_sent"],
+                "compute_ms_per_step": 1e3 * (res["compute_s"] + sum(r["hook_s"] for r in recs) / n),
+                "t_target_1G_s": reached["1G"], "t_target_10G_s": reached["10G"],
+                "t_total_1G_s": times["1G"][-1], "t_total_10G_s": times["10G"][-1]})
+    with open(os.path.join(a.out, "curves.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "scheme", "step", "epoch", "test_accuracy", "modelled_s_1G", "modelled_s_10G"])
+        w.writerows(curves)
+    with open(os.path.join(a.out, "summary.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(summary[0].keys()))
+        w.writeheader()
+        w.writerows(summary)
+    write_goal(a.out, summary)
+    table = render_table(summary)
+    with open(os.path.join(a.out, "table.md"), "w") as f:
+        f.write(table)
+    print(table)
+    plot(a.out, models, schemes)
+
+
+def write_goal(out, summary):
+    """The issue's goal, per model: at 1 Gbit/s the best commsgd scheme reaches the target >= 1.2x sooner than
+    the best PowerSGD rank and >= 3x sooner than DDP allreduce, with final accuracy within 1 point of DDP."""
+    def num(v):
+        return None if v in (None, "", "None") else float(v)
+    lines = ["| model | scheme | final acc | bytes sent/step (mean, warm-up included) | to target @1G (s) |",
+             "|---|---|---|---|---|"]
+    verdicts = []
+    for m in dict.fromkeys(r["model"] for r in summary):
+        rows = [r for r in summary if r["model"] == m]
+        def best(prefixes):
+            cands = [r for r in rows if r["scheme"].startswith(prefixes)]
+            reached = [r for r in cands if num(r["t_target_1G_s"]) is not None]
+            if reached:
+                return min(reached, key=lambda r: num(r["t_target_1G_s"]))
+            return max(cands, key=lambda r: num(r["final_acc"])) if cands else None
+        picks = [("DDP allreduce", best(("ddp",))), ("fp16", best(("fp16",))),
+                 ("best PowerSGD", best(("powersgd",))), ("best commsgd", best(("topk", "localsgd")))]
+        for label, r in picks:
+            if r is not None:
+                lines.append(f"| {m} | {label}: {r['scheme']} | {num(r['final_acc']):.4f} | "
+                             f"{num(r['bytes_sent_per_step']):.0f} | {fmt_s(num(r['t_target_1G_s']))} |")
+        ddp, ps, ours = picks[0][1], picks[2][1], picks[3][1]
+        t = {k: (num(r["t_target_1G_s"]) if r else None) for k, r in (("ddp", ddp), ("ps", ps), ("ours", ours))}
+        if t["ours"] is None:
+            verdicts.append(f"{m}: the best commsgd scheme did not reach the target: goal not met")
+            continue
+        vs_ps = (t["ps"] / t["ours"]) if t["ps"] else float("inf")
+        vs_ddp = (t["ddp"] / t["ours"]) if t["ddp"] else float("inf")
+        gap = 100 * (num(ddp["final_acc"]) - num(ours["final_acc"]))
+        met = vs_ps >= 1.2 and vs_ddp >= 3.0 and gap <= 1.0
+        verdicts.append(f"{m}: {ours['scheme']} reaches the target {vs_ps:.2f}x sooner than the best PowerSGD "
+                        f"rank and {vs_ddp:.2f}x sooner than DDP allreduce, final accuracy {abs(gap):.2f} points "
+                        f"{'below' if gap >= 0 else 'above'} DDP's: goal {'met' if met else 'not met'}")
+    text = "\n".join(lines) + "\n\n" + "\n".join(f"- {v}" for v in verdicts) + "\n"
+    with open(os.path.join(out, "goal.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+def fmt_s(v):
+    return "not reached" if v is None else f"{v:.2f}"
+
+
+def render_table(summary):
+    lines = ["| model | scheme | final acc | acc per epoch | bytes sent/step | compute ms/step | "
+             "to target @1G (s) | to target @10G (s) | total @1G (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in summary:
+        lines.append(f"| {r['model']} (target {r['target']:.3f}) | {r['scheme']} | {r['final_acc']:.4f} | "
+                     f"{r['acc_per_epoch']} | {r['bytes_sent_per_step']:.0f} | {r['compute_ms_per_step']:.2f} | "
+                     f"{fmt_s(r['t_target_1G_s'])} | {fmt_s(r['t_target_10G_s'])} | {r['t_total_1G_s']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(out, models, schemes):
+    script = [f"set terminal pngcairo size 1400,{500 * len(models)} font ',10'",
+              f"set output '{os.path.join(out, 'accuracy_vs_modelled_time.png')}'",
+              "set datafile separator ','", f"set multiplot layout {len(models)},2",
+              "set key bottom right font ',8'", "set grid", "set ylabel 'test accuracy'", "set yrange [0.4:*]"]
+    csvp = os.path.join(out, "curves.csv")
+    for m in models:
+        for col, net in ((6, "1 Gbit/s"), (7, "10 Gbit/s")):
+            script.append(f"set title '{m}: test accuracy vs modelled time, {net}'")
+            script.append("set xlabel 'modelled seconds (log)'")
+            script.append("set logscale x")
+            parts = [f"'{csvp}' using (strcol(1) eq '{m}' && strcol(2) eq '{s}' ? ${col} : NaN):5 "
+                     f"with linespoints pt 7 ps 0.4 title '{s}'" for s in schemes]
+            script.append("plot " + ", ".join(parts))
+    script.append("unset multiplot")
+    try:
+        subprocess.run(["gnuplot"], input="\n".join(script), text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"bench: no plot ({e})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,592 @@
+// comm::process_group: the communicator over a torch.distributed (c10d) process group (target
+// commsgd::torch).
+//
+//   auto store = c10::make_intrusive<c10d::FileStore>(path, world_size);
+//   auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+//   commsgd::comm::process_group c(pg, store);     // the store is needed only by split()
+//
+// The group is shared, not copied: the caller keeps using it, and commsgd's traffic is ordered with the
+// caller's on the group's own queue. A trainer that issues its own collectives from another thread (a DDP
+// hook runs in the autograd thread) should give commsgd a group of its own (torch.distributed.new_group).
+//
+// Data path: every operation wraps the caller's memory in a tensor (no copy) and waits for the c10d work.
+// all_reduce_sum maps float, double and int32 to the matching tensor types; uint32 travels as int32, whose
+// two's-complement sum has the same bits. Everything else travels as bytes. Counts are 64-bit: tensors are
+// indexed by int64, so no transfer is split or truncated. c10d failures (a peer left, a timeout) surface as
+// commsgd::comm_error carrying torch's message.
+//
+// Size agreement: all_reduce_sum, all_gather and broadcast first agree on their sizes (and broadcast on its
+// root) in one 16- to 32-byte all-reduce, so ranks that disagree all throw size_mismatch instead of hanging
+// or crashing the backend; set_verify_sizes(false) on every rank skips it. all_gather_v exchanges its counts
+// anyway and pads every contribution to the largest (c10d's all-gather takes equal blocks), so unequal
+// contributions cost up to size() * max count bytes of traffic; the sparse exchange's counts are close.
+//
+// Point-to-point framing: a message is an 8-byte header (the payload's byte count) followed, when the count
+// is not zero, by the payload, both on the caller's tag. A receive posts the header first and the payload
+// only once the header has said how long it is, so a message of the wrong length is drained into scratch
+// memory and reported as a comm_error; the backend never sees mismatched buffers. Receives on the same
+// (peer, tag) channel are matched in the order they were posted, whichever of them the caller waits for
+// first. isend and irecv wait on a short-lived thread of their own (gloo's work reports completion only
+// through a blocking wait, and test() must not block); blocking send and recv use the caller's thread.
+// Destroying a request that has not completed waits for its send, or for a receive whose payload is
+// already posted; a receive whose header has not arrived is abandoned and its message drained on arrival.
+//
+// split(color, key) creates a new c10d group of the same backend for each colour: ranks rendezvous on the
+// store under a prefix unique to this split, and the group is made by the factory passed at construction,
+// or, for a gloo parent, by a gloo group with the parent's options (devices, timeout, threads).
+//
+// Not thread safe: one thread at a time per communicator (its splits included).
+#pragma once
+
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/error.hpp>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#ifdef USE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace commsgd::inline v1::comm {
+
+namespace detail {
+
+template <class T>
+inline at::ScalarType pg_scalar_type() noexcept {
+  if constexpr (std::same_as<T, float>)
+    return at::kFloat;
+  else if constexpr (std::same_as<T, double>)
+    return at::kDouble;
+  else // int32 and uint32 (same bits under a wrapping sum)
+    return at::kInt;
+}
+
+// A tensor over caller memory; the caller keeps it alive until the work completes.
+inline at::Tensor pg_bytes(const void* data, std::size_t bytes) {
+  return at::from_blob(const_cast<void*>(data), {static_cast<std::int64_t>(bytes)},
+                       at::TensorOptions().dtype(at::kByte));
+}
+
+template <class T>
+at::Tensor pg_typed(std::span<T> data) {
+  return at::from_blob(const_cast<std::remove_const_t<T>*>(data.data()),
+                       {static_cast<std::int64_t>(data.size())},
+                       at::TensorOptions().dtype(pg_scalar_type<std::remove_const_t<T>>()));
+}
+
+// Waits for c10d work, turning torch's errors into comm_error.
+inline void pg_wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    throw comm_error(commsgd::detail::concat(what, " failed: ", e.what()));
+  }
+}
+
+template <class F>
+auto pg_call(const char* what, F&& f) {
+  try {
+    return f();
+  } catch (const commsgd::error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw comm_error(commsgd::detail::concat(what, " failed: ", e.what()));
+  }
+}
+
+// One receive: its header lands in `header`, its payload in the caller's buffer or, when the lengths differ
+// or the request was abandoned, in `scratch`. `posted` is set once its payload receive is posted, which is
+// when the next receive on the same (peer, tag) channel may post its header.
+struct pg_recv_op {
+  at::Tensor header = at::zeros({1}, at::TensorOptions().dtype(at::kLong));
+  void* data = nullptr;
+  std::size_t bytes = 0; // what the caller expects
+  std::vector<std::byte> scratch;
+  std::mutex mutex;
+  bool payload_posted = false;
+  bool abandoned = false;
+  std::promise<void> posted;
+};
+
+// Runs one receive to completion on the calling thread.
+inline void pg_run_recv(pg_recv_op& op, const std::shared_future<void>& before,
+                        const c10::intrusive_ptr<c10d::ProcessGroup>& group, int peer, int tag) {
+  c10::intrusive_ptr<c10d::Work> payload;
+  std::string failure;
+  try {
+    if (before.valid()) before.wait();
+    std::vector<at::Tensor> h{op.header};
+    pg_wait(pg_call("recv (header)", [&] { return group->recv(h, peer, tag); }), "recv (header)");
+    const auto got = static_cast<std::uint64_t>(op.header.data_ptr<std::int64_t>()[0]);
+    std::lock_guard<std::mutex> lock(op.mutex);
+    void* target = op.data;
+    if (op.abandoned || got != op.bytes) {
+      if (!op.abandoned)
+        failure = commsgd::detail::concat("recv from rank ", peer, " with tag ", tag, ": the message holds ",
+                                          got, " byte(s), the receive buffer holds ", op.bytes);
+      op.scratch.resize(got);
+      target = op.scratch.data();
+    }
+    if (got > 0) {
+      std::vector<at::Tensor> t{pg_bytes(target, got)};
+      payload = pg_call("recv", [&] { return group->recv(t, peer, tag); });
+    }
+    op.payload_posted = true;
+    op.posted.set_value();
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(op.mutex);
+    if (!op.payload_posted) {
+      op.payload_posted = true;
+      op.posted.set_value();
+    }
+    throw;
+  }
+  if (payload) pg_wait(payload, "recv");
+  if (!failure.empty()) throw comm_error(failure);
+}
+
+// Runs `body` on its own thread; the returned future carries its outcome. c10d's gloo work reports completion
+// only through a blocking wait, so a non-blocking test() needs a thread to do the waiting.
+template <class F>
+std::future<void> pg_in_background(F body) {
+  std::promise<void> done;
+  auto result = done.get_future();
+  std::thread([body = std::move(body), done = std::move(done)]() mutable {
+    try {
+      body();
+      done.set_value();
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+  }).detach();
+  return result;
+}
+
+} // namespace detail
+
+// Result of comm::process_group isend/irecv.
+class process_group_request {
+public:
+  process_group_request() = default;
+  process_group_request(const process_group_request&) = delete;
+  process_group_request& operator=(const process_group_request&) = delete;
+  process_group_request(process_group_request&& o) noexcept = default;
+  process_group_request& operator=(process_group_request&& o) noexcept {
+    if (this != &o) {
+      abandon();
+      recv_ = std::move(o.recv_);
+      done_ = std::move(o.done_);
+    }
+    return *this;
+  }
+  ~process_group_request() { abandon(); }
+
+  void wait() {
+    if (done_.valid()) done_.get();
+  }
+
+  bool test() {
+    if (done_.valid() && done_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+    wait();
+    return true;
+  }
+
+private:
+  friend class process_group;
+
+  // Never leaves the backend writing into memory the caller may free next (see the note at the top).
+  void abandon() noexcept {
+    if (!done_.valid()) return;
+    if (recv_) {
+      std::lock_guard<std::mutex> lock(recv_->mutex);
+      if (!recv_->payload_posted) {
+        recv_->abandoned = true;
+        recv_->data = nullptr;
+        return;
+      }
+    }
+    done_.wait();
+  }
+
+  std::shared_ptr<detail::pg_recv_op> recv_; // null for a send
+  std::future<void> done_;
+};
+
+class process_group {
+public:
+  using request_type = process_group_request;
+  using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
+  using store_ptr = c10::intrusive_ptr<c10d::Store>;
+  // Makes the group of a split: (a store whose keys are private to the new group, rank, size).
+  using group_factory = std::function<group_ptr(const store_ptr&, int rank, int size)>;
+
+  // `store` and `make_group` are needed only by split(); see the note at the top.
+  explicit process_group(group_ptr group, store_ptr store = {}, group_factory make_group = {})
+      : store_(std::move(store)), make_(std::move(make_group)) {
+    if (!group) throw invalid_argument("argument 'group' is null; a c10d process group is required");
+    channels_ = std::make_shared<channels>();
+    channels_->group = std::move(group);
+    rank_ = channels_->group->getRank();
+    size_ = channels_->group->getSize();
+  }
+
+  process_group(const process_group&) = delete;
+  process_group& operator=(const process_group&) = delete;
+  process_group(process_group&&) noexcept = default;
+  process_group& operator=(process_group&&) noexcept = default;
+  ~process_group() = default;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const group_ptr& native() const noexcept { return channels_->group; }
+  const store_ptr& store() const noexcept { return store_; }
+
+  bool verify_sizes() const noexcept { return verify_; }
+  // Every rank must choose alike.
+  void set_verify_sizes(bool on) noexcept { verify_ = on; }
+
+  void barrier() {
+    detail::pg_wait(detail::pg_call("barrier", [&] { return group().barrier(); }), "barrier");
+  }
+
+  template <reducible T>
+  void all_reduce_sum(std::span<T> data) {
+    if (size_ == 1) return;
+    if (verify_) agree_on_count("all_reduce_sum", "data.size()", data.size());
+    if (data.empty()) return;
+    std::vector<at::Tensor> t{detail::pg_typed(data)};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    detail::pg_wait(detail::pg_call("allreduce", [&] { return group().allreduce(t, o); }), "allreduce");
+  }
+
+  template <transferable T>
+  void all_gather(std::span<const T> mine, std::span<T> all) {
+    const std::size_t m = mine.size();
+    const bool fits = all.size() == m * static_cast<std::size_t>(size_);
+    if (verify_) {
+      const auto mm = min_max<2>({m, fits ? 0u : 1u});
+      if (mm[0].first != mm[0].second) throw disagreement("all_gather", "mine.size()", m, mm[0]);
+      if (mm[1].second != 0) throw bad_all_size(m, all.size(), fits ? "another rank" : "this rank");
+    } else if (!fits) {
+      throw bad_all_size(m, all.size(), "this rank");
+    }
+    if (m == 0) return;
+    gather_bytes(mine.data(), m * sizeof(T), all.data());
+  }
+
+  template <transferable T>
+  std::vector<std::size_t> all_gather_v(std::span<const T> mine, std::vector<T>& all) {
+    std::vector<std::int64_t> counts64(static_cast<std::size_t>(size_));
+    const std::int64_t my_count = static_cast<std::int64_t>(mine.size());
+    gather_bytes(&my_count, sizeof my_count, counts64.data());
+    std::vector<std::size_t> counts(counts64.begin(), counts64.end());
+    std::size_t total = 0, most = 0;
+    for (auto c : counts) {
+      total += c;
+      most = std::max(most, c);
+    }
+    all.resize(total);
+    if (total == 0) return counts;
+    if (most == mine.size() && static_cast<std::size_t>(size_) * most == total) {
+      gather_bytes(mine.data(), most * sizeof(T), all.data());
+      return counts;
+    }
+    // c10d gathers equal blocks: pad every contribution to the largest, then close the gaps.
+    std::vector<T> padded(most), gathered(most * static_cast<std::size_t>(size_));
+    std::copy(mine.begin(), mine.end(), padded.begin());
+    gather_bytes(padded.data(), most * sizeof(T), gathered.data());
+    std::size_t offset = 0;
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(r * most), counts[r],
+                  all.begin() + static_cast<std::ptrdiff_t>(offset));
+      offset += counts[r];
+    }
+    return counts;
+  }
+
+  template <transferable T>
+  void broadcast(std::span<T> data, int root) {
+    if (verify_ && size_ > 1) {
+      // Root and size travel together, so a rank with another root (even an invalid one) fails everywhere.
+      const auto mm = min_max<2>({data.size(), ordered(root)});
+      if (mm[1].first != mm[1].second)
+        throw invalid_argument(commsgd::detail::concat(
+            "broadcast: ranks disagree on 'root' (this rank passed ", root, ", others passed values from ",
+            unordered(mm[1].first), " to ", unordered(mm[1].second), ")"));
+      check_peer("root", root);
+      if (mm[0].first != mm[0].second) throw disagreement("broadcast", "data.size()", data.size(), mm[0]);
+    } else {
+      check_peer("root", root);
+    }
+    if (size_ == 1 || data.empty()) return;
+    std::vector<at::Tensor> t{detail::pg_bytes(data.data(), data.size_bytes())};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    detail::pg_wait(detail::pg_call("broadcast", [&] { return group().broadcast(t, o); }), "broadcast");
+  }
+
+  // Returns once the data is copied: c10d sends complete only when the receiver has posted its receive, and a
+  // blocking send must not wait for that (two ranks that send to each other first would never meet). A
+  // failure of the transfer surfaces at this communicator's next send, or at flush().
+  template <transferable T>
+  void send(std::span<const T> data, int dest, int tag) {
+    check_p2p("dest", dest, tag);
+    flush(false);
+    at::Tensor copy =
+        at::empty({static_cast<std::int64_t>(data.size_bytes())}, at::TensorOptions().dtype(at::kByte));
+    if (!data.empty()) std::memcpy(copy.data_ptr(), data.data(), data.size_bytes());
+    auto works = post_send(copy.data_ptr(), data.size_bytes(), dest, tag);
+    channels_->buffered.push_back(detail::pg_in_background([works = std::move(works), copy] {
+      for (auto& w : works)
+        detail::pg_wait(w, "send");
+    }));
+  }
+
+  // Waits for every buffered send (when `all`, else only reaps finished ones) and raises the first failure.
+  void flush(bool all = true) {
+    auto& b = channels_->buffered;
+    std::exception_ptr first;
+    for (auto it = b.begin(); it != b.end();) {
+      if (!all && it->wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+        ++it;
+        continue;
+      }
+      try {
+        it->get();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+      it = b.erase(it);
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  template <transferable T>
+  void recv(std::span<T> data, int source, int tag) {
+    check_p2p("source", source, tag);
+    auto op = make_recv(data.data(), data.size_bytes());
+    detail::pg_run_recv(*op, chain(op, source, tag), native(), source, tag);
+  }
+
+  template <transferable T>
+  process_group_request isend(std::span<const T> data, int dest, int tag) {
+    check_p2p("dest", dest, tag);
+    auto works = post_send(data.data(), data.size_bytes(), dest, tag);
+    process_group_request req;
+    req.done_ = detail::pg_in_background([works = std::move(works)] {
+      for (auto& w : works)
+        detail::pg_wait(w, "send");
+    });
+    return req;
+  }
+
+  template <transferable T>
+  process_group_request irecv(std::span<T> data, int source, int tag) {
+    check_p2p("source", source, tag);
+    auto op = make_recv(data.data(), data.size_bytes());
+    process_group_request req;
+    req.recv_ = op;
+    req.done_ = detail::pg_in_background([op, before = chain(op, source, tag), group = native(), source,
+                                          tag] { detail::pg_run_recv(*op, before, group, source, tag); });
+    return req;
+  }
+
+  // Collective; the new communicator inherits this one's store, factory and size checking.
+  process_group split(int color, int key) {
+    std::array<std::int32_t, 2> mine{color, key};
+    std::vector<std::int32_t> all(2 * static_cast<std::size_t>(size_));
+    gather_bytes(mine.data(), sizeof mine, all.data());
+    int lowest = color;
+    for (int r = 0; r < size_; ++r)
+      lowest = std::min(lowest, all[2 * static_cast<std::size_t>(r)]);
+    if (lowest < 0)
+      throw invalid_argument(commsgd::detail::concat("split: argument 'color' = ", lowest,
+                                                     lowest == color ? "" : " (on another rank)",
+                                                     " is outside the allowed range [0, inf)"));
+    std::vector<std::pair<std::int32_t, int>> members; // (key, rank) of this colour
+    for (int r = 0; r < size_; ++r)
+      if (all[2 * static_cast<std::size_t>(r)] == color)
+        members.emplace_back(all[2 * static_cast<std::size_t>(r) + 1], r);
+    std::sort(members.begin(), members.end());
+    int new_rank = 0;
+    while (members[static_cast<std::size_t>(new_rank)].second != rank_)
+      ++new_rank;
+    const int new_size = static_cast<int>(members.size());
+    const std::string prefix = commsgd::detail::concat(prefix_, "/", splits_++, "/", color);
+    if (!store_)
+      throw unsupported("split: this process_group was made without a store, so it cannot create groups; "
+                        "pass the store the group was created with");
+    auto child_store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
+    group_ptr child = detail::pg_call("creating the split group", [&] {
+      return make_ ? make_(child_store, new_rank, new_size) : default_group(child_store, new_rank, new_size);
+    });
+    process_group out(std::move(child), store_, make_);
+    out.prefix_ = prefix;
+    out.verify_ = verify_;
+    return out;
+  }
+
+private:
+  c10d::ProcessGroup& group() const noexcept { return *channels_->group; }
+
+  group_ptr default_group(const store_ptr& store, int rank, int size) const {
+#ifdef USE_C10D_GLOO
+    if (auto gloo = c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupGloo>(channels_->group))
+      return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo->getOptions());
+#endif
+    throw unsupported(commsgd::detail::concat("split: no group factory was given and backend '",
+                                              group().getBackendName(),
+                                              "' has no default; pass a group_factory to the constructor"));
+  }
+
+  // c10d's all-gather of equal byte blocks; `out` holds size() blocks.
+  void gather_bytes(const void* mine, std::size_t bytes, void* out) {
+    if (size_ == 1) {
+      std::memcpy(out, mine, bytes);
+      return;
+    }
+    std::vector<at::Tensor> in{detail::pg_bytes(mine, bytes)};
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (int r = 0; r < size_; ++r)
+      outs[0].push_back(
+          detail::pg_bytes(static_cast<std::byte*>(out) + static_cast<std::size_t>(r) * bytes, bytes));
+    detail::pg_wait(detail::pg_call("allgather", [&] { return group().allgather(outs, in); }), "allgather");
+  }
+
+  static constexpr std::uint64_t ordered(int v) noexcept {
+    return static_cast<std::uint64_t>(static_cast<std::int64_t>(v) - INT_MIN);
+  }
+  static constexpr long long unordered(std::uint64_t v) noexcept {
+    return static_cast<long long>(v) + INT_MIN;
+  }
+
+  void check_peer(const char* name, int value) const {
+    if (value < 0 || value >= size_)
+      throw invalid_argument(commsgd::detail::concat("argument '", name, "' = ", value,
+                                                     " is outside the allowed range [0, ", size_, ")"));
+  }
+
+  void check_p2p(const char* name, int peer, int tag) const {
+    check_peer(name, peer);
+    if (tag < 0)
+      throw invalid_argument(commsgd::detail::concat("argument 'tag' = ", tag,
+                                                     " is outside the allowed range [0, ", INT_MAX, "]"));
+    // c10d backends have no messages to self.
+    if (peer == rank_)
+      throw unsupported(commsgd::detail::concat("point-to-point with this rank itself (", peer,
+                                                ") is not supported over a c10d process group"));
+  }
+
+  // Posts the header and the payload (when not empty) of one message.
+  std::vector<c10::intrusive_ptr<c10d::Work>> post_send(const void* data, std::size_t bytes, int dest,
+                                                        int tag) {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<at::Tensor> h{
+        at::full({1}, static_cast<std::int64_t>(bytes), at::TensorOptions().dtype(at::kLong))};
+    works.push_back(detail::pg_call("send (header)", [&] { return group().send(h, dest, tag); }));
+    if (bytes > 0) {
+      std::vector<at::Tensor> t{detail::pg_bytes(data, bytes)};
+      works.push_back(detail::pg_call("send", [&] { return group().send(t, dest, tag); }));
+    }
+    return works;
+  }
+
+  static std::shared_ptr<detail::pg_recv_op> make_recv(void* data, std::size_t bytes) {
+    auto op = std::make_shared<detail::pg_recv_op>();
+    op->data = data;
+    op->bytes = bytes;
+    return op;
+  }
+
+  // Appends a receive to its (peer, tag) channel; returns when the receive before it has posted its payload.
+  std::shared_future<void> chain(const std::shared_ptr<detail::pg_recv_op>& op, int peer, int tag) {
+    auto& last = channels_->last[{peer, tag}];
+    std::shared_future<void> before = std::move(last);
+    last = op->posted.get_future().share();
+    return before;
+  }
+
+  // Smallest and largest of each value over all ranks, in one small all-reduce (max of v and of ~v).
+  template <std::size_t K>
+  std::array<std::pair<std::uint64_t, std::uint64_t>, K> min_max(std::array<std::uint64_t, K> v) {
+    std::array<std::pair<std::uint64_t, std::uint64_t>, K> out;
+    // int64 max over (v >> 1, v & 1) halves would do; flipping the top bit keeps the order in signed form.
+    std::array<std::int64_t, 2 * K> buf;
+    constexpr std::uint64_t flip = std::uint64_t{1} << 63;
+    for (std::size_t k = 0; k < K; ++k) {
+      buf[2 * k] = static_cast<std::int64_t>(v[k] ^ flip);
+      buf[2 * k + 1] = static_cast<std::int64_t>(~v[k] ^ flip);
+    }
+    if (size_ > 1) {
+      std::vector<at::Tensor> t{at::from_blob(buf.data(), {static_cast<std::int64_t>(2 * K)},
+                                              at::TensorOptions().dtype(at::kLong))};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::MAX;
+      detail::pg_wait(detail::pg_call("allreduce", [&] { return group().allreduce(t, o); }), "allreduce");
+    }
+    for (std::size_t k = 0; k < K; ++k)
+      out[k] = {~(static_cast<std::uint64_t>(buf[2 * k + 1]) ^ flip),
+                static_cast<std::uint64_t>(buf[2 * k]) ^ flip};
+    return out;
+  }
+
+  void agree_on_count(const char* op, const char* arg, std::size_t n) {
+    const auto mm = min_max<1>({n});
+    if (mm[0].first != mm[0].second) throw disagreement(op, arg, n, mm[0]);
+  }
+
+  static size_mismatch disagreement(const char* op, const char* arg, std::size_t mine,
+                                    std::pair<std::uint64_t, std::uint64_t> range) {
+    return size_mismatch(commsgd::detail::concat(op, ": ranks disagree on ", arg, " (this rank has ", mine,
+                                                 ", the ranks have values from ", range.first, " to ",
+                                                 range.second, ")"));
+  }
+
+  size_mismatch bad_all_size(std::size_t m, std::size_t all, const char* where) const {
+    return size_mismatch(commsgd::detail::concat(
+        "all_gather: on ", where,
+        " argument 'all' does not hold size() * mine.size() elements (this rank: all.size() = ", all,
+        ", size() * mine.size() = ", size_, " * ", m, ")"));
+  }
+
+  // Shared by the moved-from and moved-to communicator alike, so a move never loses a channel's order.
+  struct channels {
+    group_ptr group;
+    std::map<std::pair<int, int>, std::shared_future<void>> last; // (peer, tag) -> last receive posted
+    std::vector<std::future<void>> buffered;                      // blocking sends still in flight
+  };
+  std::shared_ptr<channels> channels_;
+  store_ptr store_;
+  group_factory make_;
+  std::string prefix_ = "commsgd";
+  std::uint64_t splits_ = 0;
+  int rank_ = 0;
+  int size_ = 0;
+  bool verify_ = true;
+};
+
+static_assert(request<process_group_request>);
+static_assert(communicator<process_group>);
+
+} // namespace commsgd::inline v1::comm

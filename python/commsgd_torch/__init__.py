@@ -1,0 +1,149 @@
+"""commsgd for PyTorch DDP: communication hooks backed by the commsgd library.
+
+    import commsgd_torch
+    state = commsgd_torch.TopKState(model, density=0.01, selector="laplace_bisect")
+    ddp.register_comm_hook(state, commsgd_torch.topk_hook)
+
+    ls = commsgd_torch.LocalSGD(model, lr=0.1, period=8, warmup_steps=20)
+    ddp.register_comm_hook(ls, commsgd_torch.local_sgd_hook)
+    ...; optimizer.step(); ls.step(loss=loss.item())
+
+Each state talks over its own process group (by default a new gloo group of all ranks, made with
+torch.distributed.new_group, so creating a state is collective), and counts the bytes this rank sent and
+received in it: state.traffic().
+
+Errors raise commsgd_torch.Error (a RuntimeError) or one of its subclasses (InvalidArgument, a
+ValueError-like argument error; NonFinite; SizeMismatch; CommError; CorruptData; Unsupported), carrying the
+library's message. An error on one rank inside an exchange makes the exchange raise on every rank.
+"""
+import torch
+import torch.distributed as dist
+
+from ._C import (CommError, CorruptData, Error, InvalidArgument, NonFinite, SizeMismatch, Unsupported)
+from . import _C
+
+__all__ = ["TopKState", "topk_hook", "LocalSGD", "local_sgd_hook", "Error", "InvalidArgument", "NonFinite",
+           "SizeMismatch", "CommError", "CorruptData", "Unsupported", "SELECTORS"]
+
+SELECTORS = ("exact", "radix", "laplace_bisect", "hierarchical", "sampled")
+
+
+def _own_group(process_group):
+    if process_group is not None:
+        return process_group
+    return dist.new_group(backend="gloo")
+
+
+def _done(tensor):
+    fut = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
+
+
+class TopKState:
+    """Top-k with error feedback per DDP bucket, exchanged sparsely (dense when that moves fewer bytes).
+
+    model: the module wrapped by DDP (its parameters name the buckets' state).
+    density: in (0, 1]; k = ceil(density * bucket size).
+    selector: one of SELECTORS.
+    momentum: DGC momentum correction when > 0, in [0, 1).
+    dense_warmup_steps: iterations averaged densely (no sparsification, no residual) before top-k starts.
+    dgc_warmup_steps_per_stage: > 0 runs DGC's density warm-up (25 %, 6.25 %, 1.56 %, 0.39 %) first.
+    """
+
+    def __init__(self, model, density=0.01, selector="laplace_bisect", momentum=0.0, dense_warmup_steps=0,
+                 dgc_warmup_steps_per_stage=0, process_group=None):
+        self._index = {p.data_ptr(): i for i, p in enumerate(model.parameters())}
+        self._c = _C.TopK(_own_group(process_group), selector, float(density), float(momentum),
+                          int(dense_warmup_steps), int(dgc_warmup_steps_per_stage))
+
+    def bucket_params(self, bucket):
+        params = bucket.parameters()
+        try:
+            idx = [self._index[p.data_ptr()] for p in params]
+        except KeyError:
+            raise InvalidArgument("commsgd: a bucket holds a parameter that is not among the model's "
+                                  "parameters given to TopKState") from None
+        return idx, [p.numel() for p in params]
+
+    def exchange(self, bucket):
+        idx, sizes = self.bucket_params(bucket)
+        return self._c.exchange(bucket.buffer(), idx, sizes, bucket.is_last())
+
+    def traffic(self):
+        """Bytes and messages this rank sent and received since construction or reset_traffic()."""
+        return self._c.traffic()
+
+    def reset_traffic(self):
+        self._c.reset_traffic()
+
+    def iteration(self):
+        return self._c.iteration()
+
+    def compute_seconds(self):
+        """Seconds this rank spent in the sparsifier (selection and error feedback) so far."""
+        return self._c.compute_seconds()
+
+    def keys(self):
+        return self._c.keys()
+
+    def residual(self, key):
+        return self._c.residual(key)
+
+    def last_sent(self, key):
+        return self._c.last_sent(key)
+
+    def state_dict(self):
+        return self._c.state_dict()
+
+    def load_state_dict(self, state):
+        self._c.load_state_dict(state)
+
+
+def topk_hook(state, bucket):
+    """DDP communication hook: the bucket's top-k exchange averaged over ranks (state: TopKState)."""
+    return _done(state.exchange(bucket))
+
+
+class LocalSGD:
+    """Local SGD for DDP (commsgd's sync::local_sgd): gradients are averaged for `warmup_steps` iterations,
+    then every step is local and models are averaged every `period` steps (or adaptively, ADACOMM), with an
+    optional elastic correction ('none', 'at_sync', 'every_step'; strength alpha).
+
+    Call step(loss) after every optimizer.step(); lr is read from `optimizer` when given.
+    """
+
+    def __init__(self, model, lr=0.01, period=4, warmup_steps=0, adaptive=False, max_period=64,
+                 correction="none", alpha=0.5, optimizer=None, process_group=None):
+        self._params = [p for p in model.parameters()]
+        self._optimizer = optimizer
+        self._lr = lr
+        self._c = _C.LocalSGD(_own_group(process_group), float(lr), int(period), int(warmup_steps),
+                              bool(adaptive), int(max_period), str(correction), float(alpha))
+
+    def in_warmup(self):
+        return self._c.in_warmup()
+
+    def step(self, loss=float("nan")):
+        lr = self._optimizer.param_groups[0]["lr"] if self._optimizer is not None else self._lr
+        return self._c.step(self._params, float(loss), float(lr))
+
+    def finish(self):
+        self._c.finish(self._params)
+
+    def current_period(self):
+        return self._c.current_period()
+
+    def traffic(self):
+        return self._c.traffic()
+
+    def reset_traffic(self):
+        self._c.reset_traffic()
+
+
+def local_sgd_hook(state, bucket):
+    """DDP communication hook for LocalSGD: averages during warm-up, leaves gradients local afterwards."""
+    buf = bucket.buffer()
+    if state.in_warmup():
+        state._c.average(buf)
+    return _done(buf)

@@ -1,0 +1,499 @@
+// commsgd_torch._C: the library behind the DDP communication hooks (python/commsgd_torch/__init__.py).
+//
+// Two states, each over its own comm::metered<comm::process_group>, so a script reads the bytes this rank
+// sent and received:
+//   topk      top-k with error feedback per DDP bucket, the sparse exchange (with its dense fallback), DGC
+//             momentum correction and warm-up, dense warm-up iterations, state save/load.
+//   local_sgd sync::local_sgd for a trainer whose optimizer is torch's: the hook averages gradients during
+//             warm-up; after each optimizer step, step() lets the strategy average (and correct) the model.
+//
+// Buckets are keyed by the model indices of their parameters, in bucket order. When DDP rebuilds its
+// buckets, a new bucket takes over the residual (and DGC momentum) of each of its parameters from wherever
+// that parameter was before, so nothing held back is lost or lands on another parameter.
+//
+// Errors: every check that could fail on one rank only (dtype, length, NaN, a refused step) is turned into a
+// poisoned message that still goes through the exchange, so the peers raise too instead of waiting; this rank
+// raises its own, more precise error.
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+
+#include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/process_group.hpp>
+#include <commsgd/select/exact.hpp>
+#include <commsgd/select/hierarchical.hpp>
+#include <commsgd/select/laplace_bisect.hpp>
+#include <commsgd/select/radix.hpp>
+#include <commsgd/select/sampled.hpp>
+#include <commsgd/sparsify/exchange.hpp>
+#include <commsgd/sparsify/state_io.hpp>
+#include <commsgd/sparsify/top_k.hpp>
+#include <commsgd/sync/local_sgd.hpp>
+
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace py = pybind11;
+using namespace commsgd;
+
+namespace {
+
+using meter = comm::metered<comm::process_group>;
+using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+template <class S>
+using tk = sparsify::top_k<S>;
+using any_top_k = std::variant<tk<select::exact>, tk<select::radix>, tk<select::laplace_bisect>,
+                               tk<select::hierarchical>, tk<select::sampled>>;
+
+const char* const selector_names[] = {"exact", "radix", "laplace_bisect", "hierarchical", "sampled"};
+
+template <std::size_t I = 0>
+any_top_k make_top_k(std::size_t which, std::size_t n, const sparsify::top_k_options& o) {
+  if constexpr (I < std::variant_size_v<any_top_k>) {
+    if (which == I) {
+      using T = std::variant_alternative_t<I, any_top_k>;
+      using S = typename T::selector_type;
+      return any_top_k(std::in_place_index<I>, n, o, S(typename S::options{}));
+    }
+    return make_top_k<I + 1>(which, n, o);
+  } else {
+    throw invalid_argument("unreachable selector index");
+  }
+}
+
+std::size_t selector_index(const std::string& name) {
+  for (std::size_t i = 0; i < std::size(selector_names); ++i)
+    if (name == selector_names[i]) return i;
+  throw invalid_argument(
+      commsgd::detail::concat("argument 'selector' = '", name,
+                              "' is not one of exact, radix, laplace_bisect, hierarchical, sampled"));
+}
+
+py::dict traffic_dict(const meter& m) {
+  py::dict d;
+  const auto t = m.counters().total();
+  d["bytes_sent"] = t.bytes_sent;
+  d["bytes_received"] = t.bytes_received;
+  d["messages_sent"] = t.messages_sent;
+  d["messages_received"] = t.messages_received;
+  d["calls"] = t.calls;
+  return d;
+}
+
+void check_bucket(const at::Tensor& t) {
+  if (t.scalar_type() != at::kFloat)
+    throw invalid_argument(commsgd::detail::concat(
+        "argument 'bucket' has dtype ", c10::toString(t.scalar_type()), ", the allowed dtype is float32"));
+  if (!t.device().is_cpu())
+    throw invalid_argument(commsgd::detail::concat("argument 'bucket' is on device ", t.device().str(),
+                                                   ", the allowed device is cpu"));
+  if (!t.is_contiguous())
+    throw invalid_argument("argument 'bucket' is not contiguous; a contiguous tensor is required");
+}
+
+// Byte positions of a top_k state blob (sparsify/state_io.hpp): the step count and the residual floats.
+struct blob_layout {
+  std::size_t steps, residual, momentum;
+};
+blob_layout layout_of(std::size_t kind_length, std::size_t n) {
+  const std::size_t body = sparsify::detail::state_prefix_bytes + 4 + kind_length;
+  const std::size_t steps = body + 8 + 4 + 4 + 8;
+  const std::size_t residual = steps + 8 + 8;
+  return {steps, residual, residual + n * sizeof(float) + 8};
+}
+
+class topk_state {
+public:
+  struct bucket {
+    any_top_k sparsifier;
+    std::vector<std::int64_t> params;  // model indices, in bucket order
+    std::vector<std::int64_t> offsets; // where each starts in the bucket
+  };
+
+  topk_state(const group_ptr& group, const std::string& selector, double density, double momentum,
+             std::int64_t dense_warmup, std::int64_t dgc_warmup_per_stage)
+      : comm_(comm::process_group(group)), selector_(selector_index(selector)) {
+    opt_.density = density;
+    opt_.momentum = momentum;
+    if (dense_warmup < 0)
+      throw invalid_argument(commsgd::detail::concat("argument 'dense_warmup_steps' = ", dense_warmup,
+                                                     " is outside the allowed range [0, inf)"));
+    if (dgc_warmup_per_stage < 0)
+      throw invalid_argument(
+          commsgd::detail::concat("argument 'dgc_warmup_steps_per_stage' = ", dgc_warmup_per_stage,
+                                  " is outside the allowed range [0, inf)"));
+    if (dgc_warmup_per_stage > 0)
+      opt_.warmup = sparsify::dgc_warmup(static_cast<std::uint64_t>(dgc_warmup_per_stage));
+    dense_warmup_ = dense_warmup;
+    make_top_k(selector_, 1, opt_); // checks density and momentum now, not at the first bucket
+  }
+
+  // The bucket's average over ranks, as a new tensor. `params`/`sizes`: model indices and element counts of
+  // the bucket's parameters, in bucket order.
+  at::Tensor exchange(const at::Tensor& buffer, const std::vector<std::int64_t>& params,
+                      const std::vector<std::int64_t>& sizes, bool last) {
+    const std::size_t n = static_cast<std::size_t>(buffer.numel());
+    at::Tensor out = at::empty({static_cast<std::int64_t>(n)}, at::TensorOptions().dtype(at::kFloat));
+    std::span<float> o(out.data_ptr<float>(), n);
+    std::exception_ptr local;
+    sparsify::sparse_view<std::uint32_t> msg{};
+    try {
+      check_bucket(buffer);
+      if (params.size() != sizes.size())
+        throw size_mismatch(commsgd::detail::concat("arguments 'params' and 'sizes' have ", params.size(),
+                                                    " and ", sizes.size(), " entries"));
+      const auto total = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
+      if (static_cast<std::size_t>(total) != n)
+        throw size_mismatch(
+            commsgd::detail::concat("the bucket's parameters hold ", total, " elements, the bucket ", n));
+      const std::span<const float> g(buffer.data_ptr<float>(), n);
+      if (iteration_ < dense_warmup_) {
+        msg = dense_message(g); // a NaN here makes every rank's exchange raise
+      } else {
+        auto& b = find(params, sizes, n);
+        const auto t0 = std::chrono::steady_clock::now();
+        msg = std::visit([&](auto& s) { return s.step(g); }, b.sparsifier);
+        compute_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+    } catch (const commsgd::error&) {
+      local = std::current_exception();
+      msg = poisoned(n);
+    }
+    try {
+      py::gil_scoped_release unlocked;
+      exchanger_.sum(comm_, msg, local ? std::span<float>(scratch_) : o);
+    } catch (const commsgd::error&) {
+      if (!local) throw;
+    }
+    if (local) std::rethrow_exception(local);
+    const float world = static_cast<float>(comm_.size());
+    for (auto& x : o)
+      x /= world;
+    if (last) ++iteration_;
+    return out;
+  }
+
+  py::dict traffic() const { return traffic_dict(comm_); }
+  void reset_traffic() { comm_.reset(); }
+  std::int64_t iteration() const { return iteration_; }
+  // Seconds spent in the sparsifier's steps (selection, error feedback), the hook's own computation.
+  double compute_seconds() const { return compute_; }
+
+  py::object residual(const std::string& key) const {
+    auto it = buckets_.find(key);
+    if (it == buckets_.end()) return py::none();
+    auto r = std::visit([](auto& s) { return s.residual(); }, it->second.sparsifier);
+    return py::cast(at::from_blob(const_cast<float*>(r.data()), {static_cast<std::int64_t>(r.size())},
+                                  at::TensorOptions().dtype(at::kFloat))
+                        .clone());
+  }
+
+  py::object last_sent(const std::string& key) const {
+    auto it = buckets_.find(key);
+    if (it == buckets_.end()) return py::none();
+    auto v = std::visit([](auto& s) { return s.last().view(); }, it->second.sparsifier);
+    at::Tensor idx = at::empty({static_cast<std::int64_t>(v.size())}, at::TensorOptions().dtype(at::kLong));
+    at::Tensor val = at::empty({static_cast<std::int64_t>(v.size())}, at::TensorOptions().dtype(at::kFloat));
+    for (std::size_t j = 0; j < v.size(); ++j) {
+      idx.data_ptr<std::int64_t>()[j] = v.indices[j];
+      val.data_ptr<float>()[j] = v.values[j];
+    }
+    return py::make_tuple(idx, val);
+  }
+
+  std::vector<std::string> keys() const {
+    std::vector<std::string> k;
+    for (auto& [key, b] : buckets_)
+      k.push_back(key);
+    return k;
+  }
+
+  py::dict state_dict() const {
+    py::dict buckets;
+    for (auto& [key, b] : buckets_) {
+      std::vector<std::byte> blob;
+      std::visit([&](auto& s) { s.save(blob); }, b.sparsifier);
+      buckets[py::str(key)] = py::make_tuple(
+          b.params, b.offsets, py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()));
+    }
+    py::dict d;
+    d["selector"] = selector_names[selector_];
+    d["iteration"] = iteration_;
+    d["buckets"] = buckets;
+    return d;
+  }
+
+  void load_state_dict(const py::dict& d) {
+    const auto sel = d["selector"].cast<std::string>();
+    if (selector_index(sel) != selector_)
+      throw corrupt_data(commsgd::detail::concat("saved state: selector '", sel, "', this hook's is '",
+                                                 selector_names[selector_], "'"));
+    std::map<std::string, bucket> loaded;
+    for (auto item : d["buckets"].cast<py::dict>()) {
+      auto t = item.second.cast<py::tuple>();
+      auto params = t[0].cast<std::vector<std::int64_t>>();
+      auto offsets = t[1].cast<std::vector<std::int64_t>>();
+      const std::string bytes = t[2].cast<std::string>();
+      std::vector<std::byte> blob(bytes.size());
+      std::memcpy(blob.data(), bytes.data(), bytes.size());
+      sparsify::detail::state_reader r(blob, "top_k"); // reads the length before the sparsifier exists
+      const auto n = r.get<std::uint64_t>();
+      bucket b{make_top_k(selector_, n, opt_), std::move(params), std::move(offsets)};
+      std::visit([&](auto& s) { s.load(std::span<const std::byte>(blob)); }, b.sparsifier);
+      loaded.emplace(item.first.cast<std::string>(), std::move(b));
+    }
+    buckets_ = std::move(loaded);
+    owner_.clear();
+    for (auto& [key, b] : buckets_)
+      for (auto p : b.params)
+        owner_[p] = key;
+    iteration_ = d["iteration"].cast<std::int64_t>();
+  }
+
+private:
+  static std::string key_of(const std::vector<std::int64_t>& params) {
+    std::string k;
+    for (auto p : params)
+      k += (k.empty() ? "" : ",") + std::to_string(p);
+    return k;
+  }
+
+  sparsify::sparse_view<std::uint32_t> dense_message(std::span<const float> g) {
+    if (iota_.size() < g.size()) {
+      iota_.resize(g.size());
+      std::iota(iota_.begin(), iota_.end(), 0u);
+    }
+    return {g.size(), std::span<const std::uint32_t>(iota_.data(), g.size()), g};
+  }
+
+  // A message every rank's exchange refuses (a NaN, or an index out of range when the length is 0).
+  sparsify::sparse_view<std::uint32_t> poisoned(std::size_t n) {
+    scratch_.assign(n, 0.0f);
+    static const std::uint32_t zero_index = 0;
+    static const float nan = std::numeric_limits<float>::quiet_NaN();
+    return {n, std::span<const std::uint32_t>(&zero_index, 1), std::span<const float>(&nan, 1)};
+  }
+
+  bucket& find(const std::vector<std::int64_t>& params, const std::vector<std::int64_t>& sizes,
+               std::size_t n) {
+    const std::string key = key_of(params);
+    if (auto it = buckets_.find(key); it != buckets_.end()) return it->second;
+    bucket b{make_top_k(selector_, n, opt_), params, {}};
+    std::int64_t off = 0;
+    for (auto s : sizes) {
+      b.offsets.push_back(off);
+      off += s;
+    }
+    adopt(b, sizes, n);
+    for (auto p : params)
+      owner_[p] = key;
+    return buckets_.emplace(key, std::move(b)).first->second;
+  }
+
+  // Moves each parameter's residual (and momentum) from its previous bucket into `b`, and sets b's step
+  // count to the iteration, through the sparsifier's own state format.
+  void adopt(bucket& b, const std::vector<std::int64_t>& sizes, std::size_t n) {
+    std::vector<std::byte> blob;
+    std::visit([&](auto& s) { s.save(blob); }, b.sparsifier);
+    const bool momentum = opt_.momentum > 0.0;
+    const auto at = layout_of(std::strlen("top_k"), n);
+    bool moved = false;
+    for (std::size_t j = 0; j < b.params.size(); ++j) {
+      auto own = owner_.find(b.params[j]);
+      if (own == owner_.end()) continue;
+      auto& old = buckets_.at(own->second);
+      const auto pos = std::find(old.params.begin(), old.params.end(), b.params[j]) - old.params.begin();
+      const auto from = static_cast<std::size_t>(old.offsets[static_cast<std::size_t>(pos)]);
+      const auto count = static_cast<std::size_t>(sizes[j]);
+      const auto to = static_cast<std::size_t>(b.offsets[j]);
+      auto r = std::visit([](auto& s) { return s.residual(); }, old.sparsifier);
+      std::memcpy(blob.data() + at.residual + to * sizeof(float), r.data() + from, count * sizeof(float));
+      if (momentum) {
+        auto u = std::visit([](auto& s) { return s.momentum(); }, old.sparsifier);
+        std::memcpy(blob.data() + at.momentum + to * sizeof(float), u.data() + from, count * sizeof(float));
+      }
+      moved = true;
+    }
+    const auto steps = static_cast<std::uint64_t>(iteration_ - dense_warmup_);
+    std::memcpy(blob.data() + at.steps, &steps, sizeof steps);
+    const std::size_t body = blob.size() - sizeof(std::uint64_t);
+    const auto sum = sparsify::detail::fnv1a(std::span<const std::byte>(blob.data(), body));
+    std::memcpy(blob.data() + body, &sum, sizeof sum);
+    std::visit([&](auto& s) { s.load(std::span<const std::byte>(blob)); }, b.sparsifier);
+    // A bucket none of whose parameters it still owns is dropped.
+    if (moved)
+      for (auto it = buckets_.begin(); it != buckets_.end();) {
+        bool owns = false;
+        for (auto p : it->second.params)
+          if (auto o = owner_.find(p); o != owner_.end() && o->second == it->first &&
+                                       std::find(b.params.begin(), b.params.end(), p) == b.params.end())
+            owns = true;
+        it = owns ? std::next(it) : buckets_.erase(it);
+      }
+  }
+
+  meter comm_;
+  std::size_t selector_;
+  sparsify::top_k_options opt_;
+  std::int64_t dense_warmup_ = 0;
+  std::int64_t iteration_ = 0;
+  double compute_ = 0.0;
+  std::map<std::string, bucket> buckets_;
+  std::map<std::int64_t, std::string> owner_; // parameter index -> key of the bucket holding its residual
+  sparsify::exchanger<std::uint32_t> exchanger_;
+  std::vector<std::uint32_t> iota_;
+  std::vector<float> scratch_;
+};
+
+sync::correction_mode correction_of(const std::string& name) {
+  if (name == "none") return sync::correction_mode::none;
+  if (name == "at_sync") return sync::correction_mode::at_sync;
+  if (name == "every_step") return sync::correction_mode::every_step;
+  throw invalid_argument(commsgd::detail::concat("argument 'correction' = '", name,
+                                                 "' is not one of none, at_sync, every_step"));
+}
+
+class local_sgd_state {
+public:
+  local_sgd_state(const group_ptr& group, float lr, int period, int warmup_steps, bool adaptive,
+                  int max_period, const std::string& correction, float alpha)
+      : comm_(comm::process_group(group)), warmup_(warmup_steps),
+        strategy_(comm_, {.lr = lr,
+                          .period = period,
+                          .warmup_steps = 0,
+                          .adaptive = adaptive,
+                          .max_period = max_period,
+                          .correction = correction_of(correction),
+                          .alpha = alpha,
+                          .average_on_finish = true}) {
+    commsgd::detail::check_range("warmup_steps", warmup_steps, 0, std::numeric_limits<int>::max(),
+                                 "[0, inf)");
+  }
+
+  bool in_warmup() const { return steps_ < warmup_; }
+
+  // Warm-up: the bucket's average over ranks, in place.
+  void average(at::Tensor& buffer) {
+    check_bucket(buffer);
+    std::span<float> g(buffer.data_ptr<float>(), static_cast<std::size_t>(buffer.numel()));
+    {
+      py::gil_scoped_release unlocked;
+      comm_.all_reduce_sum(g);
+    }
+    const float world = static_cast<float>(comm_.size());
+    for (auto& x : g)
+      x /= world;
+  }
+
+  // After the optimizer's step: the strategy's model averaging and correction. Returns true when the
+  // models were averaged.
+  bool step(const std::vector<at::Tensor>& params, double loss, double lr) {
+    const std::int64_t t = steps_++;
+    if (t < warmup_) return false;
+    gather(params);
+    py::gil_scoped_release unlocked;
+    if (!started_) {
+      strategy_.start(x_);
+      started_ = true;
+    }
+    strategy_.set_learning_rate(static_cast<float>(lr));
+    zeros_.assign(x_.size(), 0.0f);
+    const auto r = strategy_.step(x_, zeros_, {.loss = loss});
+    py::gil_scoped_acquire locked;
+    scatter(params);
+    return r.averaged;
+  }
+
+  void finish(const std::vector<at::Tensor>& params) {
+    gather(params);
+    {
+      py::gil_scoped_release unlocked;
+      strategy_.finish(x_);
+    }
+    scatter(params);
+  }
+
+  int current_period() const { return strategy_.current_period(); }
+  std::int64_t steps() const { return steps_; }
+  py::dict traffic() const { return traffic_dict(comm_); }
+  void reset_traffic() { comm_.reset(); }
+
+private:
+  void gather(const std::vector<at::Tensor>& params) {
+    x_.clear();
+    for (const auto& p : params) {
+      check_bucket(p.contiguous());
+      auto c = p.detach().contiguous();
+      x_.insert(x_.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+    }
+  }
+  void scatter(const std::vector<at::Tensor>& params) {
+    std::size_t off = 0;
+    at::NoGradGuard no_grad;
+    for (const auto& p : params) {
+      auto src = at::from_blob(x_.data() + off, p.sizes(), at::TensorOptions().dtype(at::kFloat));
+      const_cast<at::Tensor&>(p).copy_(src);
+      off += static_cast<std::size_t>(p.numel());
+    }
+  }
+
+  meter comm_;
+  std::int64_t warmup_;
+  sync::local_sgd<meter> strategy_;
+  std::int64_t steps_ = 0;
+  bool started_ = false;
+  std::vector<float> x_, zeros_;
+};
+
+} // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "commsgd's communication-efficient exchanges behind DDP communication hooks";
+  py::module::import("torch.distributed");
+
+  // Registered base first: pybind11 tries the most recently registered translator first.
+  auto& error = py::register_exception<commsgd::error>(m, "Error", PyExc_RuntimeError);
+  auto& invalid = py::register_exception<commsgd::invalid_argument>(m, "InvalidArgument", error.ptr());
+  py::register_exception<commsgd::size_mismatch>(m, "SizeMismatch", invalid.ptr());
+  py::register_exception<commsgd::comm_error>(m, "CommError", error.ptr());
+  py::register_exception<commsgd::corrupt_data>(m, "CorruptData", error.ptr());
+  py::register_exception<commsgd::non_finite>(m, "NonFinite", error.ptr());
+  py::register_exception<commsgd::unsupported>(m, "Unsupported", error.ptr());
+
+  py::class_<topk_state>(m, "TopK")
+      .def(py::init<const group_ptr&, const std::string&, double, double, std::int64_t, std::int64_t>(),
+           py::arg("process_group"), py::arg("selector"), py::arg("density"), py::arg("momentum"),
+           py::arg("dense_warmup_steps"), py::arg("dgc_warmup_steps_per_stage"))
+      .def("exchange", &topk_state::exchange, py::arg("buffer"), py::arg("params"), py::arg("sizes"),
+           py::arg("last"))
+      .def("traffic", &topk_state::traffic)
+      .def("reset_traffic", &topk_state::reset_traffic)
+      .def("iteration", &topk_state::iteration)
+      .def("compute_seconds", &topk_state::compute_seconds)
+      .def("residual", &topk_state::residual)
+      .def("last_sent", &topk_state::last_sent)
+      .def("keys", &topk_state::keys)
+      .def("state_dict", &topk_state::state_dict)
+      .def("load_state_dict", &topk_state::load_state_dict);
+
+  py::class_<local_sgd_state>(m, "LocalSGD")
+      .def(py::init<const group_ptr&, float, int, int, bool, int, const std::string&, float>(),
+           py::arg("process_group"), py::arg("lr"), py::arg("period"), py::arg("warmup_steps"),
+           py::arg("adaptive"), py::arg("max_period"), py::arg("correction"), py::arg("alpha"))
+      .def("in_warmup", &local_sgd_state::in_warmup)
+      .def("average", &local_sgd_state::average)
+      .def("step", &local_sgd_state::step, py::arg("params"), py::arg("loss"), py::arg("lr"))
+      .def("finish", &local_sgd_state::finish)
+      .def("current_period", &local_sgd_state::current_period)
+      .def("steps", &local_sgd_state::steps)
+      .def("traffic", &local_sgd_state::traffic)
+      .def("reset_traffic", &local_sgd_state::reset_traffic);
+}

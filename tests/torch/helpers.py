@@ -1,0 +1,98 @@
+"""Shared by the commsgd_torch tests: run a function on N forked ranks of a gloo group, load Fashion-MNIST."""
+import gzip
+import os
+import struct
+import tempfile
+import traceback
+import multiprocessing as mp
+
+import torch
+import torch.distributed as dist
+
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def _worker(fn, rank, world, store, queue, args):
+    try:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world,
+                                timeout=__import__("datetime").timedelta(seconds=60))
+        out = fn(rank, world, *args)
+        dist.destroy_process_group()
+        queue.put((rank, "ok", out))
+    except BaseException:  # report everything, the parent decides
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(fn, world=2, args=(), timeout=240):
+    """Runs fn(rank, world, *args) on `world` forked processes; returns their results by rank.
+
+    A rank that raises, dies or outlives `timeout` fails the caller with that rank's traceback."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_worker, args=(fn, r, world, store, queue, args)) for r in range(world)]
+        for p in procs:
+            p.start()
+        results, errors = {}, []
+        try:
+            for _ in range(world):
+                rank, status, out = queue.get(timeout=timeout)
+                if status == "ok":
+                    results[rank] = out
+                else:
+                    errors.append(f"rank {rank}:\n{out}")
+        except Exception as e:  # queue.Empty: some rank hung or died without reporting
+            errors.append(f"ranks {sorted(set(range(world)) - set(results))} did not report: {e!r}")
+        finally:
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+        if errors:
+            raise AssertionError("\n".join(errors))
+        return [results[r] for r in range(world)]
+
+
+def _idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    magic, = struct.unpack(">i", data[:4])
+    dims = magic & 0xFF
+    shape = struct.unpack(">" + "i" * dims, data[4:4 + 4 * dims])
+    return torch.frombuffer(bytearray(data[4 + 4 * dims:]), dtype=torch.uint8).reshape(shape)
+
+
+def fashion_mnist(split, count=None):
+    """(images as float32 N x 784 in [0, 1], labels as int64) from the Debian dataset files."""
+    prefix = "train" if split == "train" else "t10k"
+    x = _idx(os.path.join(FASHION_MNIST, f"{prefix}-images-idx3-ubyte.gz"))
+    y = _idx(os.path.join(FASHION_MNIST, f"{prefix}-labels-idx1-ubyte.gz"))
+    if count is not None:
+        x, y = x[:count], y[:count]
+    return x.reshape(len(x), -1).float() / 255.0, y.long()
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128),
+                               torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+class FakeBucket:
+    """What a DDP hook sees of a bucket, built by hand: parameters, their gradients flattened, is_last."""
+
+    def __init__(self, params, grads, last=True):
+        self._params = params
+        self._buffer = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        self._last = last
+
+    def parameters(self):
+        return self._params
+
+    def buffer(self):
+        return self._buffer
+
+    def is_last(self):
+        return self._last
