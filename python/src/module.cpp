@@ -25,7 +25,6 @@
 #include <commsgd/select/radix.hpp>
 #include <commsgd/select/sampled.hpp>
 #include <commsgd/sparsify/exchange.hpp>
-#include <commsgd/sparsify/state_io.hpp>
 #include <commsgd/sparsify/top_k.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 
@@ -97,17 +96,6 @@ void check_bucket(const at::Tensor& t) {
                                                    ", the allowed device is cpu"));
   if (!t.is_contiguous())
     throw invalid_argument("argument 'bucket' is not contiguous; a contiguous tensor is required");
-}
-
-// Byte positions of a top_k state blob (sparsify/state_io.hpp): the step count and the residual floats.
-struct blob_layout {
-  std::size_t steps, residual, momentum;
-};
-blob_layout layout_of(std::size_t kind_length, std::size_t n) {
-  const std::size_t body = sparsify::detail::state_prefix_bytes + 4 + kind_length;
-  const std::size_t steps = body + 8 + 4 + 4 + 8;
-  const std::size_t residual = steps + 8 + 8;
-  return {steps, residual, residual + n * sizeof(float) + 8};
 }
 
 class topk_state {
@@ -292,19 +280,19 @@ private:
       b.offsets.push_back(off);
       off += s;
     }
-    adopt(b, sizes, n);
+    adopt(b, sizes);
     for (auto p : params)
       owner_[p] = key;
     return buckets_.emplace(key, std::move(b)).first->second;
   }
 
   // Moves each parameter's residual (and momentum) from its previous bucket into `b`, and sets b's step
-  // count to the iteration, through the sparsifier's own state format.
-  void adopt(bucket& b, const std::vector<std::int64_t>& sizes, std::size_t n) {
-    std::vector<std::byte> blob;
-    std::visit([&](auto& s) { s.save(blob); }, b.sparsifier);
+  // count to the iteration, through the sparsifier's own assign().
+  void adopt(bucket& b, const std::vector<std::int64_t>& sizes) {
     const bool momentum = opt_.momentum > 0.0;
-    const auto at = layout_of(std::strlen("top_k"), n);
+    const auto own_r = std::visit([](auto& s) { return s.residual(); }, b.sparsifier);
+    const auto own_u = std::visit([](auto& s) { return s.momentum(); }, b.sparsifier);
+    std::vector<float> residual(own_r.begin(), own_r.end()), velocity(own_u.begin(), own_u.end());
     bool moved = false;
     for (std::size_t j = 0; j < b.params.size(); ++j) {
       auto own = owner_.find(b.params[j]);
@@ -315,19 +303,17 @@ private:
       const auto count = static_cast<std::size_t>(sizes[j]);
       const auto to = static_cast<std::size_t>(b.offsets[j]);
       auto r = std::visit([](auto& s) { return s.residual(); }, old.sparsifier);
-      std::memcpy(blob.data() + at.residual + to * sizeof(float), r.data() + from, count * sizeof(float));
+      std::copy_n(r.begin() + static_cast<std::ptrdiff_t>(from), count,
+                  residual.begin() + static_cast<std::ptrdiff_t>(to));
       if (momentum) {
         auto u = std::visit([](auto& s) { return s.momentum(); }, old.sparsifier);
-        std::memcpy(blob.data() + at.momentum + to * sizeof(float), u.data() + from, count * sizeof(float));
+        std::copy_n(u.begin() + static_cast<std::ptrdiff_t>(from), count,
+                    velocity.begin() + static_cast<std::ptrdiff_t>(to));
       }
       moved = true;
     }
     const auto steps = static_cast<std::uint64_t>(iteration_ - dense_warmup_);
-    std::memcpy(blob.data() + at.steps, &steps, sizeof steps);
-    const std::size_t body = blob.size() - sizeof(std::uint64_t);
-    const auto sum = sparsify::detail::fnv1a(std::span<const std::byte>(blob.data(), body));
-    std::memcpy(blob.data() + body, &sum, sizeof sum);
-    std::visit([&](auto& s) { s.load(std::span<const std::byte>(blob)); }, b.sparsifier);
+    std::visit([&](auto& s) { s.assign(steps, residual, velocity); }, b.sparsifier);
     // A bucket none of whose parameters it still owns is dropped.
     if (moved)
       for (auto it = buckets_.begin(); it != buckets_.end();) {

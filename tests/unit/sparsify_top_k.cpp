@@ -407,3 +407,49 @@ TEST_CASE("none sends the gradient as is") {
   static_assert(sp::sparsifier<sp::top_k<sel::exact>>);
   static_assert(sp::sparsifier<sp::top_k<sel::laplace_bisect, std::uint64_t>>);
 }
+
+TEST_CASE("assign moves held-back state between sparsifiers: the next steps equal a loaded copy") {
+  for (const double momentum : {0.0, 0.9}) {
+    CAPTURE(momentum);
+    sp::top_k_options o;
+    o.density = 0.05;
+    o.momentum = momentum;
+    const std::size_t d = 1001;
+    sp::top_k<sel::exact> source(d, o);
+    for (std::uint64_t s = 0; s < 5; ++s)
+      source.step(gradient(d, s));
+    std::vector<std::byte> blob;
+    source.save(blob);
+    sp::top_k<sel::exact> loaded(d, o), assigned(d, o);
+    loaded.load(std::span<const std::byte>(blob));
+    assigned.assign(source.steps(), source.residual(), source.momentum());
+    CHECK(assigned.steps() == source.steps());
+    for (std::uint64_t s = 5; s < 9; ++s) {
+      const auto g = gradient(d, s);
+      const auto a = assigned.step(g);
+      const auto b = loaded.step(g);
+      REQUIRE(a.size() == b.size());
+      CHECK(std::equal(a.indices.begin(), a.indices.end(), b.indices.begin()));
+      CHECK(std::equal(a.values.begin(), a.values.end(), b.values.begin(), [](float x, float y) {
+        return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(y);
+      }));
+    }
+  }
+}
+
+TEST_CASE("assign refuses a wrong size or a non-finite value and changes nothing") {
+  sp::top_k_options o;
+  o.density = 0.1;
+  sp::top_k<sel::exact> t(10, o);
+  t.step(gradient(10, 1));
+  const std::vector<float> before(t.residual().begin(), t.residual().end());
+  std::vector<float> short_r(9, 1.0f), bad(10, 1.0f), velocity(10, 0.0f);
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_WITH_AS(t.assign(7, short_r), doctest::Contains("argument 'residual' holds 9"),
+                       commsgd::size_mismatch);
+  CHECK_THROWS_AS(t.assign(7, bad), commsgd::non_finite);
+  CHECK_THROWS_WITH_AS(t.assign(7, std::vector<float>(10, 0.0f), velocity),
+                       doctest::Contains("argument 'momentum' holds 10"), commsgd::size_mismatch);
+  CHECK(t.steps() == 1);
+  CHECK(std::equal(before.begin(), before.end(), t.residual().begin()));
+}

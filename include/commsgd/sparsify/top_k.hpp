@@ -177,6 +177,24 @@ public:
     sent_.clear();
   }
 
+  // Replaces what is held back and the step count, keeping the selectors' warm-start state: for a host that
+  // regroups parameters between sparsifiers (DDP rebuilding its buckets) and moves their residuals along.
+  // `momentum` is empty unless momentum correction is on. Checked before anything changes.
+  void assign(std::uint64_t steps, std::span<const float> residual, std::span<const float> momentum = {}) {
+    if (residual.size() != length_)
+      throw size_mismatch(commsgd::detail::concat("argument 'residual' holds ", residual.size(),
+                                                  " values; this top_k's length is ", length_));
+    if (momentum.size() != momentum_.size())
+      throw size_mismatch(commsgd::detail::concat("argument 'momentum' holds ", momentum.size(),
+                                                  " values; this top_k holds ", momentum_.size()));
+    detail::throw_non_finite(residual, "residual");
+    detail::throw_non_finite(momentum, "momentum");
+    std::copy(residual.begin(), residual.end(), residual_.begin());
+    std::copy(momentum.begin(), momentum.end(), momentum_.begin());
+    steps_ = steps;
+    sent_.clear();
+  }
+
   void save(std::vector<std::byte>& out) const {
     out = detail::write_top_k_state(name, layout(), steps_, residual_, momentum_, [&](std::size_t i) {
       std::vector<std::byte> bytes;
