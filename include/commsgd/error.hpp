@@ -68,6 +68,13 @@ public:
   using error::error;
 };
 
+// A fault of commsgd itself: a state its own logic should never reach (never the user's input). Worth a
+// report with the input that caused it.
+class internal_error : public error {
+public:
+  explicit internal_error(const std::string& what) : error("internal error: " + what) {}
+};
+
 namespace detail {
 
 template <class... Parts>
@@ -78,8 +85,8 @@ std::string concat(const Parts&... parts) {
   return out.str();
 }
 
-// Throws invalid_argument unless lo <= value <= hi; `range` is how the range reads to a user, e.g. "[1, n =
-// 4]".
+// Throws invalid_argument unless lo <= value <= hi; `range` is how the range reads to a user,
+// e.g. "[1, n = 4]".
 template <class T, class U, class V>
 void check_range(std::string_view name, const T& value, const U& lo, const V& hi, std::string_view range) {
   if (!(value >= lo && value <= hi))

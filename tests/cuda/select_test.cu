@@ -101,6 +101,16 @@ void check_approximate(const std::vector<float>& x, std::size_t k, const thresho
   CHECK(t.at == at);
   CHECK(t.count() >= k);
   CHECK(t.count() <= static_cast<std::size_t>(std::ceil((1.0 + tol) * static_cast<double>(k))));
+  CHECK(t.count() <= commsgd::select::count_limit(k, tol));
+}
+
+// The host-device functions evaluated on the device, to be compared with the host's answers.
+__global__ void shared_functions_kernel(const unsigned long long* k, const double* tol, int n,
+                                        unsigned long long* limit, int* selected) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  limit[i] = commsgd::select::count_limit(k[i], tol[i]);
+  selected[i] = commsgd::select::is_selected(static_cast<std::uint32_t>(k[i] % 7), 3, k[i] % 5, 2) ? 1 : 0;
 }
 
 template <class Method>
@@ -137,6 +147,53 @@ std::vector<std::size_t> ks_for(std::size_t n) {
 }
 
 } // namespace
+
+TEST_CASE("count_limit and is_selected give the host's answers on the device") {
+  std::vector<unsigned long long> ks;
+  std::vector<double> tols;
+  std::mt19937_64 rng(17);
+  for (double tol : {0.0, 0.01, 0.1, 1.0, 0.3333333333333333, 1e9})
+    for (unsigned long long k : {0ull, 1ull, 100ull, 1ull << 40, (1ull << 40) + 5, ~0ull}) {
+      ks.push_back(k);
+      tols.push_back(tol);
+    }
+  for (int i = 0; i < 4000; ++i) {
+    ks.push_back(rng() >> (rng() % 64));
+    tols.push_back(std::ldexp(static_cast<double>(rng() % 100000), -static_cast<int>(rng() % 24)));
+  }
+  const int n = static_cast<int>(ks.size());
+  cu::device_buffer<unsigned long long> d_k(n), d_limit(n);
+  cu::device_buffer<double> d_tol(n);
+  cu::device_buffer<int> d_selected(n);
+  cu::check(cudaMemcpy(d_k.data(), ks.data(), n * sizeof(ks[0]), cudaMemcpyHostToDevice), "cudaMemcpy");
+  cu::check(cudaMemcpy(d_tol.data(), tols.data(), n * sizeof(tols[0]), cudaMemcpyHostToDevice), "cudaMemcpy");
+  shared_functions_kernel<<<(n + 255) / 256, 256>>>(d_k.data(), d_tol.data(), n, d_limit.data(),
+                                                    d_selected.data());
+  cu::check_launch("shared_functions_kernel");
+  std::vector<unsigned long long> limit(n);
+  std::vector<int> selected(n);
+  cu::check(cudaMemcpy(limit.data(), d_limit.data(), n * sizeof(limit[0]), cudaMemcpyDeviceToHost),
+            "cudaMemcpy");
+  cu::check(cudaMemcpy(selected.data(), d_selected.data(), n * sizeof(int), cudaMemcpyDeviceToHost),
+            "cudaMemcpy");
+  std::size_t differ = 0;
+  for (int i = 0; i < n; ++i) {
+    differ += limit[i] != commsgd::select::count_limit(ks[i], tols[i]);
+    differ += (selected[i] != 0) !=
+              commsgd::select::is_selected(static_cast<std::uint32_t>(ks[i] % 7), 3, ks[i] % 5, 2);
+  }
+  CHECK(differ == 0);
+  CHECK(commsgd::select::count_limit(100, 0.1) == 110);
+}
+
+TEST_CASE("the engine's internal-inconsistency flag reads as internal_error, not as a tolerance refusal") {
+  cu::device_result r{1.0f, cu::internal_inconsistency, 0, 0, 0, 0};
+  CHECK_THROWS_AS(cu::to_threshold(r), commsgd::internal_error);
+  r.flags = cu::ties_exceed_tolerance;
+  CHECK_THROWS_AS(cu::to_threshold(r), commsgd::unsupported);
+  r.flags = 0;
+  CHECK(cu::to_threshold(r) == threshold{1.0f, 0, 0});
+}
 
 TEST_CASE("exact methods match the sorted reference on random inputs") {
   const std::size_t sizes[] = {0, 1, 2, 7, 1001, 4096, 4097, 65537, 300001};

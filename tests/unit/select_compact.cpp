@@ -1,11 +1,15 @@
-// Compaction writes exactly the selected set, in index order.
+// Compaction writes exactly the selected set, in index order: the selection rule (is_selected, shared with
+// the device), the one host compaction loop (for_each_selected) and select::compact on top of it.
 #include "select_data.hpp"
 
 #include <commsgd/select/select.hpp>
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 namespace sel = commsgd::select;
@@ -21,6 +25,17 @@ std::vector<std::uint64_t> expected_indices(std::span<const float> x, const sel:
     if (m > t.value || (m == t.value && ties++ < t.at)) out.push_back(i);
   }
   return out;
+}
+
+// Small integers (many ties, -0 and +0) or heavy-tailed values.
+std::vector<float> ties_or_tails(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> x(n);
+  const bool ties = seed % 2 == 0;
+  for (auto& v : x)
+    v = ties ? static_cast<float>(static_cast<int>(rng() % 7) - 3) * 0.25f
+             : std::ldexp(static_cast<float>(rng() % 1000) + 1.0f, -static_cast<int>(rng() % 20));
+  return x;
 }
 
 } // namespace
@@ -72,4 +87,54 @@ TEST_CASE("compact checks its output sizes and that the threshold describes x") 
   const sel::threshold all_ties{3.0f, 1, 3};
   const auto s = sel::compact<std::uint64_t>(x, all_ties);
   CHECK(s.indices == std::vector<std::uint64_t>{1, 2, 3, 5});
+}
+
+TEST_CASE("is_selected: everything above, the first `at` ties, nothing below") {
+  CHECK(sel::is_selected(5, 4, 0, 0));
+  CHECK(sel::is_selected(5, 4, 99, 0));
+  CHECK_FALSE(sel::is_selected(3, 4, 0, 10));
+  CHECK(sel::is_selected(4, 4, 0, 1));
+  CHECK_FALSE(sel::is_selected(4, 4, 1, 1));
+  CHECK(sel::is_selected(4, 4, 6, 7));
+  CHECK_FALSE(sel::is_selected(4, 4, 0, 0));
+  static_assert(sel::is_selected(1, 0, 0, 0), "usable in constant expressions, as on the device");
+}
+
+TEST_CASE("for_each_selected visits exactly the contract's set, in index order, on random inputs") {
+  for (std::size_t n : {0u, 1u, 15u, 16u, 17u, 33u, 1000u, 65537u})
+    for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+      const std::vector<float> x = ties_or_tails(n, seed * 31 + n);
+      for (std::size_t k : {std::size_t{0}, std::size_t{1}, n / 7, n / 2, n}) {
+        if (k > n) continue;
+        CAPTURE(n);
+        CAPTURE(seed);
+        CAPTURE(k);
+        const sel::threshold t = sel::exact{}.select(x, k);
+        std::vector<std::size_t> got;
+        const auto r = sel::detail::for_each_selected(x, t, [&](std::size_t i) { got.push_back(i); });
+        const auto want = expected_indices(x, t);
+        CHECK(std::equal(got.begin(), got.end(), want.begin(), want.end()));
+        CHECK(r.taken == k);
+        CHECK(r.ties == t.at);
+        CHECK_FALSE(r.more);
+      }
+    }
+}
+
+TEST_CASE("for_each_selected stops short of an entry beyond the count, and may overwrite what it visited") {
+  std::vector<float> x{1, -5, 3, 3, 0, -3, 7, 3};
+  // Claims one entry above 3 and one at it; there are two above.
+  const sel::threshold under{3.0f, 1, 1};
+  std::vector<std::size_t> got;
+  auto r = sel::detail::for_each_selected(x, under, [&](std::size_t i) { got.push_back(i); });
+  CHECK(r.more);
+  CHECK(r.taken == 2);
+  CHECK(got == std::vector<std::size_t>{1, 2});
+  // Claims more than there are: the loop runs to the end and reports what it found.
+  const sel::threshold over{3.0f, 2, 9};
+  r = sel::detail::for_each_selected(x, over, [&](std::size_t i) { x[i] = 0.0f; });
+  CHECK_FALSE(r.more);
+  CHECK(r.taken == 6);
+  CHECK(r.ties == 4);
+  CHECK(x == std::vector<float>{1, 0, 0, 0, 0, 0, 0, 0});
 }

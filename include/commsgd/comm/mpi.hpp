@@ -108,7 +108,8 @@ inline constexpr long long mpi_unordered(std::uint64_t v) noexcept {
   return static_cast<long long>(v) + INT_MIN;
 }
 
-// Piece i of a point-to-point message of n units under limit L (see the framing note at the top).
+// How many pieces a point-to-point message of n units takes under limit L: floor(n / L) full ones and the
+// short final one (see the framing note at the top).
 inline std::size_t mpi_pieces(std::size_t n, std::size_t limit) noexcept {
   return n / limit + 1;
 }

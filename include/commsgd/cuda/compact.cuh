@@ -2,7 +2,7 @@
 //
 // Selected: {i : |x_i| > value} plus the first `at` indices with |x_i| == value, as the contract says; so the
 // pairs are the same on CPU and GPU. Two reads of x (count per tile, then write) and two scans of the tile
-// counts; no host synchronisation. Indices are uint32 when n fits, uint64 otherwise.
+// counts; no host synchronisation. Indices are uint32 (for n < 2^32) or uint64, as the caller chooses.
 #pragma once
 
 #include <commsgd/cuda/compact_kernels.cuh>

@@ -1,13 +1,18 @@
 // Kernels of the compaction: (index, value) pairs of the selected set, in index order.
 #pragma once
 
-#include <commsgd/cuda/engine_kernels.cuh>
+#include <commsgd/cuda/engine_block.cuh>
+#include <commsgd/cuda/result.cuh>
+#include <commsgd/cuda/tuning.cuh>
+#include <commsgd/select/key.hpp>
 
 #include <cub/block/block_load.cuh>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 
 namespace commsgd::inline v1::cuda::detail {
 
-inline constexpr int compact_items = 16;
+inline constexpr int compact_items = compact_tuning::items_per_thread;
 inline constexpr u32 compact_tile = block_threads * compact_items;
 
 // Per tile: keys above the threshold, and keys tied with it (ties are taken in index order, so a tile's
@@ -55,7 +60,8 @@ __global__ void __launch_bounds__(block_threads)
   const u64 start = static_cast<u64>(blockIdx.x) * compact_tile;
   const u64 remaining = n - start;
   const int valid = remaining < compact_tile ? static_cast<int>(remaining) : static_cast<int>(compact_tile);
-  // Blocked arrangement: thread j holds items [j * 16, j * 16 + 16) of the tile, so ranks follow index order.
+  // Blocked arrangement: thread j holds items [j * compact_items, (j + 1) * compact_items) of the tile, so
+  // ranks follow index order.
   float v[compact_items];
   load_t(storage.load).Load(x + start, v, valid, 0.0f);
   __syncthreads();
@@ -75,12 +81,8 @@ __global__ void __launch_bounds__(block_threads)
     const u32 key = select::magnitude_key(v[i]);
     take[i] = false;
     if (pos < valid) {
-      if (key > t) {
-        take[i] = true;
-      } else if (key == t) {
-        take[i] = ties_start + tie_rank < at;
-        ++tie_rank;
-      }
+      take[i] = select::is_selected(key, t, ties_start + tie_rank, at);
+      tie_rank += key == t;
     }
     my_selected += take[i];
   }

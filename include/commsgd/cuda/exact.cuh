@@ -23,20 +23,17 @@ struct exact {
             "cub::DeviceRadixSort::SortKeys(size)");
     detail::workspace_carver carver(workspace);
     // The engine's buffers are only used for the state and the k == 0 path: no candidates.
-    detail::engine_workspace w{};
-    w.state = carver.take<detail::engine_state>(1);
+    detail::engine_workspace<detail::exact_state> w{};
+    w.state = carver.take<detail::exact_state>(1);
     w.hist = carver.take<detail::u64>(detail::hist_bins);
     w.edge = carver.take<detail::u64>(detail::hist_bins);
     auto* keys = carver.take<detail::u32>(n);
     auto* sorted = carver.take<detail::u32>(n);
     void* sort_storage = carver.take_bytes(sort_bytes);
-    if (detail::size_query(workspace, workspace_bytes, carver.bytes())) return;
-    detail::check_select_args(x, n, k, out);
-    if (detail::trivial_selection(x, n, k, w, out, host_out, stream)) return;
-    detail::engine_params p{};
-    p.n = n;
-    p.k = p.limit = p.main_k = p.main_limit = k;
-    detail::launch_init(w, p, stream);
+    if (detail::select_prologue(w, workspace, workspace_bytes, carver.bytes(), x, n, k, out, host_out,
+                                stream))
+      return;
+    detail::launch_init(w, detail::initial_state<detail::exact_state>(n, k), stream);
     detail::magnitude_keys_kernel<>
         <<<detail::grid_for(n), detail::block_threads, 0, stream>>>(x, keys, w.state);
     check_launch("magnitude_keys_kernel");

@@ -7,7 +7,7 @@ namespace commsgd::inline v1::cuda::detail {
 
 template <class = void>
 __global__ void __launch_bounds__(block_threads)
-    magnitude_keys_kernel(const float* __restrict__ x, u32* keys, engine_state* st) {
+    magnitude_keys_kernel(const float* __restrict__ x, u32* keys, exact_state* st) {
   for_each_input(x, st->n, [&](u32 key, u64 i) {
     if (key >= select::infinite_key) note_nonfinite(st, i);
     keys[i] = key;
@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(block_threads)
 
 // sorted is ascending: the k-th largest is sorted[n - k]; the keys above it are those past its last copy.
 template <class = void>
-__global__ void sorted_threshold_kernel(const u32* sorted, engine_state* st) {
+__global__ void sorted_threshold_kernel(const u32* sorted, exact_state* st) {
   const u64 n = st->n;
   const u64 k = st->k;
   const u32 t = sorted[n - k];

@@ -18,26 +18,27 @@ struct hierarchical {
   // rare, so the fallback pass stays rare.
   static std::size_t segment_k(std::size_t n, std::size_t k) {
     const double share = static_cast<double>(k) * detail::segment_size / static_cast<double>(n);
-    const double with_slack = std::ceil(share) + 8.0 + 4.0 * std::sqrt(share);
+    const double with_slack = std::ceil(share) + hierarchical_tuning::slack_fixed +
+                              hierarchical_tuning::slack_sigmas * std::sqrt(share);
     return static_cast<std::size_t>(std::min<double>(with_slack, detail::segment_size));
   }
 
   void select(void* workspace, std::size_t& workspace_bytes, const float* x, std::size_t n, std::size_t k,
               device_result* out, cudaStream_t stream = nullptr, device_result* host_out = nullptr) const {
+    using state_t = detail::hierarchical_state;
     detail::workspace_carver carver(workspace);
-    const auto w = detail::carve_engine(carver, n, 4);
-    if (detail::size_query(workspace, workspace_bytes, carver.bytes())) return;
-    detail::check_select_args(x, n, k, out);
-    if (detail::trivial_selection(x, n, k, w, out, host_out, stream)) return;
-    detail::engine_params p{};
-    p.n = n;
-    p.k = p.limit = p.main_k = p.main_limit = k;
-    p.stage = static_cast<detail::u32>(detail::on_done::verify);
-    p.cap = w.cap;
-    detail::launch_init(w, p, stream);
+    const auto w = detail::carve_engine<state_t>(carver, n, hierarchical_tuning::candidate_divisor);
+    if (detail::select_prologue(w, workspace, workspace_bytes, carver.bytes(), x, n, k, out, host_out,
+                                stream))
+      return;
+    // First the threshold among the segments' candidates, checked; then, only if the check fails, over x.
+    state_t init = detail::initial_state<state_t>(n, k, k, 0, w.cap);
+    init.stage = static_cast<detail::u32>(detail::on_done::verify);
+    init.main = {k, k, 0u};
+    detail::launch_init(w, init, stream);
     const std::size_t segments = (n + detail::segment_size - 1) / detail::segment_size;
-    const unsigned grid = static_cast<unsigned>(
-        std::min<std::size_t>(segments, static_cast<std::size_t>(detail::multiprocessor_count()) * 4));
+    const unsigned grid = static_cast<unsigned>(std::min<std::size_t>(
+        segments, static_cast<std::size_t>(detail::multiprocessor_count()) * engine_tuning::blocks_per_sm));
     detail::segment_candidates_kernel<><<<grid, detail::block_threads, 0, stream>>>(
         x, w.state, static_cast<detail::u32>(segment_k(n, k)), w.cand0);
     check_launch("segment_candidates_kernel");

@@ -25,7 +25,7 @@ public:
   static constexpr const char* name = "laplace_bisect";
 
   explicit laplace_bisect(laplace_bisect_options options = {}) : options_(options), previous_(1) {
-    detail::approx_limit(1, options_.tol);
+    commsgd::select::check_tolerance(options_.tol);
     // A defined (if useless) centre should a first call be refused for non-finite input.
     check(cudaMemset(previous_.data(), 0, sizeof(float)), "cudaMemset");
   }
@@ -39,18 +39,14 @@ public:
 
   void select(void* workspace, std::size_t& workspace_bytes, const float* x, std::size_t n, std::size_t k,
               device_result* out, cudaStream_t stream = nullptr, device_result* host_out = nullptr) {
+    using state_t = detail::laplace_bisect_state;
     detail::workspace_carver carver(workspace);
-    const auto w = detail::carve_engine(carver, n, 8);
-    if (detail::size_query(workspace, workspace_bytes, carver.bytes())) return;
-    detail::check_select_args(x, n, k, out);
-    if (detail::trivial_selection(x, n, k, w, out, host_out, stream)) return;
-    detail::engine_params p{};
-    p.n = n;
-    p.k = p.main_k = k;
-    p.limit = p.main_limit = options_.trim ? k : detail::approx_limit(k, options_.tol);
-    p.approx = p.main_approx = options_.trim ? 0 : 1;
-    p.cap = w.cap;
-    detail::launch_init(w, p, stream);
+    const auto w = detail::carve_engine<state_t>(carver, n, laplace_bisect_tuning::candidate_divisor);
+    if (detail::select_prologue(w, workspace, workspace_bytes, carver.bytes(), x, n, k, out, host_out,
+                                stream))
+      return;
+    const std::size_t limit = options_.trim ? k : commsgd::select::count_limit(k, options_.tol);
+    detail::launch_init(w, detail::initial_state<state_t>(n, k, limit, options_.trim ? 0 : 1, w.cap), stream);
     const unsigned grid = detail::grid_for(n);
     const bool warm_now = warm();
     if (warm_now) {
@@ -63,9 +59,9 @@ public:
       detail::abs_sum_kernel<><<<grid, detail::block_threads, 0, stream>>>(x, w.state);
       check_launch("abs_sum_kernel");
     }
-    // Warm: +-2 binades (bucket width ~0.05 %); cold: +-16x around t0 (~0.2 %).
-    const detail::u32 span_log2 = warm_now ? 1 : 2;
-    detail::window_pass_kernel<>
+    const detail::u32 span_log2 =
+        warm_now ? laplace_bisect_tuning::warm_span_log2 : laplace_bisect_tuning::cold_span_log2;
+    detail::window_pass_kernel<state_t>
         <<<grid, detail::block_threads, 0, stream>>>(x, w.state, w.hist, w.edge, span_log2, warm_now);
     check_launch("window_pass_kernel");
     detail::launch_digit_passes(x, n, w, detail::full_passes, false, stream);

@@ -4,36 +4,62 @@
 #include <commsgd/cuda/error.cuh>
 
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 
 namespace commsgd::inline v1::cuda {
 
-// Move-only owner of device memory; used by the convenience forms and by the tests, never inside a
-// selection that the caller gave a workspace.
-template <class T>
-class device_buffer {
+namespace detail {
+
+// Where an owned_array's memory comes from: device memory, or page-locked host memory (the target of
+// asynchronous device-to-host copies).
+struct device_memory {};
+struct pinned_memory {};
+
+// Move-only owner of `count` elements of T (uninitialised) from Memory.
+template <class T, class Memory>
+class owned_array {
 public:
-  device_buffer() = default;
-  explicit device_buffer(std::size_t count) : count_(count) {
-    if (count > 0) check(cudaMalloc(reinterpret_cast<void**>(&data_), count * sizeof(T)), "cudaMalloc");
+  owned_array() = default;
+  explicit owned_array(std::size_t count) : count_(count) {
+    if (count == 0) return;
+    void* p = nullptr;
+    if constexpr (pinned)
+      check(cudaMallocHost(&p, count * sizeof(T)), "cudaMallocHost");
+    else
+      check(cudaMalloc(&p, count * sizeof(T)), "cudaMalloc");
+    data_ = static_cast<T*>(p);
   }
-  device_buffer(device_buffer&& other) noexcept
+  owned_array(owned_array&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)) {}
-  device_buffer& operator=(device_buffer other) noexcept {
+  owned_array& operator=(owned_array other) noexcept {
     std::swap(data_, other.data_);
     std::swap(count_, other.count_);
     return *this;
   }
-  ~device_buffer() {
-    if (data_) cudaFree(data_);
+  ~owned_array() {
+    if (!data_) return;
+    if constexpr (pinned)
+      cudaFreeHost(data_);
+    else
+      cudaFree(data_);
   }
   T* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return count_; }
 
 private:
+  static constexpr bool pinned = std::is_same_v<Memory, pinned_memory>;
+  static_assert(pinned || std::is_same_v<Memory, device_memory>, "Memory is device_memory or pinned_memory");
   T* data_ = nullptr;
   std::size_t count_ = 0;
 };
+
+} // namespace detail
+
+// Move-only owner of device memory; used by the convenience forms and by the tests, never inside a
+// selection that the caller gave a workspace.
+template <class T>
+using device_buffer = detail::owned_array<T, detail::device_memory>;
 
 namespace detail {
 

@@ -17,15 +17,11 @@ struct radix {
   void select(void* workspace, std::size_t& workspace_bytes, const float* x, std::size_t n, std::size_t k,
               device_result* out, cudaStream_t stream = nullptr, device_result* host_out = nullptr) const {
     detail::workspace_carver carver(workspace);
-    const auto w = detail::carve_engine(carver, n, 8);
-    if (detail::size_query(workspace, workspace_bytes, carver.bytes())) return;
-    detail::check_select_args(x, n, k, out);
-    if (detail::trivial_selection(x, n, k, w, out, host_out, stream)) return;
-    detail::engine_params p{};
-    p.n = n;
-    p.k = p.limit = p.main_k = p.main_limit = k;
-    p.cap = w.cap;
-    detail::launch_init(w, p, stream);
+    const auto w = detail::carve_engine<detail::radix_state>(carver, n, radix_tuning::candidate_divisor);
+    if (detail::select_prologue(w, workspace, workspace_bytes, carver.bytes(), x, n, k, out, host_out,
+                                stream))
+      return;
+    detail::launch_init(w, detail::initial_state<detail::radix_state>(n, k, k, 0, w.cap), stream);
     detail::launch_digit_passes(x, n, w, detail::full_passes, true, stream);
     detail::launch_finalize(w, out, nullptr, host_out, stream);
   }

@@ -12,6 +12,8 @@ namespace commsgd::inline v1::cuda {
 enum result_flag : std::uint32_t {
   // An approximate method found more than ceil((1 + tol) k) entries tied at its threshold.
   ties_exceed_tolerance = 1u,
+  // The engine's histograms held fewer keys than its own counts said they must: a fault of the engine.
+  internal_inconsistency = 2u,
 };
 
 // Plain data so that it can live in device memory, in a pinned host copy, or in a caller's struct. The
@@ -26,9 +28,13 @@ struct device_result {
   unsigned long long first_nonfinite;
 };
 
-// Throws non_finite or unsupported as the host selectors would; otherwise the threshold.
+// Throws non_finite or unsupported as the host selectors would (internal_error on a fault of the engine);
+// otherwise the threshold.
 inline select::threshold to_threshold(const device_result& r, std::string_view what = "x") {
   if (r.nonfinite_count > 0) throw non_finite(what, r.nonfinite_count, r.first_nonfinite);
+  if (r.flags & internal_inconsistency)
+    throw internal_error("the CUDA selection engine's histogram counts disagreed with its own search state "
+                         "(fewer keys in the bins than still to select); the threshold is unknown");
   if (r.flags & ties_exceed_tolerance)
     throw unsupported(commsgd::detail::concat("more entries tie at threshold ", r.value,
                                               " than the tolerance allows (", r.above + r.at, " selected)"));

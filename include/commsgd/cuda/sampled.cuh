@@ -22,7 +22,7 @@ public:
   static constexpr const char* name = "sampled";
 
   explicit sampled(sampled_options options = {}) : options_(options) {
-    detail::approx_limit(1, options_.tol);
+    commsgd::select::check_tolerance(options_.tol);
     commsgd::detail::check_range("sample_fraction", options_.sample_fraction, 1e-9, 1.0, "[1e-9, 1]");
   }
 
@@ -31,31 +31,30 @@ public:
     const std::size_t stride =
         std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(1.0 / options_.sample_fraction)));
     const std::size_t m = n == 0 ? 0 : (n - 1) / stride + 1;
+    using state_t = detail::sampled_state;
     detail::workspace_carver carver(workspace);
-    const auto w = detail::carve_engine(carver, n, 8, m);
-    if (detail::size_query(workspace, workspace_bytes, carver.bytes())) return;
-    detail::check_select_args(x, n, k, out);
-    if (detail::trivial_selection(x, n, k, w, out, host_out, stream)) return;
+    const auto w = detail::carve_engine<state_t>(carver, n, sampled_tuning::candidate_divisor, m);
+    if (detail::select_prologue(w, workspace, workspace_bytes, carver.bytes(), x, n, k, out, host_out,
+                                stream))
+      return;
     // The sample's share of k, at least 1 so that the sample always yields a threshold.
     const auto k_sample = std::clamp<std::size_t>(
         static_cast<std::size_t>(std::llround(static_cast<double>(k) * static_cast<double>(m) / n)), 1, m);
-    detail::engine_params p{};
-    p.n = n;
-    p.k = p.limit = k_sample;
-    p.stage = static_cast<detail::u32>(detail::on_done::sample);
-    p.main_k = k;
-    p.main_limit = options_.trim ? k : detail::approx_limit(k, options_.tol);
-    p.main_approx = options_.trim ? 0 : 1;
-    p.cap = w.cap;
-    p.initial_candidates = m;
-    detail::launch_init(w, p, stream);
+    // First the exact threshold of the sample, which cand[0] holds; then the main search over x.
+    state_t init = detail::initial_state<state_t>(n, k_sample, k_sample, 0, w.cap);
+    init.stage = static_cast<detail::u32>(detail::on_done::sample);
+    init.main = {k, options_.trim ? k : commsgd::select::count_limit(k, options_.tol),
+                 options_.trim ? 0u : 1u};
+    init.source = 1;
+    init.cur = 0;
+    init.cand_count[0] = m;
+    detail::launch_init(w, init, stream);
     detail::sample_kernel<><<<detail::grid_for(m), detail::block_threads, 0, stream>>>(x, stride, m, w.cand0);
     check_launch("sample_kernel");
     detail::launch_digit_passes(x, m, w, detail::full_passes, false, stream);
     const unsigned grid = detail::grid_for(n);
-    // A 1 % sample puts the k-th key within a few percent: +-2 binades is ample and keeps buckets narrow.
-    detail::window_pass_kernel<>
-        <<<grid, detail::block_threads, 0, stream>>>(x, w.state, w.hist, w.edge, 1, true);
+    detail::window_pass_kernel<state_t><<<grid, detail::block_threads, 0, stream>>>(
+        x, w.state, w.hist, w.edge, sampled_tuning::span_log2, true);
     check_launch("window_pass_kernel");
     detail::launch_digit_passes(x, n, w, detail::full_passes, false, stream);
     detail::launch_finalize(w, out, nullptr, host_out, stream);

@@ -29,8 +29,9 @@
 // Not here (see sparsify::top_k for them on the host): per-layer selection, fixed k, density warm-up,
 // clipping and the `zero` non-finite policy. Non-finite gradients are always refused.
 //
-// Checkpoints: save() writes the host sparsifier's format ("top_k", one layer, empty selector state), so a
-// GPU checkpoint loads into a host top_k<S, Index> whose selector keeps no state (select::exact) and back.
+// Checkpoints: save() and load() use the host sparsifier's codec (sparsify/state_io.hpp: "top_k", here with
+// one layer and an empty selector state), so a GPU checkpoint loads into a host top_k<S, Index> with one
+// layer whose selector keeps no state (select::exact, select::radix) and back.
 // A device selector's warm-start memory (laplace_bisect's previous threshold) is not saved: after load() it
 // starts cold, so its next threshold may differ (within its tolerance) from an uninterrupted run's. Exact
 // selectors (exact, radix) continue bit-identically.
@@ -41,6 +42,7 @@
 #include <commsgd/cuda/laplace_bisect.cuh>
 #include <commsgd/cuda/memory.cuh>
 #include <commsgd/cuda/result.cuh>
+#include <commsgd/cuda/tuning.cuh>
 #include <commsgd/select/key.hpp>
 #include <commsgd/select/selector.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
@@ -148,36 +150,14 @@ __global__ void top_k_all_kernel(device_result* out, u64 n) {
   *out = device_result{0.0f, 0u, 0ull, n, 0ull, ~0ull};
 }
 
-// Move-only page-locked host array: the target of the asynchronous copies of the pairs.
+// Page-locked host array: the target of the asynchronous copies of the pairs.
 template <class T>
-class pinned_array {
-public:
-  pinned_array() = default;
-  explicit pinned_array(std::size_t count) : count_(count) {
-    if (count > 0)
-      check(cudaMallocHost(reinterpret_cast<void**>(&data_), count * sizeof(T)), "cudaMallocHost");
-  }
-  pinned_array(pinned_array&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)) {}
-  pinned_array& operator=(pinned_array other) noexcept {
-    std::swap(data_, other.data_);
-    std::swap(count_, other.count_);
-    return *this;
-  }
-  ~pinned_array() {
-    if (data_) cudaFreeHost(data_);
-  }
-  T* data() const noexcept { return data_; }
-  std::size_t size() const noexcept { return count_; }
-
-private:
-  T* data_ = nullptr;
-  std::size_t count_ = 0;
-};
+using pinned_array = owned_array<T, pinned_memory>;
 
 inline unsigned grid_for_count(std::size_t n) {
   const std::size_t blocks = (n + block_threads - 1) / block_threads;
-  const std::size_t most = static_cast<std::size_t>(multiprocessor_count()) * 8;
+  const std::size_t most =
+      static_cast<std::size_t>(multiprocessor_count()) * top_k_tuning::zero_blocks_per_sm;
   return static_cast<unsigned>(std::clamp<std::size_t>(blocks, 1, most));
 }
 
@@ -209,7 +189,9 @@ public:
     zero_state(nullptr);
     check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
     // Exact selectors return k pairs; approximate ones up to about (1 + tol) k: a margin, grown on demand.
-    grow_device_pairs(Selector::is_exact ? k_ : std::min(length_, k_ + k_ / 16 + 64));
+    grow_device_pairs(Selector::is_exact ? k_
+                                         : std::min(length_, k_ + k_ / top_k_tuning::margin_divisor +
+                                                                 top_k_tuning::margin_extra));
   }
 
   std::size_t length() const noexcept { return length_; }
@@ -295,7 +277,7 @@ public:
     if (count > capacity_) {
       // Rare: an approximate selector took more than the margin. p is untouched (the zeroing kernel saw the
       // overflow and did nothing): grow, compact again, wait again.
-      grow_device_pairs(count + count / 16);
+      grow_device_pairs(count + count / top_k_tuning::margin_divisor);
       compact_and_copy(out, stream);
       check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       count = static_cast<std::size_t>(host_scalars_.data()->count);
@@ -326,17 +308,9 @@ public:
   void save(std::vector<std::byte>& out, cudaStream_t stream = nullptr) const {
     const std::vector<float> residual = residual_to_host(stream);
     const std::vector<float> momentum = momentum_to_host(stream);
-    sparsify::detail::state_writer w(name);
-    w.put<std::uint64_t>(length_);
-    w.put<std::uint32_t>(sizeof(Index));
-    w.put<std::uint32_t>(has_momentum() ? 1u : 0u);
-    w.put<std::uint64_t>(1); // layers
-    w.put<std::uint64_t>(steps_);
-    w.put_array(std::span<const float>(residual));
-    if (has_momentum()) w.put_array(std::span<const float>(momentum));
-    w.put<std::uint64_t>(1); // selectors
-    w.put_bytes({});         // device selectors' warm-start memory is not saved
-    out = std::move(w).finish();
+    // Device selectors' warm-start memory is not saved.
+    out = sparsify::detail::write_top_k_state(name, layout(), steps_, residual, momentum,
+                                              [](std::size_t) { return std::vector<std::byte>{}; });
   }
   void save(std::ostream& os, cudaStream_t stream = nullptr) const {
     std::vector<std::byte> blob;
@@ -347,32 +321,23 @@ public:
   // Everything is parsed and checked before anything is replaced, so a bad blob changes nothing.
   // Synchronises `stream`. The selector restarts cold (see the top).
   void load(std::span<const std::byte> blob, cudaStream_t stream = nullptr) {
-    sparsify::detail::state_reader r(blob, name);
-    expect(r.get<std::uint64_t>(), length_, "length");
-    expect(r.get<std::uint32_t>(), sizeof(Index), "index size in bytes");
-    expect(r.get<std::uint32_t>(), has_momentum() ? 1u : 0u, "momentum correction (1 on, 0 off)");
-    expect(r.get<std::uint64_t>(), 1u, "layer count");
-    const auto steps = r.get<std::uint64_t>();
-    std::vector<float> residual(length_), momentum(has_momentum() ? length_ : 0);
-    r.get_array(std::span<float>(residual), "residual");
-    if (has_momentum()) r.get_array(std::span<float>(momentum), "momentum");
-    expect(r.get<std::uint64_t>(), 1u, "selector count");
-    (void)r.get_bytes(); // a host selector's state (if any) means nothing to a device selector
-    r.expect_end();
+    // A host selector's state (if any) means nothing to a device selector.
+    const sparsify::detail::top_k_contents c = sparsify::detail::read_top_k_state(
+        blob, name, layout(), [](std::size_t, std::span<const std::byte>) {});
     // Into the scratch buffers first, so a failing copy leaves the state as it was.
     if (length_ > 0) {
-      check(cudaMemcpyAsync(work_.data(), residual.data(), length_ * sizeof(float), cudaMemcpyHostToDevice,
+      check(cudaMemcpyAsync(work_.data(), c.residual.data(), length_ * sizeof(float), cudaMemcpyHostToDevice,
                             stream),
             "cudaMemcpyAsync(residual)");
       if (has_momentum())
-        check(cudaMemcpyAsync(work_u_.data(), momentum.data(), length_ * sizeof(float),
+        check(cudaMemcpyAsync(work_u_.data(), c.momentum.data(), length_ * sizeof(float),
                               cudaMemcpyHostToDevice, stream),
               "cudaMemcpyAsync(momentum)");
     }
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     std::swap(residual_, work_);
     if (has_momentum()) std::swap(momentum_, work_u_);
-    steps_ = steps;
+    steps_ = c.steps;
     sent_ = 0;
     if constexpr (requires { selector_.reset(); }) selector_.reset();
   }
@@ -387,11 +352,9 @@ private:
     detail::pinned_array<float> value;
   };
 
-  template <class T, class U>
-  static void expect(T saved, U mine, const char* what) {
-    if (saved != static_cast<T>(mine))
-      throw corrupt_data(
-          commsgd::detail::concat("saved state: ", what, " is ", saved, ", this sparsifier's is ", mine));
+  // What the saved state must agree on: the host top_k's layout with one layer and one selector.
+  sparsify::detail::top_k_layout layout() const noexcept {
+    return {length_, sizeof(Index), has_momentum(), 1, 1};
   }
 
   std::vector<float> to_host(const float* d, cudaStream_t stream) const {

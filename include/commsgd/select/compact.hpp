@@ -19,6 +19,48 @@ namespace commsgd::inline v1::select {
 template <class Index>
 concept compact_index = std::same_as<Index, std::uint32_t> || std::same_as<Index, std::uint64_t>;
 
+namespace detail {
+
+struct compaction {
+  std::size_t taken = 0; // entries passed to the callback
+  std::size_t ties = 0;  // of them, entries equal to the threshold
+  bool more = false;     // a selected entry beyond t.count() was found (and not passed on)
+};
+
+// The one tie-aware compaction loop of the host: calls take(i) for every selected index (is_selected), in
+// increasing order, and stops short of a (t.count() + 1)-th. take may overwrite x[i]: each entry's key is
+// read before its call. Most blocks hold nothing selected; a vectorised test skips them.
+template <class F>
+compaction for_each_selected(std::span<const float> x, const threshold& t, F&& take) {
+  const std::size_t count = t.count();
+  const std::uint32_t tk = magnitude_key(t.value);
+  compaction r;
+  auto one = [&](std::size_t i) {
+    const std::uint32_t key = key_at(x.data() + i);
+    if (!is_selected(key, tk, r.ties, t.at)) return true;
+    if (r.taken == count) {
+      r.more = true;
+      return false;
+    }
+    r.ties += key == tk;
+    take(i);
+    ++r.taken;
+    return true;
+  };
+  const std::size_t n = x.size();
+  std::size_t i = 0;
+  for (; i + block <= n; i += block) {
+    if (!block_reaches(x.data() + i, tk)) continue;
+    for (std::size_t j = 0; j < block; ++j)
+      if (!one(i + j)) return r;
+  }
+  for (; i < n; ++i)
+    if (!one(i)) return r;
+  return r;
+}
+
+} // namespace detail
+
 // Writes every i with |x_i| > t.value and the first t.at indices with |x_i| == t.value, in increasing i.
 // indices and values must hold exactly t.count() entries (commsgd::size_mismatch otherwise); a threshold
 // that does not describe x (it selects more or fewer than t.count()) raises commsgd::invalid_argument.
@@ -35,37 +77,20 @@ std::size_t compact(std::span<const float> x, const threshold& t, std::span<Inde
                                                    " does not fit the index type (max ",
                                                    std::numeric_limits<Index>::max(), ")"));
   if (count == 0) return 0;
-  const std::uint32_t tk = magnitude_key(t.value);
-  std::size_t out = 0, ties = 0;
-  auto overflow = [&] {
-    throw invalid_argument(commsgd::detail::concat("compact: the threshold (value ", t.value, ", above ",
-                                                   t.above, ", at ", t.at, ") selects more than ", count,
-                                                   " entries of x"));
-  };
-  auto one = [&](std::size_t i) {
-    const std::uint32_t key = detail::key_at(x.data() + i);
-    const bool take = key > tk || (key == tk && ties < t.at);
-    if (!take) return;
-    ties += key == tk;
-    if (out == count) overflow();
+  std::size_t out = 0;
+  const detail::compaction r = detail::for_each_selected(x, t, [&](std::size_t i) {
     indices[out] = static_cast<Index>(i);
     values[out] = x[i];
     ++out;
-  };
-  // Most blocks hold nothing selected; a vectorised test skips them.
-  const std::size_t n = x.size();
-  std::size_t i = 0;
-  for (; i + detail::block <= n; i += detail::block) {
-    if (!detail::block_reaches(x.data() + i, tk)) continue;
-    for (std::size_t j = 0; j < detail::block; ++j)
-      one(i + j);
-  }
-  for (; i < n; ++i)
-    one(i);
-  if (out != count || ties != t.at)
+  });
+  if (r.more)
     throw invalid_argument(commsgd::detail::concat("compact: the threshold (value ", t.value, ", above ",
-                                                   t.above, ", at ", t.at, ") selects only ", out,
-                                                   " entries of x, ", ties, " of them at it"));
+                                                   t.above, ", at ", t.at, ") selects more than ", count,
+                                                   " entries of x"));
+  if (r.taken != count || r.ties != t.at)
+    throw invalid_argument(commsgd::detail::concat("compact: the threshold (value ", t.value, ", above ",
+                                                   t.above, ", at ", t.at, ") selects only ", r.taken,
+                                                   " entries of x, ", r.ties, " of them at it"));
   return out;
 }
 

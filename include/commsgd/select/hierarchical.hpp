@@ -49,11 +49,7 @@ public:
     check_k(k, x.size());
     fell_back_ = false;
     const std::size_t n = x.size();
-    if (n == 0) return threshold{};
-    if (k == 0 || k == n) {
-      check_finite(x);
-      return k == 0 ? threshold{} : detail::all_result(x);
-    }
+    if (const auto trivial = detail::trivial_result(x, k)) return *trivial;
     const std::size_t seg = opt_.segment;
     const std::size_t segments = (n + seg - 1) / seg;
     const unsigned chunks =

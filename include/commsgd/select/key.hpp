@@ -33,4 +33,12 @@ COMMSGD_HOST_DEVICE inline float key_magnitude(std::uint32_t key) noexcept {
 // Keys of finite values are below this; the key of +inf.
 inline constexpr std::uint32_t infinite_key = 0x7f800000u;
 
+// The contract's selection rule, entry by entry in index order: every key above the threshold's, and the
+// first `at` keys equal to it. `ties_before` counts the keys equal to it at lower indices. Host and device
+// compaction both decide by this, so they select the same set.
+COMMSGD_HOST_DEVICE constexpr bool is_selected(std::uint32_t key, std::uint32_t threshold_key,
+                                               std::uint64_t ties_before, std::uint64_t at) noexcept {
+  return key > threshold_key || (key == threshold_key && ties_before < at);
+}
+
 } // namespace commsgd::inline v1::select

@@ -68,7 +68,7 @@ public:
   };
 
   laplace_bisect() = default;
-  explicit laplace_bisect(options opt) : opt_(opt) { count_limit(1, opt.tol); }
+  explicit laplace_bisect(options opt) : opt_(opt) { check_tolerance(opt.tol); }
 
   state saved_state() const noexcept { return state_; }
   void restore(state s) {

@@ -34,7 +34,7 @@ public:
   sampled() = default;
   explicit sampled(options opt) : opt_(opt) {
     commsgd::detail::check_range("fraction", opt.fraction, std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
-    count_limit(1, opt.tol);
+    check_tolerance(opt.tol);
   }
 
   unsigned last_passes() const noexcept { return passes_; }
@@ -43,10 +43,9 @@ public:
     check_k(k, x.size());
     passes_ = 0;
     const std::size_t n = x.size();
-    if (k == 0 || k == n) {
-      check_finite(x);
+    if (const auto trivial = detail::trivial_result(x, k)) {
       passes_ = 1;
-      return k == 0 ? threshold{} : detail::all_result(x);
+      return *trivial;
     }
     const std::size_t limit = opt_.trim ? k : count_limit(k, opt_.tol);
 

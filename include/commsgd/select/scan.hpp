@@ -13,9 +13,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -35,9 +35,7 @@ inline constexpr unsigned max_threads = 8;
 inline constexpr std::size_t block = 16;
 
 inline std::uint32_t key_at(const float* p) noexcept {
-  std::uint32_t bits;
-  std::memcpy(&bits, p, sizeof bits);
-  return bits & 0x7fffffffu;
+  return magnitude_key(*p);
 }
 
 // Whether some key of the block is >= lo. The OR of (lo - 1 - key) has its sign bit set exactly then, and
@@ -285,11 +283,6 @@ inline threshold exact_result(std::uint32_t key, std::size_t above, std::size_t 
   return threshold{key_magnitude(key), above, k - above};
 }
 
-// The result for k == 0 and for an empty x, shared by every method.
-inline threshold empty_result() {
-  return threshold{};
-}
-
 // The result for k == n: everything is selected, the threshold is the smallest magnitude.
 inline threshold all_result(std::span<const float> x) {
   std::uint32_t lo = 0xffffffffu;
@@ -299,6 +292,14 @@ inline threshold all_result(std::span<const float> x) {
   for (const float v : x)
     at += magnitude_key(v) == lo;
   return threshold{key_magnitude(lo), x.size() - at, at};
+}
+
+// The k == 0 and k == n answers shared by the methods that take them before any pass of their own: after
+// checking x, nothing (threshold +inf) or everything (all_result). Empty otherwise.
+inline std::optional<threshold> trivial_result(std::span<const float> x, std::size_t k) {
+  if (k != 0 && k != x.size()) return std::nullopt;
+  check_finite(x);
+  return k == 0 ? threshold{} : all_result(x);
 }
 
 } // namespace detail

@@ -8,8 +8,8 @@
 //   sampled         threshold from a strided sample, corrected; approximate
 //
 // Contract:
-// - x must be finite (NaN or inf raise commsgd::non_finite with the count and first index); 0 <= k <=
-// x.size().
+// - x must be finite (NaN or inf raise commsgd::non_finite with the count and first index);
+//   0 <= k <= x.size().
 // - Order is by |x| with -0 == +0. The selection is {i : |x_i| > value} plus the first `at` indices with
 //   |x_i| == value, so a result is always a definite set of indices.
 // - Exact methods select exactly k (ties at the threshold go to the lowest indices: deterministic, and the
@@ -25,6 +25,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <span>
 
@@ -53,12 +54,41 @@ inline std::size_t k_for_density(std::size_t n, double density) {
   return k >= static_cast<double>(n) ? n : static_cast<std::size_t>(k);
 }
 
-// The largest count an approximate method may return for k and tolerance tol: ceil((1 + tol) k). The
-// product is formed so that round-off cannot push an exact integer one above (k = 100, tol = 0.01 -> 101).
-inline std::size_t count_limit(std::size_t k, double tol) {
+// The one check of a tolerance, shared by every approximate method on host and device.
+inline void check_tolerance(double tol) {
   commsgd::detail::check_range("tol", tol, 0.0, 1e9, "[0, 1e9]");
-  const double extra = std::ceil(tol * static_cast<double>(k) * (1.0 - 1e-12));
-  return k + static_cast<std::size_t>(extra);
+}
+
+// The largest count an approximate method may return for k and tolerance tol: ceil((1 + tol) k), with tol
+// read as the fraction it stands for. A double is rarely the decimal a user wrote (0.1 is
+// 0.1000000000000000055...), so (1 + tol) k rounded or taken literally can land one above the intended
+// integer (k = 100, tol = 0.1 gives 111). The extra count is instead the least m with m / k >= tol in double
+// arithmetic (correctly rounded, the same on host and device): exact whenever tol is the double nearest to
+// m / k, and otherwise ceil(tol k). Saturates at the largest std::size_t.
+//
+// Host and device code share this function. On the host it first checks tol (commsgd::invalid_argument
+// outside [0, 1e9]); device code, which cannot throw, takes a tolerance the host has already checked.
+COMMSGD_HOST_DEVICE inline std::size_t count_limit(std::size_t k, double tol) {
+#if !defined(__CUDA_ARCH__)
+  check_tolerance(tol);
+#endif
+  constexpr std::uint64_t most = ~std::uint64_t{0};
+  if (k == 0 || !(tol > 0.0)) return k;
+  const double kd = static_cast<double>(k);
+  const double product = tol * kd;
+  if (!(product < 18446744073709551616.0)) return most; // 2^64
+  std::uint64_t m = static_cast<std::uint64_t>(product);
+  if (product < 4503599627370496.0 && k <= (std::uint64_t{1} << 53)) {
+    // Below 2^52 both m and k are exact doubles and m / k is correctly rounded: step m to the least one
+    // whose quotient reaches tol. It starts within one or two of it.
+    while (m > 0 && static_cast<double>(m - 1) / kd >= tol)
+      --m;
+    while (static_cast<double>(m) / kd < tol)
+      ++m;
+  } else if (static_cast<double>(m) < product) {
+    ++m; // ceil; the product's own rounding already exceeds any representation error of tol
+  }
+  return m > most - k ? most : k + m;
 }
 
 inline void check_k(std::size_t k, std::size_t n) {

@@ -4,6 +4,7 @@
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/key.hpp>
+#include <commsgd/select/validate.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -23,15 +24,10 @@ inline bool is_finite_bits(float x) noexcept {
   return select::magnitude_key(x) < select::infinite_key;
 }
 
-// Throws non_finite naming `what` when x holds NaN or inf; a separate slow pass that runs only once a fused
-// pass has already seen a bad key.
+// Throws non_finite naming `what` when x holds NaN or inf: the selectors' check (count and first index),
+// run as a separate slow pass only once a fused pass has already seen a bad key.
 inline void throw_non_finite(std::span<const float> x, std::string_view what) {
-  std::size_t count = 0, first = x.size();
-  for (std::size_t i = 0; i < x.size(); ++i)
-    if (!is_finite_bits(x[i])) {
-      if (count++ == 0) first = i;
-    }
-  if (count > 0) throw non_finite(what, count, first);
+  select::check_finite(x, what);
 }
 
 inline void check_gradient_size(std::size_t got, std::size_t length) {

@@ -12,13 +12,15 @@
 // so a step that throws (a NaN, a selector that refuses) leaves state and last message as they were (a
 // selector's own warm-start memory aside).
 //
-// A CUDA path would plug in at three places, each behind commsgd/cuda.cuh: the fused update of p (one
-// elementwise kernel), the selector (a device selector model), and the compaction into (index, value)
-// pairs (a CUB select-if over the threshold); the exchange then runs on device buffers.
+// The CUDA counterpart is cuda::top_k (commsgd/cuda/top_k.cuh, behind commsgd/cuda.cuh): the same step on
+// gradients in device memory (one fused elementwise kernel for p, a device selector, cuda::compact for the
+// pairs), with the same tie rule (select::is_selected) and the same checkpoint codec (state_io.hpp); its
+// header says which states move between the two.
 #pragma once
 
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/select/compact.hpp>
 #include <commsgd/select/key.hpp>
 #include <commsgd/select/selector.hpp>
 #include <commsgd/sparsify/finite.hpp>
@@ -176,29 +178,22 @@ public:
   }
 
   void save(std::vector<std::byte>& out) const {
-    detail::state_writer w(name);
-    w.put<std::uint64_t>(length_);
-    w.put<std::uint32_t>(sizeof(Index));
-    w.put<std::uint32_t>(has_momentum() ? 1u : 0u);
-    w.put<std::uint64_t>(layer_count());
-    w.put<std::uint64_t>(steps_);
-    w.put_array(std::span<const float>(residual_));
-    if (has_momentum()) w.put_array(std::span<const float>(momentum_));
-    w.put<std::uint64_t>(selectors_.size());
-    for (const auto& s : selectors_) {
+    out = detail::write_top_k_state(name, layout(), steps_, residual_, momentum_, [&](std::size_t i) {
+      std::vector<std::byte> bytes;
+      const Selector& s = selectors_[i];
       if constexpr (selector_with_value_state<Selector>) {
         const auto st = s.saved_state();
-        w.put_bytes(std::as_bytes(std::span(&st, 1)));
+        const auto raw = std::as_bytes(std::span(&st, 1));
+        bytes.assign(raw.begin(), raw.end());
       } else if constexpr (selector_with_stream_state<Selector>) {
         std::ostringstream os(std::ios::binary);
         s.save(os);
-        const std::string bytes = std::move(os).str();
-        w.put_bytes(std::as_bytes(std::span<const char>(bytes)));
-      } else {
-        w.put_bytes({});
+        const std::string text = std::move(os).str();
+        const auto raw = std::as_bytes(std::span<const char>(text));
+        bytes.assign(raw.begin(), raw.end());
       }
-    }
-    out = std::move(w).finish();
+      return bytes;
+    });
   }
   void save(std::ostream& os) const {
     std::vector<std::byte> blob;
@@ -208,46 +203,36 @@ public:
 
   // Everything is parsed and checked before anything is replaced, so a bad stream changes nothing.
   void load(std::span<const std::byte> blob) {
-    detail::state_reader r(blob, name);
-    expect(r.get<std::uint64_t>(), length_, "length");
-    expect(r.get<std::uint32_t>(), sizeof(Index), "index size in bytes");
-    expect(r.get<std::uint32_t>(), has_momentum() ? 1u : 0u, "momentum correction (1 on, 0 off)");
-    expect(r.get<std::uint64_t>(), layer_count(), "layer count");
-    const auto steps = r.get<std::uint64_t>();
-    std::vector<float> residual(length_), momentum(has_momentum() ? length_ : 0);
-    r.get_array(std::span<float>(residual), "residual");
-    if (has_momentum()) r.get_array(std::span<float>(momentum), "momentum");
-    expect(r.get<std::uint64_t>(), selectors_.size(), "selector count");
     std::vector<Selector> selectors = selectors_;
-    for (auto& s : selectors) {
-      const auto bytes = r.get_bytes();
-      if constexpr (selector_with_value_state<Selector>) {
-        using state_t = decltype(s.saved_state());
-        if (bytes.size() != sizeof(state_t))
-          throw corrupt_data(commsgd::detail::concat("saved state: selector state of ", bytes.size(),
-                                                     " bytes, selector '", Selector::name, "' keeps ",
-                                                     sizeof(state_t)));
-        state_t st;
-        std::memcpy(&st, bytes.data(), sizeof st);
-        try {
-          s.restore(st);
-        } catch (const invalid_argument& e) {
-          throw corrupt_data(std::string("saved state: selector state rejected: ") + e.what());
-        }
-      } else if constexpr (selector_with_stream_state<Selector>) {
-        std::istringstream is(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-                              std::ios::binary);
-        s.load(is);
-      } else if (!bytes.empty()) {
-        throw corrupt_data(commsgd::detail::concat("saved state: holds selector state, but selector '",
-                                                   Selector::name, "' keeps none"));
-      }
-    }
-    r.expect_end();
-    residual_.swap(residual);
-    momentum_.swap(momentum);
+    detail::top_k_contents c =
+        detail::read_top_k_state(blob, name, layout(), [&](std::size_t i, std::span<const std::byte> bytes) {
+          Selector& s = selectors[i];
+          if constexpr (selector_with_value_state<Selector>) {
+            using state_t = decltype(s.saved_state());
+            if (bytes.size() != sizeof(state_t))
+              throw corrupt_data(commsgd::detail::concat("saved state: selector state of ", bytes.size(),
+                                                         " bytes, selector '", Selector::name, "' keeps ",
+                                                         sizeof(state_t)));
+            state_t st;
+            std::memcpy(&st, bytes.data(), sizeof st);
+            try {
+              s.restore(st);
+            } catch (const invalid_argument& e) {
+              throw corrupt_data(std::string("saved state: selector state rejected: ") + e.what());
+            }
+          } else if constexpr (selector_with_stream_state<Selector>) {
+            std::istringstream is(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                                  std::ios::binary);
+            s.load(is);
+          } else if (!bytes.empty()) {
+            throw corrupt_data(commsgd::detail::concat("saved state: holds selector state, but selector '",
+                                                       Selector::name, "' keeps none"));
+          }
+        });
+    residual_.swap(c.residual);
+    momentum_.swap(c.momentum);
     selectors_.swap(selectors);
-    steps_ = steps;
+    steps_ = c.steps;
     sent_.clear();
   }
   void load(std::istream& is) { load(detail::read_blob(is)); }
@@ -286,11 +271,9 @@ private:
     layers_ = o;
   }
 
-  template <class T, class U>
-  static void expect(T saved, U mine, const char* what) {
-    if (saved != static_cast<T>(mine))
-      throw corrupt_data(
-          commsgd::detail::concat("saved state: ", what, " is ", saved, ", this sparsifier's is ", mine));
+  // What the saved state must agree on.
+  detail::top_k_layout layout() const noexcept {
+    return {length_, sizeof(Index), has_momentum(), layer_count(), selectors_.size()};
   }
 
   // 1 unless clipping is on and the gradient's norm exceeds the bound.
@@ -341,29 +324,21 @@ private:
 
   // Emits the selected positions of layer [lo, lo + n) in index order and clears them from the new state.
   void compact(std::size_t lo, std::size_t n, const select::threshold& t) {
-    const std::uint32_t kt = select::magnitude_key(t.value);
-    std::size_t at_left = t.at;
     float* p = work_.data() + lo;
     float* u = has_momentum() ? work_u_.data() + lo : nullptr;
     const std::size_t before = next_.size();
     next_.reserve(before + t.count());
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::uint32_t key = select::magnitude_key(p[i]);
-      if (key >= kt) [[unlikely]] {
-        if (key == kt) {
-          if (at_left == 0) continue;
-          --at_left;
-        }
-        next_.push_back_unchecked(static_cast<Index>(lo + i), p[i]);
-        p[i] = 0.0f;
-        if (u) u[i] = 0.0f;
-      }
-    }
-    if (next_.size() - before != t.count())
+    const select::detail::compaction r =
+        select::detail::for_each_selected(std::span<const float>(p, n), t, [&](std::size_t i) {
+          next_.push_back_unchecked(static_cast<Index>(lo + i), p[i]);
+          p[i] = 0.0f;
+          if (u) u[i] = 0.0f;
+        });
+    if (r.more || r.taken != t.count())
       throw error(commsgd::detail::concat("selector '", Selector::name, "' broke its contract: it reported ",
                                           t.count(), " entries (", t.above, " above ", t.value, ", ", t.at,
                                           " at it) but the layer at offset ", lo, " holds ",
-                                          next_.size() - before));
+                                          r.more ? std::string("more than that") : std::to_string(r.taken)));
   }
 
   std::size_t length_;
