@@ -45,7 +45,8 @@ public:
   // Forget the previous threshold (for instance when the model or the density changes).
   void reset() noexcept { has_previous_ = false; }
   // Start the next call warm from `threshold` (a saved previous_threshold()), with no record of how it
-  // moved: the host's restore. 0 makes the next call cold.
+  // moved: the host's restore. 0 makes the next call cold. It copies synchronously on the default stream:
+  // a caller selecting on a non-blocking stream synchronises that stream first.
   void restore(float threshold) {
     if (!(threshold >= 0.0f) || commsgd::select::magnitude_key(threshold) >= commsgd::select::infinite_key)
       throw invalid_argument(commsgd::detail::concat("laplace_bisect state threshold = ", threshold,
