@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace cu = commsgd::cuda;
@@ -235,6 +236,129 @@ TEST_CASE("approximate methods land within tolerance") {
           check_approximate(x, k, run(warm, x, k), 0.01);
         }
       }
+}
+
+// Error-feedback accumulators p = g + e, as top-k training feeds its selector: the residual keeps every
+// unsent entry, so mass piles up just below each step's threshold.
+struct feedback {
+  std::vector<float> residual;
+  std::uint64_t seed;
+  feedback(std::size_t n, std::uint64_t s) : residual(n, 0.0f), seed(s) {}
+
+  std::vector<float> next(shape s) {
+    std::vector<float> p = make(residual.size(), s, seed++);
+    for (std::size_t i = 0; i < p.size(); ++i)
+      p[i] += residual[i];
+    return p;
+  }
+  void sent(const std::vector<float>& p, float t) {
+    for (std::size_t i = 0; i < p.size(); ++i)
+      residual[i] = std::fabs(p[i]) >= t ? 0.0f : p[i];
+  }
+};
+
+TEST_CASE("laplace_bisect warm through a threshold that falls 20 % and rises 20 %") {
+  for (shape s : {shape::laplace, shape::gaussian, shape::relu_like})
+    for (std::size_t n : {std::size_t{3001}, std::size_t{1} << 17, std::size_t{1} << 20})
+      for (double density : {1e-3, 1e-2})
+        for (bool trim : {false, true}) {
+          INFO("shape ", static_cast<int>(s), " n ", n, " density ", density, " trim ", trim);
+          const std::size_t k = std::max<std::size_t>(1, static_cast<std::size_t>(density * n));
+          cu::laplace_bisect warm({.trim = trim});
+          feedback fb(n, 7 + n);
+          const float factors[4] = {0.8f, 1.0f, 1.2f, 1.0f};
+          float previous = 0.0f, factor = 1.0f;
+          for (int step = 0; step < 22; ++step) {
+            INFO("step ", step);
+            // Six steps at one scale build the pile-up; then the whole accumulator is scaled by 0.8, 1, 1.2,
+            // 1, ...: the threshold falls 20 %, rises 25 %, rises 20 % and falls 17 % in turn.
+            const float before = factor;
+            factor = step < 6 ? 1.0f : factors[(step - 6) % 4];
+            const std::vector<float> u = fb.next(s);
+            std::vector<float> p(u);
+            for (float& v : p)
+              v *= factor;
+            CHECK(warm.warm() == (step > 0));
+            const threshold t = run(warm, p, k);
+            const threshold ref = reference_threshold(p, k);
+            if (trim) {
+              CHECK(t.value == ref.value);
+              CHECK(t.above == ref.above);
+              CHECK(t.at == ref.at);
+            } else {
+              check_approximate(p, k, t, 0.01);
+            }
+            // The setup really moves the threshold: the test is vacuous otherwise.
+            if (n > 100000 && step >= 6 && factor != before && previous > 0.0f)
+              CHECK(std::fabs(static_cast<double>(ref.value) / previous - 1.0) > 0.12);
+            previous = ref.value;
+            fb.sent(u, t.value / factor);
+          }
+        }
+}
+
+TEST_CASE("laplace_bisect restored off the threshold either way still selects right") {
+  for (shape s : {shape::laplace, shape::gaussian, shape::relu_like})
+    for (std::size_t n : {std::size_t{1000}, std::size_t{65537}, std::size_t{1} << 20})
+      for (double density : {1e-3, 1e-2, 0.3}) {
+        const auto x = make(n, s, 99 + n);
+        const std::size_t k = std::max<std::size_t>(1, static_cast<std::size_t>(density * n));
+        const threshold ref = reference_threshold(x, k);
+        for (float factor : {0.8f, 1.2f, 0.5f, 1.9f, 1e-6f, 1e6f}) {
+          INFO("shape ", static_cast<int>(s), " n ", n, " k ", k, " factor ", factor);
+          cu::laplace_bisect exact_one({.trim = true});
+          exact_one.restore(ref.value * factor);
+          CHECK(exact_one.warm());
+          const threshold t = run(exact_one, x, k);
+          CHECK(t.value == ref.value);
+          CHECK(t.above == ref.above);
+          CHECK(t.at == ref.at);
+          cu::laplace_bisect approx;
+          approx.restore(ref.value * factor);
+          check_approximate(x, k, run(approx, x, k), 0.01);
+        }
+      }
+  // Ties, zeros and -0 on the warm path, from states around them.
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 200; ++round) {
+    INFO("round ", round);
+    const std::size_t n = 1 + rng() % 700;
+    std::vector<float> x(n);
+    const int levels = 1 + static_cast<int>(rng() % 6);
+    for (auto& v : x) {
+      const int l = static_cast<int>(rng() % static_cast<unsigned>(levels));
+      v = l == 0 ? ((rng() & 1) ? 0.0f : -0.0f) : ((rng() & 1) ? 1.0f : -1.0f) * std::ldexp(1.0f, l);
+    }
+    const std::size_t k = 1 + rng() % n;
+    cu::laplace_bisect m({.trim = true});
+    m.restore(std::ldexp(1.0f, static_cast<int>(rng() % 9) - 2));
+    check_exact(std::move(m), x, k);
+  }
+  cu::laplace_bisect m;
+  CHECK_THROWS_AS(m.restore(-1.0f), commsgd::invalid_argument);
+  CHECK_THROWS_AS(m.restore(std::numeric_limits<float>::infinity()), commsgd::invalid_argument);
+  CHECK_THROWS_AS(m.restore(std::numeric_limits<float>::quiet_NaN()), commsgd::invalid_argument);
+  m.restore(0.0f);
+  CHECK(!m.warm());
+}
+
+TEST_CASE("laplace_bisect refuses non-finite input on every warm window level") {
+  auto x = make(100000, shape::laplace, 3);
+  x[777] = std::numeric_limits<float>::quiet_NaN();
+  x[90000] = -std::numeric_limits<float>::infinity();
+  // A hit, a miss that widens once, and one that widens to everything below.
+  for (float state : {7e-3f, 1.2e-2f, 1e6f}) {
+    INFO("state ", state);
+    cu::laplace_bisect m;
+    m.restore(state);
+    try {
+      run(m, x, 100);
+      FAIL("no exception");
+    } catch (const commsgd::non_finite& e) {
+      CHECK(e.count() == 2);
+      CHECK(e.first_index() == 777);
+    }
+  }
 }
 
 TEST_CASE("approximate methods refuse when ties exceed the tolerance") {

@@ -86,11 +86,6 @@ __global__ void __launch_bounds__(block_threads)
 
 // The window of `window_bins` buckets of 2^shift keys around st->center, `span_log2` binary orders of
 // magnitude wide each side.
-struct window {
-  u32 base;
-  u32 shift;
-};
-
 __device__ inline window window_around(float center, u32 span_log2) {
   window w;
   // 2 * 2^span_log2 binades of 2^23 keys each, spread over 2^window_bits bins.

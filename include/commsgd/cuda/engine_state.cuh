@@ -54,9 +54,20 @@ struct search_state : result_state {
   u32 ticket;
 };
 
+// Bins of a window pass: window_bins buckets of 2^shift keys from key base << shift (see window_pass_kernel).
+struct window {
+  u32 base;
+  u32 shift;
+};
+
 struct laplace_bisect_state : search_state {
-  float center; // estimate that centres the window pass
+  float center; // estimate that centres the cold window pass
   double abs_sum;
+  // Warm start (laplace_kernels.cuh): up to three window passes, each of which runs only while `level`
+  // names it; `win` is the next one's window, `floor_wide` the widened floor a first miss falls back to.
+  u32 level;
+  window win;
+  u32 floor_wide;
 };
 
 enum class on_done : u32 {

@@ -36,11 +36,12 @@ struct radix_tuning {
 
 struct laplace_bisect_tuning {
   static constexpr std::size_t candidate_divisor = 8;
-  // Half-width of the window pass in binary orders of magnitude (log2 of the binades each side): a warm
-  // start (the previous threshold) is close, +-2 binades (bucket width ~0.05 %); a cold Laplace estimate
-  // needs +-16x (~0.2 %).
-  static constexpr std::uint32_t warm_span_log2 = 1;
+  // Half-width of the cold window pass in binary orders of magnitude (log2 of the binades each side): a
+  // Laplace estimate needs +-16x (buckets ~0.2 % wide).
   static constexpr std::uint32_t cold_span_log2 = 2;
+  // Buckets of a warm window pass are 2^warm_shift keys (1/1024 of an octave, ~0.07 % in value); the 4096 of
+  // them span 4 octaves up from the floor, so a rise never leaves the window short of 12x.
+  static constexpr std::uint32_t warm_shift = 13;
 };
 
 struct sampled_tuning {

@@ -199,41 +199,9 @@ private:
     return threshold{key_magnitude(key), above, equal};
   }
 
-  // Where the warm start expects the next threshold and how far below it to start collecting. Two
-  // predictors: no move (the last threshold), and the last move repeated (residuals that keep growing make
-  // the threshold fall steadily). Each call scores both on what it found; the next one uses the predictor
-  // whose last two relative errors are smaller, with a margin of twice the larger of them plus 0.25 %, in
-  // [0.5 %, 25 %]. Until both have two errors: no move, 5 %. Kept out of the saved state: a restore starts
-  // from the default margin.
-  struct tracker {
-    float last = 0.0f, before = 0.0f;                  // the last two thresholds (0: unknown)
-    double error[2][2] = {{-1.0, -1.0}, {-1.0, -1.0}}; // [predictor][age]: |found / predicted - 1|
-
-    double predict(int which) const {
-      if (which == 0 || before <= 0.0f) return last;
-      const double trend = std::clamp(static_cast<double>(last) / static_cast<double>(before), 0.5, 2.0);
-      return static_cast<double>(last) * trend;
-    }
-    double worst(int which) const { return std::max(error[which][0], error[which][1]); }
-    bool scored() const { return error[0][1] >= 0.0 && error[1][1] >= 0.0; }
-    int best() const { return scored() && worst(1) < worst(0) ? 1 : 0; }
-    double margin() const { return scored() ? std::clamp(2.0 * worst(best()) + 0.0025, 0.005, 0.25) : 0.05; }
-
-    // A call found `now` where the previous one had found `previous` (0: it started cold or was restored).
-    void record(float previous, float now) {
-      if (previous <= 0.0f || previous != last || now <= 0.0f) {
-        *this = tracker{};
-        last = now;
-        return;
-      }
-      for (int w = 0; w < 2; ++w) {
-        error[w][1] = error[w][0];
-        error[w][0] = std::fabs(static_cast<double>(now) / predict(w) - 1.0);
-      }
-      before = last;
-      last = now;
-    }
-  };
+  // The warm start's predictor and margin (select/laplace_math.hpp), kept out of the saved state: a restore
+  // starts from no move and the default margin.
+  using tracker = warm_tracker;
 
   // The scale sample of a cold call (64 pieces, a few per mille of a large x) read to check a warm floor:
   // when it puts the floor far above the threshold (a miss: a second pass) or far below it (many times the
@@ -272,12 +240,9 @@ private:
 
   threshold warm_search(std::span<const float> x, std::size_t k, std::size_t limit) {
     // A restored state has no history: predict no move from it.
-    const double guess = track_.last == state_.threshold ? track_.predict(track_.best()) : state_.threshold;
-    const double margin = track_.last == state_.threshold ? track_.margin() : 0.05;
-    auto floor_at = [&](double m) {
-      const float v = static_cast<float>(guess * (1.0 - m));
-      return v > 0.0f ? std::min(magnitude_key(v), infinite_key) : 0u;
-    };
+    const tracker::plan p = track_.next(state_.threshold);
+    const double guess = p.guess, margin = p.margin;
+    auto floor_at = [&](double m) { return warm_floor_key(guess, m); };
     std::uint32_t lo = sample_check(x, k, floor_at(margin));
     std::uint32_t hi = 0x80000000u; // every key, non-finite ones included
     std::size_t above = 0;          // keys >= hi, all above the answer
@@ -299,7 +264,7 @@ private:
       // when the sample's bound already lay below that.
       above += cand_.size();
       hi = lo;
-      const std::uint32_t wider = floor_at(std::max(8.0 * margin, 0.5));
+      const std::uint32_t wider = floor_at(warm_widened_margin(margin));
       lo = miss == 0 && wider < hi ? wider : 0u;
     }
   }

@@ -92,13 +92,77 @@ COMMSGD_HOST_DEVICE inline key_window cold_window(float t0) {
   return window_around(magnitude_key(t0), cold_window_shift, cold_window_buckets, 64);
 }
 
-// Warm start: the previous threshold moves little between steps, so a window of +-19 % in value with
-// 0.07 % buckets usually pins the count within 1 % of k in a single pass.
-inline constexpr std::uint32_t warm_window_shift = key_octave_shift - 10;
-inline constexpr std::uint32_t warm_window_buckets = 512;
-COMMSGD_HOST_DEVICE inline key_window warm_window(float previous) {
-  return window_around(magnitude_key(previous), warm_window_shift, warm_window_buckets,
-                       warm_window_buckets / 2);
+// Warm start. In training the selector sees p = g + e, and the error-feedback residuals e grow until they
+// cross the threshold, so it drifts by a few per cent per step, often steadily. Two predictors of the next
+// threshold: no move (P0, the last threshold), and the last move repeated (P1). Each call scores both on what
+// it found; the next one uses the predictor whose last two relative errors are smaller, and starts looking a
+// margin below it: twice the larger of those errors plus 0.25 %, in [0.5 %, 25 %]. Until both have two
+// errors, or after a restore (no history): no move, 5 %. The host and the device search keep one of these
+// each and share every formula here, so that the rule has one home.
+struct warm_tracker {
+  float last = 0.0f, before = 0.0f;                  // the last two thresholds (0: unknown)
+  double error[2][2] = {{-1.0, -1.0}, {-1.0, -1.0}}; // [predictor][age]: |found / predicted - 1|
+
+  static constexpr double unknown_margin = 0.05;
+
+  COMMSGD_HOST_DEVICE double predict(int which) const {
+    if (which == 0 || before <= 0.0f) return last;
+    const double ratio = static_cast<double>(last) / static_cast<double>(before);
+    const double trend = ratio < 0.5 ? 0.5 : (2.0 < ratio ? 2.0 : ratio);
+    return static_cast<double>(last) * trend;
+  }
+  COMMSGD_HOST_DEVICE double worst(int which) const {
+    return error[which][0] < error[which][1] ? error[which][1] : error[which][0];
+  }
+  COMMSGD_HOST_DEVICE bool scored() const { return error[0][1] >= 0.0 && error[1][1] >= 0.0; }
+  COMMSGD_HOST_DEVICE int best() const { return scored() && worst(1) < worst(0) ? 1 : 0; }
+  COMMSGD_HOST_DEVICE double margin() const {
+    if (!scored()) return unknown_margin;
+    const double m = 2.0 * worst(best()) + 0.0025;
+    return m < 0.005 ? 0.005 : (0.25 < m ? 0.25 : m);
+  }
+
+  // Where to look for the call after one that found `threshold`: the tracker's prediction when it saw that
+  // threshold found, else (a restored state, no history) no move and the default margin.
+  struct plan {
+    double guess;
+    double margin;
+  };
+  COMMSGD_HOST_DEVICE plan next(float threshold) const {
+    if (last == threshold) return plan{predict(best()), margin()};
+    return plan{static_cast<double>(threshold), unknown_margin};
+  }
+
+  // A call found `now` where the previous one had found `previous` (0: it started cold or was restored).
+  COMMSGD_HOST_DEVICE void record(float previous, float now) {
+    if (previous <= 0.0f || previous != last || now <= 0.0f) {
+      *this = warm_tracker{};
+      last = now;
+      return;
+    }
+    for (int w = 0; w < 2; ++w) {
+      error[w][1] = error[w][0];
+      error[w][0] = std::fabs(static_cast<double>(now) / predict(w) - 1.0);
+    }
+    before = last;
+    last = now;
+  }
+};
+
+// The key a warm search starts collecting or counting from: `guess` lowered by `margin` (0 when that is not
+// above 0).
+COMMSGD_HOST_DEVICE inline std::uint32_t warm_floor_key(double guess, double margin) {
+  const float v = static_cast<float>(guess * (1.0 - margin));
+  if (!(v > 0.0f)) return 0u;
+  const std::uint32_t key = magnitude_key(v);
+  return key < infinite_key ? key : infinite_key;
+}
+
+// After a miss below the floor the band widens geometrically around the prediction: a margin eight times as
+// wide and at least a half (an octave); after a second miss, everything below.
+COMMSGD_HOST_DEVICE inline double warm_widened_margin(double margin) {
+  const double m = 8.0 * margin;
+  return m < 0.5 ? 0.5 : m;
 }
 
 } // namespace commsgd::inline v1::select
