@@ -38,6 +38,7 @@
 // Not thread safe: one thread at a time per communicator (its splits included).
 #pragma once
 
+#include <commsgd/comm/agreement.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/error.hpp>
 
@@ -283,14 +284,7 @@ public:
   template <transferable T>
   void all_gather(std::span<const T> mine, std::span<T> all) {
     const std::size_t m = mine.size();
-    const bool fits = all.size() == m * static_cast<std::size_t>(size_);
-    if (verify_) {
-      const auto mm = min_max<2>({m, fits ? 0u : 1u});
-      if (mm[0].first != mm[0].second) throw disagreement("all_gather", "mine.size()", m, mm[0]);
-      if (mm[1].second != 0) throw bad_all_size(m, all.size(), fits ? "another rank" : "this rank");
-    } else if (!fits) {
-      throw bad_all_size(m, all.size(), "this rank");
-    }
+    detail::check_all_gather(m, all.size(), size_, verify_, [this](auto v) { return min_max<2>(v); });
     if (m == 0) return;
     gather_bytes(mine.data(), m * sizeof(T), all.data());
   }
@@ -327,18 +321,7 @@ public:
 
   template <transferable T>
   void broadcast(std::span<T> data, int root) {
-    if (verify_ && size_ > 1) {
-      // Root and size travel together, so a rank with another root (even an invalid one) fails everywhere.
-      const auto mm = min_max<2>({data.size(), ordered(root)});
-      if (mm[1].first != mm[1].second)
-        throw invalid_argument(commsgd::detail::concat(
-            "broadcast: ranks disagree on 'root' (this rank passed ", root, ", others passed values from ",
-            unordered(mm[1].first), " to ", unordered(mm[1].second), ")"));
-      check_peer("root", root);
-      if (mm[0].first != mm[0].second) throw disagreement("broadcast", "data.size()", data.size(), mm[0]);
-    } else {
-      check_peer("root", root);
-    }
+    detail::check_broadcast(data.size(), root, size_, verify_, [this](auto v) { return min_max<2>(v); });
     if (size_ == 1 || data.empty()) return;
     std::vector<at::Tensor> t{detail::pg_bytes(data.data(), data.size_bytes())};
     c10d::BroadcastOptions o;
@@ -474,17 +457,8 @@ private:
     detail::pg_wait(detail::pg_call("allgather", [&] { return group().allgather(outs, in); }), "allgather");
   }
 
-  static constexpr std::uint64_t ordered(int v) noexcept {
-    return static_cast<std::uint64_t>(static_cast<std::int64_t>(v) - INT_MIN);
-  }
-  static constexpr long long unordered(std::uint64_t v) noexcept {
-    return static_cast<long long>(v) + INT_MIN;
-  }
-
   void check_peer(const char* name, int value) const {
-    if (value < 0 || value >= size_)
-      throw invalid_argument(commsgd::detail::concat("argument '", name, "' = ", value,
-                                                     " is outside the allowed range [0, ", size_, ")"));
+    detail::check_rank(name, value, size_);
   }
 
   void check_p2p(const char* name, int peer, int tag) const {
@@ -553,21 +527,7 @@ private:
 
   void agree_on_count(const char* op, const char* arg, std::size_t n) {
     const auto mm = min_max<1>({n});
-    if (mm[0].first != mm[0].second) throw disagreement(op, arg, n, mm[0]);
-  }
-
-  static size_mismatch disagreement(const char* op, const char* arg, std::size_t mine,
-                                    std::pair<std::uint64_t, std::uint64_t> range) {
-    return size_mismatch(commsgd::detail::concat(op, ": ranks disagree on ", arg, " (this rank has ", mine,
-                                                 ", the ranks have values from ", range.first, " to ",
-                                                 range.second, ")"));
-  }
-
-  size_mismatch bad_all_size(std::size_t m, std::size_t all, const char* where) const {
-    return size_mismatch(commsgd::detail::concat(
-        "all_gather: on ", where,
-        " argument 'all' does not hold size() * mine.size() elements (this rank: all.size() = ", all,
-        ", size() * mine.size() = ", size_, " * ", m, ")"));
+    if (mm[0].first != mm[0].second) throw detail::ranks_disagree(op, arg, n, mm[0]);
   }
 
   // Shared by the moved-from and moved-to communicator alike, so a move never loses a channel's order.

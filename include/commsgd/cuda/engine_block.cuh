@@ -29,6 +29,29 @@ inline constexpr u32 hist_bins = window_bins + 2;
 inline constexpr int scan_items = (hist_bins + block_threads - 1) / block_threads;
 static_assert(digit_bins <= hist_bins, "a digit pass uses the global histograms too");
 
+// A block's shared pair of histograms: entries per bin, and entries whose bits below the bin are all zero
+// (the lowest key of the bin, which the crossing search needs to place a threshold exactly on a bin edge).
+// Cleared before a counting pass; flushed into the global pair after it (non-zero bins only).
+__device__ inline void clear_histograms(u32* s_hist, u32* s_edge, u32 bins) {
+  for (u32 b = threadIdx.x; b < bins; b += blockDim.x) {
+    s_hist[b] = 0;
+    s_edge[b] = 0;
+  }
+}
+
+__device__ inline void count_key(u32* s_hist, u32* s_edge, u32 bin, u32 key, u32 low_mask) {
+  atomicAdd(&s_hist[bin], 1u);
+  if ((key & low_mask) == 0) atomicAdd(&s_edge[bin], 1u);
+}
+
+__device__ inline void flush_histograms(const u32* s_hist, const u32* s_edge, u32 bins, u64* g_hist,
+                                        u64* g_edge) {
+  for (u32 b = threadIdx.x; b < bins; b += blockDim.x) {
+    if (s_hist[b]) atomicAdd(&g_hist[b], static_cast<u64>(s_hist[b]));
+    if (s_edge[b]) atomicAdd(&g_edge[b], static_cast<u64>(s_edge[b]));
+  }
+}
+
 // Grid-stride visit of every key of x (with its index), in float4 loads when x is 16-byte aligned.
 template <class F>
 __device__ void for_each_input(const float* __restrict__ x, u64 n, F&& f) {
@@ -130,6 +153,19 @@ __device__ inline crossing find_crossing(u64* g_hist, u64* g_edge, u32 bins, u64
     g_edge[b] = 0;
   }
   return found;
+}
+
+// The end of a block's counting pass: its histograms go into the global pair, and the last block to arrive
+// finds the crossing of the state's k_rem-th largest key into `c`. False on every other block, which then
+// has nothing left to do in this kernel.
+template <class State>
+__device__ bool last_block_crossing(const u32* s_hist, const u32* s_edge, u32 bins, u64* g_hist, u64* g_edge,
+                                    State* st, crossing& c) {
+  __syncthreads();
+  flush_histograms(s_hist, s_edge, bins, g_hist, g_edge);
+  if (!arrive_last(&st->ticket)) return false;
+  c = find_crossing(g_hist, g_edge, bins, st->k_rem);
+  return true;
 }
 
 } // namespace commsgd::inline v1::cuda::detail

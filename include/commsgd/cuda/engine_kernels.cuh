@@ -47,10 +47,7 @@ __global__ void __launch_bounds__(block_threads)
   const u32 lo = det_lo - bits;
   const u32 digit_mask = (1u << bits) - 1;
   const u32 low_mask = (1u << lo) - 1;
-  for (u32 b = threadIdx.x; b < (1u << bits); b += blockDim.x) {
-    s_hist[b] = 0;
-    s_edge[b] = 0;
-  }
+  clear_histograms(s_hist, s_edge, 1u << bits);
   __syncthreads();
   const bool write = st->write_next != 0;
   u32* const write_buf = st->write_to ? cand1 : cand0;
@@ -58,9 +55,7 @@ __global__ void __launch_bounds__(block_threads)
   const u64 cap = st->cap;
   auto visit = [&](u32 key) {
     if ((key >> det_lo) != (prefix >> det_lo)) return;
-    const u32 d = (key >> lo) & digit_mask;
-    atomicAdd(&s_hist[d], 1u);
-    if ((key & low_mask) == 0) atomicAdd(&s_edge[d], 1u);
+    count_key(s_hist, s_edge, (key >> lo) & digit_mask, key, low_mask);
     if (write) append_key(write_buf, write_count, cap, key, &st->overflow);
   };
   if (st->source) {
@@ -71,13 +66,8 @@ __global__ void __launch_bounds__(block_threads)
       visit(key);
     });
   }
-  __syncthreads();
-  for (u32 b = threadIdx.x; b < (1u << bits); b += blockDim.x) {
-    if (s_hist[b]) atomicAdd(&g_hist[b], static_cast<u64>(s_hist[b]));
-    if (s_edge[b]) atomicAdd(&g_edge[b], static_cast<u64>(s_edge[b]));
-  }
-  if (!arrive_last(&st->ticket)) return;
-  const crossing c = find_crossing(g_hist, g_edge, 1u << bits, st->k_rem);
+  crossing c;
+  if (!last_block_crossing(s_hist, s_edge, 1u << bits, g_hist, g_edge, st, c)) return;
   if (threadIdx.x == 0) {
     st->ticket = 0;
     settle(st, c, prefix | (c.bin << lo), lo, write);
@@ -110,25 +100,14 @@ __global__ void __launch_bounds__(block_threads)
   if (st->done) return;
   const window w = window_around(st->center, span_log2);
   const u32 low_mask = (1u << w.shift) - 1;
-  for (u32 b = threadIdx.x; b < hist_bins; b += blockDim.x) {
-    s_hist[b] = 0;
-    s_edge[b] = 0;
-  }
+  clear_histograms(s_hist, s_edge, hist_bins);
   __syncthreads();
   for_each_input(x, st->n, [&](u32 key, u64 i) {
     if (track_nonfinite && key >= select::infinite_key) note_nonfinite(st, i);
-    const u32 hi = key >> w.shift;
-    const u32 b = hi < w.base ? 0 : (hi - w.base >= window_bins ? hist_bins - 1 : hi - w.base + 1);
-    atomicAdd(&s_hist[b], 1u);
-    if ((key & low_mask) == 0) atomicAdd(&s_edge[b], 1u);
+    count_key(s_hist, s_edge, window_bin(key, w), key, low_mask);
   });
-  __syncthreads();
-  for (u32 b = threadIdx.x; b < hist_bins; b += blockDim.x) {
-    if (s_hist[b]) atomicAdd(&g_hist[b], static_cast<u64>(s_hist[b]));
-    if (s_edge[b]) atomicAdd(&g_edge[b], static_cast<u64>(s_edge[b]));
-  }
-  if (!arrive_last(&st->ticket)) return;
-  const crossing c = find_crossing(g_hist, g_edge, hist_bins, st->k_rem);
+  crossing c;
+  if (!last_block_crossing(s_hist, s_edge, hist_bins, g_hist, g_edge, st, c)) return;
   if (threadIdx.x == 0) {
     st->ticket = 0;
     if (c.bin == 0 || c.bin == hist_bins - 1) {

@@ -60,6 +60,12 @@ struct window {
   u32 shift;
 };
 
+// The bin of `key`: 0 below the window, hist_bins - 1 above it, else 1 + its bucket.
+__device__ inline u32 window_bin(u32 key, window w) {
+  const u32 hi = key >> w.shift;
+  return hi < w.base ? 0 : (hi - w.base >= window_bins ? hist_bins - 1 : hi - w.base + 1);
+}
+
 struct laplace_bisect_state : search_state {
   float center; // estimate that centres the cold window pass
   double abs_sum;

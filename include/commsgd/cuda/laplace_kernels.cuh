@@ -114,26 +114,16 @@ __global__ void __launch_bounds__(block_threads)
   const bool track_nonfinite = level == 0;
   const u64 cap = st->cap;
   u64* const count = &st->cand_count[0];
-  for (u32 b = threadIdx.x; b < hist_bins; b += blockDim.x) {
-    s_hist[b] = 0;
-    s_edge[b] = 0;
-  }
+  clear_histograms(s_hist, s_edge, hist_bins);
   __syncthreads();
   for_each_input(x, st->n, [&](u32 key, u64 i) {
     if (track_nonfinite && key >= select::infinite_key) note_nonfinite(st, i);
-    const u32 hi = key >> w.shift;
-    const u32 b = hi < w.base ? 0 : (hi - w.base >= window_bins ? hist_bins - 1 : hi - w.base + 1);
-    atomicAdd(&s_hist[b], 1u);
-    if ((key & low_mask) == 0) atomicAdd(&s_edge[b], 1u);
+    const u32 b = window_bin(key, w);
+    count_key(s_hist, s_edge, b, key, low_mask);
     if (write && b != 0) append_key(cand0, count, cap, key, &st->overflow);
   });
-  __syncthreads();
-  for (u32 b = threadIdx.x; b < hist_bins; b += blockDim.x) {
-    if (s_hist[b]) atomicAdd(&g_hist[b], static_cast<u64>(s_hist[b]));
-    if (s_edge[b]) atomicAdd(&g_edge[b], static_cast<u64>(s_edge[b]));
-  }
-  if (!arrive_last(&st->ticket)) return;
-  const crossing c = find_crossing(g_hist, g_edge, hist_bins, st->k_rem);
+  crossing c;
+  if (!last_block_crossing(s_hist, s_edge, hist_bins, g_hist, g_edge, st, c)) return;
   if (threadIdx.x == 0) {
     st->ticket = 0;
     warm_window_done(st, c, w, level, write);
