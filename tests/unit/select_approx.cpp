@@ -1,4 +1,5 @@
 // Approximate selectors: the tolerance contract, ties, warm start and its saved state.
+#include "select_contract.hpp"
 #include "select_data.hpp"
 
 #include <commsgd/select/select.hpp>
@@ -9,19 +10,10 @@
 #include <vector>
 
 namespace sel = commsgd::select;
+using select_data::check_contract;
 using select_data::shape;
 
 namespace {
-
-// The approximate contract: every |x_i| >= value is selected, at counts the ties, count in [k, limit].
-void check_contract(std::span<const float> x, std::size_t k, const sel::threshold& t, double tol) {
-  CAPTURE(k);
-  CAPTURE(t.value);
-  CHECK(t.above == select_data::count_above(x, t.value));
-  CHECK(t.count() == select_data::count_at_least(x, t.value));
-  CHECK(t.count() >= k);
-  CHECK(t.count() <= sel::count_limit(k, tol));
-}
 
 sel::laplace_bisect::options laplace_opts(double tol, bool warm, sel::laplace_bisect::location c) {
   sel::laplace_bisect::options o;

@@ -1,5 +1,6 @@
 // The warm start of laplace_bisect on inputs whose threshold moves between calls: passes per call, the
 // tolerance contract and exactness under trim, against the sorted reference.
+#include "select_contract.hpp"
 #include "select_data.hpp"
 
 #include <commsgd/select/select.hpp>
@@ -13,18 +14,10 @@
 #include <vector>
 
 namespace sel = commsgd::select;
+using select_data::check_contract;
 using select_data::shape;
 
 namespace {
-
-void check_contract(std::span<const float> x, std::size_t k, const sel::threshold& t, double tol) {
-  CAPTURE(k);
-  CAPTURE(t.value);
-  CHECK(t.above == select_data::count_above(x, t.value));
-  CHECK(t.count() == select_data::count_at_least(x, t.value));
-  CHECK(t.count() >= k);
-  CHECK(t.count() <= sel::count_limit(k, tol));
-}
 
 sel::laplace_bisect::options warm_opts(bool trim, unsigned threads = 1) {
   sel::laplace_bisect::options o;
