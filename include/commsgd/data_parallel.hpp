@@ -60,15 +60,21 @@ template <class O>
 concept extended_options =
     std::derived_from<O, data_parallel_options> && !std::same_as<O, data_parallel_options>;
 
-// The reducer of a composition: the coding scheme's exchange on dense blocks, or the sparsifier's messages
-// summed by the sparse exchange.
-template <class Sparsifier, class Scheme, class C, bool = policy::is_dense<Sparsifier>>
+// The reducer of a composition: the coding scheme's exchange on dense blocks, the reducer a sparsifier
+// policy builds itself (policy::builds_reducer), or the sparsifier's messages summed by the sparse exchange.
+template <class Sparsifier, class Scheme, class C>
 struct reducer_for {
   using type = coding::block_reducer<Scheme>;
 };
 template <class Sparsifier, class Scheme, class C>
-struct reducer_for<Sparsifier, Scheme, C, false> {
+requires(!policy::is_dense<Sparsifier> &&
+         !policy::builds_reducer<Sparsifier, Scheme, C>) struct reducer_for<Sparsifier, Scheme, C> {
   using type = sparsify::sparse_reducer<typename policy::sparsifier_traits<Sparsifier>::type, Scheme, C>;
+};
+template <class Sparsifier, class Scheme, class C>
+requires policy::builds_reducer<Sparsifier, Scheme, C>
+struct reducer_for<Sparsifier, Scheme, C> {
+  using type = typename policy::sparsifier_traits<Sparsifier>::template reducer<Scheme, C>;
 };
 
 } // namespace detail
@@ -188,6 +194,9 @@ private:
   static reducer_type make_reducer(C& comm, std::size_t length, const Options& o) {
     if constexpr (policy::is_dense<Sparsifier>)
       return reducer_type(coding_traits::template make<C>(comm, length, o));
+    else if constexpr (policy::builds_reducer<Sparsifier, coding_type, C>)
+      return sparsifier_traits::template make_reducer<C>(
+          comm, coding_traits::template make<C>(comm, length, o), length, o);
     else
       return reducer_type(comm, coding_traits::template make<C>(comm, length, o),
                           sparsifier_traits::make(length, o), o.sparse_exchange);

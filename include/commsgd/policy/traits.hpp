@@ -13,7 +13,14 @@
 //   sparsifier_traits<P>  static constexpr bool dense_blocks;  true: the blocks reach the coding scheme as
 //                         they are; false: using type = <a sparsify::sparsifier>;
 //                         static type make(std::size_t length, const Options&); its messages are summed
-//                         by sparsify::exchanger, one per rank (so only a plain coding policy pairs)
+//                         by sparsify::exchanger, one per rank (so only a plain coding policy pairs);
+//                         or, where the policy exchanges in its own way (several collectives, another
+//                         reduction, values handed back to error feedback), instead of type and make:
+//                         template <class Scheme, class C> using reducer = <a sync::reducer>;
+//                         template <class C> static reducer<Scheme, C> make_reducer(C&, Scheme,
+//                                                                 std::size_t length, const Options&);
+//                         such a reducer also offers sparsifier() (its state, for checkpoints) and
+//                         last() (a const sparsify::exchange_report&), as sparsify::sparse_reducer does
 //   sync_traits<P>        template <class C> using type = <a sync::sync_strategy over C>;
 //                         static type<C> make(C&, std::size_t length, const Options&);
 //                         template <class Coding, class Sparsifier> static consteval bool accepts();
@@ -56,6 +63,17 @@ concept sync_policy = requires {
 // Whether a sparsifier policy leaves the block gradients dense (nothing between them and the coding scheme).
 template <sparsifier_policy P>
 inline constexpr bool is_dense = sparsifier_traits<P>::dense_blocks;
+
+// Whether a sparsifier policy builds its own reducer over a coding scheme and a communicator, instead of
+// handing its messages to sparsify::exchanger.
+// (The alias goes through reducer_of because GCC 12 rejects a member alias template named directly in a
+// requires-expression.)
+template <class Traits, class Scheme, class C>
+using reducer_of = typename Traits::template reducer<Scheme, C>;
+template <class P, class Scheme, class C>
+concept builds_reducer = sparsifier_policy<P> && requires {
+  typename reducer_of<sparsifier_traits<P>, Scheme, C>;
+};
 
 // Whether a coding policy is one block per rank summed by the communicator's all-reduce, which is what a
 // strategy that exchanges by itself does anyway.
