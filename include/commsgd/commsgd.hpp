@@ -4,6 +4,7 @@
 
 #include <commsgd/coding/coding.hpp>
 #include <commsgd/comm/comm.hpp>
+#include <commsgd/compress/compress.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/cost.hpp>
 #include <commsgd/data_parallel.hpp>
