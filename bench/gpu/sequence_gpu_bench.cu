@@ -8,7 +8,8 @@
 // iterator so that it reads x once. Also cuda::top_k's whole step (p = g + e, select, compact, residual
 // update, pairs to pinned memory, one synchronisation) with the accumulators given as gradients.
 //
-//   sequence_gpu_bench --out PREFIX [--sweeps S] DIR [DIR ...]
+//   sequence_gpu_bench --out PREFIX [--sweeps S] [--only METHOD] DIR [DIR ...]
+// (--only runs one method and the copy, for a profiler: bench/gpu/profile.sh)
 #include <commsgd/cuda.cuh>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -127,16 +128,19 @@ int main(int argc, char** argv) {
   std::string out = "sequence_gpu";
   int sweeps = 11;
   std::vector<std::string> dirs;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc)
       out = argv[++i];
     else if (a == "--sweeps" && i + 1 < argc)
       sweeps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--only" && i + 1 < argc)
+      only = argv[++i];
     else if (!a.empty() && a[0] != '-')
       dirs.push_back(a);
     else {
-      std::fprintf(stderr, "usage: %s --out PREFIX [--sweeps S] DIR [DIR ...]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s --out PREFIX [--sweeps S] [--only METHOD] DIR [DIR ...]\n", argv[0]);
       return 2;
     }
   }
@@ -160,6 +164,7 @@ int main(int argc, char** argv) {
     cu::device_buffer<cu::device_result> result(1);
     // Runs make() once per sweep and call(object, step) on every step in order.
     auto measure = [&](const char* method, auto make, auto call, auto check) {
+      if (!only.empty() && only != method && std::string(method) != "copy") return;
       row r{s.name, method, std::vector<double>(steps), true, 0};
       std::vector<std::vector<double>> t(steps);
       { // warm-up sweep, untimed
