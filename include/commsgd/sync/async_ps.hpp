@@ -134,6 +134,7 @@ public:
   int workers() const { return comm_->size() - 1; }
   int rank() const { return comm_->rank(); }
 
+protected:
   // What either role parses from a stream before committing it.
   struct saved {
     bool server = false;
@@ -185,7 +186,6 @@ public:
     return started == 1;
   }
 
-protected:
   C* comm_;
   async_ps_options opt_;
   bool started_ = false;
@@ -651,8 +651,8 @@ private:
   }
 
   friend struct detail::state_access;
-  using saved = typename detail::async_ps_wire<C>::saved;
-  static constexpr const char* state_kind = detail::async_ps_wire<C>::state_kind;
+  using saved = typename server_type::saved;
+  static constexpr const char* state_kind = server_type::state_kind;
   int state_group_size() const {
     return std::visit([](const auto& r) { return r.state_group_size(); }, role_);
   }
