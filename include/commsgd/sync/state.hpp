@@ -5,11 +5,16 @@
 //   local section
 // with each section present when the part holds it. A strategy supplies, privately (state_access is its
 // friend):
-//   using saved = ...;                                     the parsed state, before it replaces anything
+//   static constexpr const char* state_kind;       the frame's kind, e.g. "sync::local_sgd"
+//   struct saved;                                  the parsed state, before it replaces anything
 //   int state_group_size() const; int state_rank() const;
-//   void save_section(state_writer&, state::part which) const;          which: shared or local
-//   void parse_section(state_reader&, state::part which, saved&) const; throws corrupt_data, changes nothing
-//   void commit(saved&&) noexcept-ish;                      replaces the state (allocation aside, no throw)
+//   void save_section(state_writer&, state::part which) const;   which: shared or local
+//   void parse_section(state_reader&, state::part which, saved&) const;
+//                                                  throws corrupt_data and changes nothing
+//   void commit(saved&&) noexcept;                 replaces the state (moves only)
+//
+// A strategy's save(os, part), load(is) and load(shared, local) are one-line members that call
+// state_access; load(shared, local) parses rank 0's shared part and this rank's local part before one commit.
 //
 // Loading checks the frame, then the group size (and the rank, for a local section), then parses every
 // section into `saved`, and only then commits: a refused stream leaves the strategy as it was.
