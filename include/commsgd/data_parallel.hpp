@@ -24,6 +24,7 @@
 // such exchange. The object owns everything it built and may be moved; `comm` must outlive it.
 #pragma once
 
+#include <commsgd/checkpoint.hpp>
 #include <commsgd/coding/coding.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/local.hpp>
@@ -34,6 +35,9 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <istream>
+#include <ostream>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -153,10 +157,13 @@ public:
                          const sync::step_info& info = {}) {
     check_length(params.size());
     coding::detail::check_block_sizes(blocks, my_blocks().size(), length_);
+    sync::step_result r;
     if constexpr (sums_blocks)
-      return strategy_.step(params, blocks, reducer_, info);
+      r = strategy_.step(params, blocks, reducer_, info);
     else
-      return strategy_.step(params, blocks[0], info);
+      r = strategy_.step(params, blocks[0], info);
+    ++steps_;
+    return r;
   }
 
   // One block per rank (uncoded): the rank's gradient itself.
@@ -167,6 +174,23 @@ public:
   }
 
   void finish(std::span<float> params) { strategy_.finish(params); }
+
+  // Steps taken (restored by load).
+  std::uint64_t steps() const noexcept { return steps_; }
+
+  // Checkpoints (checkpoint.hpp): the composition's identity, the sparsifier's or compressor's state, the
+  // strategy's and the step count; the model is the trainer's. Every rank saves part::all, or rank 0
+  // part::shared and every rank part::local. After load, start(params) with the saved model goes on.
+  void save(std::ostream& os, state::part p = state::part::all) const {
+    checkpoint::detail::save<Coding, Sparsifier, Sync>(*this, os, p, comm_->size(), comm_->rank(), steps_);
+  }
+  void load(std::istream& is) {
+    steps_ = checkpoint::detail::load<Coding, Sparsifier, Sync>(*this, is, comm_->size(), comm_->rank());
+  }
+  void load(std::istream& shared, std::istream& local) {
+    steps_ = checkpoint::detail::load<Coding, Sparsifier, Sync>(*this, shared, local, comm_->size(),
+                                                                comm_->rank());
+  }
 
   // What the last step's exchange reported.
   const coding::exchange_result& last_coding() const noexcept {
@@ -187,7 +211,7 @@ private:
 
   template <class Options>
   data_parallel(C& comm, std::size_t length, const Options& o, built)
-      : length_(length), reducer_(make_reducer(comm, length, o)),
+      : comm_(&comm), length_(length), reducer_(make_reducer(comm, length, o)),
         strategy_(sync_traits::template make<C>(comm, length, o)) {}
 
   template <class Options>
@@ -211,9 +235,11 @@ private:
   static constexpr coding::exchange_result no_coding_{};
   static inline const sparsify::exchange_report no_sparse_{};
 
+  C* comm_;
   std::size_t length_;
   reducer_type reducer_;
   strategy_type strategy_;
+  std::uint64_t steps_ = 0;
 };
 
 } // namespace commsgd::inline v1

@@ -8,5 +8,6 @@
 #include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/reducer.hpp>
 #include <commsgd/sync/sgd.hpp>
+#include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
 #include <commsgd/sync/synchronous.hpp>
