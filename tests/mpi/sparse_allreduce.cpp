@@ -154,3 +154,25 @@ TEST_CASE("bad input on one rank raises on every rank over MPI") {
   for (int r = 0; r < c.size(); ++r)
     CHECK(ok[static_cast<std::size_t>(r)] == 1.0f);
 }
+
+TEST_CASE("a gradient the sparsifier refuses on one rank raises on every rank over MPI") {
+  cm::mpi c = cm::mpi::world();
+  using scheme = commsgd::coding::uncoded<cm::mpi>;
+  const std::size_t d = 500;
+  sp::allreduce_reducer<sp::top_k<sel::exact>, scheme, cm::mpi> red(
+      c, scheme(c), sp::top_k<sel::exact>(d, {.density = 0.02}));
+  std::vector<float> out(d);
+  auto g = gradient(d, 3 + static_cast<std::uint64_t>(c.rank()));
+  if (c.rank() == c.size() - 1) g[7] = std::numeric_limits<float>::quiet_NaN();
+  const std::span<const float> blocks[1] = {g};
+  if (c.rank() == c.size() - 1)
+    CHECK_THROWS_AS(red.reduce(blocks, out), commsgd::non_finite);
+  else
+    CHECK_THROWS_AS(red.reduce(blocks, out), commsgd::comm_aborted);
+  // The exchange is where it was on every rank, so the next step runs normally.
+  g[7] = 0.0f;
+  red.reduce(blocks, out);
+  // A rank that went through the failed step kept its whole message in the residual: nothing lost.
+  CHECK(red.sparsifier().steps() == (c.rank() == c.size() - 1 ? 1u : 2u));
+  CHECK(red.exchange().history() == 1);
+}

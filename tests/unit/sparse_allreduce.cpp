@@ -476,3 +476,29 @@ TEST_CASE("data_parallel composes top_k_allreduce; every rank ends with the same
       CHECK(same_bits(x, finals[0]));
   }
 }
+
+TEST_CASE("allreduce_reducer: a gradient refused on one rank raises on every rank; the next step runs") {
+  using scheme = commsgd::coding::uncoded<cm::local>;
+  for (int n : {2, 5}) {
+    CAPTURE(n);
+    cm::local_group(n).run([&](cm::local& c) {
+      const std::size_t d = 300;
+      sp::allreduce_reducer<sp::top_k<sel::exact>, scheme, cm::local> red(
+          c, scheme(c), sp::top_k<sel::exact>(d, {.density = 0.02}));
+      std::vector<float> out(d);
+      auto g = gradient(d, 3 + static_cast<std::uint64_t>(c.rank()));
+      const bool bad = c.rank() == 1;
+      if (bad) g[7] = std::numeric_limits<float>::infinity();
+      const std::span<const float> blocks[1] = {g};
+      if (bad)
+        CHECK_THROWS_AS(red.reduce(blocks, out), commsgd::non_finite);
+      else
+        CHECK_THROWS_AS(red.reduce(blocks, out), commsgd::comm_aborted);
+      g[7] = 0.0f;
+      red.reduce(blocks, out);
+      // A rank that went through the failed step kept its whole message in the residual: nothing lost.
+      CHECK(red.sparsifier().steps() == (bad ? 1u : 2u));
+      CHECK(red.exchange().history() == 1);
+    });
+  }
+}

@@ -90,6 +90,8 @@ struct allreduce_report : exchange_report {
 namespace detail {
 inline constexpr int allreduce_header_tag = 31001;
 inline constexpr int allreduce_pairs_tag = 31002;
+// The header code of a rank whose sparsifier refused its gradient before the exchange (abandon()).
+inline constexpr std::uint64_t allreduce_refused = 0xff;
 } // namespace detail
 
 template <sparse_index Index = std::uint32_t>
@@ -104,6 +106,25 @@ public:
   std::span<const float> returned_values() const noexcept { return back_val_; }
   // Sparse exchanges run so far (the history region boundaries and the threshold derive from).
   std::uint64_t history() const noexcept { return history_; }
+
+  // Collective: takes part in the header round of an exchange this rank cannot join (its sparsifier refused
+  // the gradient), so that every other rank raises comm_aborted instead of waiting for pairs that will not
+  // come. The caller then throws its own error.
+  template <comm::communicator C>
+  void abandon(C& c, std::uint64_t length, std::uint64_t k_global) {
+    const int n = c.size(), me = c.rank();
+    constexpr std::size_t hf = cost::allreduce_header_fields;
+    head_out_.assign(hf * static_cast<std::size_t>(n), 0);
+    head_in_.assign(hf * static_cast<std::size_t>(n), 0);
+    for (int j = 0; j < n; ++j) {
+      auto* h = head_out_.data() + hf * static_cast<std::size_t>(j);
+      h[1] = length;
+      h[2] = detail::allreduce_refused;
+      h[5] = k_global;
+      h[6] = history_;
+    }
+    exchange_headers(c, n, me);
+  }
 
   // Collective. out <- the sum of the selected pairs (see above), identical bits on every rank; k_global is
   // K and must agree on every rank.
@@ -149,26 +170,14 @@ public:
       h[5] = k_global;
       h[6] = history_;
     }
-    std::copy_n(head_out_.data() + hf * ume, hf, head_in_.data() + hf * ume);
-    {
-      std::vector<comm::request_t<C>> reqs;
-      reqs.reserve(2 * un);
-      for (int s = 1; s < n; ++s) {
-        const auto from = static_cast<std::size_t>((me - s + n) % n);
-        reqs.push_back(c.irecv(std::span<std::uint64_t>(head_in_.data() + hf * from, hf),
-                               static_cast<int>(from), detail::allreduce_header_tag));
-      }
-      for (int s = 1; s < n; ++s) {
-        const auto to = static_cast<std::size_t>((me + s) % n);
-        reqs.push_back(c.isend(std::span<const std::uint64_t>(head_out_.data() + hf * to, hf),
-                               static_cast<int>(to), detail::allreduce_header_tag));
-      }
-      for (auto& r : reqs)
-        r.wait();
-    }
+    exchange_headers(c, n, me);
     const std::uint64_t* h0 = head_in_.data();
     for (std::size_t r = 0; r < un; ++r) {
       const auto* h = head_in_.data() + hf * r;
+      if (h[2] == detail::allreduce_refused)
+        throw comm_aborted(commsgd::detail::concat("sparse all-reduce: rank ", r,
+                                                   " refused its gradient before the exchange (that rank "
+                                                   "raised the reason)"));
       detail::raise_message_problem(static_cast<int>(r), me, h);
       agree(r, "length", h0[1], h[1]);
       agree(r, "k_global", h0[5], h[5]);
@@ -306,6 +315,28 @@ public:
   }
 
 private:
+  // Round 1: every rank's header to every peer, rotated; receives posted before sends.
+  template <comm::communicator C>
+  void exchange_headers(C& c, int n, int me) {
+    constexpr std::size_t hf = cost::allreduce_header_fields;
+    const auto ume = static_cast<std::size_t>(me);
+    std::copy_n(head_out_.data() + hf * ume, hf, head_in_.data() + hf * ume);
+    std::vector<comm::request_t<C>> reqs;
+    reqs.reserve(2 * static_cast<std::size_t>(n));
+    for (int s = 1; s < n; ++s) {
+      const auto from = static_cast<std::size_t>((me - s + n) % n);
+      reqs.push_back(c.irecv(std::span<std::uint64_t>(head_in_.data() + hf * from, hf),
+                             static_cast<int>(from), detail::allreduce_header_tag));
+    }
+    for (int s = 1; s < n; ++s) {
+      const auto to = static_cast<std::size_t>((me + s) % n);
+      reqs.push_back(c.isend(std::span<const std::uint64_t>(head_out_.data() + hf * to, hf),
+                             static_cast<int>(to), detail::allreduce_header_tag));
+    }
+    for (auto& r : reqs)
+      r.wait();
+  }
+
   void even_bounds(int n, std::uint64_t d) {
     const auto un = static_cast<std::uint64_t>(n);
     bounds_.resize(static_cast<std::size_t>(n) + 1);

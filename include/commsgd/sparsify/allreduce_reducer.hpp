@@ -6,6 +6,9 @@
 // sums and selects; the pairs it did not apply go back into the residual (top_k::restore_unsent). So, per
 // rank and index, bit for bit: p = fl(g + e) either went into out's sum (and the new residual holds +0
 // there) or is the new residual. If the exchange throws, every pair goes back before the error propagates.
+// If the sparsifier refuses this rank's gradient (a NaN, a wrong size), the other ranks raise comm_aborted
+// from the exchange's first round instead of waiting for this rank; their step then counts as one whose
+// pairs all went back to the residual, and the refusing rank's state is as before its step.
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
@@ -49,7 +52,14 @@ public:
       throw size_mismatch(commsgd::detail::concat("argument 'blocks' holds ", blocks.size(),
                                                   " block gradients; a sparsifier takes one per rank"));
     const std::uint64_t k = sparsifier_.k_at(sparsifier_.steps());
-    const auto mine = sparsifier_.step(blocks[0]);
+    typename Sparsifier::message_type mine;
+    try {
+      mine = sparsifier_.step(blocks[0]);
+    } catch (const commsgd::error&) {
+      // The other ranks are about to wait for this rank's header: tell them, then raise the reason here.
+      exchange_.abandon(*comm_, sparsifier_.length(), k);
+      throw;
+    }
     try {
       exchange_.sum(*comm_, mine, k, out);
     } catch (...) {
