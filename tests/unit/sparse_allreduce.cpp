@@ -502,3 +502,39 @@ TEST_CASE("allreduce_reducer: a gradient refused on one rank raises on every ran
     });
   }
 }
+
+TEST_CASE("cost: the balanced sparse all-reduce receives about k + K pairs whatever n is") {
+  for (int n : {1, 2, 3, 8, 64, 1000})
+    for (std::uint64_t k : {0u, 1u, 7u, 1000u, 16778u})
+      for (bool refreshed : {false, true}) {
+        CAPTURE(n);
+        CAPTURE(k);
+        const std::uint64_t d = 1u << 24;
+        const auto l = cost::sparse_allreduce_balanced_load(n, d, k, k, refreshed);
+        if (n == 1) {
+          CHECK(l == cm::link_load{});
+          continue;
+        }
+        const auto peers = static_cast<std::uint64_t>(n - 1);
+        // Pairs: this owner's share of every other rank's k and the other owners' shares of K: at most k + K.
+        const std::uint64_t fixed =
+            peers * cost::allreduce_header_bytes + peers * 8 +
+            (refreshed ? cm::ring_all_reduce_share(cost::allreduce_histogram_bins, n, 0).received * 4 : 0);
+        CHECK(l.rx_bytes >= fixed);
+        CHECK(l.rx_bytes - fixed <= 8 * 2 * k);
+        // The gather alone brings the other owners' selections.
+        CHECK(l.rx_bytes - fixed >=
+              8 * (k - (k + static_cast<std::uint64_t>(n) - 1) / static_cast<std::uint64_t>(n)));
+        // With nothing to move, only the fixed part remains.
+        const auto shape_load = cost::sparse_allreduce_load(
+            {false, refreshed, std::vector<std::uint64_t>(static_cast<std::size_t>(n), 0),
+             std::vector<std::uint64_t>(static_cast<std::size_t>(n), 0),
+             std::vector<std::uint64_t>(static_cast<std::size_t>(n), 0)},
+            n, 0, d);
+        CHECK(shape_load.rx_bytes == fixed);
+      }
+  // The switch: a message as long as the vector makes the ring cheaper; a thin one does not.
+  const std::vector<std::uint64_t> thin(8, 10), thick(8, 1000);
+  CHECK_FALSE(cost::sparse_allreduce_prefers_dense(thin, 1000, 10));
+  CHECK(cost::sparse_allreduce_prefers_dense(thick, 1000, 1000));
+}

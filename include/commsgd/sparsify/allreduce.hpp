@@ -45,8 +45,6 @@
 #include <commsgd/sparsify/sparse_vector.hpp>
 
 #include <algorithm>
-#include <array>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>

@@ -17,6 +17,7 @@
 #include <commsgd/sparsify/allreduce.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/sparsifier.hpp>
+#include <commsgd/sparsify/top_k.hpp>
 
 #include <concepts>
 #include <cstddef>
@@ -84,5 +85,8 @@ private:
   Sparsifier sparsifier_;
   allreducer<index_type> exchange_;
 };
+
+static_assert(returnable_sparsifier<top_k<detail::selector_archetype>>);
+static_assert(returnable_sparsifier<top_k<detail::selector_archetype, std::uint64_t>>);
 
 } // namespace commsgd::inline v1::sparsify
