@@ -3,5 +3,6 @@
 
 #include <commsgd/cost/redundancy.hpp>
 #include <commsgd/cost/sparse.hpp>
+#include <commsgd/cost/sparse_allreduce.hpp>
 #include <commsgd/cost/time.hpp>
 #include <commsgd/cost/traffic.hpp>
