@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -244,4 +245,59 @@ TEST_CASE("sign and qsgd state continues bit-identically after save and load") {
       harness::saved(compress::qsgd(d, {.levels = 5, .seed = 3, .error_feedback = true})));
   harness::check_save_load([&](int) { return compress::qsgd(d, {.levels = 5}); }, grad, d,
                            harness::saved(compress::sign(d)));
+}
+
+namespace {
+
+// QSGD as its header states it, computed the long way for one rank's message.
+std::vector<float> qsgd_reference(std::span<const float> p, const std::vector<std::size_t>& bounds,
+                                  std::uint32_t s, std::uint64_t seed, std::uint64_t step, int rank) {
+  const std::uint64_t key = compress::detail::stream_key(seed, step, static_cast<std::uint64_t>(rank) + 1);
+  std::vector<float> d(p.size());
+  for (std::size_t l = 0; l + 1 < bounds.size(); ++l) {
+    double sq = 0;
+    for (std::size_t i = bounds[l]; i < bounds[l + 1]; ++i)
+      sq += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+    const double norm = static_cast<float>(std::sqrt(sq));
+    for (std::size_t i = bounds[l]; i < bounds[l + 1]; ++i) {
+      std::uint32_t level = 0;
+      if (norm > 0) {
+        const double x = std::fabs(static_cast<double>(p[i])) * (s / norm);
+        const double lo = std::floor(x);
+        level = static_cast<std::uint32_t>(lo) +
+                (compress::detail::unit_double(compress::detail::draw(key, i)) < x - lo ? 1u : 0u);
+        level = std::min(level, s);
+      }
+      const auto mag = static_cast<float>(norm * level / s);
+      d[i] = std::signbit(p[i]) ? -mag : mag;
+    }
+  }
+  return d;
+}
+
+} // namespace
+
+TEST_CASE("qsgd equals its stated formula on every rank, layers at any bit offset") {
+  const std::size_t d = 101;
+  const std::vector<std::size_t> offsets{0, 5, 5, 17, d};
+  for (std::uint32_t s : {1u, 3u, 6u, 300u})
+    for (int n : {1, 3}) {
+      CAPTURE(s);
+      CAPTURE(n);
+      auto grad = [&](int r, int t) { return harness::gradient(d, static_cast<std::uint64_t>(31 * r + t)); };
+      auto logs = harness::run(
+          n, 3, [&](int) { return compress::qsgd(d, {.levels = s, .layer_offsets = offsets, .seed = 8}); },
+          grad, d);
+      for (int t = 0; t < 3; ++t) {
+        std::vector<float> want(d, 0.0f);
+        for (int r = 0; r < n; ++r) {
+          const auto m = qsgd_reference(grad(r, t), offsets, s, 8, static_cast<std::uint64_t>(t), r);
+          for (std::size_t i = 0; i < d; ++i)
+            want[i] += m[i];
+        }
+        for (const auto& log : logs)
+          CHECK(harness::same_bits(log.outs[static_cast<std::size_t>(t)], want));
+        CHECK(logs[0].sent[static_cast<std::size_t>(t)] == cost::qsgd_traffic(d, 4, s, n));
+      }
+    }
 }

@@ -34,17 +34,31 @@ void pack_bits(std::span<std::byte> out, std::size_t count, unsigned width, Fiel
   if (have > 0) out[o++] = static_cast<std::byte>(acc & 0xff);
 }
 
-// Calls sink(i, value) for the `count` fields of `width` bits in `in`, in order.
+// Calls sink(i, value) for fields first .. first + count - 1 of `width` bits in `in`, in order.
 template <class Sink>
-void unpack_bits(std::span<const std::byte> in, std::size_t count, unsigned width, Sink&& sink) {
+void unpack_bits(std::span<const std::byte> in, std::size_t first, std::size_t count, unsigned width,
+                 Sink&& sink) {
+  if (width == 1) {
+    // Signs: one bit per value, read straight from its byte.
+    for (std::size_t i = first; i < first + count; ++i)
+      sink(i, static_cast<std::uint32_t>((static_cast<unsigned>(in[i / 8]) >> (i % 8)) & 1u));
+    return;
+  }
   const std::uint64_t mask = (std::uint64_t{1} << width) - 1;
+  const std::size_t bit = first * width;
+  std::size_t o = bit / 8;
+  unsigned skip = static_cast<unsigned>(bit % 8);
   std::uint64_t acc = 0;
   unsigned have = 0;
-  std::size_t o = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    while (have < width) {
+  for (std::size_t i = first; i < first + count; ++i) {
+    while (have < width + skip) {
       acc |= static_cast<std::uint64_t>(in[o++]) << have;
       have += 8;
+    }
+    if (skip) {
+      acc >>= skip;
+      have -= skip;
+      skip = 0;
     }
     sink(i, static_cast<std::uint32_t>(acc & mask));
     acc >>= width;

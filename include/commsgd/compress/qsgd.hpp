@@ -1,7 +1,7 @@
 // compress::qsgd: QSGD with s levels (Alistarh et al. 2017), stochastic rounding, unbiased.
 //
 // Per layer of p (p = g + e with error feedback, else g): norm = ||p||_2 (summed in double, rounded once
-// to float); value i becomes a sign bit and a level xi_i in [0, s]: with x = s |p_i| / norm (in double),
+// to float); value i becomes a sign bit and a level xi_i in [0, s]: with x = |p_i| (s / norm) (in double),
 // xi_i = floor(x) + 1 with probability x - floor(x), else floor(x), so E[xi_i] = x and the decoded value
 //   sign_i * float(norm * xi_i / s)        (in double, rounded once)
 // is an unbiased estimate of p_i up to that final rounding. The uniform draw of value i is draw i of the
@@ -128,13 +128,17 @@ private:
     const double s = opt_.levels;
     std::size_t l = 0;
     double norm = norm_of(msg_, 0);
+    double per_norm = norm > 0 ? s / norm : 0;
     detail::pack_bits(std::span<std::byte>(msg_).subspan(4 * layers()), length_, width_, [&](std::size_t i) {
-      while (i >= bounds_[l + 1])
+      while (i >= bounds_[l + 1]) {
         norm = norm_of(msg_, ++l);
+        per_norm = norm > 0 ? s / norm : 0;
+      }
       std::uint32_t level = 0;
       if (norm > 0) {
-        // |p_i| <= norm (the sum of squares is monotone and so are the roundings), so x <= s.
-        const double x = s * std::fabs(static_cast<double>(p_[i])) / norm;
+        // |p_i| <= norm (the sum of squares and its roundings are monotone), so x exceeds s by at most a
+        // rounding, and the level is clamped to s.
+        const double x = std::fabs(static_cast<double>(p_[i])) * per_norm;
         const double lo = std::floor(x);
         level =
             static_cast<std::uint32_t>(lo) + (detail::unit_double(detail::draw(key, i)) < x - lo ? 1u : 0u);
@@ -150,17 +154,29 @@ private:
     return f;
   }
 
+  // Magnitudes come from a table of the s + 1 possible values per layer when that is cheaper than a
+  // multiplication and division per value; both compute the same float(norm * level / s).
   template <class Sink>
   void decode(std::span<const std::byte> m, Sink&& sink) const {
     const double s = opt_.levels;
-    std::size_t l = 0;
-    double norm = norm_of(m, 0);
-    detail::unpack_bits(m.subspan(4 * layers()), length_, width_, [&](std::size_t i, std::uint32_t field) {
-      while (i >= bounds_[l + 1])
-        norm = norm_of(m, ++l);
-      const auto mag = static_cast<float>(norm * static_cast<double>(field >> 1) / s);
-      sink(i, (field & 1u) ? -mag : mag);
-    });
+    const auto packed = m.subspan(4 * layers());
+    for (std::size_t l = 0; l < layers(); ++l) {
+      const double norm = norm_of(m, l);
+      const std::size_t size = bounds_[l + 1] - bounds_[l];
+      auto value = [&](std::uint32_t field, float mag) { return (field & 1u) ? -mag : mag; };
+      if (opt_.levels <= size) {
+        table_.resize(opt_.levels + 1);
+        for (std::uint32_t k = 0; k <= opt_.levels; ++k)
+          table_[k] = static_cast<float>(norm * static_cast<double>(k) / s);
+        detail::unpack_bits(packed, bounds_[l], size, width_, [&](std::size_t i, std::uint32_t field) {
+          sink(i, value(field, table_[field >> 1]));
+        });
+      } else {
+        detail::unpack_bits(packed, bounds_[l], size, width_, [&](std::size_t i, std::uint32_t field) {
+          sink(i, value(field, static_cast<float>(norm * static_cast<double>(field >> 1) / s)));
+        });
+      }
+    }
   }
 
   std::size_t length_;
@@ -170,6 +186,7 @@ private:
   error_feedback ef_;
   std::vector<float> p_, d_;
   std::vector<std::byte> msg_, all_;
+  mutable std::vector<float> table_;
   std::vector<std::uint64_t> verdicts_;
   std::uint64_t steps_ = 0;
   std::uint64_t wire_ = 0;

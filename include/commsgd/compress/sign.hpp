@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -104,18 +105,16 @@ private:
 
   template <class Sink>
   void decode(std::span<const std::byte> m, Sink&& sink) const {
-    auto scale_of = [&](std::size_t l) {
+    const auto bits = m.subspan(4 * layers());
+    for (std::size_t l = 0; l < layers(); ++l) {
       float scale;
       std::memcpy(&scale, m.data() + 4 * l, 4);
-      return scale;
-    };
-    std::size_t l = 0;
-    float scale = scale_of(0);
-    detail::unpack_bits(m.subspan(4 * layers()), length_, 1, [&](std::size_t i, std::uint32_t bit) {
-      while (i >= bounds_[l + 1])
-        scale = scale_of(++l);
-      sink(i, bit ? -scale : scale);
-    });
+      const std::uint32_t plus = std::bit_cast<std::uint32_t>(scale);
+      // The sign bit flips the scale's: -scale exactly, with no branch.
+      detail::unpack_bits(
+          bits, bounds_[l], bounds_[l + 1] - bounds_[l], 1,
+          [&](std::size_t i, std::uint32_t b) { sink(i, std::bit_cast<float>(plus ^ (b << 31))); });
+    }
   }
 
   std::size_t length_;
