@@ -6,8 +6,10 @@
 
 #include <commsgd/config.hpp>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 namespace commsgd::inline v1::compress::detail {
@@ -34,7 +36,7 @@ void pack_bits(std::span<std::byte> out, std::size_t count, unsigned width, Fiel
   if (have > 0) out[o++] = static_cast<std::byte>(acc & 0xff);
 }
 
-// Calls sink(i, value) for fields first .. first + count - 1 of `width` bits in `in`, in order.
+// Calls sink(i, value) for fields first .. first + count - 1 of `width` bits (1..32) in `in`, in order.
 template <class Sink>
 void unpack_bits(std::span<const std::byte> in, std::size_t first, std::size_t count, unsigned width,
                  Sink&& sink) {
@@ -45,6 +47,18 @@ void unpack_bits(std::span<const std::byte> in, std::size_t first, std::size_t c
     return;
   }
   const std::uint64_t mask = (std::uint64_t{1} << width) - 1;
+  if constexpr (std::endian::native == std::endian::little) {
+    // On a little-endian host eight bytes loaded as one word are the stream's next 64 bits in order, so a
+    // field is one load, shift and mask wherever eight bytes remain.
+    std::size_t i = first;
+    for (; i < first + count && (i * width) / 8 + 8 <= in.size(); ++i) {
+      std::uint64_t word;
+      std::memcpy(&word, in.data() + (i * width) / 8, 8);
+      sink(i, static_cast<std::uint32_t>((word >> ((i * width) % 8)) & mask));
+    }
+    count -= i - first;
+    first = i;
+  }
   const std::size_t bit = first * width;
   std::size_t o = bit / 8;
   unsigned skip = static_cast<unsigned>(bit % 8);

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <istream>
+#include <limits>
 #include <ostream>
 #include <span>
 #include <vector>
@@ -116,8 +117,10 @@ private:
       for (std::size_t i = bounds_[l]; i < bounds_[l + 1]; ++i)
         sum += static_cast<double>(p_[i]) * static_cast<double>(p_[i]);
       const double norm = std::sqrt(sum);
+      // Checked in double: narrowing a value beyond float's range is undefined behaviour.
+      if (norm > static_cast<double>(std::numeric_limits<float>::max()))
+        return {detail::input_problem::overflow, 1, l, norm};
       const auto f = static_cast<float>(norm);
-      if (std::isinf(f)) return {detail::input_problem::overflow, 1, l, norm};
       std::memcpy(msg_.data() + 4 * l, &f, 4);
     }
     return {};
