@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -142,9 +143,8 @@ private:
         // |p_i| <= norm (the sum of squares and its roundings are monotone), so x exceeds s by at most a
         // rounding, and the level is clamped to s.
         const double x = std::fabs(static_cast<double>(p_[i])) * per_norm;
-        const double lo = std::floor(x);
-        level =
-            static_cast<std::uint32_t>(lo) + (detail::unit_double(detail::draw(key, i)) < x - lo ? 1u : 0u);
+        const auto lo = static_cast<std::uint32_t>(x); // floor: x >= 0, and x <= s + a rounding fits
+        level = lo + (detail::unit_double(detail::draw(key, i)) < x - lo ? 1u : 0u);
         level = std::min(level, opt_.levels);
       }
       return (level << 1) | (std::signbit(p_[i]) ? 1u : 0u);
@@ -166,7 +166,10 @@ private:
     for (std::size_t l = 0; l < layers(); ++l) {
       const double norm = norm_of(m, l);
       const std::size_t size = bounds_[l + 1] - bounds_[l];
-      auto value = [&](std::uint32_t field, float mag) { return (field & 1u) ? -mag : mag; };
+      // The sign bit goes straight into the float's: -mag exactly, with no branch on a random sign.
+      auto value = [&](std::uint32_t field, float mag) {
+        return std::bit_cast<float>(std::bit_cast<std::uint32_t>(mag) ^ (field << 31));
+      };
       if (opt_.levels <= size) {
         table_.resize(opt_.levels + 1);
         for (std::uint32_t k = 0; k <= opt_.levels; ++k)
