@@ -177,3 +177,25 @@ TEST_CASE("random_k state continues bit-identically after save and load") {
   harness::check_save_load([&](int) { return compress::random_k(d, {.k = 17, .seed = 5}); }, grad, d,
                            harness::saved(compress::random_k(d, {.k = 17, .seed = 6})));
 }
+
+TEST_CASE("ranks built with different k or seeds are refused on every rank, not summed") {
+  const std::size_t d = 40;
+  for (int n : {2, 3}) {
+    auto msgs = harness::errors_on_every_rank<invalid_argument>(
+        n, [&](int r) { return compress::random_k(d, {.k = r == n - 1 ? std::size_t{4} : std::size_t{3}}); },
+        [&](int, std::vector<float>& g, std::vector<float>& out) {
+          g.assign(d, 1.0f);
+          out.assign(d, 0.0f);
+        });
+    for (const auto& m : msgs)
+      CHECK(m.find("ranks disagree on the compressor's parameters") != std::string::npos);
+    auto seeds = harness::errors_on_every_rank<invalid_argument>(
+        n, [&](int r) { return compress::random_k(d, {.k = 3, .seed = static_cast<std::uint64_t>(r)}); },
+        [&](int, std::vector<float>& g, std::vector<float>& out) {
+          g.assign(d, 1.0f);
+          out.assign(d, 0.0f);
+        });
+    for (const auto& m : seeds)
+      CHECK(m.find("disagree") != std::string::npos);
+  }
+}

@@ -301,3 +301,25 @@ TEST_CASE("qsgd equals its stated formula on every rank, layers at any bit offse
       }
     }
 }
+
+TEST_CASE("ranks built with different levels or layers are refused on every rank, not summed") {
+  const std::size_t d = 40;
+  auto input = [&](int, std::vector<float>& g, std::vector<float>& out) {
+    g.assign(d, 1.0f);
+    out.assign(d, 0.0f);
+  };
+  for (int n : {2, 4}) {
+    for (const auto& m : harness::errors_on_every_rank<invalid_argument>(
+             n, [&](int r) { return compress::qsgd(d, {.levels = r == 1 ? 5u : 4u}); }, input))
+      CHECK(m.find("ranks disagree on the compressor's parameters") != std::string::npos);
+    // Same layer count, different boundaries.
+    for (
+        const auto& m : harness::errors_on_every_rank<invalid_argument>(
+            n,
+            [&](int r) {
+              return compress::sign(d, {.layer_offsets = {0, r == 0 ? std::size_t{10} : std::size_t{11}, d}});
+            },
+            input))
+      CHECK(m.find("disagree") != std::string::npos);
+  }
+}

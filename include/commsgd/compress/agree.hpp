@@ -1,11 +1,14 @@
 // How the compressors in compress/ refuse bad input without leaving a rank blocked: every rank checks its
 // own input first, then all ranks all_gather a small verdict (compress_header_fields u64 each: length, a
-// problem code with its count, the position, the offending value), and every rank raises the same error
-// for the first rank that has a problem, before any payload moves. The same shape as the header of the
+// problem code with its count, the position, the offending value, a fingerprint of the compressor's
+// parameters), and every rank raises the same error for the first rank that has a problem, before any
+// payload moves. Ranks built with different parameters (k, seed, levels, layers) would otherwise exchange
+// messages of different sizes or meanings, so they are refused too. The same shape as the header of the
 // sparse exchange (sparsify/exchange.hpp); cost/compress.hpp charges it.
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/compress/random.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
@@ -15,6 +18,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,13 +56,23 @@ inline input_verdict check_finite(std::span<const float> p) {
   return v;
 }
 
-// `what` names the compressor in messages; `range` says what `overflow` refuses ("[-65504, 65504]").
+// A fingerprint of the parameters every rank's compressor must share.
+template <class Range>
+std::uint64_t fingerprint(const Range& params) noexcept {
+  std::uint64_t h = std::size(params);
+  for (auto v : params)
+    h = mix64(h ^ mix64(static_cast<std::uint64_t>(v)));
+  return h;
+}
+
+// `what` names the compressor in messages; `range` says what `overflow` refuses ("[-65504, 65504]");
+// `config` is fingerprint() of the compressor's parameters.
 template <comm::communicator C>
-void agree(C& c, const char* what, std::size_t length, const input_verdict& mine,
+void agree(C& c, const char* what, std::size_t length, std::uint64_t config, const input_verdict& mine,
            std::vector<std::uint64_t>& buf, const char* range = "") {
   const std::array<std::uint64_t, cost::compress_header_fields> h{
       length, static_cast<std::uint64_t>(mine.problem) | (mine.count << 8), mine.where,
-      std::bit_cast<std::uint64_t>(mine.value)};
+      std::bit_cast<std::uint64_t>(mine.value), config};
   const auto n = static_cast<std::size_t>(c.size());
   buf.resize(h.size() * n);
   c.all_gather(std::span<const std::uint64_t>(h), std::span<std::uint64_t>(buf));
@@ -90,6 +104,12 @@ void agree(C& c, const char* what, std::size_t length, const input_verdict& mine
       throw size_mismatch(
           commsgd::detail::concat(what, ": ranks disagree on the compressor's 'length' (rank 0 has ", buf[0],
                                   ", rank ", r, " has ", o[0], ")"));
+    if (o[4] != buf[4])
+      throw invalid_argument(commsgd::detail::concat(
+          what,
+          ": ranks disagree on the compressor's parameters (k, seed, levels, layers, error feedback or "
+          "overflow policy): rank ",
+          r, "'s differ from rank 0's"));
   }
 }
 

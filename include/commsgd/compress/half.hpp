@@ -154,7 +154,7 @@ public:
   report reduce(C& c, std::span<const float> g, std::span<float> out) {
     auto v = detail::check_sizes(g.size(), out.size(), length_);
     if (v.problem == detail::input_problem::none) v = encode(g);
-    detail::agree(c, what(), length_, v, verdicts_, range());
+    detail::agree(c, what(), length_, detail::fingerprint(config()), v, verdicts_, range());
     const auto n = static_cast<std::size_t>(c.size());
     all_.resize(n * length_);
     c.all_gather(std::span<const std::uint16_t>(msg_), std::span<std::uint16_t>(all_));
@@ -191,6 +191,9 @@ private:
   }
   std::array<std::uint64_t, 2> params() const noexcept {
     return {length_, static_cast<std::uint64_t>(opt_.overflow)};
+  }
+  std::array<std::uint64_t, 3> config() const noexcept {
+    return {length_, static_cast<std::uint64_t>(opt_.overflow), ef_.on() ? 1u : 0u};
   }
 
   // fp16 decodes through a table of all 65536 values (built once from fp16_bits_to_float, so the same

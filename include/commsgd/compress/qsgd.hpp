@@ -74,7 +74,7 @@ public:
       v = detail::check_finite(p_);
       if (v.problem == detail::input_problem::none) v = norms();
     }
-    detail::agree(c, "compress::qsgd", length_, v, verdicts_,
+    detail::agree(c, "compress::qsgd", length_, config(), v, verdicts_,
                   "[0, 3.4028235e38] of a layer's L2 norm (the index is the layer's)");
     encode(static_cast<std::uint64_t>(c.rank()));
     const auto n = static_cast<std::size_t>(c.size());
@@ -105,6 +105,12 @@ public:
 private:
   static constexpr const char* kind = "compress::qsgd";
   std::array<std::uint64_t, 4> params() const noexcept { return {length_, layers(), opt_.levels, opt_.seed}; }
+  // The layer boundaries themselves, not only their count, must agree.
+  std::uint64_t config() const noexcept {
+    const std::array<std::uint64_t, 6> p{length_,   layers(),           opt_.levels,
+                                         opt_.seed, ef_.on() ? 1u : 0u, detail::fingerprint(bounds_)};
+    return detail::fingerprint(p);
+  }
 
   static qsgd_options checked(qsgd_options o) {
     commsgd::detail::check_range("levels", o.levels, 1u, qsgd_options::max_levels, "[1, 65535]");

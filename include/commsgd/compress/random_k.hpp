@@ -84,7 +84,7 @@ public:
       ef_.accumulate(g, p_);
       v = detail::check_finite(p_);
     }
-    detail::agree(c, "compress::random_k", length_, v, verdicts_);
+    detail::agree(c, "compress::random_k", length_, config(), v, verdicts_);
     random_k_indices(opt_.seed, steps_, length_, k_, idx_, marks_);
     vals_.resize(k_);
     for (std::size_t j = 0; j < k_; ++j)
@@ -130,6 +130,10 @@ private:
     return std::min(length, static_cast<std::size_t>(std::ceil(o.density * static_cast<double>(length))));
   }
   std::array<std::uint64_t, 3> params() const noexcept { return {length_, k_, opt_.seed}; }
+  std::uint64_t config() const noexcept {
+    const std::array<std::uint64_t, 4> p{length_, k_, opt_.seed, ef_.on() ? 1u : 0u};
+    return detail::fingerprint(p);
+  }
 
   std::size_t length_;
   random_k_options opt_;

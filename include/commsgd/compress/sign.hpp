@@ -59,7 +59,7 @@ public:
       ef_.accumulate(g, p_);
       v = detail::check_finite(p_);
     }
-    detail::agree(c, "compress::sign", length_, v, verdicts_);
+    detail::agree(c, "compress::sign", length_, config(), v, verdicts_);
     encode();
     const auto n = static_cast<std::size_t>(c.size());
     all_.resize(n * msg_.size());
@@ -89,6 +89,11 @@ public:
 private:
   static constexpr const char* kind = "compress::sign";
   std::array<std::uint64_t, 2> params() const noexcept { return {length_, layers()}; }
+  // The layer boundaries themselves, not only their count, must agree.
+  std::uint64_t config() const noexcept {
+    const std::array<std::uint64_t, 4> p{length_, layers(), ef_.on() ? 1u : 0u, detail::fingerprint(bounds_)};
+    return detail::fingerprint(p);
+  }
 
   void encode() {
     for (std::size_t l = 0; l < layers(); ++l) {

@@ -1,11 +1,11 @@
 // Per-rank bytes of one round of each compressor in compress/, under comm::metered's accounting. Every
-// round starts with the verdict all_gather (compress/agree.hpp: 4 u64 per rank), then moves its payload:
+// round starts with the verdict all_gather (compress/agree.hpp: 5 u64 per rank), then moves its payload:
 //
 //   compressor   payload collective      bytes each rank contributes          sent = received (n ranks)
-//   fp16, bf16   all_gather              2 d                                  (n-1)(32 + 2 d)
-//   sign         all_gather              4 L + ceil(d / 8)                    (n-1)(32 + 4 L + ceil(d / 8))
+//   fp16, bf16   all_gather              2 d                                  (n-1)(40 + 2 d)
+//   sign         all_gather              4 L + ceil(d / 8)                    (n-1)(40 + 4 L + ceil(d / 8))
 //   qsgd (s)     all_gather              4 L + ceil(d (1 + bit_width(s)) / 8) likewise
-//   random-k     ring all_reduce_sum     k floats                             (n-1) 32 + ring share of 4 k
+//   random-k     ring all_reduce_sum     k floats                             (n-1) 40 + ring share of 4 k
 //
 // d is the gradient length, L the number of layers (one scale or norm each), k the values random-k sends.
 // Against a float ring all-reduce (about 8 (n-1)/n d each way) the all-gathers pay n-1 copies of a small
@@ -22,7 +22,7 @@
 
 namespace commsgd::inline v1::cost {
 
-inline constexpr std::uint64_t compress_header_fields = 4;
+inline constexpr std::uint64_t compress_header_fields = 5;
 inline constexpr std::uint64_t compress_header_bytes = compress_header_fields * 8;
 
 constexpr sparse_traffic compress_header_traffic(int n) noexcept {
