@@ -16,10 +16,14 @@
 //                                      SSGD through sync::partitioned: per-layer partitions exchanged while
 //                                      the backward pass still runs (ByteScheduler / DDP buckets)
 //
+//   fp16[:ef], bf16[:ef], sign, qsgd:<s>[:ef], randomk:<density>
+//                                      SSGD with a compressor of commsgd/compress (schemes_compress.hpp)
+//
 // (asgd[:<j>] runs in trainer.hpp: a parameter server has no common step to put in this slot.)
 #pragma once
 
 #include "scheme.hpp"
+#include "schemes_compress.hpp"
 
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/error.hpp>
@@ -379,11 +383,13 @@ scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr,
     return std::make_unique<partitioned_scheme<Comm>>(comm, layer_sizes, o);
   }
   if (auto s = try_make_allreduce(p, spec, comm, lr, layer_sizes)) return s;
+  if (auto s = try_make_compress(p, spec, comm, lr, layer_sizes)) return s;
   throw commsgd::invalid_argument(
       "argument 'scheme' = '" + spec +
       "' is not one of ring, allgather, topk:<method>:<density>, topk_ar:<method>:<density>, "
       "cssgd:<r>[:xor|int32], asgd[:<j>], local:<H>, local_adaptive:<H0>[:<pull>], "
-      "partitioned[:<elements>[:<credit KiB>]]");
+      "partitioned[:<elements>[:<credit KiB>]], fp16[:ef], bf16[:ef], sign, qsgd:<s>[:ef], "
+      "randomk:<density>");
 }
 
 } // namespace fmnist
