@@ -1,6 +1,7 @@
 // Analytic per-node byte and time models of every exchange.
 #pragma once
 
+#include <commsgd/cost/powersgd.hpp>
 #include <commsgd/cost/redundancy.hpp>
 #include <commsgd/cost/sparse.hpp>
 #include <commsgd/cost/time.hpp>
