@@ -14,6 +14,7 @@
 //   partitioned[:<elements>[:<credit KiB>]]
 //                                      SSGD through sync::partitioned: per-layer partitions exchanged while
 //                                      the backward pass still runs (ByteScheduler / DDP buckets)
+//   powersgd:<r>                       SSGD on rank-r PowerSGD approximations (schemes_powersgd.hpp)
 //
 // (asgd[:<j>] runs in trainer.hpp: a parameter server has no common step to put in this slot.)
 #pragma once
@@ -307,6 +308,12 @@ inline std::vector<std::string> split_spec(const std::string& spec) {
   return parts;
 }
 
+} // namespace fmnist
+
+#include "schemes_powersgd.hpp" // after composed<>, which it uses
+
+namespace fmnist {
+
 // Builds a scheme from its name (see the list at the top of this file).
 template <class Comm>
 scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr,
@@ -375,11 +382,12 @@ scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr,
     o.credit_bytes = std::stoul(arg(2, "1024")) * 1024;
     return std::make_unique<partitioned_scheme<Comm>>(comm, layer_sizes, o);
   }
+  if (auto s = try_make_powersgd(p, spec, comm, lr, layer_sizes)) return s;
   throw commsgd::invalid_argument(
       "argument 'scheme' = '" + spec +
       "' is not one of ring, allgather, topk:<method>:<density>, "
       "cssgd:<r>[:xor|int32], asgd[:<j>], local:<H>, local_adaptive:<H0>[:<pull>], "
-      "partitioned[:<elements>[:<credit KiB>]]");
+      "partitioned[:<elements>[:<credit KiB>]], powersgd:<r>");
 }
 
 } // namespace fmnist

@@ -10,7 +10,6 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
-#include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
 #include <commsgd/compress/powersgd.hpp>
@@ -18,6 +17,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -240,27 +240,68 @@ compressed_layers(const shape_list& shapes, std::int64_t rank, double min_compre
   return out;
 }
 
-// Seconds per round of the compressor alone, on a one-rank comm::local (its all-reduces return at once):
-// the computation a benchmark compares with PyTorch's. Runs `warmup` rounds first, then `rounds` timed ones.
+// One rank alone: every collective is the identity, so a round costs only its computation. Point-to-point
+// has no peer to reach.
+struct solo {
+  struct request {
+    void wait() {}
+    bool test() { return true; }
+  };
+  using request_type = request;
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  void barrier() {}
+  template <class T>
+  void all_reduce_sum(std::span<T>) {}
+  template <class T>
+  void all_gather(std::span<const T> mine, std::span<T> all) {
+    std::copy(mine.begin(), mine.end(), all.begin());
+  }
+  template <class T>
+  std::vector<std::size_t> all_gather_v(std::span<const T> mine, std::vector<T>& all) {
+    all.assign(mine.begin(), mine.end());
+    return {mine.size()};
+  }
+  template <class T>
+  void broadcast(std::span<T>, int) {}
+  template <class T>
+  void send(std::span<const T>, int, int) {
+    throw comm_error("solo communicator: no peer to send to");
+  }
+  template <class T>
+  void recv(std::span<T>, int, int) {
+    throw comm_error("solo communicator: no peer to receive from");
+  }
+  template <class T>
+  request isend(std::span<const T>, int, int) {
+    throw comm_error("solo communicator: no peer to send to");
+  }
+  template <class T>
+  request irecv(std::span<T>, int, int) {
+    throw comm_error("solo communicator: no peer to receive from");
+  }
+  solo split(int, int) { return {}; }
+};
+static_assert(comm::communicator<solo>);
+
+// Seconds per round of the compressor alone on one rank (solo: its all-reduces cost nothing), the
+// computation a benchmark compares with PyTorch's. Runs `warmup` rounds first, then `rounds` timed ones.
 double compute_seconds(const at::Tensor& buffer, const shape_list& shapes, std::int64_t rank, int warmup,
                        int rounds) {
   const auto g = values_of(buffer, "buffer");
   compress::powersgd_options o;
   o.rank = static_cast<std::size_t>(rank);
   o.layers = to_shapes(shapes);
-  double seconds = 0.0;
   py::gil_scoped_release unlocked;
-  comm::local_group(1).run([&](comm::local& c) {
-    compress::powersgd x(g.size(), o);
-    std::vector<float> out(g.size());
-    for (int i = 0; i < warmup; ++i)
-      x.reduce(c, g, out);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < rounds; ++i)
-      x.reduce(c, g, out);
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / rounds;
-  });
-  return seconds;
+  solo c;
+  compress::powersgd x(g.size(), o);
+  std::vector<float> out(g.size());
+  for (int i = 0; i < warmup; ++i)
+    x.reduce(c, g, out);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < rounds; ++i)
+    x.reduce(c, g, out);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / rounds;
 }
 
 } // namespace
