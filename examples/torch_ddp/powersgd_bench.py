@@ -13,8 +13,9 @@ commsgd's round is single-threaded, so --threads 1 is the like-for-like setting)
   hook     the whole hook on a one-process gloo group: powerSGD_hook against commsgd_torch.powersgd_hook
            (all-reduces over one rank included, the same for both).
 
-Each figure is the median of --repeats timings of --rounds rounds after a warm-up; the ratio is PyTorch's
-time over commsgd's (above 1: commsgd is faster).
+The two sides are timed alternately (PyTorch's --rounds rounds, then commsgd's, --repeats times, after a
+warm-up), so a change in the machine's load falls on both; each figure is the median over the repeats and the
+ratio is the median of the per-repeat ratios, PyTorch's time over commsgd's (above 1: commsgd is faster).
 
     PYTHONPATH=build/dev/python /usr/bin/python3 examples/torch_ddp/powersgd_bench.py
 """
@@ -151,16 +152,22 @@ class TorchCompute:
         return input_tensor
 
 
-def timed(fn, rounds, repeats, warmup):
-    for _ in range(warmup):
+def once(fn, rounds):
+    t0 = time.perf_counter()
+    for _ in range(rounds):
         fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(rounds):
-            fn()
-        times.append((time.perf_counter() - t0) / rounds)
-    return statistics.median(times)
+    return (time.perf_counter() - t0) / rounds
+
+
+def alternate(theirs, ours, a):
+    """theirs() and ours() return seconds per round; returns (median theirs, median ours, median ratio)."""
+    t, o = [], []
+    theirs()
+    ours()
+    for _ in range(a.repeats):
+        t.append(theirs())
+        o.append(ours())
+    return statistics.median(t), statistics.median(o), statistics.median(x / y for x, y in zip(t, o))
 
 
 def main():
@@ -190,20 +197,18 @@ def main():
         for rank in [int(x) for x in a.ranks.split(",")]:
             tc = TorchCompute(shapes, rank)
             buf = base.clone()
-
-            # No copy of the gradient between rounds: the hook leaves P Q^T in the bucket and adds the
-            # residual M - P Q^T back next round, so every round compresses the same M.
-            def torch_round():
+            for _ in range(a.warmup):
                 tc.round(buf)
 
-            t_torch = timed(torch_round, a.rounds, a.repeats, a.warmup)
-            # commsgd times its rounds itself, in C++ (no Python call per round).
-            ours = []
-            for _ in range(a.repeats):
-                ours.append(_C.powersgd_compute_seconds(base, mshapes, rank, a.warmup, a.rounds))
-            t_ours = statistics.median(ours)
-            print(f"| {name} | {n} | {rank} | compute | {t_torch * 1e3:.3f} | {t_ours * 1e3:.3f} | "
-                  f"{t_torch / t_ours:.2f} |", flush=True)
+            # No copy of the gradient between rounds: the hook leaves P Q^T in the bucket and adds the
+            # residual M - P Q^T back next round, so every round compresses the same M. commsgd times its
+            # rounds itself, in C++ (no Python call per round), after its own warm-up rounds.
+            def ours():
+                return _C.powersgd_compute_seconds(base, mshapes, rank, a.warmup, a.rounds)
+
+            t, o, ratio = alternate(lambda: once(lambda: tc.round(buf), a.rounds), ours, a)
+            print(f"| {name} | {n} | {rank} | compute | {t * 1e3:.3f} | {o * 1e3:.3f} | {ratio:.2f} |",
+                  flush=True)
             if a.hook:
                 st = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
                                         start_powerSGD_iter=2)
@@ -211,17 +216,20 @@ def main():
                 ostate = commsgd_torch.PowerSGDState(process_group=dist.group.WORLD,
                                                      matrix_approximation_rank=rank, start_powerSGD_iter=2)
                 ostate.iter = 2
-                hb = base.clone()
+                hb, ob = base.clone(), base.clone()
 
                 def torch_hook():
                     psgd.powerSGD_hook(st, Bucket(hb, shapes)).wait()
 
                 def our_hook():
-                    commsgd_torch.powersgd_hook(ostate, Bucket(hb, shapes)).wait()
+                    commsgd_torch.powersgd_hook(ostate, Bucket(ob, shapes)).wait()
 
-                th = timed(torch_hook, a.rounds, a.repeats, a.warmup)
-                oh = timed(our_hook, a.rounds, a.repeats, a.warmup)
-                print(f"| {name} | {n} | {rank} | hook | {th * 1e3:.3f} | {oh * 1e3:.3f} | {th / oh:.2f} |",
+                for _ in range(a.warmup):
+                    torch_hook()
+                    our_hook()
+                t, o, ratio = alternate(lambda: once(torch_hook, a.rounds), lambda: once(our_hook, a.rounds),
+                                        a)
+                print(f"| {name} | {n} | {rank} | hook | {t * 1e3:.3f} | {o * 1e3:.3f} | {ratio:.2f} |",
                       flush=True)
 
 

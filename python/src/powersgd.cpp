@@ -125,15 +125,14 @@ public:
     buckets_.insert_or_assign(index, bucket{compress::powersgd(n, std::move(o)), shapes});
   }
 
-  // The bucket's mean over ranks (DDP's convention), as a new tensor.
+  // The bucket's mean over ranks (DDP's convention), written over the bucket (as PyTorch's hook does, and
+  // without allocating a bucket-sized tensor per round), which is returned.
   at::Tensor exchange(const at::Tensor& buffer, std::int64_t index, const shape_list& shapes) {
     auto it = buckets_.find(index);
     if (it == buckets_.end())
       throw invalid_argument(commsgd::detail::concat("bucket ", index, " has no PowerSGD state yet"));
     auto& b = it->second;
-    const std::size_t n = b.x.length();
-    at::Tensor out = at::empty({static_cast<std::int64_t>(n)}, at::TensorOptions().dtype(at::kFloat));
-    std::span<const float> g;
+    std::span<float> g;
     std::exception_ptr local;
     try {
       if (shapes != b.shapes)
@@ -148,13 +147,13 @@ public:
     }
     try {
       py::gil_scoped_release unlocked;
-      b.x.reduce(comm_, g, std::span<float>(out.data_ptr<float>(), n));
+      b.x.reduce(comm_, g, g); // out may be the gradient itself (compress/powersgd.hpp)
     } catch (const commsgd::error&) {
       if (!local) throw;
     }
     if (local) std::rethrow_exception(local);
-    out.div_(static_cast<double>(comm_.size()));
-    return out;
+    if (comm_.size() > 1) buffer.div_(static_cast<double>(comm_.size()));
+    return buffer;
   }
 
   // Dense averaging for the iterations before compression starts.

@@ -229,3 +229,23 @@ TEST_CASE("policy::powersgd composes through data_parallel") {
       CHECK(finals[static_cast<std::size_t>(w)] == finals[0]);
   }
 }
+
+TEST_CASE("out may be the gradient itself") {
+  for (bool ef : {true, false})
+    for (int n : {1, 3}) {
+      CAPTURE(ef);
+      CAPTURE(n);
+      comm::local_group(n).run([&](comm::local& c) {
+        auto o = options(2);
+        o.error_feedback = ef;
+        powersgd a(length, o), b(length, o);
+        std::vector<float> out(length);
+        for (int t = 0; t < 3; ++t) {
+          auto g = gradient(c.rank(), t);
+          a.reduce(c, g, out);
+          b.reduce(c, g, g);
+          CHECK(g == out);
+        }
+      });
+    }
+}

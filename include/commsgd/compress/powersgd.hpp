@@ -34,7 +34,7 @@
 // Errors: sizes, non-finite gradients and overflow raise on every rank. A rank whose input is bad still takes
 // part in the first two all-reduces with NaN, so every rank sees a non-finite sum and raises together; that
 // rank raises its own, more precise error. The state (residual, Q, step count) changes only when a round
-// succeeds.
+// succeeds, and so does `out`, which may be `g` itself: a round reads g only before it writes out.
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
