@@ -9,7 +9,8 @@
 //   A = P (Q / n)^T                  the mean of the ranks' low-rank approximations
 //   out = n A,  e = M - A,  Q kept as Q / n for the next round
 // and the layers left dense go in one flat all-reduce ahead of P, so a round is three all-reduces whatever
-// the number of layers (every P in one buffer, every Q in another: the batched form). out is the SUM over
+// the number of layers (every P in one buffer, every Q in another: the batched form; PyTorch's
+// batch_tensors_with_same_shape only stacks same-shaped layers for its bmm calls). out is the SUM over
 // ranks (the compressor contract); PyTorch's powerSGD_hook returns the mean, i.e. out / n, and keeps the same
 // Q / n and the same residual on compressed layers.
 //
