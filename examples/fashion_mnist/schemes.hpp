@@ -15,6 +15,7 @@
 //   partitioned[:<elements>[:<credit KiB>]]
 //                                      SSGD through sync::partitioned: per-layer partitions exchanged while
 //                                      the backward pass still runs (ByteScheduler / DDP buckets)
+//   powersgd:<r>                       SSGD on rank-r PowerSGD approximations (schemes_powersgd.hpp)
 //
 //   fp16[:ef], bf16[:ef], sign, qsgd:<s>[:ef], randomk:<density>
 //                                      SSGD with a compressor of commsgd/compress (schemes_compress.hpp)
@@ -314,6 +315,12 @@ inline std::vector<std::string> split_spec(const std::string& spec) {
   return parts;
 }
 
+} // namespace fmnist
+
+#include "schemes_powersgd.hpp" // after composed<>, which it uses
+
+namespace fmnist {
+
 // Builds a scheme from its name (see the list at the top of this file).
 template <class Comm>
 scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr,
@@ -384,12 +391,13 @@ scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr,
   }
   if (auto s = try_make_allreduce(p, spec, comm, lr, layer_sizes)) return s;
   if (auto s = try_make_compress(p, spec, comm, lr, layer_sizes)) return s;
+  if (auto s = try_make_powersgd(p, spec, comm, lr, layer_sizes)) return s;
   throw commsgd::invalid_argument(
       "argument 'scheme' = '" + spec +
       "' is not one of ring, allgather, topk:<method>:<density>, topk_ar:<method>:<density>, "
       "cssgd:<r>[:xor|int32], asgd[:<j>], local:<H>, local_adaptive:<H0>[:<pull>], "
       "partitioned[:<elements>[:<credit KiB>]], fp16[:ef], bf16[:ef], sign, qsgd:<s>[:ef], "
-      "randomk:<density>");
+      "randomk:<density>, powersgd:<r>");
 }
 
 } // namespace fmnist

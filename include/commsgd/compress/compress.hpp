@@ -5,12 +5,15 @@
 //   compress::random_k               k shared-seed positions, values all-reduced     (compress/random_k.hpp)
 //   compress::sign                   EF-SignSGD: 1 bit per value and a scale         (compress/sign.hpp)
 //   compress::qsgd                   QSGD with s levels, stochastic, unbiased        (compress/qsgd.hpp)
-// Their bytes per round are in cost/compress.hpp.
+//   compress::powersgd               rank-r factors with error feedback, warm start,
+//                                    three all-reduces per round                     (compress/powersgd.hpp)
+// Their bytes per round are in cost/compress.hpp and cost/powersgd.hpp.
 #pragma once
 
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/half.hpp>
+#include <commsgd/compress/powersgd.hpp>
 #include <commsgd/compress/qsgd.hpp>
 #include <commsgd/compress/random_k.hpp>
 #include <commsgd/compress/reducer.hpp>
