@@ -28,6 +28,7 @@
 #include <commsgd/coding/coding.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/local.hpp>
+#include <commsgd/compress/compress.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sparsify/sparsify.hpp>
@@ -52,6 +53,12 @@ struct data_parallel_options {
   int redundancy = 1;                           // cssgd, uncoded_shuffle: [1, n]
   sparsify::top_k_options top_k{};              // top_k
   sparsify::exchange_options sparse_exchange{}; // every sparsifier: how its messages are summed
+  sparsify::allreduce_options sparse_allreduce{}; // top_k_allreduce: threshold refresh and path
+  compress::half_options half{};                // fp16, bf16
+  compress::random_k_options random_k{};        // random_k
+  compress::sign_options sign{};                // sign
+  compress::qsgd_options qsgd{};                // qsgd
+  compress::powersgd_options powersgd{};        // powersgd (rank, layer shapes)
   sync::local_sgd_options local_sgd{};          // local_sgd (its lr is replaced by `lr`)
   sync::async_ps_options async_ps{};            // async_ps (its lr is replaced by `lr`)
   sync::partitioned_options partitioned{};      // partitioned (its lr is replaced by `lr`)
