@@ -30,10 +30,12 @@
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sparsify/sparsify.hpp>
+#include <commsgd/sync/replica_guard.hpp>
 #include <commsgd/sync/sync.hpp>
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -52,6 +54,7 @@ struct data_parallel_options {
   sync::async_ps_options async_ps{};            // async_ps (its lr is replaced by `lr`)
   sync::partitioned_options partitioned{};      // partitioned (its lr is replaced by `lr`)
   std::vector<std::size_t> layer_sizes;         // partitioned: sizes of the layers in forward order
+  std::int64_t replica_check_every = 0; // every strategy: replica guard period, 0 = off (replica_guard.hpp)
 };
 
 namespace detail {
@@ -153,10 +156,13 @@ public:
                          const sync::step_info& info = {}) {
     check_length(params.size());
     coding::detail::check_block_sizes(blocks, my_blocks().size(), length_);
+    sync::step_result r;
     if constexpr (sums_blocks)
-      return strategy_.step(params, blocks, reducer_, info);
+      r = strategy_.step(params, blocks, reducer_, info);
     else
-      return strategy_.step(params, blocks[0], info);
+      r = strategy_.step(params, blocks[0], info);
+    guard_.after_step(strategy_, params, r);
+    return r;
   }
 
   // One block per rank (uncoded): the rank's gradient itself.
@@ -166,7 +172,11 @@ public:
     return step(params, coding::block_gradients(one), info);
   }
 
-  void finish(std::span<float> params) { strategy_.finish(params); }
+  void finish(std::span<float> params) {
+    strategy_.finish(params);
+    guard_.after_finish(strategy_, params);
+  }
+  const sync::replica_guard<C>& replica_guard() const noexcept { return guard_; }
 
   // What the last step's exchange reported.
   const coding::exchange_result& last_coding() const noexcept {
@@ -188,7 +198,7 @@ private:
   template <class Options>
   data_parallel(C& comm, std::size_t length, const Options& o, built)
       : length_(length), reducer_(make_reducer(comm, length, o)),
-        strategy_(sync_traits::template make<C>(comm, length, o)) {}
+        strategy_(sync_traits::template make<C>(comm, length, o)), guard_(comm, o.replica_check_every) {}
 
   template <class Options>
   static reducer_type make_reducer(C& comm, std::size_t length, const Options& o) {
@@ -214,6 +224,7 @@ private:
   std::size_t length_;
   reducer_type reducer_;
   strategy_type strategy_;
+  sync::replica_guard<C> guard_;
 };
 
 } // namespace commsgd::inline v1
