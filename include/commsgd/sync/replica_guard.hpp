@@ -148,9 +148,12 @@ inline void check_replica_hashes(std::span<const std::uint64_t> hashes, std::int
   msg << "replicas differ " << when << ": rank" << (odd.size() > 1 ? "s " : " ");
   for (std::size_t i = 0; i < odd.size(); ++i)
     msg << (i ? ", " : "") << odd[i];
-  msg << " of " << hashes.size() << " hold" << (odd.size() > 1 ? "" : "s") << " a model other than the "
-      << ref->size() << " rank(s) that agree (rank " << ref->front() << " and its group "
-      << detail::hex(ref_hash) << "; " << detail_text.str() << ")";
+  msg << " of " << hashes.size() << " hold" << (odd.size() > 1 ? "" : "s")
+      << " a model other than the largest group of equal ones (rank";
+  msg << (ref->size() > 1 ? "s " : " ");
+  for (std::size_t i = 0; i < ref->size(); ++i)
+    msg << (i ? ", " : "") << (*ref)[i];
+  msg << ": hash " << detail::hex(ref_hash) << "; " << detail_text.str() << ")";
   throw replicas_differ(msg.str(), step, std::move(odd));
 }
 
