@@ -53,10 +53,11 @@ namespace detail {
 inline constexpr std::uint64_t hash_k1 = 0x9e3779b97f4a7c15ull;
 inline constexpr std::uint64_t hash_k2 = 0xc2b2ae3d27d4eb4full;
 
-// Bijective in `h` for a fixed `w` and in `w` for a fixed `h` (odd multipliers, xor, rotation), so a change
-// confined to one word of the input always changes the result.
+// Bijective in `h` for a fixed `w` and in `w` for a fixed `h` (xor, rotation, odd multiplier), so a change
+// confined to one word of the input always changes the result. One multiply per word: the multiplier's
+// throughput bounds the speed, and eight independent lanes hide its latency.
 constexpr std::uint64_t hash_round(std::uint64_t h, std::uint64_t w) noexcept {
-  return std::rotl(h ^ (w * hash_k2), 31) * hash_k1;
+  return std::rotl(h ^ w, 29) * hash_k1;
 }
 
 constexpr std::uint64_t hash_finish(std::uint64_t h) noexcept {
@@ -82,20 +83,22 @@ inline std::string hex(std::uint64_t h) {
 } // namespace detail
 
 // 64-bit hash of the bit patterns of `x` and its length; the same value on every platform (words are formed
-// from the floats' bits, not from memory order). Four independent lanes keep the multiplier busy, so it runs
-// at about the speed of a read of the model; any difference confined to one 64-bit word is always detected,
-// other differences go unseen with probability about 2^-64.
+// from the floats' bits, not from memory order). It reads the model once at about memory speed; any
+// difference confined to one 64-bit word is always detected, other differences go unseen with probability
+// about 2^-64.
 inline std::uint64_t model_hash(std::span<const float> x) noexcept {
-  std::uint64_t lane[4] = {detail::hash_k1, detail::hash_k2, detail::hash_k1 ^ detail::hash_k2,
-                           ~detail::hash_k1};
+  constexpr std::size_t lanes = 8;
+  std::uint64_t lane[lanes];
+  for (std::size_t l = 0; l < lanes; ++l)
+    lane[l] = detail::hash_k2 * (2 * l + 1);
   const std::size_t words = x.size() / 2;
   const float* p = x.data();
   std::size_t w = 0;
-  for (; w + 4 <= words; w += 4)
-    for (std::size_t l = 0; l < 4; ++l)
+  for (; w + lanes <= words; w += lanes)
+    for (std::size_t l = 0; l < lanes; ++l)
       lane[l] = detail::hash_round(lane[l], detail::float_pair(p + 2 * (w + l)));
   for (; w < words; ++w)
-    lane[w % 4] = detail::hash_round(lane[w % 4], detail::float_pair(p + 2 * w));
+    lane[w % lanes] = detail::hash_round(lane[w % lanes], detail::float_pair(p + 2 * w));
   std::uint64_t h = detail::hash_round(detail::hash_k2, static_cast<std::uint64_t>(x.size()));
   if (x.size() % 2 != 0) h = detail::hash_round(h, std::bit_cast<std::uint32_t>(x.back()));
   for (auto v : lane)
