@@ -1,6 +1,6 @@
-// The soak test (label soak, dev suite only): every sync strategy for many steps on comm::local, 4 ranks,
-// each rank sleeping a seeded random number of microseconds before its steps, so that ranks arrive at every
-// exchange in ever different orders.
+// The soak test (label soak, dev suite only): every sync strategy (and synchronous also with a coded scheme
+// and with a sparsifier) for many steps on comm::local, 4 ranks, each rank sleeping a seeded random number of
+// microseconds before its steps, so that ranks arrive at every exchange in ever different orders.
 //
 // Checked for each strategy, driven through data_parallel with the replica guard on (every 50 steps):
 //   - replicas identical wherever the strategy promises it (the guard, plus a bit-for-bit comparison of the
@@ -14,6 +14,7 @@
 // COMMSGD_SOAK_STEPS overrides the steps per strategy (default 20000). The figures of each run are printed.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/select/exact.hpp>
 
 #include <doctest/doctest.h>
 
@@ -101,7 +102,10 @@ std::vector<std::vector<float>> soak(figures& f, data_parallel_options o, Grad g
   local_group(ranks).run([&](local& c) {
     const int me = c.rank();
     Dp dp(c, dim, o);
-    std::vector<float> x(dim), g(dim);
+    std::vector<float> x(dim);
+    // One gradient per block this rank computes (one block, the rank's own, unless the scheme is coded).
+    std::vector<std::vector<float>> grads(dp.my_blocks().size(), std::vector<float>(dim));
+    const std::vector<std::span<const float>> views(grads.begin(), grads.end());
     for (std::size_t i = 0; i < dim; ++i)
       x[i] = 0.5f - static_cast<float>(i % 7) * 0.125f;
     jitter wait(me, 20260);
@@ -110,8 +114,10 @@ std::vector<std::vector<float>> soak(figures& f, data_parallel_options o, Grad g
     if (dp.computes_gradients())
       for (int t = 0; t < f.steps; ++t) {
         wait();
-        grad(me, t, x, g);
-        dp.step(x, g, {.loss = 1.0 / (1.0 + 0.001 * t)}); // a falling loss moves the adaptive interval
+        for (std::size_t j = 0; j < grads.size(); ++j)
+          grad(static_cast<int>(dp.my_blocks()[j]), t, x, grads[j]);
+        // A falling loss moves the adaptive interval.
+        dp.step(x, coding::block_gradients(views), {.loss = 1.0 / (1.0 + 0.001 * t)});
         ++done;
         if (me == reader && t == f.steps / 10) f.rss_warm = resident_kib();
       }
@@ -150,6 +156,28 @@ TEST_CASE("soak: synchronous") {
   figures f{.name = "synchronous"};
   const auto finals =
       soak<data_parallel<policy::uncoded<>, policy::dense, policy::synchronous>>(f, {}, smooth_gradient);
+  identical(finals);
+  CHECK(f.checks == f.steps / 50 + 1);
+}
+
+TEST_CASE("soak: synchronous with CSSGD (r = 2, int32 sums)") {
+  figures f{.name = "synchronous, cssgd r = 2"};
+  data_parallel_options o;
+  o.redundancy = 2;
+  const auto finals =
+      soak<data_parallel<policy::cssgd<coding::int32_sum>, policy::dense, policy::synchronous>>(
+          f, o, smooth_gradient);
+  identical(finals);
+  CHECK(f.checks == f.steps / 50 + 1);
+}
+
+TEST_CASE("soak: synchronous with top-k and error feedback") {
+  figures f{.name = "synchronous, top_k 10 %"};
+  data_parallel_options o;
+  o.top_k.density = 0.1;
+  const auto finals =
+      soak<data_parallel<policy::uncoded<>, policy::top_k<select::exact>, policy::synchronous>>(
+          f, o, smooth_gradient);
   identical(finals);
   CHECK(f.checks == f.steps / 50 + 1);
 }
