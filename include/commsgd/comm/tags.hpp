@@ -16,8 +16,10 @@
 //
 // Automatic blocks are the same on every rank as long as every rank reserves and releases in the same order,
 // the rule collectives already impose: build and destroy components in the same order on every rank. Blocks
-// belong to one communicator object (a split, or a metered<> around it, is another object with its tags of
-// its own), and the object must outlive the components that reserved on it, as they require anyway.
+// belong to one communicator object, and the object must outlive the components that reserved on it, as they
+// require anyway. A split has a tag space of its own, so its own blocks are right; but a metered<> or
+// simulated<> around a communicator, or a copy of a comm::mpi (copies share one MPI_Comm), is another object
+// over the same tag space: build components that share traffic on the same object, or give tags by hand.
 #pragma once
 
 #include <commsgd/config.hpp>
