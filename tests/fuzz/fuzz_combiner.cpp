@@ -9,8 +9,7 @@
 //     of them holds the starting words combined with the missing segment only, bit for bit;
 //   - decoding the words of one segment equals accumulating its values directly (what every receiver
 //     relies on), and count_clipped counts exactly the values outside the representable range.
-// cssgd's own packet-size and padding checks sit inside its exchange (a private step after a broadcast), so
-// they are not reachable from a pure function; see README.md.
+// cssgd's packet-size and padding checks are decode_cssgd_packet's, fuzzed by fuzz_cssgd_packet.cpp.
 #include "fuzz_support.hpp"
 
 #include <commsgd/coding/combiner.hpp>
