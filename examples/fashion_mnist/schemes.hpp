@@ -7,6 +7,7 @@
 //   topk:<method>:<density>            SSGD on top-k sparsified gradients with error feedback, sparse
 //                                      all-gather (data_parallel with top-k as its sparsifier);
 //                                      method: exact, radix, laplace_bisect, hierarchical, sampled
+//   topk_ar:<method>:<density>         as topk, summed by the sparse all-reduce (schemes_allreduce.hpp)
 //   cssgd:<r>[:xor|int32]              coded SSGD with redundancy r (data_parallel over coding::cssgd)
 //   local:<H>                          local SGD, models averaged every H steps
 //   local_adaptive:<H0>[:<pull>]       local SGD with ADACOMM's shrinking interval and an elastic pull to
@@ -14,11 +15,16 @@
 //   partitioned[:<elements>[:<credit KiB>]]
 //                                      SSGD through sync::partitioned: per-layer partitions exchanged while
 //                                      the backward pass still runs (ByteScheduler / DDP buckets)
+//   powersgd:<r>                       SSGD on rank-r PowerSGD approximations (schemes_powersgd.hpp)
+//
+//   fp16[:ef], bf16[:ef], sign, qsgd:<s>[:ef], randomk:<density>
+//                                      SSGD with a compressor of commsgd/compress (schemes_compress.hpp)
 //
 // (asgd[:<j>] runs in trainer.hpp: a parameter server has no common step to put in this slot.)
 #pragma once
 
 #include "scheme.hpp"
+#include "schemes_compress.hpp"
 
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/error.hpp>
@@ -199,6 +205,8 @@ struct commsgd::policy::sparsifier_traits<fmnist::charged_top_k<Selector>> {
   }
 };
 
+#include "schemes_allreduce.hpp"
+
 namespace fmnist {
 
 // SSGD through sync::partitioned: the gradient is cut into partitions that never straddle a layer, and
@@ -307,6 +315,12 @@ inline std::vector<std::string> split_spec(const std::string& spec) {
   return parts;
 }
 
+} // namespace fmnist
+
+#include "schemes_powersgd.hpp" // after composed<>, which it uses
+
+namespace fmnist {
+
 // Builds a scheme from its name (see the list at the top of this file).
 template <class Comm>
 scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr,
@@ -375,11 +389,15 @@ scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr,
     o.credit_bytes = std::stoul(arg(2, "1024")) * 1024;
     return std::make_unique<partitioned_scheme<Comm>>(comm, layer_sizes, o);
   }
+  if (auto s = try_make_allreduce(p, spec, comm, lr, layer_sizes)) return s;
+  if (auto s = try_make_compress(p, spec, comm, lr, layer_sizes)) return s;
+  if (auto s = try_make_powersgd(p, spec, comm, lr, layer_sizes)) return s;
   throw commsgd::invalid_argument(
       "argument 'scheme' = '" + spec +
-      "' is not one of ring, allgather, topk:<method>:<density>, "
+      "' is not one of ring, allgather, topk:<method>:<density>, topk_ar:<method>:<density>, "
       "cssgd:<r>[:xor|int32], asgd[:<j>], local:<H>, local_adaptive:<H0>[:<pull>], "
-      "partitioned[:<elements>[:<credit KiB>]]");
+      "partitioned[:<elements>[:<credit KiB>]], fp16[:ef], bf16[:ef], sign, qsgd:<s>[:ef], "
+      "randomk:<density>, powersgd:<r>");
 }
 
 } // namespace fmnist

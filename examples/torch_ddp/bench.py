@@ -82,7 +82,8 @@ class CNN(torch.nn.Module):
 
 MODELS = {"mlp": mlp, "cnn": CNN}
 
-SCHEMES = ["ddp", "fp16", "bf16", "powersgd-r1", "powersgd-r2", "powersgd-r4",
+SCHEMES = ["ddp", "fp16", "bf16", "powersgd-r1", "powersgd-r2", "powersgd-r4", "commsgd-powersgd-r1",
+           "commsgd-powersgd-r2", "commsgd-powersgd-r4",
            "topk-laplace-1e-3", "topk-laplace-1e-2", "topk-radix-1e-3", "topk-radix-1e-2", "localsgd-h8"]
 
 
@@ -171,6 +172,12 @@ def train(rank, world, a, model_name, scheme):
                 return buf
             return fut.then(decompress)
         ddp.register_comm_hook(None, bf16_emulated)
+    elif scheme.startswith("commsgd-powersgd"):
+        # The same settings as PyTorch's rows, and PyTorch's initial Q for the same seed.
+        r = int(scheme.split("-r")[1])
+        state = commsgd_torch.PowerSGDState(matrix_approximation_rank=r, start_powerSGD_iter=WARMUP,
+                                            random_seed=a.seed)
+        ddp.register_comm_hook(state, commsgd_torch.powersgd_hook)
     elif scheme.startswith("powersgd"):
         install_counter(counter)
         r = int(scheme.split("-r")[1])
@@ -194,8 +201,8 @@ def train(rank, world, a, model_name, scheme):
         raise ValueError(f"unknown scheme {scheme}")
 
     def traffic():
-        return state.traffic() if isinstance(state, (commsgd_torch.TopKState, commsgd_torch.LocalSGD)) \
-            else counter.traffic()
+        ours = (commsgd_torch.TopKState, commsgd_torch.LocalSGD, commsgd_torch.PowerSGDState)
+        return state.traffic() if isinstance(state, ours) else counter.traffic()
 
     g = torch.Generator().manual_seed(a.seed + rank)
     steps_per_epoch = shard // a.batch
@@ -382,7 +389,8 @@ def write_goal(out, summary):
                 return min(reached, key=lambda r: num(r["t_target_1G_s"]))
             return max(cands, key=lambda r: num(r["final_acc"])) if cands else None
         picks = [("DDP allreduce", best(("ddp",))), ("fp16", best(("fp16",))),
-                 ("best PowerSGD", best(("powersgd",))), ("best commsgd", best(("topk", "localsgd")))]
+                 ("best PowerSGD", best(("powersgd",))), ("best commsgd", best(("topk", "localsgd"))),
+                 ("best commsgd PowerSGD", best(("commsgd-powersgd",)))]
         for label, r in picks:
             if r is not None:
                 lines.append(f"| {m} | {label}: {r['scheme']} | {num(r['final_acc']):.4f} | "

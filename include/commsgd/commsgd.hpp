@@ -13,4 +13,5 @@
 #include <commsgd/select/fit.hpp>
 #include <commsgd/select/select.hpp>
 #include <commsgd/sparsify/sparsify.hpp>
+#include <commsgd/state/stream.hpp>
 #include <commsgd/sync/sync.hpp>

@@ -24,9 +24,11 @@
 // such exchange. The object owns everything it built and may be moved; `comm` must outlive it.
 #pragma once
 
+#include <commsgd/checkpoint.hpp>
 #include <commsgd/coding/coding.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/local.hpp>
+#include <commsgd/compress/compress.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sparsify/sparsify.hpp>
@@ -36,6 +38,8 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <istream>
+#include <ostream>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -50,11 +54,20 @@ struct data_parallel_options {
   int redundancy = 1;                           // cssgd, uncoded_shuffle: [1, n]
   sparsify::top_k_options top_k{};              // top_k
   sparsify::exchange_options sparse_exchange{}; // every sparsifier: how its messages are summed
+  sparsify::allreduce_options sparse_allreduce{}; // top_k_allreduce: threshold refresh and path
+  compress::half_options half{};                // fp16, bf16
+  compress::random_k_options random_k{};        // random_k
+  compress::sign_options sign{};                // sign
+  compress::qsgd_options qsgd{};                // qsgd
+  compress::powersgd_options powersgd{};        // powersgd (rank, layer shapes)
   sync::local_sgd_options local_sgd{};          // local_sgd (its lr is replaced by `lr`)
   sync::async_ps_options async_ps{};            // async_ps (its lr is replaced by `lr`)
   sync::partitioned_options partitioned{};      // partitioned (its lr is replaced by `lr`)
   std::vector<std::size_t> layer_sizes;         // partitioned: sizes of the layers in forward order
-  std::int64_t replica_check_every = 0; // every strategy: replica guard period, 0 = off (replica_guard.hpp)
+
+  // Every strategy: check every this many steps that replicas which should be identical are, 0 = off
+  // (sync/replica_guard.hpp).
+  std::int64_t replica_check_every = 0;
 };
 
 namespace detail {
@@ -161,6 +174,7 @@ public:
       r = strategy_.step(params, blocks, reducer_, info);
     else
       r = strategy_.step(params, blocks[0], info);
+    ++steps_;
     guard_.after_step(strategy_, params, r);
     return r;
   }
@@ -177,6 +191,25 @@ public:
     guard_.after_finish(strategy_, params);
   }
   const sync::replica_guard<C>& replica_guard() const noexcept { return guard_; }
+
+  // Steps taken (restored by load).
+  std::uint64_t steps() const noexcept { return steps_; }
+
+  // Checkpoints (checkpoint.hpp): the composition's identity, the sparsifier's or compressor's state, the
+  // strategy's and the step count; the model is the trainer's. Every rank saves part::all, or rank 0
+  // part::shared and every rank part::local. After load, start(params) with the saved model goes on.
+  void save(std::ostream& os, state::part p = state::part::all) const {
+    checkpoint::detail::save<Coding, Sparsifier, Sync>(*this, os, p, comm_->size(), comm_->rank(), steps_);
+  }
+  void load(std::istream& is) {
+    steps_ = checkpoint::detail::load<Coding, Sparsifier, Sync>(*this, is, comm_->size(), comm_->rank());
+    guard_.resume(static_cast<std::int64_t>(steps_));
+  }
+  void load(std::istream& shared, std::istream& local) {
+    steps_ = checkpoint::detail::load<Coding, Sparsifier, Sync>(*this, shared, local, comm_->size(),
+                                                                comm_->rank());
+    guard_.resume(static_cast<std::int64_t>(steps_));
+  }
 
   // What the last step's exchange reported.
   const coding::exchange_result& last_coding() const noexcept {
@@ -197,7 +230,7 @@ private:
 
   template <class Options>
   data_parallel(C& comm, std::size_t length, const Options& o, built)
-      : length_(length), reducer_(make_reducer(comm, length, o)),
+      : comm_(&comm), length_(length), reducer_(make_reducer(comm, length, o)),
         strategy_(sync_traits::template make<C>(comm, length, o)), guard_(comm, o.replica_check_every) {}
 
   template <class Options>
@@ -221,9 +254,11 @@ private:
   static constexpr coding::exchange_result no_coding_{};
   static inline const sparsify::exchange_report no_sparse_{};
 
+  C* comm_;
   std::size_t length_;
   reducer_type reducer_;
   strategy_type strategy_;
+  std::uint64_t steps_ = 0;
   sync::replica_guard<C> guard_;
 };
 

@@ -4,6 +4,9 @@
     state = commsgd_torch.TopKState(model, density=0.01, selector="laplace_bisect")
     ddp.register_comm_hook(state, commsgd_torch.topk_hook)
 
+    ps = commsgd_torch.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=10)
+    ddp.register_comm_hook(ps, commsgd_torch.powersgd_hook)
+
     ls = commsgd_torch.LocalSGD(model, lr=0.1, period=8, warmup_steps=20)
     ddp.register_comm_hook(ls, commsgd_torch.local_sgd_hook)
     ...; optimizer.step(); ls.step(loss=loss.item())
@@ -21,8 +24,9 @@ import torch.distributed as dist
 
 from ._C import (CommError, CorruptData, Error, InvalidArgument, NonFinite, SizeMismatch, Unsupported)
 from . import _C
+from .powersgd import PowerSGDState, powersgd_hook
 
-__all__ = ["TopKState", "topk_hook", "LocalSGD", "local_sgd_hook", "Error", "InvalidArgument", "NonFinite",
+__all__ = ["TopKState", "topk_hook", "LocalSGD", "local_sgd_hook", "PowerSGDState", "powersgd_hook", "Error", "InvalidArgument", "NonFinite",
            "SizeMismatch", "CommError", "CorruptData", "Unsupported", "SELECTORS"]
 
 SELECTORS = ("exact", "radix", "laplace_bisect", "hierarchical", "sampled")

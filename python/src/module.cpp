@@ -1,7 +1,7 @@
 // commsgd_torch._C: the library behind the DDP communication hooks (python/commsgd_torch/__init__.py).
 //
-// Two states, each over its own comm::metered<comm::process_group>, so a script reads the bytes this rank
-// sent and received:
+// Two states here (PowerSGD's is in powersgd.cpp), each over its own comm::metered<comm::process_group>,
+// so a script reads the bytes this rank sent and received:
 //   topk      top-k with error feedback per DDP bucket, the sparse exchange (with its dense fallback), DGC
 //             momentum correction and warm-up, dense warm-up iterations, state save/load.
 //   local_sgd sync::local_sgd for a trainer whose optimizer is torch's: the hook averages gradients during
@@ -441,6 +441,8 @@ private:
 
 } // namespace
 
+void bind_powersgd(py::module_& m); // powersgd.cpp
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "commsgd's communication-efficient exchanges behind DDP communication hooks";
   py::module::import("torch.distributed");
@@ -482,4 +484,6 @@ PYBIND11_MODULE(_C, m) {
       .def("steps", &local_sgd_state::steps)
       .def("traffic", &local_sgd_state::traffic)
       .def("reset_traffic", &local_sgd_state::reset_traffic);
+
+  bind_powersgd(m);
 }

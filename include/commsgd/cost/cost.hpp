@@ -1,7 +1,10 @@
 // Analytic per-node byte and time models of every exchange.
 #pragma once
 
+#include <commsgd/cost/compress.hpp>
+#include <commsgd/cost/powersgd.hpp>
 #include <commsgd/cost/redundancy.hpp>
 #include <commsgd/cost/sparse.hpp>
+#include <commsgd/cost/sparse_allreduce.hpp>
 #include <commsgd/cost/time.hpp>
 #include <commsgd/cost/traffic.hpp>

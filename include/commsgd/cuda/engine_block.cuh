@@ -39,6 +39,26 @@ __device__ inline void clear_histograms(u32* s_hist, u32* s_edge, u32 bins) {
   }
 }
 
+// Keys below a window pass's window all land in its bin 0, and they are nearly all of the input: counted in
+// registers and added once per warp, they never queue on one shared counter (32 lanes incrementing the same
+// shared word are serialised). flush() is called by every thread of the block, converged, after the pass.
+struct below_window {
+  u32 keys = 0;
+  u32 edges = 0;
+  __device__ void add(u32 key, u32 low_mask) {
+    ++keys;
+    edges += (key & low_mask) == 0;
+  }
+  __device__ void flush(u32* s_hist, u32* s_edge) const {
+    const u32 k = __reduce_add_sync(0xffffffffu, keys);
+    const u32 e = __reduce_add_sync(0xffffffffu, edges);
+    if ((threadIdx.x & 31u) == 0) {
+      if (k) atomicAdd(&s_hist[0], k);
+      if (e) atomicAdd(&s_edge[0], e);
+    }
+  }
+};
+
 __device__ inline void count_key(u32* s_hist, u32* s_edge, u32 bin, u32 key, u32 low_mask) {
   atomicAdd(&s_hist[bin], 1u);
   if ((key & low_mask) == 0) atomicAdd(&s_edge[bin], 1u);

@@ -116,12 +116,18 @@ __global__ void __launch_bounds__(block_threads)
   u64* const count = &st->cand_count[0];
   clear_histograms(s_hist, s_edge, hist_bins);
   __syncthreads();
+  below_window below;
   for_each_input(x, st->n, [&](u32 key, u64 i) {
     if (track_nonfinite && key >= select::infinite_key) note_nonfinite(st, i);
     const u32 b = window_bin(key, w);
-    count_key(s_hist, s_edge, b, key, low_mask);
-    if (write && b != 0) append_key(cand0, count, cap, key, &st->overflow);
+    if (b == 0) {
+      below.add(key, low_mask);
+    } else {
+      count_key(s_hist, s_edge, b, key, low_mask);
+      if (write) append_key(cand0, count, cap, key, &st->overflow);
+    }
   });
+  below.flush(s_hist, s_edge);
   crossing c;
   if (!last_block_crossing(s_hist, s_edge, hist_bins, g_hist, g_edge, st, c)) return;
   if (threadIdx.x == 0) {

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace commsgd::inline v1::sparsify {
@@ -56,6 +57,56 @@ enum class message_problem : std::uint64_t {
   non_finite = 4,  // a value is NaN or inf; the count rides in the upper bits of the code
 };
 
+// Checks one rank's message before it is announced; `where` receives the position of the problem.
+template <sparse_index Index>
+message_problem inspect_message(const sparse_view<Index>& m, std::span<float> out, std::uint64_t& where) {
+  where = 0;
+  if (out.size() != m.length) {
+    where = out.size();
+    return message_problem::output_size;
+  }
+  if (m.indices.size() != m.values.size()) {
+    where = m.values.size();
+    return message_problem::ragged;
+  }
+  for (std::size_t j = 0; j < m.indices.size(); ++j)
+    if (static_cast<std::uint64_t>(m.indices[j]) >= m.length || (j > 0 && m.indices[j] <= m.indices[j - 1])) {
+      where = j;
+      return message_problem::bad_index;
+    }
+  std::uint64_t bad = 0;
+  for (std::size_t j = 0; j < m.values.size(); ++j)
+    if (!is_finite_bits(m.values[j]) && bad++ == 0) where = j;
+  if (bad > 0)
+    return static_cast<message_problem>(static_cast<std::uint64_t>(message_problem::non_finite) | (bad << 8));
+  return message_problem::none;
+}
+
+// Turns rank r's verdict on its own message (h = pair count, length, problem code, position) into the same
+// exception on every rank.
+inline void raise_message_problem(int r, int me, const std::uint64_t* h) {
+  const auto code = static_cast<message_problem>(h[2] & 0xff);
+  const std::string who = r == me ? std::string("this rank's") : commsgd::detail::concat("rank ", r, "'s");
+  switch (code) {
+  case message_problem::none:
+    return;
+  case message_problem::output_size:
+    throw size_mismatch(commsgd::detail::concat("sparse exchange: ", who, " argument 'out' has ", h[3],
+                                                " elements, its message's length is ", h[1]));
+  case message_problem::ragged:
+    throw size_mismatch(commsgd::detail::concat("sparse exchange: ", who, " message has ", h[0],
+                                                " indices but ", h[3], " values"));
+  case message_problem::bad_index:
+    throw invalid_argument(
+        commsgd::detail::concat("sparse exchange: ", who, " message argument 'indices' at position ", h[3],
+                                " is out of range [0, ", h[1], ") or not strictly rising"));
+  case message_problem::non_finite:
+    throw non_finite(who + " sparse message values", h[2] >> 8, h[3]);
+  }
+  throw corrupt_data(
+      commsgd::detail::concat("sparse exchange: rank ", r, " sent an unknown header code ", h[2]));
+}
+
 } // namespace detail
 
 template <sparse_index Index = std::uint32_t>
@@ -69,8 +120,9 @@ public:
   template <comm::communicator C>
   exchange_report sum(C& c, sparse_view<Index> mine, std::span<float> out) {
     const int n = c.size();
-    std::array<std::uint64_t, cost::sparse_header_fields> header{
-        mine.size(), mine.length, static_cast<std::uint64_t>(inspect(mine, out)), where_};
+    const auto problem = detail::inspect_message(mine, out, where_);
+    std::array<std::uint64_t, cost::sparse_header_fields> header{mine.size(), mine.length,
+                                                                 static_cast<std::uint64_t>(problem), where_};
     headers_.resize(header.size() * static_cast<std::size_t>(n));
     c.all_gather(std::span<const std::uint64_t>(header), std::span<std::uint64_t>(headers_));
     exchange_report rep;
@@ -78,7 +130,7 @@ public:
     const std::uint64_t length = headers_[1];
     for (int r = 0; r < n; ++r) {
       const auto* h = headers_.data() + header.size() * static_cast<std::size_t>(r);
-      raise(r, c.rank(), h);
+      detail::raise_message_problem(r, c.rank(), h);
       if (h[1] != length)
         throw size_mismatch(
             commsgd::detail::concat("sparse exchange: ranks disagree on the message 'length' (rank 0 has ",
@@ -126,57 +178,6 @@ public:
   }
 
 private:
-  detail::message_problem inspect(const sparse_view<Index>& m, std::span<float> out) {
-    using detail::message_problem;
-    where_ = 0;
-    if (out.size() != m.length) {
-      where_ = out.size();
-      return message_problem::output_size;
-    }
-    if (m.indices.size() != m.values.size()) {
-      where_ = m.values.size();
-      return message_problem::ragged;
-    }
-    for (std::size_t j = 0; j < m.indices.size(); ++j)
-      if (static_cast<std::uint64_t>(m.indices[j]) >= m.length ||
-          (j > 0 && m.indices[j] <= m.indices[j - 1])) {
-        where_ = j;
-        return message_problem::bad_index;
-      }
-    std::uint64_t bad = 0;
-    for (std::size_t j = 0; j < m.values.size(); ++j)
-      if (!detail::is_finite_bits(m.values[j]) && bad++ == 0) where_ = j;
-    if (bad > 0)
-      return static_cast<message_problem>(static_cast<std::uint64_t>(message_problem::non_finite) |
-                                          (bad << 8));
-    return message_problem::none;
-  }
-
-  // Turns rank r's header verdict into the same exception on every rank.
-  static void raise(int r, int me, const std::uint64_t* h) {
-    using detail::message_problem;
-    const auto code = static_cast<message_problem>(h[2] & 0xff);
-    const std::string who = r == me ? std::string("this rank's") : commsgd::detail::concat("rank ", r, "'s");
-    switch (code) {
-    case message_problem::none:
-      return;
-    case message_problem::output_size:
-      throw size_mismatch(commsgd::detail::concat("sparse exchange: ", who, " argument 'out' has ", h[3],
-                                                  " elements, its message's length is ", h[1]));
-    case message_problem::ragged:
-      throw size_mismatch(commsgd::detail::concat("sparse exchange: ", who, " message has ", h[0],
-                                                  " indices but ", h[3], " values"));
-    case message_problem::bad_index:
-      throw invalid_argument(
-          commsgd::detail::concat("sparse exchange: ", who, " message argument 'indices' at position ", h[3],
-                                  " is out of range [0, ", h[1], ") or not strictly rising"));
-    case message_problem::non_finite:
-      throw non_finite(who + " sparse message values", h[2] >> 8, h[3]);
-    }
-    throw corrupt_data(
-        commsgd::detail::concat("sparse exchange: rank ", r, " sent an unknown header code ", h[2]));
-  }
-
   exchange_options opt_;
   std::uint64_t where_ = 0;
   std::vector<std::uint64_t> headers_;

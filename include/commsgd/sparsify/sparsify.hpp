@@ -1,6 +1,10 @@
-// Everything in sparsify/: the concept, none, top_k with error feedback, sparse_vector and the exchange.
+// Everything in sparsify/: the concept, none, top_k with error feedback, sparse_vector, the all-gather
+// exchange and the sparse all-reduce.
 #pragma once
 
+#include <commsgd/sparsify/allreduce.hpp>
+#include <commsgd/sparsify/allreduce_policy.hpp>
+#include <commsgd/sparsify/allreduce_reducer.hpp>
 #include <commsgd/sparsify/exchange.hpp>
 #include <commsgd/sparsify/finite.hpp>
 #include <commsgd/sparsify/none.hpp>

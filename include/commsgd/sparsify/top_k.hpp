@@ -29,6 +29,7 @@
 #include <commsgd/sparsify/state_io.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -167,6 +168,27 @@ public:
     if (has_momentum()) momentum_.swap(work_u_);
     ++steps_;
     return sent_.view();
+  }
+
+  // Takes back values of the last message that the exchange did not apply (a sparse all-reduce keeps only
+  // the global top-k of the sums): residual[indices[j]] += values[j]. A sent position holds +0 after the
+  // step, so the value comes back with its exact bits (a -0 is copied, not added, to keep its sign); under
+  // momentum correction it returns to v, and u stays masked where it was sent. Every index must be below
+  // length() and every value finite; all are checked before anything changes.
+  void restore_unsent(std::span<const Index> indices, std::span<const float> values) {
+    if (indices.size() != values.size())
+      throw size_mismatch(commsgd::detail::concat("argument 'indices' holds ", indices.size(),
+                                                  " entries but 'values' holds ", values.size()));
+    for (std::size_t j = 0; j < indices.size(); ++j)
+      if (static_cast<std::uint64_t>(indices[j]) >= length_)
+        throw invalid_argument(commsgd::detail::concat("argument 'indices' at position ", j, " = ",
+                                                       indices[j], " is outside the allowed range [0, ",
+                                                       length_, ")"));
+    detail::throw_non_finite(values, "returned values");
+    for (std::size_t j = 0; j < indices.size(); ++j) {
+      float& e = residual_[static_cast<std::size_t>(indices[j])];
+      e = std::bit_cast<std::uint32_t>(e) == 0 ? values[j] : e + values[j];
+    }
   }
 
   // Forgets everything held back, as at construction.

@@ -29,6 +29,16 @@
 // header worker -> server (pull, push + its gradient on the next tag, done); server -> worker a version and
 // the parameters. Headers go first so that a large gradient never waits on a receive the server has not
 // posted.
+//
+// Checkpoints (sync/state.hpp): the options are the shared part (a stream saved under others is refused);
+// the rest belongs to one rank. The server's local part is its model, version, arrival count, every
+// worker's push count (what the staleness bound compares) and its log; a worker's is the version it last
+// pulled. The server's state only moves inside finish(), so a consistent checkpoint of the whole group is
+// taken after finish() on every rank: then every pushed gradient has been applied and every worker holds
+// the final model. Loading those streams into fresh objects and calling start() again (the server hands its
+// loaded model into params; workers pull it) continues where the run stopped: the same object would reach
+// the same server state from the same deliveries in the same order. The same objects may also simply
+// start() again after finish(); push counts and versions carry on.
 #pragma once
 
 #include <commsgd/comm/archetype.hpp>
@@ -38,15 +48,20 @@
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/sgd.hpp>
+#include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <istream>
 #include <limits>
 #include <optional>
+#include <ostream>
 #include <span>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -126,6 +141,57 @@ public:
   int rank() const { return comm_->rank(); }
 
 protected:
+  // What either role parses from a stream before committing it.
+  struct saved {
+    bool server = false;
+    bool started = false;
+    std::int64_t version = 0;
+    std::uint64_t dim = 0;            // worker
+    std::vector<float> model;         // server
+    std::int64_t arrivals = 0;        // server
+    std::vector<std::int64_t> pushes; // server: per worker, in rank order
+    std::vector<applied_update> log;  // server
+  };
+  static constexpr const char* state_kind = "sync::async_ps";
+  int state_group_size() const { return comm_->size(); }
+  int state_rank() const { return comm_->rank(); }
+
+  // The shared part: the options that decide the trajectory (tag_base and keep_log do not).
+  void save_shared(state::detail::state_writer& w) const {
+    w.put<float>(opt_.lr);
+    w.put<std::int32_t>(opt_.server);
+    w.put<std::int32_t>(opt_.apply_after);
+    w.put<std::uint32_t>(opt_.staleness_scaling ? 1u : 0u);
+    w.put<std::int32_t>(opt_.staleness_bound);
+  }
+  void parse_shared(state::detail::state_reader& r) const {
+    using state::detail::expect_same;
+    const float lr = r.get<float>();
+    if (std::bit_cast<std::uint32_t>(lr) != std::bit_cast<std::uint32_t>(opt_.lr))
+      throw corrupt_data(
+          commsgd::detail::concat("saved state: option 'lr' is ", lr, ", this one's is ", opt_.lr));
+    expect_same(r.get<std::int32_t>(), opt_.server, "option 'server'");
+    expect_same(r.get<std::int32_t>(), opt_.apply_after, "option 'apply_after'");
+    expect_same(r.get<std::uint32_t>(), opt_.staleness_scaling ? 1u : 0u,
+                "option 'staleness_scaling' (1 on, 0 off)");
+    expect_same(r.get<std::int32_t>(), opt_.staleness_bound, "option 'staleness_bound'");
+  }
+  // The start of the local part: which role saved it.
+  bool parse_role(state::detail::state_reader& r, bool server) const {
+    const auto role = r.get<std::uint32_t>();
+    if (role > 1)
+      throw corrupt_data(
+          commsgd::detail::concat("saved state: role ", role, " is neither 0 (worker) nor 1 (server)"));
+    if ((role == 1) != server)
+      throw corrupt_data(commsgd::detail::concat(
+          "saved state: saved by ", role == 1 ? "the parameter server" : "a worker", ", while rank ",
+          comm_->rank(), " is ", server ? "the server" : "a worker"));
+    const auto started = r.get<std::uint32_t>();
+    if (started > 1)
+      throw corrupt_data(commsgd::detail::concat("saved state: started = ", started, " is neither 0 nor 1"));
+    return started == 1;
+  }
+
   C* comm_;
   async_ps_options opt_;
   comm::tag_lease tags_;
@@ -201,8 +267,45 @@ public:
     unpulled_push_ = false;
   }
 
+  // Checkpoints: every rank saves part::all, or rank 0 part::shared and every rank part::local. Not between
+  // a push and its pull (the server holds the gradient, not yet applied).
+  void save(std::ostream& os, state::part p = state::part::all) const {
+    detail::state_access::save(*this, os, p);
+  }
+  void load(std::istream& is) { detail::state_access::load(*this, is); }
+  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
+
 private:
+  friend struct detail::state_access;
+  template <comm::communicator>
+  friend class async_ps;
+  using typename base::saved;
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+  void save_section(state::detail::state_writer& w, state::part which) const {
+    if (which == state::part::shared) return this->save_shared(w);
+    if (unpulled_push_)
+      throw invalid_argument("async_ps::save: a push is waiting for its pull; save after step() or finish()");
+    w.put<std::uint32_t>(0u);
+    w.put<std::uint32_t>(started_ ? 1u : 0u);
+    w.put<std::int64_t>(version_);
+    w.put<std::uint64_t>(dim_);
+  }
+  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
+    if (which == state::part::shared) return this->parse_shared(r);
+    t.server = false;
+    t.started = this->parse_role(r, false);
+    t.version = r.get<std::int64_t>();
+    t.dim = r.get<std::uint64_t>();
+    if (t.version < 0)
+      throw corrupt_data(commsgd::detail::concat("saved state: version ", t.version, " is negative"));
+  }
+  void commit(saved&& t) noexcept {
+    started_ = t.started;
+    version_ = t.version;
+    dim_ = static_cast<std::size_t>(t.dim);
+    unpulled_push_ = false;
+  }
 
   void send_header(std::int32_t kind) {
     const header h{kind, 0, version_};
@@ -235,12 +338,19 @@ public:
       throw invalid_argument(commsgd::detail::concat("async_ps_server: rank ", c.rank(),
                                                      " is not the server (options 'server' = ", opt_.server,
                                                      "); make an async_ps_worker there"));
+    pushes_.assign(static_cast<std::size_t>(c.size() - 1), 0);
   }
 
   bool computes_gradients() const { return false; }
   bool is_server() const { return true; }
 
   void start(std::span<float> params) {
+    // A loaded server that had started hands out its model: the run goes on from there.
+    if (std::exchange(resumed_, false) && started_) {
+      detail::check_same_size("params", params.size(), model_.size());
+      std::copy(model_.begin(), model_.end(), params.begin());
+      return;
+    }
     model_.assign(params.begin(), params.end());
     started_ = true;
   }
@@ -259,8 +369,90 @@ public:
 
   // Every applied gradient in the order applied.
   const std::vector<applied_update>& log() const { return log_; }
+  // How many gradients each worker (in rank order, the server left out) has pushed so far.
+  const std::vector<std::int64_t>& pushes() const { return pushes_; }
+  const std::vector<float>& model() const { return model_; }
+
+  // Checkpoints: every rank saves part::all, or rank 0 part::shared and every rank part::local; the server
+  // saves before start() or after finish() (it serves only inside finish()).
+  void save(std::ostream& os, state::part p = state::part::all) const {
+    detail::state_access::save(*this, os, p);
+  }
+  void load(std::istream& is) { detail::state_access::load(*this, is); }
+  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
 
 private:
+  friend struct detail::state_access;
+  template <comm::communicator>
+  friend class async_ps;
+  using typename base::saved;
+
+  void save_section(state::detail::state_writer& w, state::part which) const {
+    if (which == state::part::shared) return this->save_shared(w);
+    w.put<std::uint32_t>(1u);
+    w.put<std::uint32_t>(started_ ? 1u : 0u);
+    w.put<std::int64_t>(version_);
+    w.put_array(std::span<const float>(model_));
+    w.put<std::int64_t>(arrivals_);
+    w.put_array(std::span<const std::int64_t>(pushes_));
+    w.put<std::uint64_t>(log_.size());
+    for (const auto& u : log_) {
+      w.put<std::int32_t>(u.worker);
+      w.put<std::int64_t>(u.step);
+      w.put<std::int64_t>(u.computed_on);
+      w.put<std::int64_t>(u.applied_at);
+      w.put<std::int64_t>(u.staleness);
+      w.put<std::int64_t>(u.arrival);
+      w.put<float>(u.factor);
+    }
+  }
+  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
+    if (which == state::part::shared) return this->parse_shared(r);
+    t.server = true;
+    t.started = this->parse_role(r, true);
+    t.version = r.get<std::int64_t>();
+    t.model = r.get_vector<float>();
+    t.arrivals = r.get<std::int64_t>();
+    t.pushes.resize(pushes_.size());
+    r.get_array(std::span<std::int64_t>(t.pushes), "push counts");
+    const auto entries = r.get<std::uint64_t>();
+    // An entry takes 48 bytes; a count the stream cannot hold is refused before anything is allocated.
+    if (entries > r.remaining() / 48)
+      throw corrupt_data("saved state: a field runs past the end of the stream");
+    t.log.resize(static_cast<std::size_t>(entries));
+    for (auto& u : t.log) {
+      u.worker = r.get<std::int32_t>();
+      u.step = r.get<std::int64_t>();
+      u.computed_on = r.get<std::int64_t>();
+      u.applied_at = r.get<std::int64_t>();
+      u.staleness = r.get<std::int64_t>();
+      u.arrival = r.get<std::int64_t>();
+      u.factor = r.get<float>();
+      if (u.worker < 0 || u.worker >= comm_->size() || u.worker == opt_.server)
+        throw corrupt_data(commsgd::detail::concat("saved state: a log entry names worker ", u.worker));
+    }
+    std::int64_t total = 0;
+    for (const auto p : t.pushes) {
+      if (p < 0)
+        throw corrupt_data(commsgd::detail::concat("saved state: a push count of ", p, " is negative"));
+      total += p;
+    }
+    if (t.version < 0 || t.arrivals != total || t.version > t.arrivals)
+      throw corrupt_data(commsgd::detail::concat("saved state: version ", t.version, ", ", t.arrivals,
+                                                 " arrivals and ", total,
+                                                 " pushes disagree (0 <= version <= arrivals = pushes)"));
+    if (t.started && t.model.empty()) throw corrupt_data("saved state: a started server without a model");
+  }
+  void commit(saved&& t) noexcept {
+    started_ = t.started;
+    version_ = t.version;
+    model_ = std::move(t.model);
+    arrivals_ = t.arrivals;
+    pushes_ = std::move(t.pushes);
+    log_ = std::move(t.log);
+    resumed_ = true;
+  }
+
   // Bookkeeping for one worker.
   struct peer {
     int rank = 0;
@@ -383,12 +575,16 @@ private:
     for (int r = 0; r < comm_->size(); ++r)
       if (r != opt_.server) peers_.emplace_back().rank = r;
     active_ = static_cast<int>(peers_.size());
+    for (std::size_t i = 0; i < peers_.size(); ++i)
+      peers_[i].pushes = pushes_[i];
     for (auto& p : peers_)
       post(p);
     detail::poll_until([&] { return active_ == 0; }, [&] { return serve_once(); },
                        std::chrono::microseconds(100));
     while (try_apply()) {
     }
+    for (std::size_t i = 0; i < peers_.size(); ++i)
+      pushes_[i] = peers_[i].pushes;
     for (auto& p : peers_)
       reply(p);
   }
@@ -398,7 +594,9 @@ private:
   std::deque<peer*> queue_;
   int active_ = 0;
   std::int64_t arrivals_ = 0;
+  std::vector<std::int64_t> pushes_; // per worker, carried from one finish() to the next
   std::vector<applied_update> log_;
+  bool resumed_ = false;
 };
 
 // This rank's role, chosen by options::server: the form data_parallel<..., policy::async_ps> holds.
@@ -440,6 +638,14 @@ public:
     return std::visit([](const auto& r) { return r.workers(); }, role_);
   }
 
+  // Checkpoints: every rank saves part::all, or rank 0 part::shared and every rank part::local (see the
+  // roles for when).
+  void save(std::ostream& os, state::part p = state::part::all) const {
+    detail::state_access::save(*this, os, p);
+  }
+  void load(std::istream& is) { detail::state_access::load(*this, is); }
+  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
+
   // The role itself, for what only one of them offers.
   server_type* server() noexcept { return std::get_if<server_type>(&role_); }
   worker_type* worker() noexcept { return std::get_if<worker_type>(&role_); }
@@ -449,6 +655,25 @@ private:
     detail::async_ps_wire<C>::validate(c, o);
     if (c.rank() == o.server) return server_type(c, o);
     return worker_type(c, o);
+  }
+
+  friend struct detail::state_access;
+  using saved = typename server_type::saved;
+  static constexpr const char* state_kind = server_type::state_kind;
+  int state_group_size() const {
+    return std::visit([](const auto& r) { return r.state_group_size(); }, role_);
+  }
+  int state_rank() const {
+    return std::visit([](const auto& r) { return r.state_rank(); }, role_);
+  }
+  void save_section(state::detail::state_writer& w, state::part which) const {
+    std::visit([&](const auto& r) { r.save_section(w, which); }, role_);
+  }
+  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
+    std::visit([&](const auto& x) { x.parse_section(r, which, t); }, role_);
+  }
+  void commit(saved&& t) noexcept {
+    std::visit([&](auto& r) { r.commit(std::move(t)); }, role_);
   }
 
   worker_type& worker(const char* what) {

@@ -19,6 +19,13 @@
 //               averaging);
 //   every_step  after every local step x <- x - alpha (x - x_global), x_global the last common model; at
 //               sync points x <- x_avg as usual.
+//
+// Checkpoints (sync/state.hpp): everything that decides the trajectory is shared by every rank (the step
+// counter, the current interval and the next sync point, ADACOMM's F_0 and lr_0, the learning rate, the last
+// common model of every_step correction); the options are saved too and a stream saved under other options
+// is refused. The local models themselves are the trainer's `params`, saved by the trainer. After load()
+// call start() with each rank's own saved model: a loaded strategy's start() does not broadcast, since
+// between sync points the replicas differ on purpose.
 #pragma once
 
 #include <commsgd/comm/archetype.hpp>
@@ -27,14 +34,19 @@
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/exchange.hpp>
 #include <commsgd/sync/sgd.hpp>
+#include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <istream>
 #include <limits>
+#include <ostream>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace commsgd::inline v1::sync {
@@ -88,6 +100,13 @@ public:
   }
 
   void start(std::span<float> params) {
+    // A state saved before start() holds no common model yet: that start still has to agree on one.
+    if (std::exchange(resumed_, false) &&
+        !(opt_.correction == correction_mode::every_step && global_.empty())) {
+      if (opt_.correction == correction_mode::every_step)
+        detail::check_same_size("params", params.size(), global_.size());
+      return;
+    }
     comm_->broadcast(params, 0);
     if (opt_.correction == correction_mode::every_step) global_.assign(params.begin(), params.end());
   }
@@ -139,7 +158,111 @@ public:
       x[i] = x[i] - alpha * (x[i] - target[i]);
   }
 
+  // Checkpoints: every rank saves part::all, or rank 0 part::shared and every rank part::local.
+  void save(std::ostream& os, state::part p = state::part::all) const {
+    detail::state_access::save(*this, os, p);
+  }
+  void load(std::istream& is) { detail::state_access::load(*this, is); }
+  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
+
 private:
+  friend struct detail::state_access;
+  static constexpr const char* state_kind = "sync::local_sgd";
+  struct saved {
+    float lr = 0.0f;
+    std::int64_t step = 0, next_sync = 0;
+    int period = 1;
+    bool local_steps = false, have_first = false;
+    double first_loss = 0.0;
+    float first_lr = 0.0f;
+    double last_loss = 0.0;
+    std::vector<float> global;
+  };
+  int state_group_size() const { return comm_->size(); }
+  int state_rank() const { return comm_->rank(); }
+
+  void save_section(state::detail::state_writer& w, state::part which) const {
+    if (which != state::part::shared) return;
+    w.put<std::int32_t>(opt_.period);
+    w.put<std::int32_t>(opt_.warmup_steps);
+    w.put<std::uint32_t>(opt_.adaptive ? 1u : 0u);
+    w.put<std::int32_t>(opt_.max_period);
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(opt_.correction));
+    w.put<float>(opt_.alpha);
+    w.put<std::uint32_t>(opt_.average_on_finish ? 1u : 0u);
+    w.put<float>(opt_.lr);
+    w.put<std::int64_t>(step_);
+    w.put<std::int64_t>(next_sync_);
+    w.put<std::int32_t>(period_);
+    w.put<std::uint32_t>(local_steps_ ? 1u : 0u);
+    w.put<std::uint32_t>(have_first_ ? 1u : 0u);
+    w.put<double>(first_loss_);
+    w.put<float>(first_lr_);
+    w.put<double>(last_loss_);
+    w.put_array(std::span<const float>(global_));
+  }
+
+  static bool saved_flag(state::detail::state_reader& r, const char* what) {
+    const auto v = r.get<std::uint32_t>();
+    if (v > 1)
+      throw corrupt_data(commsgd::detail::concat("saved state: ", what, " = ", v, " is neither 0 nor 1"));
+    return v == 1;
+  }
+
+  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
+    using state::detail::expect_same;
+    if (which != state::part::shared) return;
+    expect_same(r.get<std::int32_t>(), opt_.period, "option 'period'");
+    expect_same(r.get<std::int32_t>(), opt_.warmup_steps, "option 'warmup_steps'");
+    expect_same(saved_flag(r, "option 'adaptive'"), opt_.adaptive, "option 'adaptive'");
+    expect_same(r.get<std::int32_t>(), opt_.max_period, "option 'max_period'");
+    expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(opt_.correction),
+                "option 'correction' (0 none, 1 at_sync, 2 every_step)");
+    const float alpha = r.get<float>();
+    if (std::bit_cast<std::uint32_t>(alpha) != std::bit_cast<std::uint32_t>(opt_.alpha))
+      throw corrupt_data(
+          commsgd::detail::concat("saved state: option 'alpha' is ", alpha, ", this one's is ", opt_.alpha));
+    expect_same(saved_flag(r, "option 'average_on_finish'"), opt_.average_on_finish,
+                "option 'average_on_finish'");
+    t.lr = detail::saved_learning_rate(r);
+    t.step = r.get<std::int64_t>();
+    t.next_sync = r.get<std::int64_t>();
+    t.period = r.get<std::int32_t>();
+    t.local_steps = saved_flag(r, "local steps since the last sync");
+    t.have_first = saved_flag(r, "first sync point seen");
+    t.first_loss = r.get<double>();
+    t.first_lr = r.get<float>();
+    t.last_loss = r.get<double>();
+    t.global = r.get_vector<float>();
+    if (t.step < 0 || t.next_sync < t.step)
+      throw corrupt_data(commsgd::detail::concat("saved state: step ", t.step, " and next sync step ",
+                                                 t.next_sync, " are out of order (0 <= step <= next sync)"));
+    const int top = opt_.adaptive ? opt_.max_period : opt_.period;
+    if (t.period < 1 || t.period > top || (!opt_.adaptive && t.period != opt_.period))
+      throw corrupt_data(commsgd::detail::concat("saved state: current period ", t.period,
+                                                 " is outside the allowed range [1, ", top, "]"));
+    if (t.have_first && (!std::isfinite(t.first_loss) || !(t.first_lr > 0.0f) || !std::isfinite(t.first_lr)))
+      throw corrupt_data(commsgd::detail::concat("saved state: the first sync point's loss ", t.first_loss,
+                                                 " and learning rate ", t.first_lr, " are not usable"));
+    if (opt_.correction != correction_mode::every_step && !t.global.empty())
+      throw corrupt_data(commsgd::detail::concat("saved state: holds a common model of ", t.global.size(),
+                                                 " values, which only every_step correction keeps"));
+  }
+
+  void commit(saved&& t) noexcept {
+    opt_.lr = t.lr;
+    step_ = t.step;
+    next_sync_ = t.next_sync;
+    period_ = t.period;
+    local_steps_ = t.local_steps;
+    have_first_ = t.have_first;
+    first_loss_ = t.first_loss;
+    first_lr_ = t.first_lr;
+    last_loss_ = t.last_loss;
+    global_ = std::move(t.global);
+    resumed_ = true;
+  }
+
   void pull_toward(std::span<float> x, std::span<const float> target) const noexcept {
     pull_toward(x, target, opt_.alpha);
   }
@@ -199,6 +322,7 @@ private:
   double first_loss_ = 0.0;
   float first_lr_ = 0.0f;
   double last_loss_ = std::numeric_limits<double>::quiet_NaN();
+  bool resumed_ = false;
 };
 
 static_assert(sync_strategy<local_sgd<comm::archetype>>);

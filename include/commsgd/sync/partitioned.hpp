@@ -30,6 +30,11 @@
 // Result: the sum of every element is taken in rank order, the same order as comm::local's all_reduce_sum
 // and ordered_exchange, and the update is the shared apply_mean_sum, so the model equals sync::synchronous
 // over either of those bit for bit.
+//
+// Checkpoints (sync/state.hpp): the schedule (layer sizes and partition size, which fix every partition and
+// its owner) is saved and a stream of another schedule is refused; the state is the step counter and the
+// learning rate, shared by every rank. Saving inside an open step is refused. After load() call start()
+// with the model saved alongside; a loaded strategy's start() does not broadcast.
 #pragma once
 
 #include <commsgd/comm/archetype.hpp>
@@ -39,13 +44,16 @@
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/sgd.hpp>
+#include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <istream>
 #include <limits>
+#include <ostream>
 #include <set>
 #include <span>
 #include <tuple>
@@ -145,6 +153,7 @@ public:
 
   void start(std::span<float> params) {
     detail::check_same_size("params", params.size(), dim_);
+    if (std::exchange(resumed_, false)) return;
     comm_->broadcast(params, 0);
   }
 
@@ -232,7 +241,52 @@ public:
     opt_.lr = lr;
   }
 
+  // Steps completed so far.
+  std::int64_t steps() const { return step_; }
+
+  // Checkpoints: every rank saves part::all, or rank 0 part::shared and every rank part::local.
+  void save(std::ostream& os, state::part p = state::part::all) const {
+    detail::state_access::save(*this, os, p);
+  }
+  void load(std::istream& is) { detail::state_access::load(*this, is); }
+  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
+
 private:
+  friend struct detail::state_access;
+  static constexpr const char* state_kind = "sync::partitioned";
+  struct saved {
+    float lr = 0.0f;
+    std::int64_t step = 0;
+  };
+  int state_group_size() const { return comm_->size(); }
+  int state_rank() const { return comm_->rank(); }
+  void save_section(state::detail::state_writer& w, state::part which) const {
+    if (in_step_) throw invalid_argument("partitioned::save: a step is open; save after finish_step");
+    if (which != state::part::shared) return;
+    w.put_array(std::span<const std::size_t>(layers_));
+    w.put<std::uint64_t>(opt_.partition_elements);
+    w.put<float>(opt_.lr);
+    w.put<std::int64_t>(step_);
+  }
+  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
+    if (which != state::part::shared) return;
+    const auto layers = r.get_vector<std::size_t>();
+    if (layers != layers_)
+      throw corrupt_data(commsgd::detail::concat("saved state: ", layers.size(),
+                                                 " layers of other sizes than this strategy's ",
+                                                 layers_.size(), " layers"));
+    state::detail::expect_same(r.get<std::uint64_t>(), opt_.partition_elements,
+                               "option 'partition_elements'");
+    t.lr = detail::saved_learning_rate(r);
+    t.step = r.get<std::int64_t>();
+    if (t.step < 0) throw corrupt_data(commsgd::detail::concat("saved state: step ", t.step, " is negative"));
+  }
+  void commit(saved&& t) noexcept {
+    opt_.lr = t.lr;
+    step_ = t.step;
+    resumed_ = true;
+  }
+
   struct part_state {
     bool ready = false;
     int contributions = 0; // owner: received so far
@@ -365,6 +419,7 @@ private:
   std::vector<pending_receive> receives_;
   std::size_t in_flight_ = 0;
   std::vector<partition_event> log_;
+  bool resumed_ = false;
 };
 
 static_assert(sync_strategy<partitioned<comm::archetype>>);

@@ -226,6 +226,15 @@ public:
   // Checks run so far (each one a collective).
   std::int64_t checks() const noexcept { return checks_; }
 
+  // Goes on from `steps` steps taken (after a checkpoint is loaded): counts from there, and the next check
+  // falls due at the next multiple of the period.
+  void resume(std::int64_t steps) {
+    commsgd::detail::check_range("steps", steps, std::int64_t{0}, std::numeric_limits<std::int64_t>::max(),
+                                 "[0, inf)");
+    steps_ = steps;
+    if (enabled()) due_ = (steps / every_ + 1) * every_;
+  }
+
   // Collective: throws replicas_differ on every rank unless every rank's `model` has the same bits. The step
   // named is the most steps any rank has taken (ranks of an asynchronous strategy step at their own pace),
   // so the message reads the same on every rank.

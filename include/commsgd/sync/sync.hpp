@@ -9,5 +9,6 @@
 #include <commsgd/sync/reducer.hpp>
 #include <commsgd/sync/replica_guard.hpp>
 #include <commsgd/sync/sgd.hpp>
+#include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
 #include <commsgd/sync/synchronous.hpp>

@@ -10,6 +10,9 @@
 //
 // Replicas stay bit-identical because every rank applies the same update to the same bits: the exchange
 // hands every rank the same sum (its contract) and start() broadcasts rank 0's model.
+//
+// Checkpoints (sync/state.hpp): the state is the learning rate, shared by every rank. After load() call
+// start() with the model saved alongside; a loaded strategy's start() does not broadcast.
 #pragma once
 
 #include <commsgd/comm/archetype.hpp>
@@ -18,12 +21,16 @@
 #include <commsgd/sync/exchange.hpp>
 #include <commsgd/sync/reducer.hpp>
 #include <commsgd/sync/sgd.hpp>
+#include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <istream>
+#include <ostream>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace commsgd::inline v1::sync {
@@ -45,7 +52,10 @@ public:
 
   bool computes_gradients() const { return true; }
 
-  void start(std::span<float> params) { comm_->broadcast(params, 0); }
+  void start(std::span<float> params) {
+    if (std::exchange(resumed_, false)) return;
+    comm_->broadcast(params, 0);
+  }
 
   step_result step(std::span<float> params, std::span<const float> grad, const step_info& = {}) {
     detail::check_same_size("grad", grad.size(), params.size());
@@ -73,11 +83,37 @@ public:
     opt_.lr = lr;
   }
 
+  // Checkpoints: every rank saves part::all, or rank 0 part::shared and every rank part::local.
+  void save(std::ostream& os, state::part p = state::part::all) const {
+    detail::state_access::save(*this, os, p);
+  }
+  void load(std::istream& is) { detail::state_access::load(*this, is); }
+  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
+
 private:
+  friend struct detail::state_access;
+  static constexpr const char* state_kind = "sync::synchronous";
+  struct saved {
+    float lr = 0.0f;
+  };
+  int state_group_size() const { return comm_->size(); }
+  int state_rank() const { return comm_->rank(); }
+  void save_section(state::detail::state_writer& w, state::part which) const {
+    if (which == state::part::shared) w.put<float>(opt_.lr);
+  }
+  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
+    if (which == state::part::shared) t.lr = detail::saved_learning_rate(r);
+  }
+  void commit(saved&& t) noexcept {
+    opt_.lr = t.lr;
+    resumed_ = true;
+  }
+
   C* comm_;
   options opt_;
   E exchange_;
   std::vector<float> sum_;
+  bool resumed_ = false;
 };
 
 static_assert(sync_strategy<synchronous<comm::archetype>>);

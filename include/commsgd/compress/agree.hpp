@@ -1,0 +1,116 @@
+// How the compressors in compress/ refuse bad input without leaving a rank blocked: every rank checks its
+// own input first, then all ranks all_gather a small verdict (compress_header_fields u64 each: length, a
+// problem code with its count, the position, the offending value, a fingerprint of the compressor's
+// parameters), and every rank raises the same error for the first rank that has a problem, before any
+// payload moves. Ranks built with different parameters (k, seed, levels, layers) would otherwise exchange
+// messages of different sizes or meanings, so they are refused too. The same shape as the header of the
+// sparse exchange (sparsify/exchange.hpp); cost/compress.hpp charges it.
+#pragma once
+
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/compress/random.hpp>
+#include <commsgd/config.hpp>
+#include <commsgd/cost/compress.hpp>
+#include <commsgd/error.hpp>
+#include <commsgd/sparsify/finite.hpp>
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace commsgd::inline v1::compress::detail {
+
+enum class input_problem : std::uint64_t {
+  none = 0,
+  gradient_size = 1, // g.size() != length; `where` holds g.size()
+  output_size = 2,   // out.size() != length; `where` holds out.size()
+  non_finite = 3,    // p = g + e holds NaN or inf; `count` of them, the first at `where`
+  overflow = 4,      // a finite value does not fit the wire format; the first at `where`, its `value`
+};
+
+struct input_verdict {
+  input_problem problem = input_problem::none;
+  std::uint64_t count = 0;
+  std::uint64_t where = 0;
+  double value = 0;
+};
+
+// The verdict on sizes: checked first, since nothing else can be read when they are wrong.
+inline input_verdict check_sizes(std::size_t g, std::size_t out, std::size_t length) {
+  if (g != length) return {input_problem::gradient_size, 0, g, 0};
+  if (out != length) return {input_problem::output_size, 0, out, 0};
+  return {};
+}
+
+// The verdict on p's values: the count of NaN and inf and where the first is.
+inline input_verdict check_finite(std::span<const float> p) {
+  input_verdict v;
+  for (std::size_t i = 0; i < p.size(); ++i)
+    if (!sparsify::detail::is_finite_bits(p[i]) && v.count++ == 0) v.where = i;
+  if (v.count > 0) v.problem = input_problem::non_finite;
+  return v;
+}
+
+// A fingerprint of the parameters every rank's compressor must share.
+template <class Range>
+std::uint64_t fingerprint(const Range& params) noexcept {
+  std::uint64_t h = std::size(params);
+  for (auto v : params)
+    h = mix64(h ^ mix64(static_cast<std::uint64_t>(v)));
+  return h;
+}
+
+// `what` names the compressor in messages; `range` says what `overflow` refuses ("[-65504, 65504]");
+// `config` is fingerprint() of the compressor's parameters.
+template <comm::communicator C>
+void agree(C& c, const char* what, std::size_t length, std::uint64_t config, const input_verdict& mine,
+           std::vector<std::uint64_t>& buf, const char* range = "") {
+  const std::array<std::uint64_t, cost::compress_header_fields> h{
+      length, static_cast<std::uint64_t>(mine.problem) | (mine.count << 8), mine.where,
+      std::bit_cast<std::uint64_t>(mine.value), config};
+  const auto n = static_cast<std::size_t>(c.size());
+  buf.resize(h.size() * n);
+  c.all_gather(std::span<const std::uint64_t>(h), std::span<std::uint64_t>(buf));
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::uint64_t* o = buf.data() + h.size() * r;
+    const std::string who = static_cast<int>(r) == c.rank() ? std::string("this rank's")
+                                                            : commsgd::detail::concat("rank ", r, "'s");
+    switch (static_cast<input_problem>(o[1] & 0xff)) {
+    case input_problem::none:
+      break;
+    case input_problem::gradient_size:
+      throw size_mismatch(commsgd::detail::concat(what, ": ", who, " argument 'gradient' has ", o[2],
+                                                  " elements, the compressor's length is ", o[0]));
+    case input_problem::output_size:
+      throw size_mismatch(commsgd::detail::concat(what, ": ", who, " argument 'out' has ", o[2],
+                                                  " elements, the compressor's length is ", o[0]));
+    case input_problem::non_finite:
+      throw non_finite(commsgd::detail::concat(what, ": ", who, " gradient (plus its residual)"), o[1] >> 8,
+                       o[2]);
+    case input_problem::overflow:
+      throw invalid_argument(commsgd::detail::concat(what, ": ", who, " gradient (plus its residual) value ",
+                                                     std::bit_cast<double>(o[3]), " at index ", o[2],
+                                                     " is outside the allowed range ", range));
+    default:
+      throw corrupt_data(
+          commsgd::detail::concat(what, ": rank ", r, " sent an unknown verdict code ", o[1] & 0xff));
+    }
+    if (o[0] != buf[0])
+      throw size_mismatch(
+          commsgd::detail::concat(what, ": ranks disagree on the compressor's 'length' (rank 0 has ", buf[0],
+                                  ", rank ", r, " has ", o[0], ")"));
+    if (o[4] != buf[4])
+      throw invalid_argument(commsgd::detail::concat(
+          what,
+          ": ranks disagree on the compressor's parameters (k, seed, levels, layers, error feedback or "
+          "overflow policy): rank ",
+          r, "'s differ from rank 0's"));
+  }
+}
+
+} // namespace commsgd::inline v1::compress::detail

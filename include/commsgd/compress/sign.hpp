@@ -1,0 +1,157 @@
+// compress::sign: EF-SignSGD (Karimireddy et al. 2019), the scaled sign with error feedback.
+//
+// Per layer of p = g + e: scale = ||p||_1 / size (mean |p|, summed in double, rounded once to float), and
+// value i is sent as one bit, p_i's sign bit (so -0 goes as negative), decoding to -scale or +scale.
+// Message: L float scales, then the bits packed one per value (compress/bit_pack.hpp), all gathered; each
+// rank decodes every rank's message and sums them in rank order from +0, so every rank has the same bits.
+// The residual keeps e = p - decoded (compress/error_feedback.hpp says which part of that is exact).
+#pragma once
+
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/compress/agree.hpp>
+#include <commsgd/compress/bit_pack.hpp>
+#include <commsgd/compress/compressor.hpp>
+#include <commsgd/compress/error_feedback.hpp>
+#include <commsgd/compress/layers.hpp>
+#include <commsgd/compress/reducer.hpp>
+#include <commsgd/config.hpp>
+#include <commsgd/cost/compress.hpp>
+#include <commsgd/policy/traits.hpp>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <istream>
+#include <ostream>
+#include <span>
+#include <vector>
+
+namespace commsgd::inline v1::compress {
+
+struct sign_options {
+  std::vector<std::size_t> layer_offsets; // one scale per layer; empty: one for the whole vector
+  bool error_feedback = true;
+};
+
+class sign {
+public:
+  static constexpr const char* name = "sign";
+
+  explicit sign(std::size_t length, sign_options o = {})
+      : length_(length), bounds_(detail::layer_bounds(length, o.layer_offsets)), opt_(std::move(o)),
+        ef_(length, opt_.error_feedback), p_(length), d_(length),
+        msg_(cost::sign_message_bytes(length, layers())) {}
+
+  std::size_t length() const noexcept { return length_; }
+  std::size_t layers() const noexcept { return bounds_.size() - 1; }
+  std::uint64_t steps() const noexcept { return steps_; }
+  std::uint64_t wire_bytes() const noexcept { return wire_; }
+  std::span<const float> residual() const noexcept { return ef_.residual(); }
+
+  template <comm::communicator C>
+  report reduce(C& c, std::span<const float> g, std::span<float> out) {
+    auto v = detail::check_sizes(g.size(), out.size(), length_);
+    if (v.problem == detail::input_problem::none) {
+      ef_.accumulate(g, p_);
+      v = detail::check_finite(p_);
+    }
+    detail::agree(c, "compress::sign", length_, config(), v, verdicts_);
+    encode();
+    const auto n = static_cast<std::size_t>(c.size());
+    all_.resize(n * msg_.size());
+    c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
+    std::fill(out.begin(), out.end(), 0.0f);
+    for (std::size_t r = 0; r < n; ++r)
+      decode(std::span<const std::byte>(all_).subspan(r * msg_.size(), msg_.size()),
+             [&](std::size_t i, float x) { out[i] += x; });
+    decode(msg_, [&](std::size_t i, float x) { d_[i] = x; });
+    ef_.commit(p_, d_);
+    ++steps_;
+    wire_ = cost::sign_traffic(length_, layers(), c.size()).sent;
+    report rep;
+    rep.total = length_ * n;
+    rep.counts.assign(n, length_);
+    return rep;
+  }
+
+  void save(std::ostream& os) const { detail::save_state(os, kind, params(), steps_, ef_); }
+  void load(std::istream& is) {
+    static constexpr const char* names[] = {"length", "layer count"};
+    auto s = detail::load_state(is, kind, params(), names, length_, ef_.on());
+    steps_ = s.steps;
+    if (ef_.on()) ef_.replace(std::move(s.residual));
+  }
+
+private:
+  static constexpr const char* kind = "compress::sign";
+  std::array<std::uint64_t, 2> params() const noexcept { return {length_, layers()}; }
+  // The layer boundaries themselves, not only their count, must agree.
+  std::uint64_t config() const noexcept {
+    const std::array<std::uint64_t, 4> p{length_, layers(), ef_.on() ? 1u : 0u, detail::fingerprint(bounds_)};
+    return detail::fingerprint(p);
+  }
+
+  void encode() {
+    for (std::size_t l = 0; l < layers(); ++l) {
+      double sum = 0;
+      for (std::size_t i = bounds_[l]; i < bounds_[l + 1]; ++i)
+        sum += std::fabs(static_cast<double>(p_[i]));
+      const std::size_t size = bounds_[l + 1] - bounds_[l];
+      const float scale = size ? static_cast<float>(sum / static_cast<double>(size)) : 0.0f;
+      std::memcpy(msg_.data() + 4 * l, &scale, 4);
+    }
+    detail::pack_bits(std::span<std::byte>(msg_).subspan(4 * layers()), length_, 1,
+                      [&](std::size_t i) { return std::signbit(p_[i]) ? 1u : 0u; });
+  }
+
+  template <class Sink>
+  void decode(std::span<const std::byte> m, Sink&& sink) const {
+    const auto bits = m.subspan(4 * layers());
+    for (std::size_t l = 0; l < layers(); ++l) {
+      float scale;
+      std::memcpy(&scale, m.data() + 4 * l, 4);
+      const std::uint32_t plus = std::bit_cast<std::uint32_t>(scale);
+      // The sign bit flips the scale's: -scale exactly, with no branch.
+      detail::unpack_bits(
+          bits, bounds_[l], bounds_[l + 1] - bounds_[l], 1,
+          [&](std::size_t i, std::uint32_t b) { sink(i, std::bit_cast<float>(plus ^ (b << 31))); });
+    }
+  }
+
+  std::size_t length_;
+  std::vector<std::size_t> bounds_;
+  sign_options opt_;
+  error_feedback ef_;
+  std::vector<float> p_, d_;
+  std::vector<std::byte> msg_, all_;
+  std::vector<std::uint64_t> verdicts_;
+  std::uint64_t steps_ = 0;
+  std::uint64_t wire_ = 0;
+};
+
+static_assert(compressor<sign, comm::archetype>);
+
+} // namespace commsgd::inline v1::compress
+
+namespace commsgd::inline v1::policy {
+
+// EF-SignSGD as data_parallel's compressor; options from `o.sign` when the options struct has that member
+// (a struct derived from data_parallel_options), else the defaults.
+struct sign {};
+
+template <>
+struct sparsifier_traits<sign> : compressor_traits<sparsifier_traits<sign>, compress::sign> {
+  template <class Options>
+  static compress::sign make(std::size_t length, const Options& o) {
+    if constexpr (requires { o.sign; })
+      return compress::sign(length, o.sign);
+    else
+      return compress::sign(length);
+  }
+};
+
+} // namespace commsgd::inline v1::policy

@@ -1,0 +1,74 @@
+// Per-rank bytes of one round of each compressor in compress/, under comm::metered's accounting. Every
+// round starts with the verdict all_gather (compress/agree.hpp: 5 u64 per rank), then moves its payload:
+//
+//   compressor   payload collective      bytes each rank contributes          sent = received (n ranks)
+//   fp16, bf16   all_gather              2 d                                  (n-1)(40 + 2 d)
+//   sign         all_gather              4 L + ceil(d / 8)                    (n-1)(40 + 4 L + ceil(d / 8))
+//   qsgd (s)     all_gather              4 L + ceil(d (1 + bit_width(s)) / 8) likewise
+//   random-k     ring all_reduce_sum     k floats                             (n-1) 40 + ring share of 4 k
+//
+// d is the gradient length, L the number of layers (one scale or norm each), k the values random-k sends.
+// Against a float ring all-reduce (about 8 (n-1)/n d each way) the all-gathers pay n-1 copies of a small
+// message instead of two passes of a large one: fp16/bf16 send fewer bytes only for n <= 3 and the same at
+// n = 4; sign (1 bit) and qsgd (1 + bit_width(s) bits) keep their lead up to n of about 64 / bits.
+#pragma once
+
+#include <commsgd/comm/metered.hpp>
+#include <commsgd/config.hpp>
+#include <commsgd/cost/sparse.hpp>
+
+#include <bit>
+#include <cstdint>
+
+namespace commsgd::inline v1::cost {
+
+inline constexpr std::uint64_t compress_header_fields = 5;
+inline constexpr std::uint64_t compress_header_bytes = compress_header_fields * 8;
+
+constexpr sparse_traffic compress_header_traffic(int n) noexcept {
+  const auto peers = static_cast<std::uint64_t>(n > 1 ? n - 1 : 0);
+  return {peers * compress_header_bytes, peers * compress_header_bytes};
+}
+
+// An all_gather where every rank contributes `bytes`.
+constexpr sparse_traffic all_gather_traffic(std::uint64_t bytes, int n) noexcept {
+  const auto peers = static_cast<std::uint64_t>(n > 1 ? n - 1 : 0);
+  return {peers * bytes, peers * bytes};
+}
+
+constexpr std::uint64_t half_message_bytes(std::uint64_t d) noexcept {
+  return 2 * d;
+}
+
+constexpr std::uint64_t sign_message_bytes(std::uint64_t d, std::uint64_t layers) noexcept {
+  return 4 * layers + (d + 7) / 8;
+}
+
+// Bits per value of QSGD with s levels: a sign bit and the level in [0, s].
+constexpr std::uint64_t qsgd_value_bits(std::uint64_t s) noexcept {
+  return 1 + static_cast<std::uint64_t>(std::bit_width(s));
+}
+
+constexpr std::uint64_t qsgd_message_bytes(std::uint64_t d, std::uint64_t layers, std::uint64_t s) noexcept {
+  return 4 * layers + (d * qsgd_value_bits(s) + 7) / 8;
+}
+
+constexpr sparse_traffic half_traffic(std::uint64_t d, int n) noexcept {
+  return compress_header_traffic(n) + all_gather_traffic(half_message_bytes(d), n);
+}
+
+constexpr sparse_traffic sign_traffic(std::uint64_t d, std::uint64_t layers, int n) noexcept {
+  return compress_header_traffic(n) + all_gather_traffic(sign_message_bytes(d, layers), n);
+}
+
+constexpr sparse_traffic qsgd_traffic(std::uint64_t d, std::uint64_t layers, std::uint64_t s,
+                                      int n) noexcept {
+  return compress_header_traffic(n) + all_gather_traffic(qsgd_message_bytes(d, layers, s), n);
+}
+
+// Seen from `rank`: the ring's chunks differ by one element between ranks.
+inline sparse_traffic random_k_traffic(std::uint64_t k, int n, int rank) noexcept {
+  return compress_header_traffic(n) + dense_ring_traffic(k, n, rank);
+}
+
+} // namespace commsgd::inline v1::cost

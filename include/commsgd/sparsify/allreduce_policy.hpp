@@ -1,0 +1,44 @@
+// policy::top_k_allreduce<Selector, Index>: sparsify::top_k summed by the sparse all-reduce
+// (sparsify/allreduce.hpp) instead of the all-gather exchange, as data_parallel's sparsifier.
+//
+// It builds its own reducer (policy::builds_reducer), since the exchange hands values back to the
+// sparsifier. It reads data_parallel_options::top_k, the path of data_parallel_options::sparse_exchange
+// (sparse, dense or automatic), and, where the options struct has one (a struct derived from
+// data_parallel_options), a field `sparse_allreduce` of type sparsify::allreduce_options for the threshold's
+// refresh period and drift bound. Like policy::top_k it pairs with policy::uncoded<> only.
+#pragma once
+
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/policy/traits.hpp>
+#include <commsgd/select/selector.hpp>
+#include <commsgd/sparsify/allreduce.hpp>
+#include <commsgd/sparsify/allreduce_reducer.hpp>
+#include <commsgd/sparsify/sparse_vector.hpp>
+#include <commsgd/sparsify/top_k.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+namespace commsgd::inline v1::policy {
+
+template <select::selector Selector, sparsify::sparse_index Index = std::uint32_t>
+struct top_k_allreduce {};
+
+template <class Selector, class Index>
+struct sparsifier_traits<top_k_allreduce<Selector, Index>> {
+  static constexpr bool dense_blocks = false;
+  using sparsifier_type = sparsify::top_k<Selector, Index>;
+  template <class Scheme, comm::communicator C>
+  using reducer = sparsify::allreduce_reducer<sparsifier_type, Scheme, C>;
+
+  template <comm::communicator C, class Scheme, class Options>
+  static reducer<Scheme, C> make_reducer(C& c, Scheme scheme, std::size_t length, const Options& o) {
+    sparsify::allreduce_options ao;
+    if constexpr (requires { o.sparse_allreduce; }) ao = o.sparse_allreduce;
+    ao.path = o.sparse_exchange.path;
+    return reducer<Scheme, C>(c, std::move(scheme), sparsifier_type(length, o.top_k), ao);
+  }
+};
+
+} // namespace commsgd::inline v1::policy

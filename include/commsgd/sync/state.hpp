@@ -1,0 +1,106 @@
+// How a sync strategy's state is saved and loaded; every strategy's save/load goes through state_access.
+//
+// A strategy's stream is one frame (state/stream.hpp) of kind S::state_kind whose body is
+//   u32 part (state::part) | u32 group size | i32 saving rank (-1 in a shared part) | shared section |
+//   local section
+// with each section present when the part holds it. A strategy supplies, privately (state_access is its
+// friend):
+//   static constexpr const char* state_kind;       the frame's kind, e.g. "sync::local_sgd"
+//   struct saved;                                  the parsed state, before it replaces anything
+//   int state_group_size() const; int state_rank() const;
+//   void save_section(state_writer&, state::part which) const;   which: shared or local
+//   void parse_section(state_reader&, state::part which, saved&) const;
+//                                                  throws corrupt_data and changes nothing
+//   void commit(saved&&) noexcept;                 replaces the state (moves only)
+//
+// A strategy's save(os, part), load(is) and load(shared, local) are one-line members that call
+// state_access; load(shared, local) parses rank 0's shared part and this rank's local part before one commit.
+//
+// Loading checks the frame, then the group size (and the rank, for a local section), then parses every
+// section into `saved`, and only then commits: a refused stream leaves the strategy as it was.
+#pragma once
+
+#include <commsgd/config.hpp>
+#include <commsgd/error.hpp>
+#include <commsgd/state/stream.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <istream>
+#include <limits>
+#include <ostream>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace commsgd::inline v1::sync::detail {
+
+struct state_access {
+  template <class S>
+  static void save(const S& s, std::ostream& os, state::part p) {
+    const auto bits = static_cast<std::uint32_t>(p);
+    if (bits < 1 || bits > 3)
+      throw invalid_argument(commsgd::detail::concat("argument 'part' = ", bits,
+                                                     " is outside the allowed range {shared, local, all}"));
+    state::detail::state_writer w(S::state_kind);
+    w.put<std::uint32_t>(bits);
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(s.state_group_size()));
+    // The shared part names no rank, so that every rank's copy is the same bytes.
+    w.put<std::int32_t>(state::holds(p, state::part::local) ? s.state_rank() : -1);
+    if (state::holds(p, state::part::shared)) s.save_section(w, state::part::shared);
+    if (state::holds(p, state::part::local)) s.save_section(w, state::part::local);
+    state::detail::write_blob(os, std::move(w).finish());
+  }
+
+  // A stream saved with part::all.
+  template <class S>
+  static void load(S& s, std::istream& is) {
+    const auto blob = state::detail::read_blob(is);
+    typename S::saved t{};
+    parse(s, blob, state::part::all, t);
+    s.commit(std::move(t));
+  }
+
+  // The shared part (saved by any rank, usually rank 0) and this rank's local part.
+  template <class S>
+  static void load(S& s, std::istream& shared, std::istream& local) {
+    const auto a = state::detail::read_blob(shared);
+    const auto b = state::detail::read_blob(local);
+    typename S::saved t{};
+    parse(s, a, state::part::shared, t);
+    parse(s, b, state::part::local, t);
+    s.commit(std::move(t));
+  }
+
+  template <class S>
+  static void parse(const S& s, std::span<const std::byte> blob, state::part expected, typename S::saved& t) {
+    state::detail::state_reader r(blob, S::state_kind);
+    const auto p = r.get<std::uint32_t>();
+    if (p != static_cast<std::uint32_t>(expected))
+      throw corrupt_data(commsgd::detail::concat(
+          "saved state: the stream holds the ", state::part_name(p), " part of the state where the ",
+          state::part_name(static_cast<std::uint32_t>(expected)), " part is expected"));
+    state::detail::expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(s.state_group_size()),
+                               "group size");
+    const auto rank = r.get<std::int32_t>();
+    if (state::holds(expected, state::part::local))
+      state::detail::expect_same(rank, s.state_rank(),
+                                 "rank (the local part belongs to the rank that saved it)");
+    else
+      state::detail::expect_same(rank, -1, "rank of a shared part (none: -1)");
+    if (state::holds(expected, state::part::shared)) s.parse_section(r, state::part::shared, t);
+    if (state::holds(expected, state::part::local)) s.parse_section(r, state::part::local, t);
+    r.expect_end();
+  }
+};
+
+// A learning rate read back from a stream: refused as corrupt (not as a bad argument) when out of range.
+inline float saved_learning_rate(state::detail::state_reader& r) {
+  const auto lr = r.get<float>();
+  if (!(lr > 0.0f) || !(lr < std::numeric_limits<float>::infinity()))
+    throw corrupt_data(
+        commsgd::detail::concat("saved state: learning rate ", lr, " is outside the allowed range (0, inf)"));
+  return lr;
+}
+
+} // namespace commsgd::inline v1::sync::detail
