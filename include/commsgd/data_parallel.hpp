@@ -203,12 +203,12 @@ public:
   }
   void load(std::istream& is) {
     steps_ = checkpoint::detail::load<Coding, Sparsifier, Sync>(*this, is, comm_->size(), comm_->rank());
-    guard_.resume(static_cast<std::int64_t>(steps_));
+    guard_.resume(steps_);
   }
   void load(std::istream& shared, std::istream& local) {
     steps_ = checkpoint::detail::load<Coding, Sparsifier, Sync>(*this, shared, local, comm_->size(),
                                                                 comm_->rank());
-    guard_.resume(static_cast<std::int64_t>(steps_));
+    guard_.resume(steps_);
   }
 
   // What the last step's exchange reported.

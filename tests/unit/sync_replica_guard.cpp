@@ -268,3 +268,24 @@ TEST_CASE("replica_guard by itself: drift after finish names the rank and the st
     }
   }
 }
+
+TEST_CASE("replica_guard::resume goes on from a loaded step count") {
+  local_group(2).run([](local& c) {
+    sync::synchronous<local> s(c, {.lr = 0.5f});
+    sync::replica_guard<local> guard(c, 5);
+    std::vector<float> x(3, 1.0f), g(3, 0.25f);
+    s.start(x);
+    guard.resume(7); // the next check falls due at step 10
+    for (int t = 0; t < 2; ++t)
+      CHECK(!guard.after_step(s, x, s.step(x, g)));
+    CHECK(guard.after_step(s, x, s.step(x, g)));
+    CHECK(guard.steps() == 10);
+    CHECK(guard.checks() == 1);
+    // Any count a stream may hold is taken without throwing.
+    guard.resume(std::numeric_limits<std::uint64_t>::max());
+    CHECK(guard.steps() == std::numeric_limits<std::int64_t>::max());
+    sync::replica_guard<local> off(c, 0);
+    off.resume(12);
+    CHECK(off.steps() == 12);
+  });
+}

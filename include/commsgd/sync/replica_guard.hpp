@@ -227,12 +227,11 @@ public:
   std::int64_t checks() const noexcept { return checks_; }
 
   // Goes on from `steps` steps taken (after a checkpoint is loaded): counts from there, and the next check
-  // falls due at the next multiple of the period.
-  void resume(std::int64_t steps) {
-    commsgd::detail::check_range("steps", steps, std::int64_t{0}, std::numeric_limits<std::int64_t>::max(),
-                                 "[0, inf)");
-    steps_ = steps;
-    if (enabled()) due_ = (steps / every_ + 1) * every_;
+  // falls due at the next multiple of the period. Never throws: a count past INT64_MAX is held there.
+  void resume(std::uint64_t steps) noexcept {
+    constexpr auto top = std::numeric_limits<std::int64_t>::max();
+    steps_ = steps > static_cast<std::uint64_t>(top) ? top : static_cast<std::int64_t>(steps);
+    if (enabled()) due_ = steps_ / every_ < top / every_ - 1 ? (steps_ / every_ + 1) * every_ : top;
   }
 
   // Collective: throws replicas_differ on every rank unless every rank's `model` has the same bits. The step
@@ -256,7 +255,7 @@ public:
   // rank reaches the same decision because the step count and the promise agree across ranks.
   template <class S>
   bool after_step(const S& s, std::span<const float> model, const step_result& r) {
-    ++steps_;
+    if (steps_ < std::numeric_limits<std::int64_t>::max()) ++steps_;
     if (!enabled() || steps_ < due_ || !replica_promise<S>::after_step(s, r)) return false;
     due_ = steps_ + every_;
     check(model);
