@@ -32,6 +32,7 @@
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sparsify/sparsify.hpp>
+#include <commsgd/sync/replica_guard.hpp>
 #include <commsgd/sync/sync.hpp>
 
 #include <concepts>
@@ -63,6 +64,10 @@ struct data_parallel_options {
   sync::async_ps_options async_ps{};            // async_ps (its lr is replaced by `lr`)
   sync::partitioned_options partitioned{};      // partitioned (its lr is replaced by `lr`)
   std::vector<std::size_t> layer_sizes;         // partitioned: sizes of the layers in forward order
+
+  // Every strategy: check every this many steps that replicas which should be identical are, 0 = off
+  // (sync/replica_guard.hpp).
+  std::int64_t replica_check_every = 0;
 };
 
 namespace detail {
@@ -170,6 +175,7 @@ public:
     else
       r = strategy_.step(params, blocks[0], info);
     ++steps_;
+    guard_.after_step(strategy_, params, r);
     return r;
   }
 
@@ -180,7 +186,11 @@ public:
     return step(params, coding::block_gradients(one), info);
   }
 
-  void finish(std::span<float> params) { strategy_.finish(params); }
+  void finish(std::span<float> params) {
+    strategy_.finish(params);
+    guard_.after_finish(strategy_, params);
+  }
+  const sync::replica_guard<C>& replica_guard() const noexcept { return guard_; }
 
   // Steps taken (restored by load).
   std::uint64_t steps() const noexcept { return steps_; }
@@ -193,10 +203,12 @@ public:
   }
   void load(std::istream& is) {
     steps_ = checkpoint::detail::load<Coding, Sparsifier, Sync>(*this, is, comm_->size(), comm_->rank());
+    guard_.resume(steps_);
   }
   void load(std::istream& shared, std::istream& local) {
     steps_ = checkpoint::detail::load<Coding, Sparsifier, Sync>(*this, shared, local, comm_->size(),
                                                                 comm_->rank());
+    guard_.resume(steps_);
   }
 
   // What the last step's exchange reported.
@@ -219,7 +231,7 @@ private:
   template <class Options>
   data_parallel(C& comm, std::size_t length, const Options& o, built)
       : comm_(&comm), length_(length), reducer_(make_reducer(comm, length, o)),
-        strategy_(sync_traits::template make<C>(comm, length, o)) {}
+        strategy_(sync_traits::template make<C>(comm, length, o)), guard_(comm, o.replica_check_every) {}
 
   template <class Options>
   static reducer_type make_reducer(C& comm, std::size_t length, const Options& o) {
@@ -247,6 +259,7 @@ private:
   reducer_type reducer_;
   strategy_type strategy_;
   std::uint64_t steps_ = 0;
+  sync::replica_guard<C> guard_;
 };
 
 } // namespace commsgd::inline v1

@@ -9,8 +9,11 @@
 // exit code is nonzero on every rank when any rank failed: mpiexec and ctest see the failure even if rank 0
 // passed.
 //
-// A test case that fails on one rank before a collective leaves the others waiting in it; keep REQUIREs
-// that might differ between ranks out of the way of collectives (CHECK and continue instead).
+// Fail fast: the first failed assertion (or exception escaping a test case) on any rank prints itself to
+// stderr with the rank, the test case and the expression, and calls MPI_Abort, so that mpiexec ends the whole
+// job at once instead of leaving the other ranks waiting in a collective until ctest's timeout. Set
+// COMMSGD_MPI_TEST_NO_ABORT=1 in the environment to run on after failures and read every rank's report at the
+// end (what a failing rank that returns normally still gets).
 //
 // Define COMMSGD_MPI_TEST_NO_MAIN to write your own main() around commsgd::test::mpi_doctest_main().
 #pragma once
@@ -26,12 +29,70 @@
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/vector.hpp>
 
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 namespace commsgd::test {
+
+// Aborts the MPI job on the first failure of any rank (see above).
+class mpi_abort_on_failure : public doctest::IReporter {
+public:
+  explicit mpi_abort_on_failure(const doctest::ContextOptions&) {}
+
+  void log_assert(const doctest::AssertData& a) override {
+    if (!a.m_failed || (a.m_at & doctest::assertType::is_warn) || !enabled()) return;
+    std::ostringstream out;
+    out << a.m_file << ":" << a.m_line << ": " << a.m_expr;
+    if (a.m_threw)
+      out << " threw " << a.m_exception.c_str();
+    else if (a.m_decomp.size() != 0)
+      out << " is " << a.m_decomp.c_str();
+    abort_job(out.str());
+  }
+  void test_case_exception(const doctest::TestCaseException& e) override {
+    // SIGTERM is mpiexec ending this rank because another one aborted: nothing to add.
+    if (e.is_crash && std::string(e.error_string.c_str()).find("SIGTERM") != std::string::npos) return;
+    if (enabled()) abort_job(std::string("exception escaped: ") + e.error_string.c_str());
+  }
+  void test_case_start(const doctest::TestCaseData& t) override { test_case_ = t.m_name; }
+
+  void report_query(const doctest::QueryData&) override {}
+  void test_run_start() override {}
+  void test_run_end(const doctest::TestRunStats&) override {}
+  void test_case_reenter(const doctest::TestCaseData&) override {}
+  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
+  void subcase_start(const doctest::SubcaseSignature&) override {}
+  void subcase_end() override {}
+  void log_message(const doctest::MessageData&) override {}
+  void test_case_skipped(const doctest::TestCaseData&) override {}
+
+private:
+  static bool enabled() {
+    const char* v = std::getenv("COMMSGD_MPI_TEST_NO_ABORT");
+    return !(v && *v && std::string(v) != "0");
+  }
+
+  void abort_job(const std::string& what) const {
+    int rank = 0, size = 1, initialised = 0;
+    MPI_Initialized(&initialised);
+    if (initialised) {
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
+    }
+    std::cerr << "[rank " << rank << " of " << size << "] test case \"" << (test_case_ ? test_case_ : "?")
+              << "\" FAILED: " << what << "\n[rank " << rank << " of " << size
+              << "] aborting the MPI job (COMMSGD_MPI_TEST_NO_ABORT=1 runs on instead)" << std::endl;
+    if (initialised) MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();
+  }
+
+  const char* test_case_ = nullptr;
+};
+
+REGISTER_LISTENER("mpi_abort_on_failure", 1, mpi_abort_on_failure);
 
 // Runs doctest on every rank of MPI_COMM_WORLD (MPI must be initialised); returns the exit code for all.
 inline int run_doctest_on_all_ranks(int argc, char** argv) {

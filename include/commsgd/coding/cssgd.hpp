@@ -15,11 +15,13 @@
 // Per node and step, in packets of L words (4 bytes): C(n-1, r) multicasts sent, each to r receivers, and
 // r * C(n-1, r) packets received (cost/traffic.hpp states it in bytes). Packets carry no header: sizes,
 // senders and contents are all derivable on both sides. The words past a short last segment must decode to
-// zero; anything else, or a packet of another size, raises corrupt_data.
+// zero; anything else, or a packet of another size, raises corrupt_data (decode_cssgd_packet,
+// coding/cssgd_packet.hpp, a pure function with a fuzz target).
 #pragma once
 
 #include <commsgd/coding/assignment.hpp>
 #include <commsgd/coding/combiner.hpp>
+#include <commsgd/coding/cssgd_packet.hpp>
 #include <commsgd/coding/groups.hpp>
 #include <commsgd/coding/scheme.hpp>
 #include <commsgd/comm/archetype.hpp>
@@ -93,10 +95,11 @@ public:
         }
         multicast(group, j);
         if (s == me) continue;
+        own_.clear();
         for (int k : t)
           if (k != s && k != me) {
             const node_set b = group.members & ~node_bit(k);
-            Combiner::remove(packet_, segment(b, position_in(b, s)));
+            own_.push_back(segment(b, position_in(b, s)));
           }
         keep_segment(group.members & ~node_bit(me), s, d, len);
       }
@@ -125,18 +128,14 @@ private:
     }
   }
 
-  // The packet now holds segment position(s, lacking) of the block this rank lacks, then padding.
+  // Removes this rank's own segments (own_) from the packet and keeps segment position(s, lacking) of the
+  // block it lacks; the padding after it is checked (cssgd_packet.hpp).
   void keep_segment(node_set lacking, int s, std::size_t d, std::size_t len) {
     const std::size_t lo = std::min(d, static_cast<std::size_t>(position_in(lacking, s)) * len);
     const std::size_t hi = std::min(d, lo + len);
     const std::size_t slot = slots_.lacking[assignment_.index_of(lacking)];
-    std::copy(packet_.begin(), packet_.begin() + static_cast<std::ptrdiff_t>(hi - lo),
-              decoded_.begin() + static_cast<std::ptrdiff_t>(slot * d + lo));
-    for (std::size_t e = hi - lo; e < len; ++e)
-      if (packet_[e] != 0u)
-        throw corrupt_data(commsgd::detail::concat(
-            "CSSGD packet from node ", s, " decodes to ", packet_[e], " in padding word ", e, " (segment of ",
-            hi - lo, " words); it was corrupted or the ranks disagree on data"));
+    decode_cssgd_packet<Combiner>(std::span<std::uint32_t>(packet_), len, own_,
+                                  std::span<std::uint32_t>(decoded_).subspan(slot * d + lo, hi - lo), s);
   }
 
   C* comm_;
@@ -145,6 +144,7 @@ private:
   std::vector<exchange_group<C>> groups_;
   std::vector<std::uint32_t> decoded_;
   std::vector<std::uint32_t> packet_;
+  std::vector<std::span<const float>> own_; // this rank's segments in the packet being decoded
   std::vector<typename Combiner::accumulator> acc_;
 };
 

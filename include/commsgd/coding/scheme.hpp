@@ -16,6 +16,7 @@
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
 
 #include <cmath>
@@ -75,9 +76,11 @@ inline void check_blocks(block_gradients blocks, std::size_t expected_blocks, st
 // fold G_0 + G_1 + ... that a reader would write, signed zeros included.
 inline constexpr float sum_identity = -0.0f;
 
-// Tags below this value are free for users; commsgd's own point-to-point traffic uses these.
+// Fixed tags of the uncoded exchanges, in the range comm/tags.hpp keeps for them: an exchange completes
+// every message before it returns, so it never overlaps itself, and no block is handed out there.
 inline constexpr int unicast_tag = 30001;
 inline constexpr int shuffle_tag = 30002;
+static_assert(unicast_tag >= comm::fixed_tags_first && shuffle_tag <= comm::mpi_tag_limit);
 
 template <class Requests>
 void wait_all(Requests& requests) {

@@ -24,7 +24,8 @@
 //   the bound, the pending gradients are applied even if fewer than j; finished workers count for neither
 //   rule. After the last worker says done, every worker receives the final model.
 //
-// Wire protocol (tags tag_base .. tag_base + 3, so other traffic can share the communicator): a 16-byte
+// Wire protocol (four tags of its own, reserved on the communicator by comm::reserve_tags unless tag_base
+// names them, so other traffic can share the communicator): a 16-byte
 // header worker -> server (pull, push + its gradient on the next tag, done); server -> worker a version and
 // the parameters. Headers go first so that a large gradient never waits on a receive the server has not
 // posted.
@@ -42,6 +43,7 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/poll.hpp>
@@ -71,8 +73,8 @@ struct async_ps_options {
   int apply_after = 1;            // j: [1, workers = size - 1]
   bool staleness_scaling = false; // lr / max(tau, 1) per gradient
   int staleness_bound = -1;       // s: -1 for none, else [0, inf)
-  int tag_base = 1000;            // [0, inf); uses tag_base .. tag_base + 3
-  bool keep_log = true;           // the server records every applied gradient
+  int tag_base = -1;    // -1: four free tags (comm/tags.hpp); else [0, INT_MAX - 3], the four from it
+  bool keep_log = true; // the server records every applied gradient
 };
 
 // One gradient as the server applied it.
@@ -92,7 +94,11 @@ namespace detail {
 template <comm::communicator C>
 class async_ps_wire {
 protected:
-  async_ps_wire(C& c, const async_ps_options& o) : comm_(&c), opt_(o) { validate(c, o); }
+  async_ps_wire(C& c, const async_ps_options& o) : comm_(&c), opt_(o) {
+    validate(c, o);
+    tags_ = o.tag_base < 0 ? comm::reserve_tags(c, 4, "async_ps")
+                           : comm::reserve_tags_at(c, o.tag_base, 4, "async_ps");
+  }
 
   static constexpr std::int32_t kind_pull = 1, kind_push = 2, kind_done = 3;
 
@@ -102,10 +108,10 @@ protected:
     std::int64_t version = 0;
   };
 
-  int tag_header() const { return opt_.tag_base; }
-  int tag_grad() const { return opt_.tag_base + 1; }
-  int tag_version() const { return opt_.tag_base + 2; }
-  int tag_model() const { return opt_.tag_base + 3; }
+  int tag_header() const { return tags_[0]; }
+  int tag_grad() const { return tags_[1]; }
+  int tag_version() const { return tags_[2]; }
+  int tag_model() const { return tags_[3]; }
 
   void require_started(const char* what) const {
     if (!started_)
@@ -125,8 +131,8 @@ public:
                                  commsgd::detail::concat("[1, workers = ", c.size() - 1, "]"));
     commsgd::detail::check_range("staleness_bound", o.staleness_bound, -1, std::numeric_limits<int>::max(),
                                  "-1 (none) or [0, inf)");
-    commsgd::detail::check_range("tag_base", o.tag_base, 0, std::numeric_limits<int>::max() - 3,
-                                 "[0, INT_MAX - 3]");
+    commsgd::detail::check_range("tag_base", o.tag_base, -1, std::numeric_limits<int>::max() - 3,
+                                 "-1 (four free tags) or [0, INT_MAX - 3]");
   }
 
   // The version of the model this rank last saw (server: the current one).
@@ -188,6 +194,7 @@ protected:
 
   C* comm_;
   async_ps_options opt_;
+  comm::tag_lease tags_;
   bool started_ = false;
   std::int64_t version_ = 0;
 };

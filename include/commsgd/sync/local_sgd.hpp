@@ -89,6 +89,16 @@ public:
 
   bool computes_gradients() const { return true; }
 
+  // Whether every rank holds the same model bits after a step that returned `r`, or after finish (what
+  // sync::replica_guard checks): after warm-up and averaging steps, unless at_sync correction keeps each
+  // rank's own pulled model.
+  bool replicas_identical(const step_result& r) const noexcept {
+    return r.exchanged && (!r.averaged || opt_.correction != correction_mode::at_sync);
+  }
+  bool replicas_identical_after_finish() const noexcept {
+    return opt_.correction != correction_mode::at_sync && (!local_steps_ || opt_.average_on_finish);
+  }
+
   void start(std::span<float> params) {
     // A state saved before start() holds no common model yet: that start still has to agree on one.
     if (std::exchange(resumed_, false) &&

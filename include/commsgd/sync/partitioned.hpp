@@ -39,6 +39,7 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/poll.hpp>
@@ -65,8 +66,8 @@ struct partitioned_options {
   float lr = 0.01f;                          // (0, inf)
   std::size_t partition_elements = 1u << 14; // [1, inf)
   std::size_t credit_bytes = 1u << 20;       // [partition_elements * 4, inf): one partition must fit
-  int tag_base = 2000;                       // [0, 32767 - 2 * partitions]: MPI guarantees tags to 32767
-  bool keep_log = false;                     // record partition_events (tests, traces)
+  int tag_base = -1;     // -1: 2 * partitions free tags (comm/tags.hpp); else [0, 32767 - 2 * partitions]
+  bool keep_log = false; // record partition_events (tests, traces)
 };
 
 // One fixed-size piece of the flat gradient.
@@ -118,10 +119,20 @@ public:
       layer_first_.push_back(parts_.size());
     }
     const long long top = static_cast<long long>(opt_.tag_base) + 2 * static_cast<long long>(parts_.size());
-    if (opt_.tag_base < 0 || top > 32767)
+    if (opt_.tag_base < -1 || top > comm::mpi_tag_limit)
       throw invalid_argument(commsgd::detail::concat(
           "argument 'tag_base' = ", opt_.tag_base, " with ", parts_.size(),
-          " partitions is outside the allowed range [0, 32767 - 2 * partitions]; use larger partitions"));
+          " partitions is outside the allowed range -1 (free tags) or [0, 32767 - 2 * partitions]; use "
+          "larger partitions"));
+    const long long wanted = 2 * static_cast<long long>(parts_.size());
+    if (wanted > comm::auto_tags_end - comm::user_tags_end)
+      throw invalid_argument(commsgd::detail::concat("partitioned: ", parts_.size(), " partitions need ",
+                                                     wanted, " tags, outside the allowed range [1, ",
+                                                     comm::auto_tags_end - comm::user_tags_end,
+                                                     "]; use larger partitions"));
+    tags_ = opt_.tag_base < 0
+                ? comm::reserve_tags(c, static_cast<int>(wanted), "partitioned")
+                : comm::reserve_tags_at(c, opt_.tag_base, static_cast<int>(wanted), "partitioned");
     // Staging for contributions to the partitions this rank owns: n - 1 slices each.
     stage_offset_.assign(parts_.size(), 0);
     std::size_t staged = 0;
@@ -301,7 +312,7 @@ private:
     std::size_t bytes;
   };
 
-  int tag(std::size_t p, int kind) const { return opt_.tag_base + 2 * static_cast<int>(p) + kind; }
+  int tag(std::size_t p, int kind) const { return tags_[2 * static_cast<int>(p) + kind]; }
 
   void note(partition_event::what w, std::size_t p, int peer) {
     if (opt_.keep_log) log_.push_back({w, p, peer, in_flight_, step_});
@@ -391,6 +402,7 @@ private:
   options opt_;
   std::vector<std::size_t> layers_;
   std::vector<std::size_t> layer_first_; // first partition of each layer, plus the end
+  comm::tag_lease tags_;
   std::vector<partition> parts_;
   std::size_t dim_ = 0;
   std::vector<std::size_t> stage_offset_;

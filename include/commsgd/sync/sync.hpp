@@ -7,6 +7,7 @@
 #include <commsgd/sync/partitioned.hpp>
 #include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/reducer.hpp>
+#include <commsgd/sync/replica_guard.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
