@@ -436,8 +436,8 @@ static_assert(compressor<powersgd, comm::archetype>);
 
 namespace commsgd::inline v1::policy {
 
-// PowerSGD as data_parallel's sparsifier. Its settings come from the options' `powersgd` member (a
-// compress::powersgd_options), in a struct derived from data_parallel_options.
+// PowerSGD as data_parallel's compressor. Its settings come from the options' `powersgd` member
+// (data_parallel_options::powersgd: rank and layer shapes).
 struct powersgd {};
 
 template <>
