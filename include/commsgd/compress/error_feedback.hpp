@@ -1,19 +1,16 @@
 // compress::error_feedback: the residual every compressor in compress/ may keep, and the saved-state frame
 // they share.
 //
-// Per round, with e the residual (+0 at start) and d the values this rank's message decodes to (the very
-// bits every other rank adds for it):
-//   p  = g + e      one float addition per value (p = g when error feedback is off)
-//   e' = p - d      one float subtraction per value, committed only after the round has succeeded
-// The invariant the tests check bit for bit is e' == fl(p - d) with d decoded from the message as it went
-// on the wire. Whether nothing at all is lost (d + e' == p exactly, as real numbers) depends on the
-// compressor, because a float can hold p - d only when the difference fits in 24 bits:
-// - random-k: d is p or +0, so e' is +0 or p: exact always.
-// - fp16 / bf16 without clamping: d is p rounded to a shorter significand over a narrower exponent range,
-//   and the rounding error of such a narrowing is always a float: exact always.
-// - sign and QSGD: d is a scale times a sign (or a level), unrelated to p's bits. The subtraction is exact
-//   wherever Sterbenz's lemma applies (d/2 <= p <= 2d) or d = 0; elsewhere e' is p - d rounded to nearest,
-//   so what is lost per value and round is at most half an ulp of e'.
+// Per round, with the residual held as a pair (e, r) of floats whose exact sum is what was held back (both +0
+// at start), and d the values this rank's message decodes to (the very bits every other rank adds for it):
+//   p      = g + e (+ r when r is not zero)   float additions, as top-k forms p = g + e
+//   e', r' = p - d, split exactly             e' = fl(p - d) and r' the rounding error of that subtraction
+//                                             (Knuth's two-sum: always a float, barring overflow)
+// committed only after the round has succeeded. So d + e' + r' == p exactly, as real numbers, for every
+// compressor: nothing a message does not carry is lost, bit for bit (the tests check it in 113-bit
+// arithmetic). r' is +0 wherever the subtraction is exact, which it always is for random-k (d is p or +0)
+// and for fp16 / bf16 without clamping (narrowing a float loses a float's worth); for sign and QSGD, whose d
+// is a scale times a sign or a level, it carries what a single float residual would round away.
 // A round that throws (bad input on any rank) leaves the residual untouched.
 #pragma once
 
@@ -37,40 +34,59 @@ class error_feedback {
 public:
   error_feedback() = default;
   // `on` false keeps no residual: accumulate copies g and commit does nothing.
-  error_feedback(std::size_t length, bool on) : on_(on), e_(on ? length : 0, 0.0f) {}
+  error_feedback(std::size_t length, bool on)
+      : on_(on), e_(on ? length : 0, 0.0f), r_(on ? length : 0, 0.0f) {}
 
   bool on() const noexcept { return on_; }
+  // e: the residual's leading part, fl(p - d) of the last round.
   std::span<const float> residual() const noexcept { return e_; }
+  // r: the rounding error of that subtraction; e + r is exactly what was held back.
+  std::span<const float> residual_low() const noexcept { return r_; }
 
-  // p <- g + e (or g). Sizes are the caller's to check.
+  // p <- g + e + r (or g). The low part is added only where it is not zero, so that where every subtraction
+  // was exact p is g + e bit for bit, signed zeros included. Sizes are the caller's to check.
   void accumulate(std::span<const float> g, std::span<float> p) const noexcept {
     if (!on_) {
       std::copy(g.begin(), g.end(), p.begin());
       return;
     }
-    for (std::size_t i = 0; i < g.size(); ++i)
-      p[i] = g[i] + e_[i];
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const float s = g[i] + e_[i];
+      p[i] = r_[i] == 0.0f ? s : s + r_[i];
+    }
   }
 
-  // e <- p - d, once the round has succeeded.
+  // (e, r) <- p - d split exactly, once the round has succeeded.
   void commit(std::span<const float> p, std::span<const float> d) noexcept {
     if (!on_) return;
-    for (std::size_t i = 0; i < p.size(); ++i)
-      e_[i] = p[i] - d[i];
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      // Two-sum of p and -d: s is the rounded difference, t the error, both floats (no fast-math here:
+      // the operations must be evaluated as written).
+      const float a = p[i], b = -d[i];
+      const float s = a + b;
+      const float bb = s - a;
+      const float t = (a - (s - bb)) + (b - bb);
+      e_[i] = s;
+      r_[i] = t == 0.0f ? 0.0f : t;
+    }
   }
 
-  // Replaces the residual (from a loaded state); `e` must have the residual's length.
-  void replace(std::vector<float> e) noexcept { e_ = std::move(e); }
+  // Replaces the residual (from a loaded state); both must have the residual's length.
+  void replace(std::vector<float> e, std::vector<float> r) noexcept {
+    e_ = std::move(e);
+    r_ = std::move(r);
+  }
 
 private:
   bool on_ = false;
-  std::vector<float> e_;
+  std::vector<float> e_, r_;
 };
 
 namespace detail {
 
 // The body every compressor saves, inside sparsify's versioned, checksummed frame:
-//   u64 parameter count | u64 each parameter | u64 steps | u32 error feedback (1 on, 0 off) | residual
+//   u64 parameter count | u64 each parameter | u64 steps | u32 error feedback (1 on, 0 off) |
+//   residual | its low part (both only when on)
 // Parameters are what a state only loads into a compressor that agrees on (length, s, seed, ...).
 inline void save_state(std::ostream& os, std::string_view kind, std::span<const std::uint64_t> params,
                        std::uint64_t steps, const error_feedback& ef) {
@@ -80,13 +96,16 @@ inline void save_state(std::ostream& os, std::string_view kind, std::span<const 
     w.put<std::uint64_t>(v);
   w.put<std::uint64_t>(steps);
   w.put<std::uint32_t>(ef.on() ? 1u : 0u);
-  if (ef.on()) w.put_array(ef.residual());
+  if (ef.on()) {
+    w.put_array(ef.residual());
+    w.put_array(ef.residual_low());
+  }
   sparsify::detail::write_blob(os, std::move(w).finish());
 }
 
 struct loaded_state {
   std::uint64_t steps = 0;
-  std::vector<float> residual;
+  std::vector<float> residual, residual_low;
 };
 
 // Reads and checks a whole state before returning, so a caller that assigns only afterwards keeps its own
@@ -104,6 +123,8 @@ inline loaded_state load_state(std::istream& is, std::string_view kind, std::spa
   if (ef_on) {
     s.residual.resize(length);
     r.get_array(std::span<float>(s.residual), "residual");
+    s.residual_low.resize(length);
+    r.get_array(std::span<float>(s.residual_low), "residual low part");
   }
   r.expect_end();
   return s;

@@ -65,6 +65,7 @@ public:
   std::uint64_t steps() const noexcept { return steps_; }
   std::uint64_t wire_bytes() const noexcept { return wire_; }
   std::span<const float> residual() const noexcept { return ef_.residual(); }
+  std::span<const float> residual_low() const noexcept { return ef_.residual_low(); }
 
   template <comm::communicator C>
   report reduce(C& c, std::span<const float> g, std::span<float> out) {
@@ -99,7 +100,7 @@ public:
     static constexpr const char* names[] = {"length", "layer count", "levels", "seed"};
     auto s = detail::load_state(is, kind, params(), names, length_, ef_.on());
     steps_ = s.steps;
-    if (ef_.on()) ef_.replace(std::move(s.residual));
+    if (ef_.on()) ef_.replace(std::move(s.residual), std::move(s.residual_low));
   }
 
 private:

@@ -74,6 +74,7 @@ public:
   std::uint64_t wire_bytes() const noexcept { return wire_; }
   const random_k_options& options() const noexcept { return opt_; }
   std::span<const float> residual() const noexcept { return ef_.residual(); }
+  std::span<const float> residual_low() const noexcept { return ef_.residual_low(); }
   // The positions of the last round (the same on every rank).
   std::span<const std::size_t> indices() const noexcept { return idx_; }
 
@@ -111,7 +112,7 @@ public:
     static constexpr const char* names[] = {"length", "k", "seed"};
     auto s = detail::load_state(is, name_in_state, params(), names, length_, ef_.on());
     steps_ = s.steps;
-    if (ef_.on()) ef_.replace(std::move(s.residual));
+    if (ef_.on()) ef_.replace(std::move(s.residual), std::move(s.residual_low));
   }
 
 private:

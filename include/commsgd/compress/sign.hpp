@@ -4,7 +4,7 @@
 // value i is sent as one bit, p_i's sign bit (so -0 goes as negative), decoding to -scale or +scale.
 // Message: L float scales, then the bits packed one per value (compress/bit_pack.hpp), all gathered; each
 // rank decodes every rank's message and sums them in rank order from +0, so every rank has the same bits.
-// The residual keeps e = p - decoded (compress/error_feedback.hpp says which part of that is exact).
+// The residual keeps p - decoded exactly, as a pair of floats (compress/error_feedback.hpp).
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
@@ -51,6 +51,7 @@ public:
   std::uint64_t steps() const noexcept { return steps_; }
   std::uint64_t wire_bytes() const noexcept { return wire_; }
   std::span<const float> residual() const noexcept { return ef_.residual(); }
+  std::span<const float> residual_low() const noexcept { return ef_.residual_low(); }
 
   template <comm::communicator C>
   report reduce(C& c, std::span<const float> g, std::span<float> out) {
@@ -83,7 +84,7 @@ public:
     static constexpr const char* names[] = {"length", "layer count"};
     auto s = detail::load_state(is, kind, params(), names, length_, ef_.on());
     steps_ = s.steps;
-    if (ef_.on()) ef_.replace(std::move(s.residual));
+    if (ef_.on()) ef_.replace(std::move(s.residual), std::move(s.residual_low));
   }
 
 private:
