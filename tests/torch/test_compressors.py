@@ -153,28 +153,30 @@ def _sign_reference(p, sizes):
     return torch.from_numpy(out)
 
 
-def _sign(rank, world):
-    s = _state("sign")
+def _sign(rank, world, layerwise):
+    s = _state("sign", layerwise=layerwise)
     grads = _grads(rank, 0)
+    layers = _layers(grads) if layerwise else [sum(_layers(grads))]
     p = _flat(grads) + torch.zeros(1)  # p = g + e with e = +0: -0 goes as +0
     out, sent = _one_round(s, grads)
-    mine = _sign_reference(p.numpy(), _layers(grads))
+    mine = _sign_reference(p.numpy(), layers)
     ref = _rank_order_sum(_gather(mine)) / world
     assert _bits(out) == _bits(ref)
     # Error feedback: what the message did not carry stays, exactly p - decoded.
     assert _bits(s.residual(0)) == _bits(p - mine)
-    assert sent == _expected_bytes("sign", p.numel(), len(SHAPES), world, rank) == s.wire_bytes(0)
+    assert sent == _expected_bytes("sign", p.numel(), len(layers), world, rank) == s.wire_bytes(0)
     # The next round sends sign(g + e): its reference from the residual kept here.
     grads = _grads(rank, 1)
     p = _flat(grads) + s.residual(0)
     out, _ = _one_round(s, grads)
-    ref = _rank_order_sum(_gather(_sign_reference(p.numpy(), _layers(grads)))) / world
+    ref = _rank_order_sum(_gather(_sign_reference(p.numpy(), layers))) / world
     assert _bits(out) == _bits(ref)
     return True
 
 
-def test_sign_is_the_scaled_sign_of_each_rank_summed():
-    run_ranks(_sign, 2)
+@pytest.mark.parametrize("layerwise", [True, False])
+def test_sign_is_the_scaled_sign_of_each_rank_summed(layerwise):
+    run_ranks(_sign, 2, (layerwise,))
 
 
 def _qsgd_levels_ok(decoded, p, sizes, levels):
@@ -273,6 +275,13 @@ def _round_trip(rank, world):
                 commsgd_torch.compressor_hook(a, Bucket(_grads(rank, step), index, index == 1)).wait()
         saved = a.state_dict()
         b = _state(kind, **o)
+        # A damaged stream raises and leaves the state as it was (no bucket half loaded).
+        index, (sizes, blob) = next(iter(saved["buckets"].items()))
+        damaged = dict(saved, buckets=dict(saved["buckets"]))
+        damaged["buckets"][index] = (sizes, blob[:-9] + bytes([blob[-9] ^ 0x40]) + blob[-8:])
+        with pytest.raises(commsgd_torch.CorruptData):
+            b.load_state_dict(damaged)
+        assert b.keys() == []
         b.load_state_dict(saved)
         for step in range(2, 4):
             for index in range(2):
