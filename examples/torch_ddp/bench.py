@@ -13,7 +13,8 @@ bytes received / B), alpha = 50 us: the formula of comm::simulated's network_mod
 Compute = forward + backward + optimizer step of one rank's batch, measured in one process with one thread
 (the same work for every scheme), plus, for commsgd's top-k, the sparsifier's own time as the library
 measures it during the run. PyTorch hooks'
-own computation (casts, PowerSGD's matrix products and orthogonalisation) is not added: that favours them.
+own computation (casts, PowerSGD's matrix products and orthogonalisation) is not added, which favours them,
+and neither is the encoding and decoding of commsgd's compressors (the fp16, bf16, sign, qsgd, random-k rows).
 
     PYTHONPATH=build/dev/python /usr/bin/python3 examples/torch_ddp/bench.py --out bench/results/torch-ddp
 """
@@ -42,6 +43,8 @@ import commsgd_torch
 ALPHA = 50e-6
 BANDWIDTHS = {"1G": 125e6, "10G": 1250e6}
 WARMUP = 20  # dense iterations before compression starts, the same for PowerSGD, top-k and local SGD
+# commsgd's compressors behind commsgd_torch.compressor_hook (commsgd-qsgd<levels>, commsgd-randomk<density>).
+COMPRESSORS = ("commsgd-fp16", "commsgd-bf16", "commsgd-sign", "commsgd-qsgd", "commsgd-randomk")
 
 
 # ---- data and models -------------------------------------------------------------------------------------
@@ -83,7 +86,8 @@ class CNN(torch.nn.Module):
 MODELS = {"mlp": mlp, "cnn": CNN}
 
 SCHEMES = ["ddp", "fp16", "bf16", "powersgd-r1", "powersgd-r2", "powersgd-r4", "commsgd-powersgd-r1",
-           "commsgd-powersgd-r2", "commsgd-powersgd-r4",
+           "commsgd-powersgd-r2", "commsgd-powersgd-r4", "commsgd-fp16", "commsgd-bf16", "commsgd-sign",
+           "commsgd-qsgd4", "commsgd-randomk0.1",
            "topk-laplace-1e-3", "topk-laplace-1e-2", "topk-radix-1e-3", "topk-radix-1e-2", "localsgd-h8"]
 
 
@@ -149,7 +153,7 @@ def train(rank, world, a, model_name, scheme):
     torch.manual_seed(a.seed)
     model = MODELS[model_name]()
     ddp = DDP(model)
-    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     counter = Counter(rank, world)
     state = None
     if scheme == "ddp":
@@ -178,6 +182,18 @@ def train(rank, world, a, model_name, scheme):
         state = commsgd_torch.PowerSGDState(matrix_approximation_rank=r, start_powerSGD_iter=WARMUP,
                                             random_seed=a.seed)
         ddp.register_comm_hook(state, commsgd_torch.powersgd_hook)
+    elif scheme.startswith(COMPRESSORS):
+        # commsgd's compressors, one per bucket, after the same dense warm-up as the other compressed rows.
+        name = scheme[len("commsgd-"):]
+        if name.startswith("qsgd"):
+            state = commsgd_torch.CompressorState(None, "qsgd", start_iter=WARMUP, levels=int(name[4:]),
+                                                  seed=a.seed)
+        elif name.startswith("randomk"):
+            state = commsgd_torch.CompressorState(None, "randomk", start_iter=WARMUP, density=float(name[7:]),
+                                                  seed=a.seed)
+        else:
+            state = commsgd_torch.CompressorState(None, name, start_iter=WARMUP)
+        ddp.register_comm_hook(state, commsgd_torch.compressor_hook)
     elif scheme.startswith("powersgd"):
         install_counter(counter)
         r = int(scheme.split("-r")[1])
@@ -188,7 +204,7 @@ def train(rank, world, a, model_name, scheme):
         _, selector, density = scheme.split("-", 2)
         selector = {"laplace": "laplace_bisect", "radix": "radix"}[selector]
         # DGC: the momentum moves into the hook (momentum correction), the optimizer steps without it.
-        state = commsgd_torch.TopKState(model, density=float(density), selector=selector, momentum=0.9,
+        state = commsgd_torch.TopKState(model, density=float(density), selector=selector, momentum=a.momentum,
                                         dense_warmup_steps=WARMUP)
         for group in opt.param_groups:
             group["momentum"] = 0.0
@@ -201,7 +217,8 @@ def train(rank, world, a, model_name, scheme):
         raise ValueError(f"unknown scheme {scheme}")
 
     def traffic():
-        ours = (commsgd_torch.TopKState, commsgd_torch.LocalSGD, commsgd_torch.PowerSGDState)
+        ours = (commsgd_torch.TopKState, commsgd_torch.LocalSGD, commsgd_torch.PowerSGDState,
+                commsgd_torch.CompressorState)
         return state.traffic() if isinstance(state, ours) else counter.traffic()
 
     g = torch.Generator().manual_seed(a.seed + rank)
@@ -304,6 +321,7 @@ def main():
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (top-k: DGC's, in the hook)")
     p.add_argument("--evals-per-epoch", type=int, default=8)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--target-gap", type=float, default=0.02,
@@ -389,8 +407,9 @@ def write_goal(out, summary):
                 return min(reached, key=lambda r: num(r["t_target_1G_s"]))
             return max(cands, key=lambda r: num(r["final_acc"])) if cands else None
         picks = [("DDP allreduce", best(("ddp",))), ("fp16", best(("fp16",))),
-                 ("best PowerSGD", best(("powersgd",))), ("best commsgd", best(("topk", "localsgd"))),
-                 ("best commsgd PowerSGD", best(("commsgd-powersgd",)))]
+                 ("best PowerSGD", best(("powersgd",))), ("best commsgd", best(("topk", "localsgd") + COMPRESSORS)),
+                 ("best commsgd PowerSGD", best(("commsgd-powersgd",))),
+                 ("best commsgd compressor", best(COMPRESSORS))]
         for label, r in picks:
             if r is not None:
                 lines.append(f"| {m} | {label}: {r['scheme']} | {num(r['final_acc']):.4f} | "

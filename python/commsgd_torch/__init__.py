@@ -25,8 +25,9 @@ import torch.distributed as dist
 from ._C import (CommError, CorruptData, Error, InvalidArgument, NonFinite, SizeMismatch, Unsupported)
 from . import _C
 from .powersgd import PowerSGDState, powersgd_hook
+from .compressors import KINDS, CompressorState, compressor_hook
 
-__all__ = ["TopKState", "topk_hook", "LocalSGD", "local_sgd_hook", "PowerSGDState", "powersgd_hook", "Error", "InvalidArgument", "NonFinite",
+__all__ = ["TopKState", "topk_hook", "LocalSGD", "local_sgd_hook", "PowerSGDState", "powersgd_hook", "CompressorState", "compressor_hook", "KINDS", "Error", "InvalidArgument", "NonFinite",
            "SizeMismatch", "CommError", "CorruptData", "Unsupported", "SELECTORS"]
 
 SELECTORS = ("exact", "radix", "laplace_bisect", "hierarchical", "sampled")

@@ -441,7 +441,8 @@ private:
 
 } // namespace
 
-void bind_powersgd(py::module_& m); // powersgd.cpp
+void bind_powersgd(py::module_& m);    // powersgd.cpp
+void bind_compressors(py::module_& m); // compressors.cpp
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "commsgd's communication-efficient exchanges behind DDP communication hooks";
@@ -486,4 +487,5 @@ PYBIND11_MODULE(_C, m) {
       .def("reset_traffic", &local_sgd_state::reset_traffic);
 
   bind_powersgd(m);
+  bind_compressors(m);
 }

@@ -1,0 +1,311 @@
+// commsgd_torch._C.Compressor: one of compress::fp16, bf16, sign, qsgd, random_k per DDP bucket over a
+// metered comm::process_group, behind commsgd_torch.compressor_hook (python/commsgd_torch/compressors.py).
+//
+// State (the error-feedback residual, the step counter that keys qsgd's and random-k's draws) is keyed by
+// the bucket's index. A bucket whose parameter sizes change after compression has started raises instead
+// of dropping or misplacing its residual (DDP rebuilds buckets at its second iteration, which a start
+// iteration >= 2 keeps out of the compressed phase).
+//
+// Errors: a bad bucket on one rank is handed to the compressor as a gradient of the wrong size, which makes
+// its collective verdict fail (compress/agree.hpp), so every rank raises instead of waiting; this rank
+// raises its own, more precise error.
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+
+#include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/process_group.hpp>
+#include <commsgd/compress/half.hpp>
+#include <commsgd/compress/qsgd.hpp>
+#include <commsgd/compress/random_k.hpp>
+#include <commsgd/compress/sign.hpp>
+#include <commsgd/cost/compress.hpp>
+
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <sstream>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace py = pybind11;
+using namespace commsgd;
+
+namespace {
+
+using meter = comm::metered<comm::process_group>;
+using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
+using size_list = std::vector<std::int64_t>;
+using any_compressor =
+    std::variant<compress::fp16, compress::bf16, compress::sign, compress::qsgd, compress::random_k>;
+
+const char* const kind_names[] = {"fp16", "bf16", "sign", "qsgd", "randomk"};
+
+std::size_t kind_of(const std::string& kind) {
+  for (std::size_t i = 0; i < std::size(kind_names); ++i)
+    if (kind == kind_names[i]) return i;
+  throw invalid_argument(commsgd::detail::concat("argument 'kind' = '", kind,
+                                                 "' is not one of fp16, bf16, sign, qsgd, randomk"));
+}
+
+struct settings {
+  std::size_t kind;
+  bool error_feedback, layerwise;
+  compress::half_overflow overflow;
+  std::uint32_t levels;
+  double density;
+  std::uint64_t seed;
+};
+
+std::vector<std::size_t> offsets_of(const size_list& sizes) {
+  std::vector<std::size_t> o{0};
+  for (auto s : sizes) {
+    if (s < 0)
+      throw invalid_argument(commsgd::detail::concat("argument 'sizes' holds a parameter of ", s,
+                                                     " values; sizes must be >= 0"));
+    o.push_back(o.back() + static_cast<std::size_t>(s));
+  }
+  return o;
+}
+
+// Bucket sizes are the parameters' value counts in bucket order; the per-layer kinds (sign, qsgd) keep one
+// scale per parameter when layerwise, else one for the whole bucket.
+any_compressor make(const settings& s, const size_list& sizes) {
+  auto off = offsets_of(sizes);
+  const std::size_t n = off.back();
+  if (!s.layerwise || off.size() < 2) off.clear();
+  switch (s.kind) {
+  case 0:
+    return compress::fp16(n, {s.error_feedback, s.overflow});
+  case 1:
+    return compress::bf16(n, {s.error_feedback, s.overflow});
+  case 2:
+    return compress::sign(n, {std::move(off), s.error_feedback});
+  case 3: {
+    compress::qsgd_options o;
+    o.levels = s.levels;
+    o.layer_offsets = std::move(off);
+    o.seed = s.seed;
+    o.error_feedback = s.error_feedback;
+    return compress::qsgd(n, std::move(o));
+  }
+  default: {
+    compress::random_k_options o;
+    o.density = s.density;
+    o.seed = s.seed;
+    o.error_feedback = s.error_feedback;
+    return compress::random_k(n, o);
+  }
+  }
+}
+
+// A float32, contiguous CPU tensor's values, or an error naming what is wrong.
+std::span<float> values_of(const at::Tensor& t, const char* what) {
+  if (t.scalar_type() != at::kFloat)
+    throw invalid_argument(commsgd::detail::concat("argument '", what, "' has dtype ",
+                                                   c10::toString(t.scalar_type()),
+                                                   ", the allowed dtype is float32"));
+  if (!t.device().is_cpu())
+    throw invalid_argument(commsgd::detail::concat("argument '", what, "' is on device ", t.device().str(),
+                                                   ", the allowed device is cpu"));
+  if (!t.is_contiguous())
+    throw invalid_argument(commsgd::detail::concat("argument '", what, "' is not contiguous"));
+  return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())};
+}
+
+at::Tensor tensor_of(std::span<const float> v) {
+  at::Tensor t = at::empty({static_cast<std::int64_t>(v.size())}, at::TensorOptions().dtype(at::kFloat));
+  std::copy(v.begin(), v.end(), t.data_ptr<float>());
+  return t;
+}
+
+class compressor_state {
+  struct bucket {
+    any_compressor x;
+    size_list sizes;
+  };
+
+public:
+  compressor_state(const group_ptr& group, const std::string& kind, bool error_feedback,
+                   const std::string& overflow, std::int64_t levels, double density, std::int64_t seed,
+                   bool layerwise)
+      : comm_(comm::process_group(group)) {
+    s_.kind = kind_of(kind);
+    s_.error_feedback = error_feedback;
+    s_.layerwise = layerwise;
+    if (overflow == "refuse")
+      s_.overflow = compress::half_overflow::refuse;
+    else if (overflow == "clamp")
+      s_.overflow = compress::half_overflow::clamp;
+    else
+      throw invalid_argument(
+          commsgd::detail::concat("argument 'overflow' = '", overflow, "' is not one of refuse, clamp"));
+    commsgd::detail::check_range("levels", levels, 1, std::int64_t{compress::qsgd_options::max_levels},
+                                 "[1, 65535]");
+    s_.levels = static_cast<std::uint32_t>(levels);
+    if (seed < 0)
+      throw invalid_argument(
+          commsgd::detail::concat("argument 'seed' = ", seed, " is outside the allowed range [0, 2^63)"));
+    s_.seed = static_cast<std::uint64_t>(seed);
+    s_.density = density;
+    make(s_, {}); // checks the density (and anything else the compressor checks) now, on every rank alike
+  }
+
+  bool has(std::int64_t index) const { return buckets_.count(index) != 0; }
+
+  // The bucket's mean over ranks (DDP's convention), written over the bucket, which is returned.
+  at::Tensor exchange(const at::Tensor& buffer, std::int64_t index, const size_list& sizes) {
+    auto it = buckets_.find(index);
+    if (it == buckets_.end()) it = buckets_.emplace(index, bucket{make(s_, sizes), sizes}).first;
+    auto& b = it->second;
+    std::span<float> g;
+    std::exception_ptr local;
+    try {
+      if (sizes != b.sizes)
+        throw unsupported(commsgd::detail::concat(
+            "bucket ", index, " changed its layout after compression started (", b.sizes.size(),
+            " parameters of ", offsets_of(b.sizes).back(), " values before, ", sizes.size(), " of ",
+            offsets_of(sizes).back(),
+            " now; DDP rebuilds buckets at its second iteration: use start_iter >= 2)"));
+      g = values_of(buffer, "bucket");
+      if (static_cast<std::int64_t>(g.size()) != static_cast<std::int64_t>(offsets_of(sizes).back()))
+        throw size_mismatch(commsgd::detail::concat("argument 'bucket' has ", g.size(),
+                                                    " values, its parameters' sizes add up to ",
+                                                    offsets_of(sizes).back()));
+    } catch (const commsgd::error&) {
+      local = std::current_exception();
+      g = {}; // the wrong size: the compressor's verdict fails on every rank
+    }
+    try {
+      py::gil_scoped_release unlocked;
+      // Every model writes out only after it has read all of g, so out may be the gradient itself.
+      std::visit([&](auto& x) { x.reduce(comm_, g, g); }, b.x);
+    } catch (const commsgd::error&) {
+      if (!local) throw;
+    }
+    if (local) std::rethrow_exception(local);
+    if (comm_.size() > 1) buffer.div_(static_cast<double>(comm_.size()));
+    return buffer;
+  }
+
+  // Dense averaging for the iterations before compression starts.
+  void average(const at::Tensor& buffer) {
+    auto v = values_of(buffer, "bucket");
+    {
+      py::gil_scoped_release unlocked;
+      comm_.all_reduce_sum(v);
+    }
+    buffer.div_(static_cast<double>(comm_.size()));
+  }
+
+  py::dict traffic() const {
+    py::dict d;
+    const auto t = comm_.counters().total();
+    d["bytes_sent"] = t.bytes_sent;
+    d["bytes_received"] = t.bytes_received;
+    d["messages_sent"] = t.messages_sent;
+    d["messages_received"] = t.messages_received;
+    d["calls"] = t.calls;
+    return d;
+  }
+  void reset_traffic() { comm_.reset(); }
+
+  std::vector<std::int64_t> keys() const {
+    std::vector<std::int64_t> k;
+    for (auto& [i, b] : buckets_)
+      k.push_back(i);
+    return k;
+  }
+  const bucket& find(std::int64_t index) const {
+    auto it = buckets_.find(index);
+    if (it == buckets_.end())
+      throw invalid_argument(commsgd::detail::concat("argument 'index' = ", index, " is not a known bucket"));
+    return it->second;
+  }
+  at::Tensor residual(std::int64_t index) const {
+    return std::visit([](const auto& x) { return tensor_of(x.residual()); }, find(index).x);
+  }
+  std::uint64_t wire_bytes(std::int64_t index) const {
+    return std::visit([](const auto& x) { return x.wire_bytes(); }, find(index).x);
+  }
+  std::uint64_t steps(std::int64_t index) const {
+    return std::visit([](const auto& x) { return x.steps(); }, find(index).x);
+  }
+  // random-k's positions of the bucket's last round.
+  std::vector<std::size_t> indices(std::int64_t index) const {
+    const auto* x = std::get_if<compress::random_k>(&find(index).x);
+    if (!x) throw unsupported("indices(): only the randomk compressor sends chosen positions");
+    return {x->indices().begin(), x->indices().end()};
+  }
+
+  py::dict state_dict() const {
+    py::dict buckets;
+    for (auto& [i, b] : buckets_) {
+      std::ostringstream os;
+      std::visit([&](const auto& x) { x.save(os); }, b.x);
+      buckets[py::int_(i)] = py::make_tuple(b.sizes, py::bytes(os.str()));
+    }
+    return buckets;
+  }
+
+  // All or nothing: a stream that does not fit leaves the state as it was.
+  void load_state_dict(const py::dict& d) {
+    std::map<std::int64_t, bucket> loaded;
+    for (auto item : d) {
+      auto t = item.second.cast<py::tuple>();
+      auto sizes = t[0].cast<size_list>();
+      auto x = make(s_, sizes);
+      std::istringstream is(t[1].cast<std::string>());
+      std::visit([&](auto& c) { c.load(is); }, x);
+      loaded.insert_or_assign(item.first.cast<std::int64_t>(), bucket{std::move(x), std::move(sizes)});
+    }
+    buckets_ = std::move(loaded);
+  }
+
+private:
+  meter comm_;
+  settings s_;
+  std::map<std::int64_t, bucket> buckets_;
+};
+
+// What cost/compress.hpp says `rank` sends in one round of `kind` on a bucket of `length` values.
+std::uint64_t wire_cost(const std::string& kind, std::uint64_t length, std::uint64_t layers,
+                        std::uint64_t levels, std::uint64_t k, int world, int rank) {
+  switch (kind_of(kind)) {
+  case 0:
+  case 1:
+    return cost::half_traffic(length, world).sent;
+  case 2:
+    return cost::sign_traffic(length, layers, world).sent;
+  case 3:
+    return cost::qsgd_traffic(length, layers, levels, world).sent;
+  default:
+    return cost::random_k_traffic(k, world, rank).sent;
+  }
+}
+
+} // namespace
+
+void bind_compressors(py::module_& m) {
+  py::class_<compressor_state>(m, "Compressor")
+      .def(py::init<const group_ptr&, const std::string&, bool, const std::string&, std::int64_t, double,
+                    std::int64_t, bool>(),
+           py::arg("process_group"), py::arg("kind"), py::arg("error_feedback"), py::arg("overflow"),
+           py::arg("levels"), py::arg("density"), py::arg("seed"), py::arg("layerwise"))
+      .def("has", &compressor_state::has)
+      .def("exchange", &compressor_state::exchange, py::arg("buffer"), py::arg("index"), py::arg("sizes"))
+      .def("average", &compressor_state::average)
+      .def("traffic", &compressor_state::traffic)
+      .def("reset_traffic", &compressor_state::reset_traffic)
+      .def("keys", &compressor_state::keys)
+      .def("residual", &compressor_state::residual)
+      .def("wire_bytes", &compressor_state::wire_bytes)
+      .def("steps", &compressor_state::steps)
+      .def("indices", &compressor_state::indices)
+      .def("state_dict", &compressor_state::state_dict)
+      .def("load_state_dict", &compressor_state::load_state_dict);
+  m.def("compressor_wire_bytes", &wire_cost, py::arg("kind"), py::arg("length"), py::arg("layers"),
+        py::arg("levels"), py::arg("k"), py::arg("world"), py::arg("rank"));
+}
