@@ -88,6 +88,10 @@ class CompressorState:
         """Bucket `index`'s error-feedback residual (empty without error feedback)."""
         return self._c.residual(index)
 
+    def residual_low(self, index):
+        """Its low part: residual + residual_low is exactly what the messages held back."""
+        return self._c.residual_low(index)
+
     def wire_bytes(self, index):
         """Bytes this rank sent in bucket `index`'s last compressed round (cost/compress.hpp's model)."""
         return self._c.wire_bytes(index)

@@ -227,6 +227,10 @@ public:
   at::Tensor residual(std::int64_t index) const {
     return std::visit([](const auto& x) { return tensor_of(x.residual()); }, find(index).x);
   }
+  // The residual's low part: residual + residual_low is exactly what the messages held back.
+  at::Tensor residual_low(std::int64_t index) const {
+    return std::visit([](const auto& x) { return tensor_of(x.residual_low()); }, find(index).x);
+  }
   std::uint64_t wire_bytes(std::int64_t index) const {
     return std::visit([](const auto& x) { return x.wire_bytes(); }, find(index).x);
   }
@@ -301,6 +305,7 @@ void bind_compressors(py::module_& m) {
       .def("reset_traffic", &compressor_state::reset_traffic)
       .def("keys", &compressor_state::keys)
       .def("residual", &compressor_state::residual)
+      .def("residual_low", &compressor_state::residual_low)
       .def("wire_bytes", &compressor_state::wire_bytes)
       .def("steps", &compressor_state::steps)
       .def("indices", &compressor_state::indices)

@@ -165,9 +165,11 @@ def _sign(rank, world, layerwise):
     # Error feedback: what the message did not carry stays, exactly p - decoded.
     assert _bits(s.residual(0)) == _bits(p - mine)
     assert sent == _expected_bytes("sign", p.numel(), len(layers), world, rank) == s.wire_bytes(0)
-    # The next round sends sign(g + e): its reference from the residual kept here.
+    # The next round sends the sign of g + e + r (r, the residual's low part, added where it is not zero).
     grads = _grads(rank, 1)
+    low = s.residual_low(0)
     p = _flat(grads) + s.residual(0)
+    p = torch.where(low != 0, p + low, p)
     out, _ = _one_round(s, grads)
     ref = _rank_order_sum(_gather(_sign_reference(p.numpy(), layers))) / world
     assert _bits(out) == _bits(ref)
