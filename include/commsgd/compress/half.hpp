@@ -247,26 +247,15 @@ using bf16 = half_compressor<bf16_format>;
 
 namespace commsgd::inline v1::policy {
 
-// fp16 / bf16 as data_parallel's compressor; options from `o.half` when the options struct has that
-// member (a struct derived from data_parallel_options), else the defaults.
+// fp16 / bf16 as data_parallel's compressor, with data_parallel_options::half.
 struct fp16 {};
 struct bf16 {};
-
-namespace detail {
-template <class Options>
-compress::half_options half_options_of(const Options& o) {
-  if constexpr (requires { o.half; })
-    return o.half;
-  else
-    return {};
-}
-} // namespace detail
 
 template <>
 struct sparsifier_traits<fp16> : compressor_traits<sparsifier_traits<fp16>, compress::fp16> {
   template <class Options>
   static compress::fp16 make(std::size_t length, const Options& o) {
-    return compress::fp16(length, detail::half_options_of(o));
+    return compress::fp16(length, o.half);
   }
 };
 
@@ -274,7 +263,7 @@ template <>
 struct sparsifier_traits<bf16> : compressor_traits<sparsifier_traits<bf16>, compress::bf16> {
   template <class Options>
   static compress::bf16 make(std::size_t length, const Options& o) {
-    return compress::bf16(length, detail::half_options_of(o));
+    return compress::bf16(length, o.half);
   }
 };
 

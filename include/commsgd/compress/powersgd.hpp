@@ -444,11 +444,6 @@ template <>
 struct sparsifier_traits<powersgd> : compressor_traits<sparsifier_traits<powersgd>, compress::powersgd> {
   template <class Options>
   static compress::powersgd make(std::size_t length, const Options& o) {
-    static_assert(
-        requires(const Options& x) { x.powersgd; },
-        "commsgd::policy::powersgd: the options have no member 'powersgd'; derive a struct from "
-        "data_parallel_options with a compress::powersgd_options member named powersgd (rank, "
-        "layer shapes) and pass it to data_parallel");
     return compress::powersgd(length, o.powersgd);
   }
 };

@@ -211,18 +211,14 @@ static_assert(compressor<qsgd, comm::archetype>);
 
 namespace commsgd::inline v1::policy {
 
-// QSGD as data_parallel's compressor; options from `o.qsgd` when the options struct has that member (a
-// struct derived from data_parallel_options), else the defaults.
+// QSGD as data_parallel's compressor, with data_parallel_options::qsgd.
 struct qsgd {};
 
 template <>
 struct sparsifier_traits<qsgd> : compressor_traits<sparsifier_traits<qsgd>, compress::qsgd> {
   template <class Options>
   static compress::qsgd make(std::size_t length, const Options& o) {
-    if constexpr (requires { o.qsgd; })
-      return compress::qsgd(length, o.qsgd);
-    else
-      return compress::qsgd(length);
+    return compress::qsgd(length, o.qsgd);
   }
 };
 

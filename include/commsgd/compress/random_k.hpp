@@ -153,18 +153,14 @@ static_assert(compressor<random_k, comm::archetype>);
 
 namespace commsgd::inline v1::policy {
 
-// random-k as data_parallel's compressor; options from `o.random_k` when the options struct has that
-// member (a struct derived from data_parallel_options), else the defaults.
+// random-k as data_parallel's compressor, with data_parallel_options::random_k.
 struct random_k {};
 
 template <>
 struct sparsifier_traits<random_k> : compressor_traits<sparsifier_traits<random_k>, compress::random_k> {
   template <class Options>
   static compress::random_k make(std::size_t length, const Options& o) {
-    if constexpr (requires { o.random_k; })
-      return compress::random_k(length, o.random_k);
-    else
-      return compress::random_k(length);
+    return compress::random_k(length, o.random_k);
   }
 };
 

@@ -140,18 +140,14 @@ static_assert(compressor<sign, comm::archetype>);
 
 namespace commsgd::inline v1::policy {
 
-// EF-SignSGD as data_parallel's compressor; options from `o.sign` when the options struct has that member
-// (a struct derived from data_parallel_options), else the defaults.
+// EF-SignSGD as data_parallel's compressor, with data_parallel_options::sign.
 struct sign {};
 
 template <>
 struct sparsifier_traits<sign> : compressor_traits<sparsifier_traits<sign>, compress::sign> {
   template <class Options>
   static compress::sign make(std::size_t length, const Options& o) {
-    if constexpr (requires { o.sign; })
-      return compress::sign(length, o.sign);
-    else
-      return compress::sign(length);
+    return compress::sign(length, o.sign);
   }
 };
 

@@ -3,9 +3,8 @@
 //
 // It builds its own reducer (policy::builds_reducer), since the exchange hands values back to the
 // sparsifier. It reads data_parallel_options::top_k, the path of data_parallel_options::sparse_exchange
-// (sparse, dense or automatic), and, where the options struct has one (a struct derived from
-// data_parallel_options), a field `sparse_allreduce` of type sparsify::allreduce_options for the threshold's
-// refresh period and drift bound. Like policy::top_k it pairs with policy::uncoded<> only.
+// (sparse, dense or automatic) and data_parallel_options::sparse_allreduce (the threshold's refresh period
+// and drift bound). Like policy::top_k it pairs with policy::uncoded<> only.
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
@@ -34,8 +33,7 @@ struct sparsifier_traits<top_k_allreduce<Selector, Index>> {
 
   template <comm::communicator C, class Scheme, class Options>
   static reducer<Scheme, C> make_reducer(C& c, Scheme scheme, std::size_t length, const Options& o) {
-    sparsify::allreduce_options ao;
-    if constexpr (requires { o.sparse_allreduce; }) ao = o.sparse_allreduce;
+    sparsify::allreduce_options ao = o.sparse_allreduce;
     ao.path = o.sparse_exchange.path;
     return reducer<Scheme, C>(c, std::move(scheme), sparsifier_type(length, o.top_k), ao);
   }
