@@ -12,6 +12,8 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
+#include "bridge.hpp"
+
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
 #include <commsgd/compress/half.hpp>
@@ -35,7 +37,11 @@ using namespace commsgd;
 
 namespace {
 
-using meter = comm::metered<comm::process_group>;
+using commsgd_torch::average_bucket;
+using commsgd_torch::meter;
+using commsgd_torch::tensor_of;
+using commsgd_torch::traffic_dict;
+using commsgd_torch::values_of;
 using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
 using size_list = std::vector<std::int64_t>;
 using any_compressor =
@@ -99,26 +105,6 @@ any_compressor make(const settings& s, const size_list& sizes) {
     return compress::random_k(n, o);
   }
   }
-}
-
-// A float32, contiguous CPU tensor's values, or an error naming what is wrong.
-std::span<float> values_of(const at::Tensor& t, const char* what) {
-  if (t.scalar_type() != at::kFloat)
-    throw invalid_argument(commsgd::detail::concat("argument '", what, "' has dtype ",
-                                                   c10::toString(t.scalar_type()),
-                                                   ", the allowed dtype is float32"));
-  if (!t.device().is_cpu())
-    throw invalid_argument(commsgd::detail::concat("argument '", what, "' is on device ", t.device().str(),
-                                                   ", the allowed device is cpu"));
-  if (!t.is_contiguous())
-    throw invalid_argument(commsgd::detail::concat("argument '", what, "' is not contiguous"));
-  return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())};
-}
-
-at::Tensor tensor_of(std::span<const float> v) {
-  at::Tensor t = at::empty({static_cast<std::int64_t>(v.size())}, at::TensorOptions().dtype(at::kFloat));
-  std::copy(v.begin(), v.end(), t.data_ptr<float>());
-  return t;
 }
 
 class compressor_state {
@@ -191,25 +177,9 @@ public:
   }
 
   // Dense averaging for the iterations before compression starts.
-  void average(const at::Tensor& buffer) {
-    auto v = values_of(buffer, "bucket");
-    {
-      py::gil_scoped_release unlocked;
-      comm_.all_reduce_sum(v);
-    }
-    buffer.div_(static_cast<double>(comm_.size()));
-  }
+  void average(const at::Tensor& buffer) { average_bucket(comm_, buffer); }
 
-  py::dict traffic() const {
-    py::dict d;
-    const auto t = comm_.counters().total();
-    d["bytes_sent"] = t.bytes_sent;
-    d["bytes_received"] = t.bytes_received;
-    d["messages_sent"] = t.messages_sent;
-    d["messages_received"] = t.messages_received;
-    d["calls"] = t.calls;
-    return d;
-  }
+  py::dict traffic() const { return traffic_dict(comm_); }
   void reset_traffic() { comm_.reset(); }
 
   std::vector<std::int64_t> keys() const {

@@ -17,6 +17,8 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
+#include "bridge.hpp"
+
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
 #include <commsgd/select/exact.hpp>
@@ -44,7 +46,8 @@ using namespace commsgd;
 
 namespace {
 
-using meter = comm::metered<comm::process_group>;
+using commsgd_torch::meter;
+using commsgd_torch::traffic_dict;
 using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
 
 template <class S>
@@ -74,17 +77,6 @@ std::size_t selector_index(const std::string& name) {
   throw invalid_argument(
       commsgd::detail::concat("argument 'selector' = '", name,
                               "' is not one of exact, radix, laplace_bisect, hierarchical, sampled"));
-}
-
-py::dict traffic_dict(const meter& m) {
-  py::dict d;
-  const auto t = m.counters().total();
-  d["bytes_sent"] = t.bytes_sent;
-  d["bytes_received"] = t.bytes_received;
-  d["messages_sent"] = t.messages_sent;
-  d["messages_received"] = t.messages_received;
-  d["calls"] = t.calls;
-  return d;
 }
 
 void check_bucket(const at::Tensor& t) {

@@ -1,0 +1,63 @@
+// What the module's hook states share: their metered communicator, the checked view of a bucket tensor, a
+// tensor copy of a state vector, the traffic counters as a dict, and the dense averaging of a bucket.
+#pragma once
+
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+
+#include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/process_group.hpp>
+#include <commsgd/error.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace commsgd_torch {
+
+namespace py = pybind11;
+
+using meter = commsgd::comm::metered<commsgd::comm::process_group>;
+
+// A float32, contiguous CPU tensor's values, or an error naming what is wrong.
+inline std::span<float> values_of(const at::Tensor& t, const char* what) {
+  using commsgd::detail::concat;
+  if (t.scalar_type() != at::kFloat)
+    throw commsgd::invalid_argument(concat("argument '", what, "' has dtype ", c10::toString(t.scalar_type()),
+                                           ", the allowed dtype is float32"));
+  if (!t.device().is_cpu())
+    throw commsgd::invalid_argument(
+        concat("argument '", what, "' is on device ", t.device().str(), ", the allowed device is cpu"));
+  if (!t.is_contiguous()) throw commsgd::invalid_argument(concat("argument '", what, "' is not contiguous"));
+  return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())};
+}
+
+inline at::Tensor tensor_of(std::span<const float> v) {
+  at::Tensor t = at::empty({static_cast<std::int64_t>(v.size())}, at::TensorOptions().dtype(at::kFloat));
+  std::copy(v.begin(), v.end(), t.data_ptr<float>());
+  return t;
+}
+
+inline py::dict traffic_dict(const meter& m) {
+  py::dict d;
+  const auto t = m.counters().total();
+  d["bytes_sent"] = t.bytes_sent;
+  d["bytes_received"] = t.bytes_received;
+  d["messages_sent"] = t.messages_sent;
+  d["messages_received"] = t.messages_received;
+  d["calls"] = t.calls;
+  return d;
+}
+
+// The bucket's mean over ranks, in place (the iterations before compression starts).
+inline void average_bucket(meter& comm, const at::Tensor& buffer) {
+  auto v = values_of(buffer, "bucket");
+  {
+    py::gil_scoped_release unlocked;
+    comm.all_reduce_sum(v);
+  }
+  buffer.div_(static_cast<double>(comm.size()));
+}
+
+} // namespace commsgd_torch
