@@ -96,3 +96,33 @@ class FakeBucket:
 
     def is_last(self):
         return self._last
+
+
+class Bucket:
+    """A DDP bucket as the hooks see it: a flat buffer, per-parameter views into it, an index."""
+
+    def __init__(self, grads, index=0, last=True):
+        self._buffer = torch.cat([g.reshape(-1) for g in grads]).contiguous()
+        self._views, off = [], 0
+        for g in grads:
+            self._views.append(self._buffer[off:off + g.numel()].view(g.shape))
+            off += g.numel()
+        self._index, self._last = index, last
+
+    def buffer(self):
+        return self._buffer
+
+    def gradients(self):
+        return self._views
+
+    def parameters(self):
+        return self._views
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return self._last
+
+    def is_first(self):
+        return self._index == 0

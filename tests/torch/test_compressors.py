@@ -9,35 +9,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commsgd_torch
-from helpers import run_ranks
+from helpers import Bucket, run_ranks
 
 # Parameter shapes of one bucket: odd sizes, a single value, a 4-D weight, an empty parameter.
 SHAPES = [(33, 17), (33,), (1,), (8, 3, 3, 3), (0,), (10, 65), (10,)]
 HEADER = 40  # the verdict all_gather every round starts with: 5 u64 per rank (compress/agree.hpp)
-
-
-class Bucket:
-    """What the hook reads of a DDP bucket: a flat float32 buffer, per-parameter views, an index."""
-
-    def __init__(self, grads, index=0, last=True):
-        self._buffer = torch.cat([g.reshape(-1) for g in grads]).contiguous()
-        self._views, off = [], 0
-        for g in grads:
-            self._views.append(self._buffer[off:off + g.numel()].view(g.shape))
-            off += g.numel()
-        self._index, self._last = index, last
-
-    def buffer(self):
-        return self._buffer
-
-    def gradients(self):
-        return self._views
-
-    def index(self):
-        return self._index
-
-    def is_last(self):
-        return self._last
 
 
 def _grads(rank, step, special=True):

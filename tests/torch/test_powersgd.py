@@ -8,41 +8,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commsgd_torch
-from helpers import mlp, run_ranks
+from helpers import Bucket, mlp, run_ranks
 
 # Linear weights, biases, a convolution's 4-D weight (viewed as 16 x 27), a small matrix left dense, a
 # 2-D shape repeated (PyTorch groups same-shaped layers when it draws Q).
 SHAPES = [(64, 48), (64,), (16, 3, 3, 3), (16,), (10, 64), (10,), (4, 4), (10, 64), (1, 300)]
-
-
-class Bucket:
-    """A DDP bucket as both hooks see it: a flat buffer, per-parameter views into it, an index."""
-
-    def __init__(self, grads, index=0, last=True):
-        self._buffer = torch.cat([g.reshape(-1) for g in grads]).contiguous()
-        self._views, off = [], 0
-        for g in grads:
-            self._views.append(self._buffer[off:off + g.numel()].view(g.shape))
-            off += g.numel()
-        self._index, self._last = index, last
-
-    def buffer(self):
-        return self._buffer
-
-    def gradients(self):
-        return self._views
-
-    def parameters(self):
-        return self._views
-
-    def index(self):
-        return self._index
-
-    def is_last(self):
-        return self._last
-
-    def is_first(self):
-        return self._index == 0
 
 
 def _grads(rank, step):
