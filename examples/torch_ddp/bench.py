@@ -1,10 +1,18 @@
 #!/usr/bin/python3
 """DDP on Fashion-MNIST with PyTorch's communication hooks and commsgd's, head to head.
 
-Every scheme trains the same model from the same seed with SGD (momentum 0.9; for top-k the momentum moves
-into the hook as DGC's momentum correction) on the same shards with `--world` processes on gloo
-(127.0.0.1), and reports test accuracy as it goes, bytes and messages per rank per step, measured compute
-time, and a modelled time on a 1 and a 10 Gbit/s network.
+Every scheme trains the same model from the same seed with SGD (momentum 0.9; for top-k, sign, QSGD and
+random-k the momentum moves into the hook, which sends momentum SGD's updates with error feedback) on the same
+shards with `--world` processes on gloo (127.0.0.1), and reports test accuracy as it goes, the steps each scheme
+needs to reach DDP's final accuracy minus 1 and 2 points, bytes and messages per rank per step, measured
+compute time, and a modelled time on a 1 and a 10 Gbit/s network. Runs are deterministic: the same command
+gives the same curves and bytes.
+
+Scheme variants (suffixes after '+', for the ablations):
+    +dgcmask   top-k with DGC's momentum factor masking and no momentum in the dense warm-up (the old hook)
+    +nowm      top-k without momentum in the dense warm-up
+    +optmom    momentum left in the optimizer instead of the hook (top-k, sign, qsgd, randomk)
+    +dgcwarmN  top-k with DGC's density warm-up, N steps a stage
 
 Bytes: commsgd's hooks count with comm::metered; PyTorch's hooks are counted from the tensors they pass to
 torch.distributed.all_reduce (wrapped here), charged as the same ring all-reduce comm::metered charges.
@@ -89,6 +97,9 @@ SCHEMES = ["ddp", "fp16", "bf16", "powersgd-r1", "powersgd-r2", "powersgd-r4", "
            "commsgd-powersgd-r2", "commsgd-powersgd-r4", "commsgd-fp16", "commsgd-bf16", "commsgd-sign",
            "commsgd-qsgd4", "commsgd-randomk0.1",
            "topk-laplace-1e-3", "topk-laplace-1e-2", "topk-radix-1e-3", "topk-radix-1e-2", "localsgd-h8"]
+# Compressors whose momentum moves into the hook (fp16 and bf16 are close enough to dense to keep it in the
+# optimizer, as PyTorch's fp16 hook does).
+HOOK_MOMENTUM = ("commsgd-sign", "commsgd-qsgd", "commsgd-randomk")
 
 
 # ---- traffic of PyTorch's hooks --------------------------------------------------------------------------
@@ -146,6 +157,7 @@ def run(rank, world, a, model_name, scheme, store, queue):
 
 
 def train(rank, world, a, model_name, scheme):
+    scheme, *variants = scheme.split("+")
     x, y = fashion_mnist(a.data, "train", a.train)
     xt, yt = fashion_mnist(a.data, "test", a.test)
     shard = len(x) // world
@@ -183,16 +195,24 @@ def train(rank, world, a, model_name, scheme):
                                             random_seed=a.seed)
         ddp.register_comm_hook(state, commsgd_torch.powersgd_hook)
     elif scheme.startswith(COMPRESSORS):
-        # commsgd's compressors, one per bucket, after the same dense warm-up as the other compressed rows.
+        # commsgd's compressors, one per bucket, after the same dense warm-up as the other compressed rows
+        # (fp16 and bf16 keep no state and start at once, as PyTorch's fp16 hook does).
         name = scheme[len("commsgd-"):]
+        hook_momentum = scheme.startswith(HOOK_MOMENTUM) and "optmom" not in variants
+        m = {"momentum": a.momentum} if hook_momentum else {}
         if name.startswith("qsgd"):
             state = commsgd_torch.CompressorState(None, "qsgd", start_iter=WARMUP, levels=int(name[4:]),
-                                                  seed=a.seed)
+                                                  seed=a.seed, **m)
         elif name.startswith("randomk"):
             state = commsgd_torch.CompressorState(None, "randomk", start_iter=WARMUP, density=float(name[7:]),
-                                                  seed=a.seed)
+                                                  seed=a.seed, **m)
+        elif name in ("fp16", "bf16"):
+            state = commsgd_torch.CompressorState(None, name, start_iter=0)
         else:
-            state = commsgd_torch.CompressorState(None, name, start_iter=WARMUP)
+            state = commsgd_torch.CompressorState(None, name, start_iter=WARMUP, **m)
+        if hook_momentum:
+            for group in opt.param_groups:
+                group["momentum"] = 0.0
         ddp.register_comm_hook(state, commsgd_torch.compressor_hook)
     elif scheme.startswith("powersgd"):
         install_counter(counter)
@@ -203,11 +223,17 @@ def train(rank, world, a, model_name, scheme):
     elif scheme.startswith("topk"):
         _, selector, density = scheme.split("-", 2)
         selector = {"laplace": "laplace_bisect", "radix": "radix"}[selector]
-        # DGC: the momentum moves into the hook (momentum correction), the optimizer steps without it.
-        state = commsgd_torch.TopKState(model, density=float(density), selector=selector, momentum=a.momentum,
-                                        dense_warmup_steps=WARMUP)
-        for group in opt.param_groups:
-            group["momentum"] = 0.0
+        # The momentum moves into the hook (momentum correction), the optimizer steps without it.
+        optmom = "optmom" in variants
+        dgcwarm = [int(v[len("dgcwarm"):]) for v in variants if v.startswith("dgcwarm")]
+        state = commsgd_torch.TopKState(
+            model, density=float(density), selector=selector, momentum=0.0 if optmom else a.momentum,
+            dense_warmup_steps=WARMUP, dgc_warmup_steps_per_stage=dgcwarm[0] if dgcwarm else 0,
+            momentum_masking="dgc" if "dgcmask" in variants else "keep",
+            warmup_momentum="dgcmask" not in variants and "nowm" not in variants)
+        if not optmom:
+            for group in opt.param_groups:
+                group["momentum"] = 0.0
         ddp.register_comm_hook(state, commsgd_torch.topk_hook)
     elif scheme.startswith("localsgd"):
         period = int(scheme.split("-h")[1])
@@ -347,7 +373,8 @@ def main():
             accs = [r["acc"] for r in res["records"] if "acc" in r]
             print(f"{m:4s} {s:20s} final accuracy {accs[-1]:.4f}  ({time.time() - t0:.0f} s)", flush=True)
         base = runs.get("ddp") or next(iter(runs.values()))
-        target = [r["acc"] for r in base["records"] if "acc" in r][-1] - a.target_gap
+        base_final = [r["acc"] for r in base["records"] if "acc" in r][-1]
+        target = base_final - a.target_gap
         for s, res in runs.items():
             recs = res["records"]
             times = {k: modelled(recs, res["compute_s"], bw) for k, bw in BANDWIDTHS.items()}
@@ -366,8 +393,14 @@ def main():
                     if reached[k] is None and r["acc"] >= target:
                         reached[k] = times[k][j]
             accs = [r["acc"] for r in recs if "acc" in r]
+
+            def steps_to(goal):
+                return next((r["step"] for r in recs if "acc" in r and r["acc"] >= goal), None)
             summary.append({
                 "model": m, "scheme": s, "final_acc": accs[-1], "target": target,
+                "steps_to_ddp_minus_1pt": steps_to(base_final - 0.01),
+                "steps_to_ddp_minus_2pt": steps_to(base_final - 0.02),
+                "bytes_sent_last_step": recs[-1]["bytes_sent"],
                 "acc_per_epoch": " ".join(f"{per_epoch[e]:.3f}" for e in sorted(per_epoch)),
                 "bytes_sent_per_step": per_step["bytes_sent"], "bytes_received_per_step": per_step["bytes_received"],
                 "messages_sent_per_step": per_step["messages_sent"],
@@ -437,13 +470,16 @@ def fmt_s(v):
 
 
 def render_table(summary):
-    lines = ["| model | scheme | final acc | acc per epoch | bytes sent/step | compute ms/step | "
-             "to target @1G (s) | to target @10G (s) | total @1G (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | scheme | final acc | acc per epoch | steps to DDP-1pt | steps to DDP-2pt | "
+             "bytes sent/step (mean) | bytes sent (last step) | compute ms/step | to target @1G (s) | "
+             "to target @10G (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary:
-        lines.append(f"| {r['model']} (target {r['target']:.3f}) | {r['scheme']} | {r['final_acc']:.4f} | "
-                     f"{r['acc_per_epoch']} | {r['bytes_sent_per_step']:.0f} | {r['compute_ms_per_step']:.2f} | "
-                     f"{fmt_s(r['t_target_1G_s'])} | {fmt_s(r['t_target_10G_s'])} | {r['t_total_1G_s']:.2f} |")
+        lines.append(f"| {r['model']} | {r['scheme']} | {r['final_acc']:.4f} | {r['acc_per_epoch']} | "
+                     f"{r['steps_to_ddp_minus_1pt'] or 'not reached'} | "
+                     f"{r['steps_to_ddp_minus_2pt'] or 'not reached'} | {r['bytes_sent_per_step']:.0f} | "
+                     f"{r['bytes_sent_last_step']} | {r['compute_ms_per_step']:.2f} | "
+                     f"{fmt_s(r['t_target_1G_s'])} | {fmt_s(r['t_target_10G_s'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -11,6 +11,16 @@
     ddp.register_comm_hook(ls, commsgd_torch.local_sgd_hook)
     ...; optimizer.step(); ls.step(loss=loss.item())
 
+Every hook returns a future at once: the state's exchange runs on a thread of its own (one round in flight
+per state, in bucket order, the GIL released), so DDP overlaps it with the rest of backward as it does its own
+allreduce. The future's value is the averaged bucket; an error in the exchange completes the future with that
+error on every rank, and DDP's backward (or fut.wait()) raises it. Reading a state (traffic(), residual(), state_dict(), ...) waits for its rounds first.
+
+Momentum: give it to the hook and run the optimizer without it (TopKState(momentum=0.9),
+CompressorState(..., momentum=0.9), SGD(momentum=0)). The hook sends momentum SGD's updates with error
+feedback, so what is applied adds up to dense momentum SGD's updates; momentum left in the optimizer is
+applied to the compressed average instead, which lags (top-k) or diverges (sign, random-k).
+
 Each state talks over its own process group (by default a new gloo group of all ranks, made with
 torch.distributed.new_group, so creating a state is collective), and counts the bytes this rank sent and
 received in it: state.traffic().
@@ -39,28 +49,29 @@ def _own_group(process_group):
     return dist.new_group(backend="gloo")
 
 
-def _done(tensor):
-    fut = torch.futures.Future()
-    fut.set_result(tensor)
-    return fut
-
-
 class TopKState:
     """Top-k with error feedback per DDP bucket, exchanged sparsely (dense when that moves fewer bytes).
 
     model: the module wrapped by DDP (its parameters name the buckets' state).
     density: in (0, 1]; k = ceil(density * bucket size).
     selector: one of SELECTORS.
-    momentum: DGC momentum correction when > 0, in [0, 1).
-    dense_warmup_steps: iterations averaged densely (no sparsification, no residual) before top-k starts.
+    momentum: momentum correction when > 0, in [0, 1): the hook keeps a local momentum u <- m u + g and sends
+        the top-k of u plus the residual (run the optimizer without momentum).
+    momentum_masking: "keep" (u runs on; what is applied adds up to momentum SGD's updates) or "dgc" (DGC's
+        momentum factor masking, u zeroed where sent, which lags in the first epochs; for comparison).
+    dense_warmup_steps: iterations averaged densely (no sparsification, no residual) before top-k starts;
+        with momentum they return momentum SGD's update, and top-k starts from that momentum.
+    warmup_momentum: False leaves momentum out of the dense warm-up (as before; for comparison).
     dgc_warmup_steps_per_stage: > 0 runs DGC's density warm-up (25 %, 6.25 %, 1.56 %, 0.39 %) first.
     """
 
     def __init__(self, model, density=0.01, selector="laplace_bisect", momentum=0.0, dense_warmup_steps=0,
-                 dgc_warmup_steps_per_stage=0, process_group=None):
+                 dgc_warmup_steps_per_stage=0, process_group=None, momentum_masking="keep",
+                 warmup_momentum=True):
         self._index = {p.data_ptr(): i for i, p in enumerate(model.parameters())}
         self._c = _C.TopK(_own_group(process_group), selector, float(density), float(momentum),
-                          int(dense_warmup_steps), int(dgc_warmup_steps_per_stage))
+                          str(momentum_masking), int(dense_warmup_steps), int(dgc_warmup_steps_per_stage),
+                          bool(warmup_momentum))
 
     def bucket_params(self, bucket):
         params = bucket.parameters()
@@ -72,8 +83,14 @@ class TopKState:
         return idx, [p.numel() for p in params]
 
     def exchange(self, bucket):
+        """The bucket's average over ranks, waiting for it (the hook uses exchange_async)."""
         idx, sizes = self.bucket_params(bucket)
         return self._c.exchange(bucket.buffer(), idx, sizes, bucket.is_last())
+
+    def exchange_async(self, bucket):
+        """The bucket's round, posted to the state's exchange thread; returns its future at once."""
+        idx, sizes = self.bucket_params(bucket)
+        return self._c.exchange_async(bucket.buffer(), idx, sizes, bucket.is_last())
 
     def traffic(self):
         """Bytes and messages this rank sent and received since construction or reset_traffic()."""
@@ -107,7 +124,7 @@ class TopKState:
 
 def topk_hook(state, bucket):
     """DDP communication hook: the bucket's top-k exchange averaged over ranks (state: TopKState)."""
-    return _done(state.exchange(bucket))
+    return state.exchange_async(bucket)
 
 
 class LocalSGD:
@@ -150,5 +167,7 @@ def local_sgd_hook(state, bucket):
     """DDP communication hook for LocalSGD: averages during warm-up, leaves gradients local afterwards."""
     buf = bucket.buffer()
     if state.in_warmup():
-        state._c.average(buf)
-    return _done(buf)
+        return state._c.average_async(buf)
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut

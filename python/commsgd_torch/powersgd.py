@@ -8,8 +8,9 @@ the same rule leaves layers dense, the same Gram-Schmidt, warm start and error f
 and with initial_q="torch" the same initial Q as PyTorch's hook for the same random_seed (its numpy draw of a
 torch seed per bucket, then torch.randn per compressed layer in its order). Differences: dense layers keep no
 residual (they travel exactly), a zero column is left zero instead of becoming NaN, a layer's all-zero Q is
-drawn afresh, and without warm start the later draws are commsgd's own. The hook returns the mean over ranks,
-as DDP expects; bytes are metered (state.traffic()).
+drawn afresh, and without warm start the later draws are commsgd's own. The hook returns a future of the mean
+over ranks at once (the round runs on the state's exchange thread, so DDP overlaps it with backward); bytes
+are metered (state.traffic()).
 """
 from collections import OrderedDict
 
@@ -85,11 +86,16 @@ class PowerSGDState:
             self.iter += 1
 
     def exchange(self, bucket):
+        """The bucket's round, waiting for it (the hook uses exchange_async)."""
+        return self.exchange_async(bucket).wait()
+
+    def exchange_async(self, bucket):
+        """The bucket's round, posted to the state's exchange thread; returns its future at once."""
         buf = bucket.buffer()
         if self.iter < self.start_powerSGD_iter:
-            self._c.average(buf)
+            fut = self._c.average_async(buf)
             self.maybe_increase_iter(bucket)
-            return buf
+            return fut
         index = bucket.index()
         shapes = _shapes(bucket.gradients())
         if not self._c.has(index):
@@ -98,9 +104,9 @@ class PowerSGDState:
                 q = torch_initial_q(shapes, self.matrix_approximation_rank, self.min_compression_rate,
                                     self.rng)
             self._c.create(index, shapes, q)
-        out = self._c.exchange(buf, index, shapes)
+        fut = self._c.exchange_async(buf, index, shapes)
         self.maybe_increase_iter(bucket)
-        return out
+        return fut
 
     def traffic(self):
         """Bytes and messages this rank sent and received since construction or reset_traffic()."""
@@ -127,6 +133,4 @@ class PowerSGDState:
 
 def powersgd_hook(state, bucket):
     """DDP communication hook: the bucket's PowerSGD round, averaged over ranks (state: PowerSGDState)."""
-    fut = torch.futures.Future()
-    fut.set_result(state.exchange(bucket))
-    return fut
+    return state.exchange_async(bucket)

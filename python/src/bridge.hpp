@@ -1,5 +1,6 @@
 // What the module's hook states share: their metered communicator, the checked view of a bucket tensor, a
-// tensor copy of a state vector, the traffic counters as a dict, and the dense averaging of a bucket.
+// tensor copy of a state vector, the traffic counters as a dict, and the dense averaging of a bucket. Their
+// rounds run on an exchange_queue (exchange_queue.hpp).
 #pragma once
 
 #include <torch/csrc/utils/pybind.h>
@@ -50,14 +51,13 @@ inline py::dict traffic_dict(const meter& m) {
   return d;
 }
 
-// The bucket's mean over ranks, in place (the iterations before compression starts).
-inline void average_bucket(meter& comm, const at::Tensor& buffer) {
+// The bucket's mean over ranks, in place (the iterations before compression starts), returned. Touches no
+// Python object, so it runs on a state's exchange_queue.
+inline at::Tensor average_bucket(meter& comm, const at::Tensor& buffer) {
   auto v = values_of(buffer, "bucket");
-  {
-    py::gil_scoped_release unlocked;
-    comm.all_reduce_sum(v);
-  }
+  comm.all_reduce_sum(v);
   buffer.div_(static_cast<double>(comm.size()));
+  return buffer;
 }
 
 } // namespace commsgd_torch

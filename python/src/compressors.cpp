@@ -13,6 +13,7 @@
 #include <torch/python.h>
 
 #include "bridge.hpp"
+#include "exchange_queue.hpp"
 
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
@@ -38,7 +39,10 @@ using namespace commsgd;
 namespace {
 
 using commsgd_torch::average_bucket;
+using commsgd_torch::exchange_queue;
 using commsgd_torch::meter;
+using commsgd_torch::python_future;
+using commsgd_torch::to_python;
 using commsgd_torch::tensor_of;
 using commsgd_torch::traffic_dict;
 using commsgd_torch::values_of;
@@ -63,6 +67,7 @@ struct settings {
   std::uint32_t levels;
   double density;
   std::uint64_t seed;
+  float momentum = 0.0f; // > 0: the hook's own momentum, whose updates the compressor sends
 };
 
 std::vector<std::size_t> offsets_of(const size_list& sizes) {
@@ -76,17 +81,23 @@ std::vector<std::size_t> offsets_of(const size_list& sizes) {
   return o;
 }
 
+// A bucket of fp16 or bf16 without error feedback or momentum holds nothing between rounds.
+bool stateless(const settings& s) {
+  return s.kind <= 1 && !s.error_feedback && s.momentum == 0.0f;
+}
+
 // Bucket sizes are the parameters' value counts in bucket order; the per-layer kinds (sign, qsgd) keep one
-// scale per parameter when layerwise, else one for the whole bucket.
-any_compressor make(const settings& s, const size_list& sizes) {
+// scale per parameter when layerwise, else one for the whole bucket. `verify` false skips the 16-bit
+// kinds' first-round check of the peers (a bucket DDP rebuilt, the same way on every rank).
+any_compressor make(const settings& s, const size_list& sizes, bool verify = true) {
   auto off = offsets_of(sizes);
   const std::size_t n = off.back();
   if (!s.layerwise || off.size() < 2) off.clear();
   switch (s.kind) {
   case 0:
-    return compress::fp16(n, {s.error_feedback, s.overflow});
+    return compress::fp16(n, {s.error_feedback, s.overflow, verify});
   case 1:
-    return compress::bf16(n, {s.error_feedback, s.overflow});
+    return compress::bf16(n, {s.error_feedback, s.overflow, verify});
   case 2:
     return compress::sign(n, {std::move(off), s.error_feedback});
   case 3: {
@@ -111,13 +122,16 @@ class compressor_state {
   struct bucket {
     any_compressor x;
     size_list sizes;
+    std::vector<float> velocity; // u under the hook's momentum, else empty
   };
 
 public:
   compressor_state(const group_ptr& group, const std::string& kind, bool error_feedback,
                    const std::string& overflow, std::int64_t levels, double density, std::int64_t seed,
-                   bool layerwise)
+                   bool layerwise, double momentum)
       : comm_(comm::process_group(group)) {
+    commsgd::detail::check_range("momentum", momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
+    s_.momentum = static_cast<float>(momentum);
     s_.kind = kind_of(kind);
     s_.error_feedback = error_feedback;
     s_.layerwise = layerwise;
@@ -139,13 +153,156 @@ public:
     make(s_, {}); // checks the density (and anything else the compressor checks) now, on every rank alike
   }
 
-  bool has(std::int64_t index) const { return buckets_.count(index) != 0; }
+  bool has(std::int64_t index) {
+    queue_.drain();
+    return buckets_.count(index) != 0;
+  }
 
-  // The bucket's mean over ranks (DDP's convention), written over the bucket, which is returned.
+  // The bucket's mean over ranks (DDP's convention), written over the bucket, which is returned: once every
+  // round posted before it is done, or (exchange_async) as a future at once.
   at::Tensor exchange(const at::Tensor& buffer, std::int64_t index, const size_list& sizes) {
+    return queue_.run([=, this] { return round(buffer, index, sizes); });
+  }
+  python_future exchange_async(const at::Tensor& buffer, std::int64_t index, const size_list& sizes) {
+    return to_python(queue_.post([=, this] { return round(buffer, index, sizes); }));
+  }
+
+  // Dense averaging for the iterations before compression starts (with the hook's momentum, its update).
+  at::Tensor average(const at::Tensor& buffer, std::int64_t index) {
+    return queue_.run([=, this] { return warm_round(buffer, index); });
+  }
+  python_future average_async(const at::Tensor& buffer, std::int64_t index) {
+    return to_python(queue_.post([=, this] { return warm_round(buffer, index); }));
+  }
+
+  // Bucket `index`'s momentum (empty without the hook's momentum).
+  at::Tensor velocity(std::int64_t index) { return tensor_of(find(index).velocity); }
+
+  py::dict traffic() {
+    queue_.drain();
+    return traffic_dict(comm_);
+  }
+  void reset_traffic() {
+    queue_.drain();
+    comm_.reset();
+  }
+
+  std::vector<std::int64_t> keys() {
+    queue_.drain();
+    std::vector<std::int64_t> k;
+    for (auto& [i, b] : buckets_)
+      k.push_back(i);
+    return k;
+  }
+  const bucket& find(std::int64_t index) {
+    queue_.drain();
     auto it = buckets_.find(index);
-    if (it == buckets_.end()) it = buckets_.emplace(index, bucket{make(s_, sizes), sizes}).first;
+    if (it == buckets_.end())
+      throw invalid_argument(commsgd::detail::concat("argument 'index' = ", index, " is not a known bucket"));
+    return it->second;
+  }
+  at::Tensor residual(std::int64_t index) {
+    return std::visit([](const auto& x) { return tensor_of(x.residual()); }, find(index).x);
+  }
+  // The residual's low part: residual + residual_low is exactly what the messages held back.
+  at::Tensor residual_low(std::int64_t index) {
+    return std::visit([](const auto& x) { return tensor_of(x.residual_low()); }, find(index).x);
+  }
+  std::uint64_t wire_bytes(std::int64_t index) {
+    return std::visit([](const auto& x) { return x.wire_bytes(); }, find(index).x);
+  }
+  std::uint64_t steps(std::int64_t index) {
+    return std::visit([](const auto& x) { return x.steps(); }, find(index).x);
+  }
+  // random-k's positions of the bucket's last round.
+  std::vector<std::size_t> indices(std::int64_t index) {
+    const auto* x = std::get_if<compress::random_k>(&find(index).x);
+    if (!x) throw unsupported("indices(): only the randomk compressor sends chosen positions");
+    return {x->indices().begin(), x->indices().end()};
+  }
+
+  py::dict state_dict() {
+    queue_.drain();
+    py::dict buckets;
+    for (auto& [i, b] : buckets_) {
+      std::ostringstream os;
+      std::visit([&](const auto& x) { x.save(os); }, b.x);
+      buckets[py::int_(i)] = py::make_tuple(b.sizes, py::bytes(os.str()), tensor_of(b.velocity));
+    }
+    py::dict warm;
+    for (auto& [i, v] : warm_velocity_)
+      warm[py::int_(i)] = tensor_of(v);
+    py::dict d;
+    d["buckets"] = buckets;
+    d["warmup_velocity"] = warm;
+    return d;
+  }
+
+  // All or nothing: a stream that does not fit leaves the state as it was.
+  void load_state_dict(const py::dict& d) {
+    queue_.drain();
+    std::map<std::int64_t, bucket> loaded;
+    for (auto item : d["buckets"].cast<py::dict>()) {
+      auto t = item.second.cast<py::tuple>();
+      auto sizes = t[0].cast<size_list>();
+      auto x = make(s_, sizes);
+      std::istringstream is(t[1].cast<std::string>());
+      std::visit([&](auto& c) { c.load(is); }, x);
+      auto v = vector_of(t[2].cast<at::Tensor>(), "velocity");
+      const auto n = offsets_of(sizes).back();
+      if (v.size() != (s_.momentum > 0.0f ? n : 0))
+        throw corrupt_data(commsgd::detail::concat("saved state: bucket ", item.first.cast<std::int64_t>(),
+                                                   " holds a momentum of ", v.size(), " values, expected ",
+                                                   s_.momentum > 0.0f ? n : 0));
+      loaded.insert_or_assign(item.first.cast<std::int64_t>(),
+                              bucket{std::move(x), std::move(sizes), std::move(v)});
+    }
+    std::map<std::int64_t, std::vector<float>> warm;
+    for (auto item : d["warmup_velocity"].cast<py::dict>())
+      warm.emplace(item.first.cast<std::int64_t>(), vector_of(item.second.cast<at::Tensor>(), "velocity"));
+    buckets_ = std::move(loaded);
+    warm_velocity_ = std::move(warm);
+  }
+
+private:
+  // One round, on the queue's thread (no Python object is touched).
+  static std::vector<float> vector_of(const at::Tensor& t, const char* what) {
+    const auto v = values_of(t.contiguous(), what);
+    return {v.begin(), v.end()};
+  }
+
+  // Dense warm-up: mean(g), or with momentum v <- m v + mean(g), v the same on every rank and handed to the
+  // bucket as its local momentum when compression starts (so momentum runs on across the switch).
+  at::Tensor warm_round(const at::Tensor& buffer, std::int64_t index) {
+    average_bucket(comm_, buffer);
+    if (s_.momentum > 0.0f) {
+      auto o = values_of(buffer, "bucket");
+      auto& v = warm_velocity_[index];
+      if (v.size() != o.size()) v.assign(o.size(), 0.0f);
+      for (std::size_t i = 0; i < o.size(); ++i)
+        o[i] = v[i] = s_.momentum * v[i] + o[i];
+    }
+    return buffer;
+  }
+
+  at::Tensor round(const at::Tensor& buffer, std::int64_t index, const size_list& sizes) {
+    auto it = buckets_.find(index);
+    if (it == buckets_.end()) {
+      bucket fresh{make(s_, sizes), sizes, {}};
+      if (s_.momentum > 0.0f) {
+        fresh.velocity.assign(offsets_of(sizes).back(), 0.0f);
+        auto w = warm_velocity_.find(index);
+        if (w != warm_velocity_.end() && w->second.size() == fresh.velocity.size()) fresh.velocity = w->second;
+      }
+      it = buckets_.emplace(index, std::move(fresh)).first;
+    }
     auto& b = it->second;
+    // A stateless bucket takes a new layout as it comes (DDP rebuilds buckets at its second iteration): the
+    // same parameters, so no first-round check of the peers again.
+    if (sizes != b.sizes && stateless(s_)) {
+      if (offsets_of(sizes).back() != offsets_of(b.sizes).back()) b.x = make(s_, sizes, false);
+      b.sizes = sizes;
+    }
     std::span<float> g;
     std::exception_ptr local;
     try {
@@ -164,84 +321,37 @@ public:
       local = std::current_exception();
       g = {}; // the wrong size: the compressor's verdict fails on every rank
     }
+    // fp16 and bf16 sum 16-bit values: each rank contributes g / n, as PyTorch's fp16 hook does, so that
+    // the sum is already the mean and cannot overflow where the mean would not.
+    const bool prescale = s_.kind <= 1 && comm_.size() > 1;
+    if (prescale && !local) buffer.div_(static_cast<double>(comm_.size()));
+    // The hook's momentum: the compressor sends u <- m u + g, and u is kept only once the round succeeds.
+    std::span<const float> in = g;
+    const bool with_momentum = s_.momentum > 0.0f && !local && g.size() == b.velocity.size();
+    if (with_momentum) {
+      next_u_.resize(g.size());
+      for (std::size_t i = 0; i < g.size(); ++i)
+        next_u_[i] = s_.momentum * b.velocity[i] + g[i];
+      in = next_u_;
+    }
     try {
-      py::gil_scoped_release unlocked;
-      // Every model writes out only after it has read all of g, so out may be the gradient itself.
-      std::visit([&](auto& x) { x.reduce(comm_, g, g); }, b.x);
+      // Every model writes out only after it has read all of its input, so out may be the gradient itself.
+      std::visit([&](auto& x) { x.reduce(comm_, in, g); }, b.x);
     } catch (const commsgd::error&) {
       if (!local) throw;
     }
     if (local) std::rethrow_exception(local);
-    if (comm_.size() > 1) buffer.div_(static_cast<double>(comm_.size()));
+    if (with_momentum) b.velocity.swap(next_u_);
+    if (comm_.size() > 1 && !prescale) buffer.div_(static_cast<double>(comm_.size()));
     return buffer;
   }
 
-  // Dense averaging for the iterations before compression starts.
-  void average(const at::Tensor& buffer) { average_bucket(comm_, buffer); }
-
-  py::dict traffic() const { return traffic_dict(comm_); }
-  void reset_traffic() { comm_.reset(); }
-
-  std::vector<std::int64_t> keys() const {
-    std::vector<std::int64_t> k;
-    for (auto& [i, b] : buckets_)
-      k.push_back(i);
-    return k;
-  }
-  const bucket& find(std::int64_t index) const {
-    auto it = buckets_.find(index);
-    if (it == buckets_.end())
-      throw invalid_argument(commsgd::detail::concat("argument 'index' = ", index, " is not a known bucket"));
-    return it->second;
-  }
-  at::Tensor residual(std::int64_t index) const {
-    return std::visit([](const auto& x) { return tensor_of(x.residual()); }, find(index).x);
-  }
-  // The residual's low part: residual + residual_low is exactly what the messages held back.
-  at::Tensor residual_low(std::int64_t index) const {
-    return std::visit([](const auto& x) { return tensor_of(x.residual_low()); }, find(index).x);
-  }
-  std::uint64_t wire_bytes(std::int64_t index) const {
-    return std::visit([](const auto& x) { return x.wire_bytes(); }, find(index).x);
-  }
-  std::uint64_t steps(std::int64_t index) const {
-    return std::visit([](const auto& x) { return x.steps(); }, find(index).x);
-  }
-  // random-k's positions of the bucket's last round.
-  std::vector<std::size_t> indices(std::int64_t index) const {
-    const auto* x = std::get_if<compress::random_k>(&find(index).x);
-    if (!x) throw unsupported("indices(): only the randomk compressor sends chosen positions");
-    return {x->indices().begin(), x->indices().end()};
-  }
-
-  py::dict state_dict() const {
-    py::dict buckets;
-    for (auto& [i, b] : buckets_) {
-      std::ostringstream os;
-      std::visit([&](const auto& x) { x.save(os); }, b.x);
-      buckets[py::int_(i)] = py::make_tuple(b.sizes, py::bytes(os.str()));
-    }
-    return buckets;
-  }
-
-  // All or nothing: a stream that does not fit leaves the state as it was.
-  void load_state_dict(const py::dict& d) {
-    std::map<std::int64_t, bucket> loaded;
-    for (auto item : d) {
-      auto t = item.second.cast<py::tuple>();
-      auto sizes = t[0].cast<size_list>();
-      auto x = make(s_, sizes);
-      std::istringstream is(t[1].cast<std::string>());
-      std::visit([&](auto& c) { c.load(is); }, x);
-      loaded.insert_or_assign(item.first.cast<std::int64_t>(), bucket{std::move(x), std::move(sizes)});
-    }
-    buckets_ = std::move(loaded);
-  }
-
-private:
   meter comm_;
   settings s_;
   std::map<std::int64_t, bucket> buckets_;
+  std::map<std::int64_t, std::vector<float>> warm_velocity_; // per bucket index, during the dense warm-up
+  std::vector<float> next_u_;
+  exchange_queue queue_; // last: its thread stops before anything it uses goes
 };
 
 // What cost/compress.hpp says `rank` sends in one round of `kind` on a bucket of `length` values.
@@ -250,7 +360,7 @@ std::uint64_t wire_cost(const std::string& kind, std::uint64_t length, std::uint
   switch (kind_of(kind)) {
   case 0:
   case 1:
-    return cost::half_traffic(length, world).sent;
+    return cost::half_traffic(length, world, rank).sent;
   case 2:
     return cost::sign_traffic(length, layers, world).sent;
   case 3:
@@ -265,12 +375,17 @@ std::uint64_t wire_cost(const std::string& kind, std::uint64_t length, std::uint
 void bind_compressors(py::module_& m) {
   py::class_<compressor_state>(m, "Compressor")
       .def(py::init<const group_ptr&, const std::string&, bool, const std::string&, std::int64_t, double,
-                    std::int64_t, bool>(),
+                    std::int64_t, bool, double>(),
            py::arg("process_group"), py::arg("kind"), py::arg("error_feedback"), py::arg("overflow"),
-           py::arg("levels"), py::arg("density"), py::arg("seed"), py::arg("layerwise"))
+           py::arg("levels"), py::arg("density"), py::arg("seed"), py::arg("layerwise"), py::arg("momentum"))
       .def("has", &compressor_state::has)
-      .def("exchange", &compressor_state::exchange, py::arg("buffer"), py::arg("index"), py::arg("sizes"))
-      .def("average", &compressor_state::average)
+      .def("exchange", &compressor_state::exchange, py::arg("buffer"), py::arg("index"), py::arg("sizes"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("exchange_async", &compressor_state::exchange_async, py::arg("buffer"), py::arg("index"),
+           py::arg("sizes"))
+      .def("average", &compressor_state::average, py::call_guard<py::gil_scoped_release>())
+      .def("average_async", &compressor_state::average_async)
+      .def("velocity", &compressor_state::velocity)
       .def("traffic", &compressor_state::traffic)
       .def("reset_traffic", &compressor_state::reset_traffic)
       .def("keys", &compressor_state::keys)

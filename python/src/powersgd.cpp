@@ -11,6 +11,7 @@
 #include <torch/python.h>
 
 #include "bridge.hpp"
+#include "exchange_queue.hpp"
 
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
@@ -36,7 +37,10 @@ using namespace commsgd;
 namespace {
 
 using commsgd_torch::average_bucket;
+using commsgd_torch::exchange_queue;
 using commsgd_torch::meter;
+using commsgd_torch::python_future;
+using commsgd_torch::to_python;
 using commsgd_torch::tensor_of;
 using commsgd_torch::traffic_dict;
 using commsgd_torch::values_of;
@@ -97,11 +101,15 @@ public:
                                                      " is outside the allowed range [0, inf)"));
   }
 
-  bool has(std::int64_t index) const { return buckets_.count(index) != 0; }
+  bool has(std::int64_t index) {
+    queue_.drain();
+    return buckets_.count(index) != 0;
+  }
 
   // Builds bucket `index`'s compressor; initial_q (optional) is its Q before orthogonalisation, each
   // compressed layer's cols x r in gradient order.
   void create(std::int64_t index, const shape_list& shapes, const std::optional<at::Tensor>& initial_q) {
+    queue_.drain();
     auto o = options_of(s_, shapes);
     if (initial_q) {
       const auto q = values_of(initial_q->contiguous(), "initial_q");
@@ -112,8 +120,78 @@ public:
   }
 
   // The bucket's mean over ranks (DDP's convention), written over the bucket (as PyTorch's hook does, and
-  // without allocating a bucket-sized tensor per round), which is returned.
+  // without allocating a bucket-sized tensor per round), which is returned: once every round posted before
+  // it is done, or (exchange_async) as a future at once.
   at::Tensor exchange(const at::Tensor& buffer, std::int64_t index, const shape_list& shapes) {
+    return queue_.run([=, this] { return round(buffer, index, shapes); });
+  }
+  python_future exchange_async(const at::Tensor& buffer, std::int64_t index, const shape_list& shapes) {
+    return to_python(queue_.post([=, this] { return round(buffer, index, shapes); }));
+  }
+
+  // Dense averaging for the iterations before compression starts.
+  at::Tensor average(const at::Tensor& buffer) {
+    return queue_.run([=, this] { return average_bucket(comm_, buffer); });
+  }
+  python_future average_async(const at::Tensor& buffer) {
+    return to_python(queue_.post([=, this] { return average_bucket(comm_, buffer); }));
+  }
+
+  py::dict traffic() {
+    queue_.drain();
+    return traffic_dict(comm_);
+  }
+  void reset_traffic() {
+    queue_.drain();
+    comm_.reset();
+  }
+
+  // What bucket `index` hands its all-reduces per round: (dense values, P values, Q values).
+  std::tuple<std::size_t, std::size_t, std::size_t> payload(std::int64_t index) {
+    queue_.drain();
+    const auto& p = buckets_.at(index).x.plan();
+    return {p.dense_size, p.p_size, p.q_size};
+  }
+  at::Tensor residual(std::int64_t index) {
+    queue_.drain();
+    return tensor_of(buckets_.at(index).x.residual());
+  }
+  std::vector<std::int64_t> keys() {
+    queue_.drain();
+    std::vector<std::int64_t> k;
+    for (auto& [i, b] : buckets_)
+      k.push_back(i);
+    return k;
+  }
+
+  py::dict state_dict() {
+    queue_.drain();
+    py::dict buckets;
+    for (auto& [i, b] : buckets_) {
+      std::ostringstream os;
+      b.x.save(os);
+      buckets[py::int_(i)] = py::make_tuple(b.shapes, py::bytes(os.str()));
+    }
+    return buckets;
+  }
+
+  void load_state_dict(const py::dict& d) {
+    queue_.drain();
+    std::map<std::int64_t, bucket> loaded;
+    for (auto item : d) {
+      auto t = item.second.cast<py::tuple>();
+      auto shapes = t[0].cast<shape_list>();
+      compress::powersgd x(total(to_shapes(shapes)), options_of(s_, shapes));
+      std::istringstream is(t[1].cast<std::string>());
+      x.load(is);
+      loaded.insert_or_assign(item.first.cast<std::int64_t>(), bucket{std::move(x), std::move(shapes)});
+    }
+    buckets_ = std::move(loaded);
+  }
+
+private:
+  // One round, on the queue's thread (no Python object is touched).
+  at::Tensor round(const at::Tensor& buffer, std::int64_t index, const shape_list& shapes) {
     auto it = buckets_.find(index);
     if (it == buckets_.end())
       throw invalid_argument(commsgd::detail::concat("bucket ", index, " has no PowerSGD state yet"));
@@ -132,7 +210,6 @@ public:
       g = {}; // the wrong size: the compressor takes part with NaN and raises on every rank
     }
     try {
-      py::gil_scoped_release unlocked;
       b.x.reduce(comm_, g, g); // out may be the gradient itself (compress/powersgd.hpp)
     } catch (const commsgd::error&) {
       if (!local) throw;
@@ -142,49 +219,6 @@ public:
     return buffer;
   }
 
-  // Dense averaging for the iterations before compression starts.
-  void average(const at::Tensor& buffer) { average_bucket(comm_, buffer); }
-
-  py::dict traffic() const { return traffic_dict(comm_); }
-  void reset_traffic() { comm_.reset(); }
-
-  // What bucket `index` hands its all-reduces per round: (dense values, P values, Q values).
-  std::tuple<std::size_t, std::size_t, std::size_t> payload(std::int64_t index) const {
-    const auto& p = buckets_.at(index).x.plan();
-    return {p.dense_size, p.p_size, p.q_size};
-  }
-  at::Tensor residual(std::int64_t index) const { return tensor_of(buckets_.at(index).x.residual()); }
-  std::vector<std::int64_t> keys() const {
-    std::vector<std::int64_t> k;
-    for (auto& [i, b] : buckets_)
-      k.push_back(i);
-    return k;
-  }
-
-  py::dict state_dict() const {
-    py::dict buckets;
-    for (auto& [i, b] : buckets_) {
-      std::ostringstream os;
-      b.x.save(os);
-      buckets[py::int_(i)] = py::make_tuple(b.shapes, py::bytes(os.str()));
-    }
-    return buckets;
-  }
-
-  void load_state_dict(const py::dict& d) {
-    std::map<std::int64_t, bucket> loaded;
-    for (auto item : d) {
-      auto t = item.second.cast<py::tuple>();
-      auto shapes = t[0].cast<shape_list>();
-      compress::powersgd x(total(to_shapes(shapes)), options_of(s_, shapes));
-      std::istringstream is(t[1].cast<std::string>());
-      x.load(is);
-      loaded.insert_or_assign(item.first.cast<std::int64_t>(), bucket{std::move(x), std::move(shapes)});
-    }
-    buckets_ = std::move(loaded);
-  }
-
-private:
   struct bucket {
     compress::powersgd x;
     shape_list shapes;
@@ -192,6 +226,7 @@ private:
   meter comm_;
   settings s_;
   std::map<std::int64_t, bucket> buckets_;
+  exchange_queue queue_; // last: its thread stops before anything it uses goes
 };
 
 // Which layers PowerSGD compresses, and at which rank: (layer index, rank) in gradient order.
@@ -284,8 +319,12 @@ void bind_powersgd(py::module_& m) {
       .def("has", &powersgd_state::has)
       .def("create", &powersgd_state::create, py::arg("index"), py::arg("shapes"),
            py::arg("initial_q") = std::nullopt)
-      .def("exchange", &powersgd_state::exchange, py::arg("buffer"), py::arg("index"), py::arg("shapes"))
-      .def("average", &powersgd_state::average)
+      .def("exchange", &powersgd_state::exchange, py::arg("buffer"), py::arg("index"), py::arg("shapes"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("exchange_async", &powersgd_state::exchange_async, py::arg("buffer"), py::arg("index"),
+           py::arg("shapes"))
+      .def("average", &powersgd_state::average, py::call_guard<py::gil_scoped_release>())
+      .def("average_async", &powersgd_state::average_async)
       .def("traffic", &powersgd_state::traffic)
       .def("reset_traffic", &powersgd_state::reset_traffic)
       .def("payload", &powersgd_state::payload)

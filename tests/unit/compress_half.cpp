@@ -159,21 +159,22 @@ void check_half_round(int n, std::size_t d, bool ef) {
   };
   auto logs = harness::run(
       n, 3, [&](int) { return X(d, {.error_feedback = ef}); }, grad, d);
-  // Reference without error feedback: the sum in rank order of each rank's rounded values.
+  // Reference without error feedback: each rank's rounded values summed in ring order (comm/narrow_ring.hpp).
   for (int t = 0; t < 3; ++t) {
-    std::vector<float> want(d, 0.0f);
-    if (!ef)
-      for (int r = 0; r < n; ++r) {
-        const auto g = grad(r, t);
-        for (std::size_t i = 0; i < d; ++i)
-          want[i] += X::format::decode(X::format::encode(g[i]));
-      }
+    std::vector<std::vector<float>> rounded;
+    for (int r = 0; r < n; ++r) {
+      auto g = grad(r, t);
+      for (auto& x : g)
+        x = X::format::decode(X::format::encode(x));
+      rounded.push_back(std::move(g));
+    }
+    const auto want = ef ? std::vector<float>{} : harness::narrow_ring_reference<typename X::format>(rounded);
     for (int r = 0; r < n; ++r) {
       const auto& log = logs[static_cast<std::size_t>(r)];
       CHECK(harness::same_bits(log.outs[static_cast<std::size_t>(t)],
                                logs[0].outs[static_cast<std::size_t>(t)]));
       if (!ef) CHECK(harness::same_bits(log.outs[static_cast<std::size_t>(t)], want));
-      const auto model = cost::half_traffic(d, n);
+      const auto model = cost::half_traffic(d, n, r, t == 0);
       CHECK(log.sent[static_cast<std::size_t>(t)] == model);
       CHECK(log.wire[static_cast<std::size_t>(t)] == model.sent);
     }

@@ -65,14 +65,43 @@ std::uint64_t fingerprint(const Range& params) noexcept {
   return h;
 }
 
+// Raises the error a gathered verdict `o` (the header's fields) stands for, if any; `who` names the rank.
+inline void throw_verdict(const char* what, const std::string& who, const std::uint64_t* o, const char* range) {
+  switch (static_cast<input_problem>(o[1] & 0xff)) {
+  case input_problem::none:
+    break;
+  case input_problem::gradient_size:
+    throw size_mismatch(commsgd::detail::concat(what, ": ", who, " argument 'gradient' has ", o[2],
+                                                " elements, the compressor's length is ", o[0]));
+  case input_problem::output_size:
+    throw size_mismatch(commsgd::detail::concat(what, ": ", who, " argument 'out' has ", o[2],
+                                                " elements, the compressor's length is ", o[0]));
+  case input_problem::non_finite:
+    throw non_finite(commsgd::detail::concat(what, ": ", who, " gradient (plus its residual)"), o[1] >> 8,
+                     o[2]);
+  case input_problem::overflow:
+    throw invalid_argument(commsgd::detail::concat(what, ": ", who, " gradient (plus its residual) value ",
+                                                   std::bit_cast<double>(o[3]), " at index ", o[2],
+                                                   " is outside the allowed range ", range));
+  default:
+    throw corrupt_data(commsgd::detail::concat(what, ": ", who, " verdict has an unknown code ", o[1] & 0xff));
+  }
+}
+
+// The header fields of this rank's verdict.
+inline std::array<std::uint64_t, cost::compress_header_fields> verdict_fields(std::size_t length,
+                                                                              const input_verdict& v,
+                                                                              std::uint64_t config) {
+  return {length, static_cast<std::uint64_t>(v.problem) | (v.count << 8), v.where,
+          std::bit_cast<std::uint64_t>(v.value), config};
+}
+
 // `what` names the compressor in messages; `range` says what `overflow` refuses ("[-65504, 65504]");
 // `config` is fingerprint() of the compressor's parameters.
 template <comm::communicator C>
 void agree(C& c, const char* what, std::size_t length, std::uint64_t config, const input_verdict& mine,
            std::vector<std::uint64_t>& buf, const char* range = "") {
-  const std::array<std::uint64_t, cost::compress_header_fields> h{
-      length, static_cast<std::uint64_t>(mine.problem) | (mine.count << 8), mine.where,
-      std::bit_cast<std::uint64_t>(mine.value), config};
+  const auto h = verdict_fields(length, mine, config);
   const auto n = static_cast<std::size_t>(c.size());
   buf.resize(h.size() * n);
   c.all_gather(std::span<const std::uint64_t>(h), std::span<std::uint64_t>(buf));
@@ -80,26 +109,7 @@ void agree(C& c, const char* what, std::size_t length, std::uint64_t config, con
     const std::uint64_t* o = buf.data() + h.size() * r;
     const std::string who = static_cast<int>(r) == c.rank() ? std::string("this rank's")
                                                             : commsgd::detail::concat("rank ", r, "'s");
-    switch (static_cast<input_problem>(o[1] & 0xff)) {
-    case input_problem::none:
-      break;
-    case input_problem::gradient_size:
-      throw size_mismatch(commsgd::detail::concat(what, ": ", who, " argument 'gradient' has ", o[2],
-                                                  " elements, the compressor's length is ", o[0]));
-    case input_problem::output_size:
-      throw size_mismatch(commsgd::detail::concat(what, ": ", who, " argument 'out' has ", o[2],
-                                                  " elements, the compressor's length is ", o[0]));
-    case input_problem::non_finite:
-      throw non_finite(commsgd::detail::concat(what, ": ", who, " gradient (plus its residual)"), o[1] >> 8,
-                       o[2]);
-    case input_problem::overflow:
-      throw invalid_argument(commsgd::detail::concat(what, ": ", who, " gradient (plus its residual) value ",
-                                                     std::bit_cast<double>(o[3]), " at index ", o[2],
-                                                     " is outside the allowed range ", range));
-    default:
-      throw corrupt_data(
-          commsgd::detail::concat(what, ": rank ", r, " sent an unknown verdict code ", o[1] & 0xff));
-    }
+    throw_verdict(what, who, o, range);
     if (o[0] != buf[0])
       throw size_mismatch(
           commsgd::detail::concat(what, ": ranks disagree on the compressor's 'length' (rank 0 has ", buf[0],

@@ -12,15 +12,19 @@
 // half_overflow::clamp, it is sent as the largest finite value of its sign (and, with error feedback, the
 // excess stays in the residual).
 //
-// Exchange: an all_gather of the 16-bit values, then each rank decodes every rank's values exactly to
-// float and sums them in rank order from +0, so every rank gets the same bits on every transport. The
-// communicator concept has no 16-bit all-reduce, and an all-reduce in float of the rounded values would
-// move as many bytes as sending float in the first place; the gather sends 2 d bytes to each of the n-1
-// others, fewer than a float ring's 8 (n-1)/n d for n <= 3, as many at n = 4, more beyond
-// (cost/compress.hpp).
+// Exchange: a ring all-reduce with the 16-bit values on the wire and float sums (comm/narrow_ring.hpp): each
+// rank's contribution is its values rounded to 16 bits (what error feedback keeps the rest of), the partial
+// sums are rounded to 16 bits at every hop, and every rank ends with the same bits on every transport. A
+// rank sends and receives half the bytes of a float ring all-reduce, as PyTorch's fp16 hook does. The first
+// round also gathers every rank's verdict and parameters (compress/agree.hpp), so ranks built differently
+// are refused before any payload moves; later rounds carry a refusal in the payload itself: a rank whose
+// input is bad contributes NaN, which reaches every value of every rank's sum, and every rank raises (this
+// rank with its own precise error). A partial sum beyond the format's range raises on every rank the same
+// way, or with half_overflow::clamp saturates. cost/compress.hpp charges both kinds of round.
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/narrow_ring.hpp>
 #include <commsgd/compress/agree.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
@@ -37,6 +41,7 @@
 #include <cstdint>
 #include <cstring>
 #include <istream>
+#include <limits>
 #include <ostream>
 #include <span>
 #include <type_traits>
@@ -133,6 +138,10 @@ enum class half_overflow : std::uint8_t {
 struct half_options {
   bool error_feedback = false;
   half_overflow overflow = half_overflow::refuse;
+  // The first round gathers every rank's sizes and parameters and refuses a mismatch. A host that knows the
+  // ranks agree (DDP rebuilding a bucket the same way on every rank) may skip it, so that every round moves
+  // exactly the ring's bytes.
+  bool verify_first_round = true;
 };
 
 template <class Format>
@@ -142,7 +151,8 @@ public:
   using format = Format;
 
   explicit half_compressor(std::size_t length, half_options o = {})
-      : length_(length), opt_(o), ef_(length, o.error_feedback), p_(length), d_(length), msg_(length) {}
+      : length_(length), opt_(o), ef_(length, o.error_feedback), p_(length), d_(length), msg_(length),
+        agreed_(!o.verify_first_round) {}
 
   std::size_t length() const noexcept { return length_; }
   std::uint64_t steps() const noexcept { return steps_; }
@@ -155,22 +165,35 @@ public:
   report reduce(C& c, std::span<const float> g, std::span<float> out) {
     auto v = detail::check_sizes(g.size(), out.size(), length_);
     if (v.problem == detail::input_problem::none) v = encode(g);
-    detail::agree(c, what(), length_, detail::fingerprint(config()), v, verdicts_, range());
-    const auto n = static_cast<std::size_t>(c.size());
-    all_.resize(n * length_);
-    c.all_gather(std::span<const std::uint16_t>(msg_), std::span<std::uint16_t>(all_));
-    std::fill(out.begin(), out.end(), 0.0f);
-    for (std::size_t r = 0; r < n; ++r) {
-      const std::uint16_t* m = all_.data() + r * length_;
-      for (std::size_t i = 0; i < length_; ++i)
-        out[i] += decode(m[i]);
+    const bool first = !agreed_;
+    if (first) {
+      detail::agree(c, what(), length_, detail::fingerprint(config()), v, verdicts_, range());
+      agreed_ = true;
     }
-    for (std::size_t i = 0; i < length_; ++i)
-      d_[i] = decode(msg_[i]);
+    // This rank's contribution: what its message decodes to, or NaN to make every rank refuse the round.
+    sum_.resize(length_);
+    if (v.problem == detail::input_problem::none)
+      for (std::size_t i = 0; i < length_; ++i)
+        sum_[i] = d_[i] = decode(msg_[i]);
+    else
+      std::fill(sum_.begin(), sum_.end(), std::numeric_limits<float>::quiet_NaN());
+    comm::narrow_ring_sum<Format>(c, std::span<float>(sum_), opt_.overflow == half_overflow::clamp, ring_);
+    if (v.problem != detail::input_problem::none) {
+      const auto mine = detail::verdict_fields(length_, v, 0);
+      detail::throw_verdict(what(), "this rank's", mine.data(), range());
+    }
+    if (const auto bad = detail::check_finite(sum_); bad.problem != detail::input_problem::none)
+      throw non_finite(commsgd::detail::concat(what(), ": the 16-bit sum (another rank refused its input, or "
+                                               "a partial sum left the range ",
+                                               range(), "; overflow clamp saturates instead)"),
+                       bad.count, bad.where);
+    std::copy(sum_.begin(), sum_.end(), out.begin());
     ef_.commit(p_, d_);
     ++steps_;
-    wire_ = cost::half_traffic(length_, c.size()).sent;
+    wire_ = cost::half_traffic(length_, c.size(), c.rank(), first).sent;
+    const auto n = static_cast<std::size_t>(c.size());
     report rep;
+    rep.dense = true;
     rep.total = length_ * n;
     rep.counts.assign(n, length_);
     return rep;
@@ -234,8 +257,11 @@ private:
   half_options opt_;
   error_feedback ef_;
   std::vector<float> p_, d_;
-  std::vector<std::uint16_t> msg_, all_;
+  std::vector<std::uint16_t> msg_;
+  std::vector<float> sum_;
+  comm::narrow_ring_buffers ring_;
   std::vector<std::uint64_t> verdicts_;
+  bool agreed_ = false; // the first round's verdict (sizes and parameters alike on every rank) is behind us
   std::uint64_t steps_ = 0;
   std::uint64_t wire_ = 0;
 };

@@ -1,16 +1,18 @@
 // Per-rank bytes of one round of each compressor in compress/, under comm::metered's accounting. Every
-// round starts with the verdict all_gather (compress/agree.hpp: 5 u64 per rank), then moves its payload:
+// round starts with the verdict all_gather (compress/agree.hpp: 5 u64 per rank; fp16 and bf16 only in their
+// first round), then moves its payload:
 //
 //   compressor   payload collective      bytes each rank contributes          sent = received (n ranks)
-//   fp16, bf16   all_gather              2 d                                  (n-1)(40 + 2 d)
+//   fp16, bf16   16-bit ring all-reduce  2 d, in ring chunks                  ring share of 2 d (+ (n-1) 40)
 //   sign         all_gather              4 L + ceil(d / 8)                    (n-1)(40 + 4 L + ceil(d / 8))
 //   qsgd (s)     all_gather              4 L + ceil(d (1 + bit_width(s)) / 8) likewise
 //   random-k     ring all_reduce_sum     k floats                             (n-1) 40 + ring share of 4 k
 //
 // d is the gradient length, L the number of layers (one scale or norm each), k the values random-k sends.
-// Against a float ring all-reduce (about 8 (n-1)/n d each way) the all-gathers pay n-1 copies of a small
-// message instead of two passes of a large one: fp16/bf16 send fewer bytes only for n <= 3 and the same at
-// n = 4; sign (1 bit) and qsgd (1 + bit_width(s) bits) keep their lead up to n of about 64 / bits.
+// Against a float ring all-reduce (about 8 (n-1)/n d each way) fp16/bf16 move half the bytes at every n,
+// exactly what PyTorch's fp16 hook moves; the all-gathers pay n-1 copies of a small message instead of two
+// passes of a large one: sign (1 bit) and qsgd (1 + bit_width(s) bits) keep their lead up to n of about
+// 64 / bits.
 #pragma once
 
 #include <commsgd/comm/metered.hpp>
@@ -36,10 +38,6 @@ constexpr sparse_traffic all_gather_traffic(std::uint64_t bytes, int n) noexcept
   return {peers * bytes, peers * bytes};
 }
 
-constexpr std::uint64_t half_message_bytes(std::uint64_t d) noexcept {
-  return 2 * d;
-}
-
 constexpr std::uint64_t sign_message_bytes(std::uint64_t d, std::uint64_t layers) noexcept {
   return 4 * layers + (d + 7) / 8;
 }
@@ -53,8 +51,12 @@ constexpr std::uint64_t qsgd_message_bytes(std::uint64_t d, std::uint64_t layers
   return 4 * layers + (d * qsgd_value_bits(s) + 7) / 8;
 }
 
-constexpr sparse_traffic half_traffic(std::uint64_t d, int n) noexcept {
-  return compress_header_traffic(n) + all_gather_traffic(half_message_bytes(d), n);
+// Seen from `rank` (the ring's chunks differ by one element between ranks); the first round also gathers
+// the verdict.
+inline sparse_traffic half_traffic(std::uint64_t d, int n, int rank, bool first_round = false) noexcept {
+  const auto share = comm::ring_all_reduce_share(d, n, rank);
+  const sparse_traffic ring{2 * share.sent, 2 * share.received};
+  return first_round ? compress_header_traffic(n) + ring : ring;
 }
 
 constexpr sparse_traffic sign_traffic(std::uint64_t d, std::uint64_t layers, int n) noexcept {

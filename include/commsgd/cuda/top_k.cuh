@@ -12,7 +12,8 @@
 //   e <- p, +0 where sent      a scatter over the sent indices; every other position keeps p's exact bits,
 //                              so sent + new residual == old residual + gradient, bit for bit
 //   pairs -> pinned host       returned as a sparsify::sparse_view<Index>, for sparsify::exchanger::sum
-// With momentum m > 0: u' = m u + g, p = e + u' (DGC's v), and u' is zeroed where sent too.
+// With momentum m > 0: u' = m u + g, p = e + u' (DGC's v); u' is zeroed where sent only under
+// sparsify::momentum_masking::dgc, as on the host (sparsify/top_k.hpp).
 //
 // Host synchronisation: ONE cudaStreamSynchronize per step, at the end of step(), after the pairs, their
 // count, the threshold and the non-finite counts have been copied to pinned memory. Only then does the host
@@ -45,6 +46,7 @@
 #include <commsgd/cuda/tuning.cuh>
 #include <commsgd/select/key.hpp>
 #include <commsgd/select/selector.hpp>
+#include <commsgd/sparsify/momentum_masking.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/state_io.hpp>
 
@@ -73,7 +75,8 @@ concept device_selector = requires(S& s, void* ws, std::size_t& bytes, const flo
 
 struct top_k_options {
   double density = 0.01; // in (0, 1]; k = ceil(density * length), as select::k_for_density
-  double momentum = 0.0; // DGC momentum correction when > 0; in [0, 1)
+  double momentum = 0.0; // momentum correction when > 0; in [0, 1)
+  sparsify::momentum_masking masking = sparsify::momentum_masking::keep; // as sparsify::top_k_options
 };
 
 namespace detail {
@@ -394,7 +397,7 @@ private:
       detail::top_k_zero_sent_kernel<Index>
           <<<detail::grid_for_count(capacity_), detail::block_threads, 0, stream>>>(
               d_index_.data(), &sc->count, capacity_, work_.data(),
-              has_momentum() ? work_u_.data() : nullptr);
+              has_momentum() && opt_.masking == sparsify::momentum_masking::dgc ? work_u_.data() : nullptr);
       check_launch("top_k_zero_sent_kernel");
     }
     if (out.index.size() < capacity_) {

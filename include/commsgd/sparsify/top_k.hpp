@@ -6,8 +6,13 @@
 //   e <- p with the sent positions set to +0
 // so every position of p ends up either sent or kept with its exact bits: nothing is rounded away and
 // sent + new residual == old residual + gradient holds bit for bit.
-// With DGC momentum correction (momentum m > 0), u is a local momentum and v takes the role of e:
-//   u <- m u + g; v <- v + u; s = top_k(v); zero u and v where sent (momentum-factor masking).
+// With momentum correction (momentum m > 0), u is a local momentum and v takes the role of e:
+//   u <- m u + g; v <- v + u; s = top_k(v); zero v where sent.
+// Sent plus held back then adds up, bit for bit, to what momentum SGD would apply, so a coordinate sent every
+// step moves at momentum SGD's rate lr / (1 - m). DGC also zeroes u where sent (momentum_masking::dgc,
+// "momentum factor masking"); that discards the momentum of exactly the coordinates that matter most, whose
+// effective rate falls to lr, and it is what made top-k lag dense momentum SGD in the first epochs (measured
+// in bench/results/torch-ddp-1000-2026-11-24.md). It stays available for comparison.
 // The new state and message are built in scratch buffers and swapped in only once the step has succeeded,
 // so a step that throws (a NaN, a selector that refuses) leaves state and last message as they were (a
 // selector's own warm-start memory aside).
@@ -24,6 +29,7 @@
 #include <commsgd/select/key.hpp>
 #include <commsgd/select/selector.hpp>
 #include <commsgd/sparsify/finite.hpp>
+#include <commsgd/sparsify/momentum_masking.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/sparsifier.hpp>
 #include <commsgd/sparsify/state_io.hpp>
@@ -66,7 +72,8 @@ struct top_k_options {
   double density = 0.01;                  // in (0, 1]; k = ceil(density * size) per layer
   std::optional<std::size_t> k;           // a fixed count over the whole model instead (0 allowed)
   std::vector<std::size_t> layer_offsets; // empty: one layer; else 0 = o_0 <= o_1 <= ... <= o_L = length
-  double momentum = 0.0;                  // DGC momentum correction when > 0; in [0, 1)
+  double momentum = 0.0;                  // momentum correction when > 0; in [0, 1)
+  momentum_masking masking = momentum_masking::keep; // under momentum correction: keep u, or zero it where sent
   std::vector<warmup_stage> warmup;       // densities of the first steps, before `density`
   double clip_norm = 0.0;                 // > 0: scale g so that ||g||_2 <= clip_norm first; 0: off
   non_finite_policy on_non_finite = non_finite_policy::refuse;
@@ -285,6 +292,9 @@ private:
       commsgd::detail::check_range("warmup[" + std::to_string(j) + "].density", opt_.warmup[j].density,
                                    std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
     commsgd::detail::check_range("momentum", opt_.momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
+    if (opt_.masking != momentum_masking::keep && opt_.masking != momentum_masking::dgc)
+      throw invalid_argument(commsgd::detail::concat("argument 'masking' = ", static_cast<int>(opt_.masking),
+                                                     " is not one of keep (0), dgc (1)"));
     if (!(opt_.clip_norm >= 0.0) || std::isinf(opt_.clip_norm))
       throw invalid_argument(commsgd::detail::concat("argument 'clip_norm' = ", opt_.clip_norm,
                                                      " is outside the allowed range [0, inf) (0: off)"));
@@ -365,7 +375,7 @@ private:
   // Emits the selected positions of layer [lo, lo + n) in index order and clears them from the new state.
   void compact(std::size_t lo, std::size_t n, const select::threshold& t) {
     float* p = work_.data() + lo;
-    float* u = has_momentum() ? work_u_.data() + lo : nullptr;
+    float* u = has_momentum() && opt_.masking == momentum_masking::dgc ? work_u_.data() + lo : nullptr;
     const std::size_t before = next_.size();
     next_.reserve(before + t.count());
     const select::detail::compaction r =
