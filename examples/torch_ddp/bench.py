@@ -13,6 +13,8 @@ Scheme variants (suffixes after '+', for the ablations):
     +nowm      top-k without momentum in the dense warm-up
     +optmom    momentum left in the optimizer instead of the hook (top-k, sign, qsgd, randomk)
     +dgcwarmN  top-k with DGC's density warm-up, N steps a stage
+    +denseN    top-k after N dense iterations instead of the common warm-up
+    +layer     top-k per parameter (k = ceil(density * size) each) instead of over the whole bucket
 
 Bytes: commsgd's hooks count with comm::metered; PyTorch's hooks are counted from the tensors they pass to
 torch.distributed.all_reduce (wrapped here), charged as the same ring all-reduce comm::metered charges.
@@ -226,11 +228,13 @@ def train(rank, world, a, model_name, scheme):
         # The momentum moves into the hook (momentum correction), the optimizer steps without it.
         optmom = "optmom" in variants
         dgcwarm = [int(v[len("dgcwarm"):]) for v in variants if v.startswith("dgcwarm")]
+        dense = [int(v[len("dense"):]) for v in variants if v.startswith("dense")]
         state = commsgd_torch.TopKState(
             model, density=float(density), selector=selector, momentum=0.0 if optmom else a.momentum,
-            dense_warmup_steps=WARMUP, dgc_warmup_steps_per_stage=dgcwarm[0] if dgcwarm else 0,
+            dense_warmup_steps=dense[0] if dense else WARMUP, dgc_warmup_steps_per_stage=dgcwarm[0] if dgcwarm else 0,
             momentum_masking="dgc" if "dgcmask" in variants else "keep",
-            warmup_momentum="dgcmask" not in variants and "nowm" not in variants)
+            warmup_momentum="dgcmask" not in variants and "nowm" not in variants,
+            layerwise="layer" in variants)
         if not optmom:
             for group in opt.param_groups:
                 group["momentum"] = 0.0

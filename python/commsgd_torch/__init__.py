@@ -62,16 +62,18 @@ class TopKState:
     dense_warmup_steps: iterations averaged densely (no sparsification, no residual) before top-k starts;
         with momentum they return momentum SGD's update, and top-k starts from that momentum.
     warmup_momentum: False leaves momentum out of the dense warm-up (as before; for comparison).
+    layerwise: True selects per parameter (k = ceil(density * size) each, as DGC does), False over the
+        whole bucket.
     dgc_warmup_steps_per_stage: > 0 runs DGC's density warm-up (25 %, 6.25 %, 1.56 %, 0.39 %) first.
     """
 
     def __init__(self, model, density=0.01, selector="laplace_bisect", momentum=0.0, dense_warmup_steps=0,
                  dgc_warmup_steps_per_stage=0, process_group=None, momentum_masking="keep",
-                 warmup_momentum=True):
+                 warmup_momentum=True, layerwise=False):
         self._index = {p.data_ptr(): i for i, p in enumerate(model.parameters())}
         self._c = _C.TopK(_own_group(process_group), selector, float(density), float(momentum),
                           str(momentum_masking), int(dense_warmup_steps), int(dgc_warmup_steps_per_stage),
-                          bool(warmup_momentum))
+                          bool(warmup_momentum), bool(layerwise))
 
     def bucket_params(self, bucket):
         params = bucket.parameters()

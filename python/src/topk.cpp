@@ -104,9 +104,9 @@ public:
 
   topk_state(const group_ptr& group, const std::string& selector, double density, double momentum,
              const std::string& masking, std::int64_t dense_warmup, std::int64_t dgc_warmup_per_stage,
-             bool warmup_momentum)
+             bool warmup_momentum, bool layerwise)
       : comm_(comm::process_group(group)), selector_(selector_index(selector)),
-        warmup_momentum_(warmup_momentum) {
+        warmup_momentum_(warmup_momentum), layerwise_(layerwise) {
     opt_.density = density;
     opt_.momentum = momentum;
     if (masking == "keep")
@@ -228,7 +228,7 @@ public:
       std::memcpy(blob.data(), bytes.data(), bytes.size());
       sparsify::detail::state_reader r(blob, "top_k"); // reads the length before the sparsifier exists
       const auto n = r.get<std::uint64_t>();
-      bucket b{make_top_k(selector_, n, opt_), std::move(params), std::move(offsets)};
+      bucket b{make_top_k(selector_, n, options_for(offsets, n)), std::move(params), std::move(offsets)};
       std::visit([&](auto& s) { s.load(std::span<const std::byte>(blob)); }, b.sparsifier);
       loaded.emplace(item.first.cast<std::string>(), std::move(b));
     }
@@ -311,6 +311,18 @@ private:
     }
   }
 
+  // Per parameter (each takes its own k = ceil(density * size), as DGC selects per layer), or over the
+  // whole bucket.
+  sparsify::top_k_options options_for(const std::vector<std::int64_t>& offsets, std::size_t n) const {
+    auto o = opt_;
+    if (layerwise_) {
+      o.layer_offsets.assign(offsets.begin(), offsets.end());
+      o.layer_offsets.push_back(n);
+      if (o.layer_offsets.front() != 0) o.layer_offsets.insert(o.layer_offsets.begin(), 0);
+    }
+    return o;
+  }
+
   static std::string key_of(const std::vector<std::int64_t>& params) {
     std::string k;
     for (auto p : params)
@@ -338,12 +350,13 @@ private:
                std::size_t n) {
     const std::string key = key_of(params);
     if (auto it = buckets_.find(key); it != buckets_.end()) return it->second;
-    bucket b{make_top_k(selector_, n, opt_), params, {}};
+    std::vector<std::int64_t> offsets;
     std::int64_t off = 0;
     for (auto s : sizes) {
-      b.offsets.push_back(off);
+      offsets.push_back(off);
       off += s;
     }
+    bucket b{make_top_k(selector_, n, options_for(offsets, n)), params, std::move(offsets)};
     adopt(b, sizes);
     for (auto p : params)
       owner_[p] = key;
@@ -401,6 +414,7 @@ private:
   std::size_t selector_;
   sparsify::top_k_options opt_;
   bool warmup_momentum_ = true;
+  bool layerwise_ = true;
   std::int64_t dense_warmup_ = 0;
   std::int64_t iteration_ = 0;
   std::map<std::int64_t, std::vector<float>> warm_velocity_; // per parameter, during the dense warm-up
@@ -418,10 +432,10 @@ private:
 void bind_topk(py::module_& m) {
   py::class_<topk_state>(m, "TopK")
       .def(py::init<const group_ptr&, const std::string&, double, double, const std::string&, std::int64_t,
-                    std::int64_t, bool>(),
+                    std::int64_t, bool, bool>(),
            py::arg("process_group"), py::arg("selector"), py::arg("density"), py::arg("momentum"),
            py::arg("momentum_masking"), py::arg("dense_warmup_steps"), py::arg("dgc_warmup_steps_per_stage"),
-           py::arg("warmup_momentum"))
+           py::arg("warmup_momentum"), py::arg("layerwise"))
       .def("exchange", &topk_state::exchange, py::arg("buffer"), py::arg("params"), py::arg("sizes"),
            py::arg("last"), py::call_guard<py::gil_scoped_release>())
       .def("exchange_async", &topk_state::exchange_async, py::arg("buffer"), py::arg("params"),

@@ -2,6 +2,7 @@
 // double, ties to even) over every exponent of both signs with every low-bit pattern that decides the
 // rounding, every 16-bit pattern back and forth, and the compressors' contract.
 #include "compress_harness.hpp"
+#include "support/narrow_ring_cases.hpp"
 
 #include <commsgd/compress/half.hpp>
 
@@ -168,7 +169,7 @@ void check_half_round(int n, std::size_t d, bool ef) {
         x = X::format::decode(X::format::encode(x));
       rounded.push_back(std::move(g));
     }
-    const auto want = ef ? std::vector<float>{} : harness::narrow_ring_reference<typename X::format>(rounded);
+    const auto want = ef ? std::vector<float>{} : narrow_ring_cases::reference<typename X::format>(rounded);
     for (int r = 0; r < n; ++r) {
       const auto& log = logs[static_cast<std::size_t>(r)];
       CHECK(harness::same_bits(log.outs[static_cast<std::size_t>(t)],

@@ -44,32 +44,6 @@ inline bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
-// The sum comm::narrow_ring_sum must produce, value by value: index i lies in chunk j (the j with
-// d j / n <= i < d (j + 1) / n), whose partial sum starts at rank j and takes ranks j+1, ..., j+n-1 in turn,
-// rounded to the format after every addition (and once for a single rank). `saturate` clamps a rounded
-// partial sum to the largest finite value. Inputs are exact in the format.
-template <class Format>
-std::vector<float> narrow_ring_reference(const std::vector<std::vector<float>>& x, bool saturate = false) {
-  const std::size_t n = x.size(), d = x.empty() ? 0 : x[0].size();
-  auto round = [&](float v) {
-    std::uint16_t h = Format::encode(v);
-    if (saturate && (h & 0x7fffu) == Format::inf_bits)
-      h = static_cast<std::uint16_t>((h & 0x8000u) | Format::max_finite_bits);
-    return Format::decode(h);
-  };
-  std::vector<float> out(d);
-  for (std::size_t i = 0; i < d; ++i) {
-    std::size_t j = 0;
-    while (!(d * j / n <= i && i < d * (j + 1) / n))
-      ++j;
-    float acc = x[j][i];
-    for (std::size_t hop = 1; hop < n; ++hop)
-      acc = round(acc) + x[(j + hop) % n][i];
-    out[i] = round(acc);
-  }
-  return out;
-}
-
 struct rank_log {
   std::vector<std::vector<float>> outs;   // one per round
   std::vector<cost::sparse_traffic> sent; // metered bytes per round

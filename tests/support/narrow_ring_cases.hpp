@@ -1,0 +1,110 @@
+// comm::narrow_ring_sum against an independent reference, on any communicator: every rank regenerates every
+// rank's input from (rank, case), so each can compute the expected sum itself, value by value, and compare
+// its own result bit for bit. Used by the unit test (comm::local, n = 1 to 8) and the MPI test (mpiexec).
+#pragma once
+
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/narrow_ring.hpp>
+#include <commsgd/compress/half.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace narrow_ring_cases {
+
+// The sum comm::narrow_ring_sum must produce, value by value: index i lies in chunk j (the j with
+// d j / n <= i < d (j + 1) / n), whose partial sum starts at rank j and takes ranks j+1, ..., j+n-1 in turn,
+// rounded to the format after every addition (and once for a single rank). `saturate` clamps a rounded
+// partial sum to the largest finite value. Inputs are exact in the format.
+template <class Format>
+std::vector<float> reference(const std::vector<std::vector<float>>& x, bool saturate = false) {
+  const std::size_t n = x.size(), d = x.empty() ? 0 : x[0].size();
+  auto round = [&](float v) {
+    std::uint16_t h = Format::encode(v);
+    if (saturate && (h & 0x7fffu) == Format::inf_bits)
+      h = static_cast<std::uint16_t>((h & 0x8000u) | Format::max_finite_bits);
+    return Format::decode(h);
+  };
+  std::vector<float> out(d);
+  for (std::size_t i = 0; i < d; ++i) {
+    std::size_t j = 0;
+    while (!(d * j / n <= i && i < d * (j + 1) / n))
+      ++j;
+    float acc = x[j][i];
+    for (std::size_t hop = 1; hop < n; ++hop)
+      acc = round(acc) + x[(j + hop) % n][i];
+    out[i] = round(acc);
+  }
+  return out;
+}
+
+// Rank r's input of case `which`: values exact in the format, at mixed scales, with zeros, -0 and values near
+// the format's top (so partial sums overflow in the `big` cases).
+template <class Format>
+std::vector<float> input(int rank, std::size_t d, std::uint64_t which, bool big) {
+  std::mt19937_64 rng(which * 7919 + static_cast<std::uint64_t>(rank) * 104729 + 1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> scale(-20, 6), kind(0, 15);
+  std::vector<float> x(d);
+  for (auto& v : x) {
+    const int k = kind(rng);
+    float raw = k == 0 ? 0.0f : k == 1 ? -0.0f : std::ldexp(normal(rng), scale(rng));
+    if (big && k == 2) raw = (rng() & 1) ? 40000.0f : -40000.0f;
+    v = Format::decode(Format::encode(raw));
+  }
+  return x;
+}
+
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Runs every case on communicator `c` (collective: every rank calls it).
+template <class Format, commsgd::comm::communicator C>
+void check_all(C& c) {
+  const int n = c.size();
+  commsgd::comm::narrow_ring_buffers buf;
+  std::uint64_t which = 0;
+  for (const std::size_t d : {std::size_t{0}, std::size_t{1}, std::size_t{2}, static_cast<std::size_t>(n - 1),
+                              static_cast<std::size_t>(n + 1), std::size_t{7}, std::size_t{1001},
+                              std::size_t{20001}})
+    for (const bool big : {false, true})
+      for (const bool saturate : {false, true}) {
+        ++which;
+        CAPTURE(d);
+        CAPTURE(big);
+        CAPTURE(saturate);
+        std::vector<std::vector<float>> all;
+        for (int r = 0; r < n; ++r)
+          all.push_back(input<Format>(r, d, which, big));
+        auto mine = all[static_cast<std::size_t>(c.rank())];
+        commsgd::comm::narrow_ring_sum<Format>(c, std::span<float>(mine), saturate, buf);
+        CHECK(same_bits(mine, reference<Format>(all, saturate)));
+        if (saturate) CHECK(std::all_of(mine.begin(), mine.end(), [](float v) { return std::isfinite(v); }));
+      }
+  // A rank that contributes NaN (how a compressor refuses its input) makes every value of every rank's
+  // result NaN, and one NaN value reaches exactly that index everywhere.
+  for (int bad = 0; bad < n; ++bad) {
+    std::vector<float> mine = input<Format>(c.rank(), 257, 999, false);
+    if (c.rank() == bad) std::fill(mine.begin(), mine.end(), std::numeric_limits<float>::quiet_NaN());
+    commsgd::comm::narrow_ring_sum<Format>(c, std::span<float>(mine), false, buf);
+    CHECK(std::all_of(mine.begin(), mine.end(), [](float v) { return std::isnan(v); }));
+    std::vector<float> one = input<Format>(c.rank(), 257, 998, false);
+    if (c.rank() == bad) one[5] = std::numeric_limits<float>::quiet_NaN();
+    commsgd::comm::narrow_ring_sum<Format>(c, std::span<float>(one), false, buf);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < one.size(); ++i)
+      wrong += std::isnan(one[i]) != (i == 5) ? 1 : 0;
+    CHECK(wrong == 0);
+  }
+}
+
+} // namespace narrow_ring_cases

@@ -1,0 +1,55 @@
+// comm::narrow_ring_sum on comm::local with 1 to 8 ranks: the independent reference bit for bit (sizes 0, 1,
+// below and above n, odd, large; overflow refused or saturated; NaN reaching every rank), the bytes comm::metered
+// counts (exactly the float ring's share at 2 bytes a value), and the same bits on a second run.
+#include "support/narrow_ring_cases.hpp"
+
+#include <commsgd/comm/local.hpp>
+#include <commsgd/comm/metered.hpp>
+#include <commsgd/compress/half.hpp>
+
+#include <doctest/doctest.h>
+
+#include <mutex>
+#include <vector>
+
+using namespace commsgd;
+
+TEST_CASE("the 16-bit ring sum equals the reference on 1 to 8 ranks, fp16 and bf16") {
+  for (int n = 1; n <= 8; ++n) {
+    CAPTURE(n);
+    comm::local_group(n).run([](comm::local& c) {
+      narrow_ring_cases::check_all<compress::fp16_format>(c);
+      narrow_ring_cases::check_all<compress::bf16_format>(c);
+    });
+  }
+}
+
+TEST_CASE("the 16-bit ring moves half a float ring's bytes, in 2 (n - 1) messages each way") {
+  for (int n = 1; n <= 8; ++n)
+    for (const std::size_t d : {std::size_t{0}, std::size_t{3}, std::size_t{1000}, std::size_t{4099}}) {
+      CAPTURE(n);
+      CAPTURE(d);
+      std::mutex m;
+      std::vector<std::vector<float>> first(static_cast<std::size_t>(n)), second(first);
+      for (auto* out : {&first, &second})
+        comm::local_group(n).run([&](comm::local& raw) {
+          comm::metered<comm::local> c(raw);
+          auto x = narrow_ring_cases::input<compress::fp16_format>(c.rank(), d, 5, false);
+          comm::narrow_ring_buffers buf;
+          comm::narrow_ring_sum<compress::fp16_format>(c, std::span<float>(x), false, buf);
+          const auto t = c.counters().total();
+          const auto share = comm::ring_all_reduce_share(d, n, c.rank());
+          const std::uint64_t msgs = n > 1 ? 2 * static_cast<std::uint64_t>(n - 1) : 0;
+          std::lock_guard lock(m);
+          CHECK(t.bytes_sent == 2 * share.sent);
+          CHECK(t.bytes_received == 2 * share.received);
+          CHECK(t.messages_sent == msgs);
+          CHECK(t.messages_received == msgs);
+          (*out)[static_cast<std::size_t>(c.rank())] = x;
+        });
+      for (int r = 0; r < n; ++r) {
+        CHECK(narrow_ring_cases::same_bits(first[static_cast<std::size_t>(r)], first[0]));
+        CHECK(narrow_ring_cases::same_bits(second[static_cast<std::size_t>(r)], first[0]));
+      }
+    }
+}
