@@ -9,8 +9,8 @@ compute time, and a modelled time on a 1 and a 10 Gbit/s network. Runs are deter
 gives the same curves and bytes.
 
 Scheme variants (suffixes after '+', for the ablations):
-    +dgcmask   top-k with DGC's momentum factor masking and no momentum in the dense warm-up (the old hook)
-    +nowm      top-k without momentum in the dense warm-up
+    +nowm      top-k without momentum in the dense warm-up (with the default masking: the hook as it was)
+    +keep      top-k keeping its momentum where sent instead of DGC's masking
     +optmom    momentum left in the optimizer instead of the hook (top-k, sign, qsgd, randomk)
     +dgcwarmN  top-k with DGC's density warm-up, N steps a stage
     +denseN    top-k after N dense iterations instead of the common warm-up
@@ -232,8 +232,8 @@ def train(rank, world, a, model_name, scheme):
         state = commsgd_torch.TopKState(
             model, density=float(density), selector=selector, momentum=0.0 if optmom else a.momentum,
             dense_warmup_steps=dense[0] if dense else WARMUP, dgc_warmup_steps_per_stage=dgcwarm[0] if dgcwarm else 0,
-            momentum_masking="dgc" if "dgcmask" in variants else "keep",
-            warmup_momentum="dgcmask" not in variants and "nowm" not in variants,
+            momentum_rule="keep" if "keep" in variants else "dgc",
+            warmup_momentum="nowm" not in variants,
             layerwise="layer" in variants)
         if not optmom:
             for group in opt.param_groups:
@@ -256,6 +256,7 @@ def train(rank, world, a, model_name, scheme):
     evals_per_epoch = a.evals_per_epoch
     eval_at = {round(steps_per_epoch * k / evals_per_epoch) for k in range(1, evals_per_epoch + 1)}
     records, step = [], 0
+    x0 = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
     prev = dict(traffic())
     prev_hook = 0.0
     loss_fn = torch.nn.functional.cross_entropy
@@ -283,6 +284,14 @@ def train(rank, world, a, model_name, scheme):
             if (b + 1) in eval_at:
                 with torch.no_grad():
                     rec["acc"] = (model(xt).argmax(1) == yt).float().mean().item()
+                    # How far the model has moved, which share of its values moved at all, and (top-k)
+                    # how far this rank's held-back updates would move it: lr * ||e|| / ||x - x0||.
+                    xn = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+                    moved = (xn - x0).norm().item()
+                    rec["changed"] = (xn != x0).float().mean().item()
+                    if isinstance(state, commsgd_torch.TopKState) and moved > 0:
+                        e = sum(float(state.residual(k).square().sum()) for k in state.keys()) ** 0.5
+                        rec["held_back"] = a.lr * e / moved
             records.append(rec)
     return {"records": records}
 
@@ -405,6 +414,9 @@ def main():
                 "steps_to_ddp_minus_1pt": steps_to(base_final - 0.01),
                 "steps_to_ddp_minus_2pt": steps_to(base_final - 0.02),
                 "bytes_sent_last_step": recs[-1]["bytes_sent"],
+                "changed_epoch1": next((r["changed"] for r in recs if "changed" in r and r["epoch"] >= 1), None),
+                "held_back_epoch1": next((r.get("held_back") for r in recs if "acc" in r and r["epoch"] >= 1), None),
+                "held_back_epoch2": next((r.get("held_back") for r in recs if "acc" in r and r["epoch"] >= 2), None),
                 "acc_per_epoch": " ".join(f"{per_epoch[e]:.3f}" for e in sorted(per_epoch)),
                 "bytes_sent_per_step": per_step["bytes_sent"], "bytes_received_per_step": per_step["bytes_received"],
                 "messages_sent_per_step": per_step["messages_sent"],

@@ -57,10 +57,11 @@ class TopKState:
     selector: one of SELECTORS.
     momentum: momentum correction when > 0, in [0, 1): the hook keeps a local momentum u <- m u + g and sends
         the top-k of u plus the residual (run the optimizer without momentum).
-    momentum_masking: "keep" (u runs on; what is applied adds up to momentum SGD's updates) or "dgc" (DGC's
-        momentum factor masking, u zeroed where sent, which lags in the first epochs; for comparison).
+    momentum_rule: "dgc" (DGC's momentum factor masking: u zeroed where sent; trains better at small
+        densities) or "keep" (u runs on where sent: what is applied adds up to momentum SGD's updates).
     dense_warmup_steps: iterations averaged densely (no sparsification, no residual) before top-k starts;
-        with momentum they return momentum SGD's update, and top-k starts from that momentum.
+        with momentum they return momentum SGD's update, and top-k starts from that momentum (without it,
+        the first iterations ran with no momentum at all and top-k started from none: the early lag).
     warmup_momentum: False leaves momentum out of the dense warm-up (as before; for comparison).
     layerwise: True selects per parameter (k = ceil(density * size) each, as DGC does), False over the
         whole bucket.
@@ -68,11 +69,11 @@ class TopKState:
     """
 
     def __init__(self, model, density=0.01, selector="laplace_bisect", momentum=0.0, dense_warmup_steps=0,
-                 dgc_warmup_steps_per_stage=0, process_group=None, momentum_masking="keep",
+                 dgc_warmup_steps_per_stage=0, process_group=None, momentum_rule="dgc",
                  warmup_momentum=True, layerwise=False):
         self._index = {p.data_ptr(): i for i, p in enumerate(model.parameters())}
         self._c = _C.TopK(_own_group(process_group), selector, float(density), float(momentum),
-                          str(momentum_masking), int(dense_warmup_steps), int(dgc_warmup_steps_per_stage),
+                          str(momentum_rule), int(dense_warmup_steps), int(dgc_warmup_steps_per_stage),
                           bool(warmup_momentum), bool(layerwise))
 
     def bucket_params(self, bucket):

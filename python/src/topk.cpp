@@ -115,7 +115,7 @@ public:
       opt_.masking = sparsify::momentum_masking::dgc;
     else
       throw invalid_argument(
-          commsgd::detail::concat("argument 'momentum_masking' = '", masking, "' is not one of keep, dgc"));
+          commsgd::detail::concat("argument 'momentum_rule' = '", masking, "' is not one of keep, dgc"));
     if (dense_warmup < 0)
       throw invalid_argument(commsgd::detail::concat("argument 'dense_warmup_steps' = ", dense_warmup,
                                                      " is outside the allowed range [0, inf)"));
@@ -232,12 +232,16 @@ public:
       std::visit([&](auto& s) { s.load(std::span<const std::byte>(blob)); }, b.sparsifier);
       loaded.emplace(item.first.cast<std::string>(), std::move(b));
     }
-    std::map<std::int64_t, std::vector<float>> warm;
-    if (d.contains("warmup_velocity"))
-      for (auto item : d["warmup_velocity"].cast<py::dict>()) {
-        const auto v = commsgd_torch::values_of(item.second.cast<at::Tensor>().contiguous(), "warmup_velocity");
-        warm.emplace(item.first.cast<std::int64_t>(), std::vector<float>(v.begin(), v.end()));
-      }
+    auto per_param_dict = [&](const char* key) {
+      std::map<std::int64_t, std::vector<float>> out;
+      if (d.contains(key))
+        for (auto item : d[key].cast<py::dict>()) {
+          const auto v = commsgd_torch::values_of(item.second.cast<at::Tensor>().contiguous(), key);
+          out.emplace(item.first.cast<std::int64_t>(), std::vector<float>(v.begin(), v.end()));
+        }
+      return out;
+    };
+    auto warm = per_param_dict("warmup_velocity");
     buckets_ = std::move(loaded);
     warm_velocity_ = std::move(warm);
     owner_.clear();
@@ -366,7 +370,7 @@ private:
   // Moves each parameter's residual (and momentum) from its previous bucket into `b`, and sets b's step
   // count to the iteration, through the sparsifier's own assign().
   void adopt(bucket& b, const std::vector<std::int64_t>& sizes) {
-    const bool momentum = opt_.momentum > 0.0;
+    const bool momentum = std::visit([](auto& s) { return s.has_momentum(); }, b.sparsifier);
     const auto own_r = std::visit([](auto& s) { return s.residual(); }, b.sparsifier);
     const auto own_u = std::visit([](auto& s) { return s.momentum(); }, b.sparsifier);
     std::vector<float> residual(own_r.begin(), own_r.end()), velocity(own_u.begin(), own_u.end());
@@ -434,7 +438,7 @@ void bind_topk(py::module_& m) {
       .def(py::init<const group_ptr&, const std::string&, double, double, const std::string&, std::int64_t,
                     std::int64_t, bool, bool>(),
            py::arg("process_group"), py::arg("selector"), py::arg("density"), py::arg("momentum"),
-           py::arg("momentum_masking"), py::arg("dense_warmup_steps"), py::arg("dgc_warmup_steps_per_stage"),
+           py::arg("momentum_rule"), py::arg("dense_warmup_steps"), py::arg("dgc_warmup_steps_per_stage"),
            py::arg("warmup_momentum"), py::arg("layerwise"))
       .def("exchange", &topk_state::exchange, py::arg("buffer"), py::arg("params"), py::arg("sizes"),
            py::arg("last"), py::call_guard<py::gil_scoped_release>())

@@ -12,8 +12,8 @@
 //   e <- p, +0 where sent      a scatter over the sent indices; every other position keeps p's exact bits,
 //                              so sent + new residual == old residual + gradient, bit for bit
 //   pairs -> pinned host       returned as a sparsify::sparse_view<Index>, for sparsify::exchanger::sum
-// With momentum m > 0: u' = m u + g, p = e + u' (DGC's v); u' is zeroed where sent only under
-// sparsify::momentum_masking::dgc, as on the host (sparsify/top_k.hpp).
+// With momentum m > 0: u' = m u + g, p = e + u' (DGC's v); u' is zeroed where sent under
+// sparsify::momentum_masking::dgc (the default), as on the host (sparsify/top_k.hpp).
 //
 // Host synchronisation: ONE cudaStreamSynchronize per step, at the end of step(), after the pairs, their
 // count, the threshold and the non-finite counts have been copied to pinned memory. Only then does the host
@@ -76,7 +76,7 @@ concept device_selector = requires(S& s, void* ws, std::size_t& bytes, const flo
 struct top_k_options {
   double density = 0.01; // in (0, 1]; k = ceil(density * length), as select::k_for_density
   double momentum = 0.0; // momentum correction when > 0; in [0, 1)
-  sparsify::momentum_masking masking = sparsify::momentum_masking::keep; // as sparsify::top_k_options
+  sparsify::momentum_masking masking = sparsify::momentum_masking::dgc; // as sparsify::top_k_options
 };
 
 namespace detail {

@@ -10,7 +10,7 @@ namespace commsgd::inline v1::sparsify {
 
 enum class momentum_masking : std::uint8_t {
   keep, // u runs on: the sent values plus the residual are momentum SGD's updates exactly
-  dgc,  // DGC's momentum factor masking: u is zeroed where sent
+  dgc,  // DGC's momentum factor masking: u is zeroed where sent (the default; top_k.hpp says why)
 };
 
 } // namespace commsgd::inline v1::sparsify

@@ -7,12 +7,13 @@
 // so every position of p ends up either sent or kept with its exact bits: nothing is rounded away and
 // sent + new residual == old residual + gradient holds bit for bit.
 // With momentum correction (momentum m > 0), u is a local momentum and v takes the role of e:
-//   u <- m u + g; v <- v + u; s = top_k(v); zero v where sent.
-// Sent plus held back then adds up, bit for bit, to what momentum SGD would apply, so a coordinate sent every
-// step moves at momentum SGD's rate lr / (1 - m). DGC also zeroes u where sent (momentum_masking::dgc,
-// "momentum factor masking"); that discards the momentum of exactly the coordinates that matter most, whose
-// effective rate falls to lr, and it is what made top-k lag dense momentum SGD in the first epochs (measured
-// in bench/results/torch-ddp-1000-2026-11-24.md). It stays available for comparison.
+//   u <- m u + g; v <- v + u; s = top_k(v); zero v where sent, and (DGC's momentum factor masking, the
+//   default) zero u there too.
+// momentum_masking::keep lets u run on where sent, so that sent plus held back add up, bit for bit, to
+// momentum SGD's updates. Measured on the DDP hook (bench/results/torch-ddp-1000-2026-11-24.md), keeping
+// u trains worse at density 1e-3: a coordinate held back for many steps is released as one burst of stale
+// momentum, and masking damps the next one; at higher densities, where coordinates are sent often, keeping
+// u loses less of their momentum.
 // The new state and message are built in scratch buffers and swapped in only once the step has succeeded,
 // so a step that throws (a NaN, a selector that refuses) leaves state and last message as they were (a
 // selector's own warm-start memory aside).
@@ -73,7 +74,7 @@ struct top_k_options {
   std::optional<std::size_t> k;           // a fixed count over the whole model instead (0 allowed)
   std::vector<std::size_t> layer_offsets; // empty: one layer; else 0 = o_0 <= o_1 <= ... <= o_L = length
   double momentum = 0.0;                  // momentum correction when > 0; in [0, 1)
-  momentum_masking masking = momentum_masking::keep; // under momentum correction: keep u, or zero it where sent
+  momentum_masking masking = momentum_masking::dgc; // under momentum correction: zero u where sent, or keep it
   std::vector<warmup_stage> warmup;       // densities of the first steps, before `density`
   double clip_norm = 0.0;                 // > 0: scale g so that ||g||_2 <= clip_norm first; 0: off
   non_finite_policy on_non_finite = non_finite_policy::refuse;
