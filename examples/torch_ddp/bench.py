@@ -32,6 +32,7 @@ import argparse
 import csv
 import datetime
 import gzip
+import json
 import math
 import multiprocessing as mp
 import os
@@ -366,6 +367,7 @@ def main():
     p.add_argument("--target-gap", type=float, default=0.02,
                    help="target accuracy = DDP allreduce's final accuracy minus this")
     p.add_argument("--report", action="store_true", help="only rewrite goal.md from OUT/summary.csv")
+    p.add_argument("--reuse", action="store_true", help="reuse the runs kept in OUT/runs from an earlier call")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.report:
@@ -380,7 +382,17 @@ def main():
         print(f"{m:4s} compute per step {1e3 * compute_s:.2f} ms (one process, one thread)", flush=True)
         for s in schemes:
             t0 = time.time()
-            res = launch(a, m, s)
+            # Each run is kept in OUT/runs, so an interrupted or extended bench reuses what it has (runs
+            # are deterministic: a kept run is the run this command would make again).
+            cache = os.path.join(a.out, "runs", f"{m}-{s}.json")
+            if a.reuse and os.path.exists(cache):
+                with open(cache) as f:
+                    res = json.load(f)
+            else:
+                res = launch(a, m, s)
+                os.makedirs(os.path.dirname(cache), exist_ok=True)
+                with open(cache, "w") as f:
+                    json.dump(res, f)
             res["compute_s"] = compute_s
             runs[s] = res
             accs = [r["acc"] for r in res["records"] if "acc" in r]

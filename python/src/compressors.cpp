@@ -341,7 +341,14 @@ private:
       if (!local) throw;
     }
     if (local) std::rethrow_exception(local);
-    if (with_momentum) b.velocity.swap(next_u_);
+    if (with_momentum) {
+      b.velocity.swap(next_u_);
+      // random-k sends chosen positions, as top-k does, and takes DGC's rule with it: the momentum of a sent
+      // position starts again from zero. Without it the residual's bursts, amplified by momentum, diverge.
+      if (const auto* rk = std::get_if<compress::random_k>(&b.x))
+        for (const auto i : rk->indices())
+          b.velocity[static_cast<std::size_t>(i)] = 0.0f;
+    }
     if (comm_.size() > 1 && !prescale) buffer.div_(static_cast<double>(comm_.size()));
     return buffer;
   }
