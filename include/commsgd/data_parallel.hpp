@@ -50,21 +50,23 @@ namespace commsgd::inline v1 {
 // Options of the built-in policies; each field says which policies read it. A policy's traits receive the
 // whole struct (or a struct derived from it that adds the settings of a policy written elsewhere).
 struct data_parallel_options {
-  float lr = 0.01f;                               // every strategy: (0, inf)
-  int redundancy = 1;                             // cssgd, uncoded_shuffle, gradient_code: [1, n]
-  sparsify::top_k_options top_k{};                // top_k
-  sparsify::exchange_options sparse_exchange{};   // every sparsifier: how its messages are summed
+  float lr = 0.01f;                             // every strategy: (0, inf)
+  int redundancy = 1;                           // cssgd, uncoded_shuffle: [1, n]
+  sparsify::top_k_options top_k{};              // top_k
+  sparsify::exchange_options sparse_exchange{}; // every sparsifier: how its messages are summed
   sparsify::allreduce_options sparse_allreduce{}; // top_k_allreduce: threshold refresh and path
-  compress::half_options half{};                  // fp16, bf16
-  compress::random_k_options random_k{};          // random_k
-  compress::sign_options sign{};                  // sign
-  compress::qsgd_options qsgd{};                  // qsgd
-  compress::powersgd_options powersgd{};          // powersgd (rank, layer shapes)
-  sync::local_sgd_options local_sgd{};            // local_sgd (its lr is replaced by `lr`)
-  sync::async_ps_options async_ps{};              // async_ps (its lr is replaced by `lr`)
-  sync::partitioned_options partitioned{};        // partitioned (its lr is replaced by `lr`)
-  sync::first_arrivals_options first_arrivals{};  // first_arrivals (its lr is replaced by `lr`)
-  std::vector<std::size_t> layer_sizes;           // partitioned: sizes of the layers in forward order
+  compress::half_options half{};                // fp16, bf16
+  compress::random_k_options random_k{};        // random_k
+  compress::sign_options sign{};                // sign
+  compress::qsgd_options qsgd{};                // qsgd
+  compress::powersgd_options powersgd{};        // powersgd (rank, layer shapes)
+  sync::local_sgd_options local_sgd{};          // local_sgd (its lr is replaced by `lr`)
+  sync::async_ps_options async_ps{};            // async_ps (its lr is replaced by `lr`)
+  sync::partitioned_options partitioned{};      // partitioned (its lr is replaced by `lr`)
+  std::vector<std::size_t> layer_sizes;         // partitioned: sizes of the layers in forward order
+
+  // first_arrivals (its lr is replaced by `lr`); gradient_code reads `redundancy` as cssgd does.
+  sync::first_arrivals_options first_arrivals{};
 
   // Every strategy: check every this many steps that replicas which should be identical are, 0 = off
   // (sync/replica_guard.hpp).
