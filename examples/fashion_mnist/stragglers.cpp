@@ -48,9 +48,9 @@ struct options {
   int r = 2;
   std::string delays = "slow";
   std::size_t batch = 500;
-  std::size_t steps = 200;
+  std::size_t steps = 300;
   std::size_t eval_every = 10;
-  float lr = 0.3f;
+  float lr = 0.1f;
   double target = 0.75;
   double sample_us = 67.0;
   double gbps = 100.0;
