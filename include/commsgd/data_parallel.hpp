@@ -65,6 +65,9 @@ struct data_parallel_options {
   sync::partitioned_options partitioned{};      // partitioned (its lr is replaced by `lr`)
   std::vector<std::size_t> layer_sizes;         // partitioned: sizes of the layers in forward order
 
+  // first_arrivals (its lr is replaced by `lr`); gradient_code reads `redundancy` as cssgd does.
+  sync::first_arrivals_options first_arrivals{};
+
   // Every strategy: check every this many steps that replicas which should be identical are, 0 = off
   // (sync/replica_guard.hpp).
   std::int64_t replica_check_every = 0;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <commsgd/cost/compress.hpp>
+#include <commsgd/cost/gradient_code.hpp>
 #include <commsgd/cost/powersgd.hpp>
 #include <commsgd/cost/redundancy.hpp>
 #include <commsgd/cost/sparse.hpp>

@@ -35,6 +35,9 @@ struct step_info {
   // Mean loss of this rank's mini-batch at `params`; only strategies that adapt to the loss read it (and
   // then refuse a non-finite value), so others may leave it unset.
   double loss = std::numeric_limits<double>::quiet_NaN();
+  // Seconds this rank spent computing the step's gradient; strategies that inject delays in units of the
+  // compute (first_arrivals) read it, others ignore it.
+  double compute_seconds = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct step_result {

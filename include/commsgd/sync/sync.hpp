@@ -2,7 +2,9 @@
 #pragma once
 
 #include <commsgd/sync/async_ps.hpp>
+#include <commsgd/sync/delays.hpp>
 #include <commsgd/sync/exchange.hpp>
+#include <commsgd/sync/first_arrivals.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/partitioned.hpp>
 #include <commsgd/sync/poll.hpp>
