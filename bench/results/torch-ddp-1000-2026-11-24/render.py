@@ -39,7 +39,7 @@ def table(summary, ddp_steps):
 
 
 def main():
-    for name in ("mlp", "cnn", "mlp-momentum0"):
+    for name in ("mlp", "mlp-momentum0", "cnn", "cnn-momentum0"):
         path = os.path.join(HERE, name, "summary.csv")
         if not os.path.exists(path):
             continue
