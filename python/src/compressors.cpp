@@ -42,8 +42,8 @@ using commsgd_torch::average_bucket;
 using commsgd_torch::exchange_queue;
 using commsgd_torch::meter;
 using commsgd_torch::python_future;
-using commsgd_torch::to_python;
 using commsgd_torch::tensor_of;
+using commsgd_torch::to_python;
 using commsgd_torch::traffic_dict;
 using commsgd_torch::values_of;
 using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
@@ -292,7 +292,8 @@ private:
       if (s_.momentum > 0.0f) {
         fresh.velocity.assign(offsets_of(sizes).back(), 0.0f);
         auto w = warm_velocity_.find(index);
-        if (w != warm_velocity_.end() && w->second.size() == fresh.velocity.size()) fresh.velocity = w->second;
+        if (w != warm_velocity_.end() && w->second.size() == fresh.velocity.size())
+          fresh.velocity = w->second;
       }
       it = buckets_.emplace(index, std::move(fresh)).first;
     }

@@ -134,7 +134,6 @@ private:
   exchange_queue queue_; // last: its thread stops before anything it uses goes
 };
 
-
 } // namespace
 
 void bind_local_sgd(py::module_& m) {

@@ -64,7 +64,8 @@ std::vector<float> input(int rank, std::size_t d, std::uint64_t which, bool big)
 }
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // Runs every case on communicator `c` (collective: every rank calls it).
@@ -73,9 +74,9 @@ void check_all(C& c) {
   const int n = c.size();
   commsgd::comm::narrow_ring_buffers buf;
   std::uint64_t which = 0;
-  for (const std::size_t d : {std::size_t{0}, std::size_t{1}, std::size_t{2}, static_cast<std::size_t>(n - 1),
-                              static_cast<std::size_t>(n + 1), std::size_t{7}, std::size_t{1001},
-                              std::size_t{20001}})
+  for (const std::size_t d :
+       {std::size_t{0}, std::size_t{1}, std::size_t{2}, static_cast<std::size_t>(n - 1),
+        static_cast<std::size_t>(n + 1), std::size_t{7}, std::size_t{1001}, std::size_t{20001}})
     for (const bool big : {false, true})
       for (const bool saturate : {false, true}) {
         ++which;

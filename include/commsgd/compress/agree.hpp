@@ -66,7 +66,8 @@ std::uint64_t fingerprint(const Range& params) noexcept {
 }
 
 // Raises the error a gathered verdict `o` (the header's fields) stands for, if any; `who` names the rank.
-inline void throw_verdict(const char* what, const std::string& who, const std::uint64_t* o, const char* range) {
+inline void throw_verdict(const char* what, const std::string& who, const std::uint64_t* o,
+                          const char* range) {
   switch (static_cast<input_problem>(o[1] & 0xff)) {
   case input_problem::none:
     break;
@@ -84,14 +85,14 @@ inline void throw_verdict(const char* what, const std::string& who, const std::u
                                                    std::bit_cast<double>(o[3]), " at index ", o[2],
                                                    " is outside the allowed range ", range));
   default:
-    throw corrupt_data(commsgd::detail::concat(what, ": ", who, " verdict has an unknown code ", o[1] & 0xff));
+    throw corrupt_data(
+        commsgd::detail::concat(what, ": ", who, " verdict has an unknown code ", o[1] & 0xff));
   }
 }
 
 // The header fields of this rank's verdict.
-inline std::array<std::uint64_t, cost::compress_header_fields> verdict_fields(std::size_t length,
-                                                                              const input_verdict& v,
-                                                                              std::uint64_t config) {
+inline std::array<std::uint64_t, cost::compress_header_fields>
+verdict_fields(std::size_t length, const input_verdict& v, std::uint64_t config) {
   return {length, static_cast<std::uint64_t>(v.problem) | (v.count << 8), v.where,
           std::bit_cast<std::uint64_t>(v.value), config};
 }

@@ -183,7 +183,8 @@ public:
       detail::throw_verdict(what(), "this rank's", mine.data(), range());
     }
     if (const auto bad = detail::check_finite(sum_); bad.problem != detail::input_problem::none)
-      throw non_finite(commsgd::detail::concat(what(), ": the 16-bit sum (another rank refused its input, or "
+      throw non_finite(commsgd::detail::concat(what(),
+                                               ": the 16-bit sum (another rank refused its input, or "
                                                "a partial sum left the range ",
                                                range(), "; overflow clamp saturates instead)"),
                        bad.count, bad.where);

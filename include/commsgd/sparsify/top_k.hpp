@@ -74,9 +74,9 @@ struct top_k_options {
   std::optional<std::size_t> k;           // a fixed count over the whole model instead (0 allowed)
   std::vector<std::size_t> layer_offsets; // empty: one layer; else 0 = o_0 <= o_1 <= ... <= o_L = length
   double momentum = 0.0;                  // momentum correction when > 0; in [0, 1)
-  momentum_masking masking = momentum_masking::dgc; // under momentum correction: zero u where sent, or keep it
-  std::vector<warmup_stage> warmup;       // densities of the first steps, before `density`
-  double clip_norm = 0.0;                 // > 0: scale g so that ||g||_2 <= clip_norm first; 0: off
+  momentum_masking masking = momentum_masking::dgc; // zero u where sent, or keep it
+  std::vector<warmup_stage> warmup;                 // densities of the first steps, before `density`
+  double clip_norm = 0.0;                           // > 0: scale g so that ||g||_2 <= clip_norm first; 0: off
   non_finite_policy on_non_finite = non_finite_policy::refuse;
 };
 
