@@ -81,18 +81,23 @@ inline void check_base(const base_profile& p) {
 
 inline std::string choice_reason(const exchange_choice& c, std::size_t dense, double margin) {
   const double base = c.predicted[dense];
+  char buf[64];
   std::string out;
   if (c.index == dense) {
-    out = "dense: " + milliseconds(base) + " a step; no other candidate below dense x (1 - " +
-          commsgd::detail::concat(margin) + ") = " + milliseconds(base * (1 - margin));
+    std::snprintf(buf, sizeof buf, "%g", margin);
+    out = "dense: " + milliseconds(base) + " a step; no other candidate below dense x (1 - " + buf +
+          ") = " + milliseconds(base * (1 - margin));
   } else {
-    char ratio[32];
-    std::snprintf(ratio, sizeof ratio, "%.2fx", base / c.predicted[c.index]);
+    std::snprintf(buf, sizeof buf, "%.2fx", base / c.predicted[c.index]);
     out = c.name + ": " + milliseconds(c.predicted[c.index]) + " a step against dense " + milliseconds(base) +
-          " (" + ratio + ")";
+          " (" + buf + ")";
   }
+  const char* separator = "; ";
   for (std::size_t i = 0; i < c.names.size(); ++i)
-    if (i != c.index && i != dense) out += ", " + c.names[i] + " " + milliseconds(c.predicted[i]);
+    if (i != c.index && i != dense) {
+      out += separator + c.names[i] + " " + milliseconds(c.predicted[i]);
+      separator = ", ";
+    }
   return out;
 }
 

@@ -1,8 +1,11 @@
 // Analytic per-node byte and time models of every exchange.
 #pragma once
 
+#include <commsgd/cost/candidate.hpp>
+#include <commsgd/cost/choice.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/cost/gradient_code.hpp>
+#include <commsgd/cost/overlap.hpp>
 #include <commsgd/cost/powersgd.hpp>
 #include <commsgd/cost/redundancy.hpp>
 #include <commsgd/cost/sparse.hpp>
