@@ -6,6 +6,7 @@
 //   local_sgd.cpp    sync::local_sgd for a trainer whose optimizer is torch's
 //   powersgd.cpp     compress::powersgd per bucket
 //   compressors.cpp  fp16, bf16 (a 16-bit ring all-reduce), sign, qsgd, random-k per bucket
+//   auto.cpp         the step-time model and the automatic choice of exchange (plain functions)
 // This file registers the library's exception types and the states.
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
@@ -18,6 +19,7 @@ void bind_topk(py::module_& m);        // topk.cpp
 void bind_local_sgd(py::module_& m);   // local_sgd.cpp
 void bind_powersgd(py::module_& m);    // powersgd.cpp
 void bind_compressors(py::module_& m); // compressors.cpp
+void bind_auto(py::module_& m);        // auto.cpp
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "commsgd's communication-efficient exchanges behind DDP communication hooks";
@@ -36,4 +38,5 @@ PYBIND11_MODULE(_C, m) {
   bind_local_sgd(m);
   bind_powersgd(m);
   bind_compressors(m);
+  bind_auto(m);
 }

@@ -8,10 +8,18 @@
 // settings that are bad everywhere raise invalid_argument everywhere without a message. A profile one rank
 // alone gets wrong is agreed on: every rank raises, the rank at fault with its own message.
 //
-// Switching a data_parallel trainer: run policy::dense for a few steps while timing them, call
-// choose_exchange (or exchange_chooser::decide, which keeps a log and checkpoints) on every rank, then
-// build the trainer the choice names (policy::fp16, policy::top_k with options.top_k.density, ...) and go
-// on from the same parameters; a compressor starts with empty error feedback, so the switch loses nothing.
+// Switching a data_parallel trainer (data_parallel fixes its exchange in its type, so a switch is a new
+// trainer over the same parameters):
+//
+//   data_parallel<policy::uncoded<>, policy::dense, policy::synchronous> warm(comm, d, opt);
+//   ... profile_steps steps with warm, timing forward, backward (the step's compute) and the exchange ...
+//   const auto c = sync::choose_exchange(comm, profile, plans, net);  // or exchange_chooser::decide
+//   if (c.name == "fp16")       run with data_parallel<policy::uncoded<>, policy::fp16, policy::synchronous>
+//   else if (c.name starts with "topk-") ... policy::top_k, opt.top_k.density = the candidate's density
+//   std::stringstream s; warm.strategy().save(s); next.strategy().load(s);  // keep the optimizer's state
+//
+// A compressor starts with empty error feedback, which is what the dense steps before it leave behind.
+// data_parallel steps block (no overlap): plan every candidate with blocking = true there.
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>

@@ -1,0 +1,122 @@
+// The step-time model and the automatic choice of exchange (cost/overlap.hpp, cost/choice.hpp) for Python:
+// a script measures its DDP step once with the dense hook and asks which hook to run. Plain numbers in and
+// out, so this file needs pybind11 only, not torch's headers.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <commsgd/cost/choice.hpp>
+#include <commsgd/cost/overlap.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+namespace cost = commsgd::cost;
+
+namespace {
+
+using matrix_list = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+
+commsgd::comm::network_model network(double latency_s, double bandwidth_bytes_per_s) {
+  commsgd::comm::network_model net;
+  net.latency_s = latency_s;
+  net.bandwidth_bytes_per_s = bandwidth_bytes_per_s;
+  return net;
+}
+
+py::dict overlapped_step(double forward_s, double backward_s, double optimizer_s,
+                         const std::vector<std::tuple<double, double, double, double>>& buckets,
+                         bool blocking) {
+  cost::step_profile p{forward_s, backward_s, optimizer_s, {}};
+  for (const auto& [ready, call, async, exchange] : buckets)
+    p.buckets.push_back({ready, call, async, exchange});
+  const auto s = cost::overlapped_step(p, blocking);
+  py::dict d;
+  d["total_s"] = s.total_s;
+  d["backward_end_s"] = s.backward_end_s;
+  d["exchange_end_s"] = s.exchange_end_s;
+  d["exposed_s"] = s.exposed_s;
+  return d;
+}
+
+double exchange_seconds(const std::string& candidate, std::uint64_t values, const matrix_list& matrices,
+                        int n, double latency_s, double bandwidth_bytes_per_s) {
+  return cost::exchange_seconds(candidate, {values, matrices}, n, network(latency_s, bandwidth_bytes_per_s));
+}
+
+py::dict choose(const std::vector<std::string>& candidates, double forward_s, double backward_s,
+                double optimizer_s, const std::vector<double>& ready_s,
+                const std::vector<std::pair<std::uint64_t, matrix_list>>& shapes,
+                const std::map<std::string, std::vector<std::pair<double, double>>>& compute,
+                const std::map<std::string, bool>& blocking, int n, double latency_s,
+                double bandwidth_bytes_per_s, double margin) {
+  cost::base_profile profile{forward_s, backward_s, optimizer_s, ready_s, {}};
+  for (const auto& [values, matrices] : shapes)
+    profile.shapes.push_back({values, matrices});
+  // A name in compute or blocking that is not a candidate is most likely a typo: refuse it.
+  const auto check_keys = [&](const auto& map, const char* what) {
+    for (const auto& [name, unused] : map) {
+      bool known = name == "dense";
+      for (const auto& c : candidates)
+        known = known || c == name;
+      if (!known)
+        throw commsgd::invalid_argument(commsgd::detail::concat(
+            "argument '", what, "' has an entry for '", name, "', which is not among the candidates"));
+    }
+  };
+  check_keys(compute, "compute");
+  check_keys(blocking, "blocking");
+  std::vector<cost::candidate_plan> plans;
+  for (const auto& name : candidates) {
+    cost::candidate_plan p{name, {}, false};
+    if (auto it = compute.find(name); it != compute.end())
+      for (const auto& [call, async] : it->second)
+        p.compute.push_back({call, async});
+    if (auto it = blocking.find(name); it != blocking.end()) p.blocking = it->second;
+    plans.push_back(std::move(p));
+  }
+  // The caller may leave dense out of the names yet describe its measured compute.
+  if (std::find(candidates.begin(), candidates.end(), "dense") == candidates.end()) {
+    cost::candidate_plan p{"dense", {}, false};
+    if (auto it = compute.find("dense"); it != compute.end())
+      for (const auto& [call, async] : it->second)
+        p.compute.push_back({call, async});
+    if (auto it = blocking.find("dense"); it != blocking.end()) p.blocking = it->second;
+    plans.push_back(std::move(p));
+  }
+  const auto c = cost::choose(plans, profile, n, network(latency_s, bandwidth_bytes_per_s), margin);
+  py::dict predicted;
+  for (std::size_t i = 0; i < c.names.size(); ++i)
+    predicted[py::str(c.names[i])] = c.predicted[i];
+  py::dict d;
+  d["index"] = c.index;
+  d["name"] = c.name;
+  d["predicted"] = predicted;
+  d["reason"] = c.reason;
+  return d;
+}
+
+} // namespace
+
+void bind_auto(py::module_& m) {
+  using namespace py::literals;
+  m.def("overlapped_step", &overlapped_step, "forward_s"_a, "backward_s"_a, "optimizer_s"_a, "buckets"_a,
+        "blocking"_a = false,
+        "Seconds of one DDP step whose bucket exchanges overlap backward; buckets are (ready_s, call_s, "
+        "async_s, exchange_s). Returns dict(total_s, backward_end_s, exchange_end_s, exposed_s).");
+  m.def("exchange_seconds", &exchange_seconds, "candidate"_a, "values"_a, "matrices"_a, "n"_a, "latency_s"_a,
+        "bandwidth_bytes_per_s"_a,
+        "Network seconds of one bucket's exchange under a named candidate (dense, fp16, bf16, powersgd-r<k>, "
+        "topk-<density>, sparse-allreduce-<density>, qsgd<levels>, localsgd-h<H>).");
+  m.def("choose", &choose, "candidates"_a, "forward_s"_a, "backward_s"_a, "optimizer_s"_a, "ready_s"_a,
+        "shapes"_a, "compute"_a, "blocking"_a, "n"_a, "latency_s"_a, "bandwidth_bytes_per_s"_a,
+        "margin"_a = cost::default_choice_margin,
+        "Predicts every candidate's step and picks the fastest, keeping dense unless another is below "
+        "dense x (1 - margin). Returns dict(index, name, predicted, reason); index counts dense last when "
+        "it was not named.");
+}
