@@ -159,17 +159,9 @@ def run(rank, world, a, model_name, scheme, store, queue):
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def train(rank, world, a, model_name, scheme):
-    scheme, *variants = scheme.split("+")
-    x, y = fashion_mnist(a.data, "train", a.train)
-    xt, yt = fashion_mnist(a.data, "test", a.test)
-    shard = len(x) // world
-    x, y = x[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
-    torch.manual_seed(a.seed)
-    model = MODELS[model_name]()
-    ddp = DDP(model)
-    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
-    counter = Counter(rank, world)
+def attach(ddp, model, opt, a, scheme, variants, world, counter):
+    """Registers `scheme`'s hook on `ddp` (moving momentum into the hook where the scheme wants it there)
+    and returns its state (None for PyTorch's stateless hooks)."""
     state = None
     if scheme == "ddp":
         install_counter(counter)
@@ -240,16 +232,45 @@ def train(rank, world, a, model_name, scheme):
             for group in opt.param_groups:
                 group["momentum"] = 0.0
         ddp.register_comm_hook(state, commsgd_torch.topk_hook)
+    elif scheme.startswith("auto"):
+        # auto-<candidate>: AutoState allowed only dense and <candidate>, on a stated slow network, so that it
+        # profiles WARMUP dense iterations and then switches to <candidate> through its real decision path;
+        # "auto" alone: every default candidate on the stated network --auto-network.
+        install_counter(counter)
+        rest = scheme[len("auto"):].lstrip("-")
+        cands = ("dense", rest) if rest else commsgd_torch.auto.DEFAULT_CANDIDATES
+        net = (50e-6, 125e3) if rest else tuple(float(v) for v in a.auto_network.split(","))
+        state = commsgd_torch.AutoState(ddp, opt, network=net, candidates=cands, profile_steps=WARMUP,
+                                        seed=a.seed)
+        ddp.register_comm_hook(state, commsgd_torch.auto_hook)
     elif scheme.startswith("localsgd"):
         period = int(scheme.split("-h")[1])
         state = commsgd_torch.LocalSGD(model, lr=a.lr, period=period, warmup_steps=WARMUP, optimizer=opt)
         ddp.register_comm_hook(state, commsgd_torch.local_sgd_hook)
     else:
         raise ValueError(f"unknown scheme {scheme}")
+    return state
+
+
+def train(rank, world, a, model_name, scheme):
+    scheme, *variants = scheme.split("+")
+    x, y = fashion_mnist(a.data, "train", a.train)
+    xt, yt = fashion_mnist(a.data, "test", a.test)
+    shard = len(x) // world
+    x, y = x[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
+    torch.manual_seed(a.seed)
+    model = MODELS[model_name]()
+    ddp = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
+    counter = Counter(rank, world)
+    state = attach(ddp, model, opt, a, scheme, variants, world, counter)
 
     def traffic():
         ours = (commsgd_torch.TopKState, commsgd_torch.LocalSGD, commsgd_torch.PowerSGDState,
                 commsgd_torch.CompressorState)
+        if type(state).__name__ == "AutoState" and isinstance(state._inner, commsgd_torch.TopKState):
+            t, c = state._inner.traffic(), counter.traffic()
+            return {k: t[k] + c[k] for k in c}
         return state.traffic() if isinstance(state, ours) else counter.traffic()
 
     g = torch.Generator().manual_seed(a.seed + rank)
@@ -364,6 +385,8 @@ def main():
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (top-k: DGC's, in the hook)")
     p.add_argument("--evals-per-epoch", type=int, default=8)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--auto-network", default="50e-6,125e6",
+                   help="latency_s,bandwidth_bytes_per_s stated to the 'auto' scheme")
     p.add_argument("--target-gap", type=float, default=0.02,
                    help="target accuracy = DDP allreduce's final accuracy minus this")
     p.add_argument("--report", action="store_true", help="only rewrite goal.md from OUT/summary.csv")

@@ -37,7 +37,7 @@ from . import _C
 from .powersgd import PowerSGDState, powersgd_hook
 from .compressors import KINDS, CompressorState, compressor_hook
 
-__all__ = ["TopKState", "topk_hook", "LocalSGD", "local_sgd_hook", "PowerSGDState", "powersgd_hook", "CompressorState", "compressor_hook", "KINDS", "Error", "InvalidArgument", "NonFinite",
+__all__ = ["TopKState", "topk_hook", "LocalSGD", "local_sgd_hook", "PowerSGDState", "powersgd_hook", "CompressorState", "compressor_hook", "KINDS", "AutoState", "auto_hook", "Error", "InvalidArgument", "NonFinite",
            "SizeMismatch", "CommError", "CorruptData", "Unsupported", "SELECTORS"]
 
 SELECTORS = ("exact", "radix", "laplace_bisect", "hierarchical", "sampled")
@@ -118,6 +118,10 @@ class TopKState:
     def last_sent(self, key):
         return self._c.last_sent(key)
 
+    def momentum(self, key):
+        """The bucket's local momentum u (None without momentum or before its first compressed round)."""
+        return self._c.momentum(key)
+
     def state_dict(self):
         return self._c.state_dict()
 
@@ -174,3 +178,6 @@ def local_sgd_hook(state, bucket):
     fut = torch.futures.Future()
     fut.set_result(buf)
     return fut
+
+
+from .auto import AutoState, auto_hook  # noqa: E402  (auto.py builds on TopKState above)

@@ -170,6 +170,19 @@ public:
                         .clone());
   }
 
+  // DGC's local momentum u of a bucket (None without momentum correction or before the bucket's first
+  // compressed round): what AutoState hands back to the optimizer when it leaves top-k.
+  py::object momentum(const std::string& key) {
+    queue_.drain();
+    auto it = buckets_.find(key);
+    if (it == buckets_.end()) return py::none();
+    auto u = std::visit([](auto& s) { return s.momentum(); }, it->second.sparsifier);
+    if (u.empty()) return py::none();
+    return py::cast(at::from_blob(const_cast<float*>(u.data()), {static_cast<std::int64_t>(u.size())},
+                                  at::TensorOptions().dtype(at::kFloat))
+                        .clone());
+  }
+
   py::object last_sent(const std::string& key) {
     queue_.drain();
     auto it = buckets_.find(key);
@@ -449,6 +462,7 @@ void bind_topk(py::module_& m) {
       .def("iteration", &topk_state::iteration)
       .def("compute_seconds", &topk_state::compute_seconds)
       .def("residual", &topk_state::residual)
+      .def("momentum", &topk_state::momentum)
       .def("last_sent", &topk_state::last_sent)
       .def("keys", &topk_state::keys)
       .def("state_dict", &topk_state::state_dict)

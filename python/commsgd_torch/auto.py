@@ -1,0 +1,427 @@
+"""AutoState and auto_hook: a DDP communication hook that picks, per run, the exchange that makes a step
+fastest on this model and this network, among those that keep accuracy, and never a slower one than
+DDP's own allreduce.
+
+    state = commsgd_torch.AutoState(ddp, optimizer)            # network measured; or network=(latency_s, bytes/s)
+    ddp.register_comm_hook(state, commsgd_torch.auto_hook)
+    ... train as usual (momentum stays in the optimizer) ...
+    print(state.choice(), state.log()[-1]["reason"])
+
+How it chooses. The first `profile_steps` iterations run DDP's allreduce hook unchanged and time, on every
+rank, the forward pass, when each bucket becomes ready during backward, how long each exchange takes and the
+whole step. At iteration `profile_steps` every rank, together: measures the network (a small and a large
+all-reduce on the state's own group) unless it was stated, times each candidate's local work on its own
+buckets (casts for 16-bit, PowerSGD's products, top-k's selection), predicts each candidate's step with
+cost/'s exchange seconds and the overlap model of DDP's reducer (commsgd_torch._C.choose: bucket i's
+exchange starts when it is ready and the one before it is done; a hook's synchronous part delays the rest
+of backward), and takes rank 0's verdict so that every rank switches to the same exchange. A compressed
+candidate is taken only when it predicts a step at least `margin` shorter than dense.
+
+Candidates, all of which keep accuracy at the densities given ("dense", "fp16", "bf16", "powersgd-r<k>",
+"topk-<density>"): dense is PyTorch's allreduce hook, bit for bit; fp16 is PyTorch's fp16 compression hook
+(bf16 PyTorch's bf16 hook, which needs NCCL); PowerSGD is PyTorch's hook with error feedback and warm start,
+started from the profiled iteration; top-k is commsgd's TopKState (laplace_bisect), to which the optimizer's
+momentum moves (its buffers seed top-k's local momentum and the optimizer then steps without momentum, the
+recipe top-k needs to keep accuracy).
+
+Re-checks: every `recheck_every` iterations after the choice, the median measured step of the chosen
+exchange is compared, on every rank together, with the median dense step of the profile; when it is more
+than `drift` slower, the state goes back to dense (the momentum comes back to the optimizer, averaged, with
+top-k's held-back updates folded in) and says so in the log. state_dict() holds the choice, the profile, the
+log and the chosen exchange's own state; load_state_dict() restores them.
+"""
+import logging
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook as psgd
+
+from . import _C
+from ._C import InvalidArgument
+
+DEFAULT_CANDIDATES = ("dense", "fp16", "powersgd-r1", "powersgd-r2", "powersgd-r4", "topk-0.01", "topk-0.001")
+_log = logging.getLogger("commsgd_torch.auto")
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else 0.0
+
+
+def _timed(fn, repeats=3):
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _global_rank(group, rank):
+    get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
+    return get(group, rank)
+
+
+def _matrices(params):
+    """The 2-D views PowerSGD compresses (rows = first dimension), as cost/'s bucket shape wants them."""
+    return [(p.shape[0], p.numel() // p.shape[0]) for p in params if p.dim() > 1]
+
+
+def candidate_compute(name, buckets, world, seed=0):
+    """(call_s, async_s) per bucket of a candidate's local work on `world` ranks, timed here on tensors of
+    the buckets' shapes, ((numel, [(rows, cols), ...]), ...): what AutoState predicts from."""
+    out = []
+    for numel, mats in buckets:
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+        if name == "dense":
+            out.append((_timed(lambda: x.div(world)), 0.0))
+        elif name in ("fp16", "bf16"):
+            dt = torch.float16 if name == "fp16" else torch.bfloat16
+            low = x.to(dt)
+            out.append((_timed(lambda: x.to(dt).div_(world)), _timed(lambda: x.copy_(low))))
+        elif name.startswith("powersgd"):
+            r = int(name.split("-r")[1])
+            ms = [torch.randn(a, b) for a, b in mats if (a + b) * r < a * b]
+            qs = [torch.randn(b, r) for a, b in mats if (a + b) * r < a * b]
+
+            def first():
+                return [m @ q for m, q in zip(ms, qs)]
+            ps = first()
+
+            def rest():
+                for m, p in zip(ms, ps):
+                    p, _ = torch.linalg.qr(p)
+                    q = m.t() @ p
+                    m.copy_(p @ q.t())
+            out.append((_timed(first), _timed(rest)))
+        else:  # top-k: posted at once; selection (torch.topk, an upper bound of the library's) off-thread
+            k = max(1, int(float(name.split("-", 1)[1]) * numel + 0.999999))
+            out.append((0.0, _timed(lambda: torch.topk(x.abs(), k, sorted=False))))
+    return out
+
+
+
+class AutoState:
+    """State of auto_hook. `model`: the DDP-wrapped module (its forward is timed through hooks on it).
+    `optimizer`: the torch.optim.SGD stepping it (needed when a top-k candidate is allowed, to move its
+    momentum). `network`: None to measure, or (latency_s, bandwidth_bytes_per_s). `candidates`: names as
+    in DEFAULT_CANDIDATES; "dense" is always among them. `profile_steps` >= 3: iterations of dense
+    allreduce measured before choosing (the first two are not timed: DDP rebuilds its buckets after the
+    first). `margin` in [0, 1); `recheck_every` >= 0 (0 = never); `drift` >= 0. `choose_at_once`:
+    a name to use from the start of the profile on (tests and forced runs; the log says so).
+    """
+
+    def __init__(self, model, optimizer=None, network=None, candidates=DEFAULT_CANDIDATES, profile_steps=20,
+                 margin=0.05, recheck_every=200, drift=0.10, process_group=None, seed=0):
+        names = list(dict.fromkeys(["dense", *candidates]))
+        for c in names:  # the library parses every name: an unknown one raises here, on every rank
+            _C.exchange_seconds(c, 1, [], 2, 0.0, 1.0)
+        if "bf16" in names and dist.get_backend() != "nccl":
+            raise InvalidArgument("commsgd: argument 'candidates' holds 'bf16', which needs the nccl backend "
+                                  f"(this group's backend is {dist.get_backend()})")
+        if network is not None:
+            latency, bandwidth = (float(v) for v in network)
+            if not (latency >= 0 and latency != float("inf")):
+                raise InvalidArgument(f"commsgd: argument 'network' latency = {latency} is outside the allowed "
+                                      "range [0, inf)")
+            if not bandwidth > 0:
+                raise InvalidArgument(f"commsgd: argument 'network' bandwidth = {bandwidth} is outside the "
+                                      "allowed range (0, inf]")
+            network = (latency, bandwidth)
+        if int(profile_steps) < 3:
+            raise InvalidArgument(f"commsgd: argument 'profile_steps' = {profile_steps} is outside the allowed "
+                                  "range [3, inf)")
+        if not 0 <= float(margin) < 1:
+            raise InvalidArgument(f"commsgd: argument 'margin' = {margin} is outside the allowed range [0, 1)")
+        if int(recheck_every) < 0:
+            raise InvalidArgument(f"commsgd: argument 'recheck_every' = {recheck_every} is outside the "
+                                  "allowed range [0, inf)")
+        if not float(drift) >= 0:
+            raise InvalidArgument(f"commsgd: argument 'drift' = {drift} is outside the allowed range [0, inf)")
+        if any(c.startswith("topk") for c in names) and optimizer is None:
+            raise InvalidArgument("commsgd: argument 'optimizer' is None, and a top-k candidate needs it (its "
+                                  "momentum moves into the hook)")
+        self.candidates, self.network, self.profile_steps = names, network, int(profile_steps)
+        self.margin, self.recheck_every, self.drift, self.seed = float(margin), int(recheck_every), float(drift), seed
+        self.model, self.optimizer = model, optimizer
+        self.group = process_group if process_group is not None else dist.new_group(backend="gloo")
+        self.world = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
+        self._iter = 0
+        self._bucket = 0
+        self._choice = "dense"
+        self._decided_at = None
+        self._inner = None
+        self._log = []
+        self._forced = None
+        # Timings of the current iteration, and per iteration the profile's records.
+        self._fwd_start = self._fwd_end = None
+        self._periods, self._dense_periods = [], []
+        self._steps = []  # per profiled iteration: forward_s, ready_s per bucket, done_s per bucket
+        self._cur = None
+        self._shapes = None
+        self._hooks = [model.register_forward_pre_hook(self._on_forward_start),
+                       model.register_forward_hook(self._on_forward_end)]
+
+    # ---- what a script reads --------------------------------------------------------------------------
+
+    def choice(self):
+        return self._choice
+
+    def iteration(self):
+        return self._iter
+
+    def log(self):
+        """One record per decision: iteration, choice, predicted step seconds per candidate, the network,
+        and the reason in words."""
+        return list(self._log)
+
+    def force(self, name):
+        """Use `name` from the next bucket on, without profiling (the log records that it was forced)."""
+        if name not in self.candidates:
+            raise InvalidArgument(f"commsgd: argument 'name' = '{name}' is not one of {self.candidates}")
+        self._forced = name
+
+    # ---- timing ---------------------------------------------------------------------------------------
+
+    def _on_forward_start(self, *_):
+        now = time.perf_counter()
+        if self._fwd_start is not None:
+            period = now - self._fwd_start
+            (self._dense_periods if self._choice == "dense" and self._decided_at is None else
+             self._periods).append(period)
+        self._fwd_start = now
+
+    def _on_forward_end(self, *_):
+        self._fwd_end = time.perf_counter()
+
+    # ---- the hook -------------------------------------------------------------------------------------
+
+    def _hook(self, bucket):
+        first = self._bucket == 0
+        last = bucket.is_last()
+        if first and self._forced is not None:
+            self._switch(self._forced, {c: float("nan") for c in self.candidates}, "forced by force()")
+            self._forced = None
+        elif first and self._decided_at is None and self._iter >= self.profile_steps:
+            self._decide()
+        elif (first and self._decided_at is not None and self.recheck_every > 0 and self._choice != "dense"
+              and self._iter > self._decided_at and (self._iter - self._decided_at) % self.recheck_every == 0):
+            self._recheck()
+        if self._choice == "dense":
+            fut = self._dense(bucket)
+        elif self._choice.startswith("fp16"):
+            fut = default_hooks.fp16_compress_hook(self.group, bucket)
+        elif self._choice.startswith("bf16"):
+            fut = default_hooks.bf16_compress_hook(self.group, bucket)
+        elif self._choice.startswith("powersgd"):
+            fut = psgd.powerSGD_hook(self._inner, bucket)
+        else:
+            fut = self._inner.exchange_async(bucket)
+        self._bucket += 1
+        if last:
+            self._bucket = 0
+            self._iter += 1
+        return fut
+
+    def _dense(self, bucket):
+        profiling = self._decided_at is None and 2 <= self._iter < self.profile_steps and self._fwd_end
+        t0 = time.perf_counter()
+        if profiling:
+            if self._bucket == 0:
+                self._cur = {"forward_s": self._fwd_end - self._fwd_start, "ready_s": [], "call_s": [],
+                             "done_s": []}
+                if self._iter == 2:
+                    self._shapes = []
+            self._cur["ready_s"].append(t0 - self._fwd_end)
+            if self._iter == 2:  # DDP's buckets are final from the second iteration on
+                self._shapes.append((bucket.buffer().numel(), _matrices(bucket.parameters())))
+        fut = default_hooks.allreduce_hook(self.group, bucket)
+        if not profiling:
+            return fut
+        cur, fwd_end = self._cur, self._fwd_end
+        cur["call_s"].append(time.perf_counter() - t0)
+        last = bucket.is_last()
+
+        def done(f):
+            cur["done_s"].append(time.perf_counter() - fwd_end)
+            if last:
+                self._steps.append(cur)
+            return f.value()
+        return fut.then(done)
+
+    # ---- choosing -------------------------------------------------------------------------------------
+
+    def _measure_network(self):
+        """Latency and bandwidth of the state's group from a small and a large ring all-reduce."""
+        if self.world == 1:
+            return 0.0, float("inf")
+        small, big = torch.zeros(1), torch.zeros(1 << 20)
+        for _ in range(2):
+            dist.all_reduce(small, group=self.group)
+        t_small = _timed(lambda: dist.all_reduce(small, group=self.group), 5)
+        t_big = _timed(lambda: dist.all_reduce(big, group=self.group), 3)
+        rounds = 2 * (self.world - 1)
+        latency = t_small / rounds
+        wire = 4.0 * big.numel() * rounds / self.world
+        bandwidth = wire / max(t_big - rounds * latency, 1e-9)
+        return latency, bandwidth
+
+    def _decide(self):
+        steps = self._steps
+        if not steps:  # nothing profiled (profile_steps too short for this run): stay dense, say so
+            self._switch("dense", {}, "no profiled iteration")
+            return
+        nb = min(len(s["ready_s"]) for s in steps)
+        forward = _median([s["forward_s"] for s in steps])
+        ready = [_median([s["ready_s"][i] for s in steps]) for i in range(nb)]
+        done = [_median([s["done_s"][i] for s in steps if len(s["done_s"]) > i]) for i in range(nb)]
+        period = _median(self._dense_periods[2:]) or (forward + max(done))
+        backward = ready[-1]
+        optimizer = max(period - forward - max(backward, max(done)), 0.0)
+        latency, bandwidth = self.network if self.network is not None else self._measure_network()
+        shapes = self._shapes[:nb]
+        compute = {c: candidate_compute(c, shapes, self.world, self.seed) for c in self.candidates}
+        blocking = {c: False for c in self.candidates}
+        verdict = _C.choose(self.candidates, forward, backward, optimizer, ready, shapes, compute, blocking,
+                            self.world, latency, bandwidth, self.margin)
+        # Rank 0's verdict, so that every rank switches to the same exchange.
+        box = [(verdict["name"], dict(verdict["predicted"]), verdict["reason"], latency, bandwidth)]
+        dist.broadcast_object_list(box, src=_global_rank(self.group, 0), group=self.group)
+        name, predicted, reason, latency, bandwidth = box[0]
+        self._profile = {"forward_s": forward, "backward_s": backward, "optimizer_s": optimizer,
+                         "ready_s": ready, "shapes": shapes, "dense_period_s": period,
+                         "latency_s": latency, "bandwidth_bytes_per_s": bandwidth}
+        self._switch(name, predicted, reason)
+
+    def _recheck(self):
+        measured = _median(self._periods[-min(len(self._periods), 50):])
+        box = torch.tensor([measured], dtype=torch.float64)
+        dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.group)
+        measured = float(box[0])
+        dense = self._profile.get("dense_period_s", 0.0) if hasattr(self, "_profile") else 0.0
+        if dense > 0 and measured > dense * (1 + self.drift):
+            self._back_to_dense(f"{self._choice} measured {measured * 1e3:.3f} ms a step, more than "
+                                f"{1 + self.drift:.2f}x dense's {dense * 1e3:.3f} ms: back to dense")
+
+    def _switch(self, name, predicted, reason):
+        self._decided_at = self._iter
+        self._periods = []
+        rec = {"iteration": self._iter, "choice": name, "predicted_s": predicted, "reason": reason,
+               "network": getattr(self, "_profile", {}).get("latency_s"),
+               "bandwidth": getattr(self, "_profile", {}).get("bandwidth_bytes_per_s")}
+        self._log.append(rec)
+        _log.info("commsgd auto: iteration %d: %s (%s)", self._iter, name, reason)
+        if name == self._choice and self._inner is not None:
+            return
+        self._choice = name
+        self._inner = self._make_inner(name)
+
+    def _make_inner(self, name, seeded=True, momentum=None):
+        if name.startswith("powersgd"):
+            r = int(name.split("-r")[1])
+            state = psgd.PowerSGDState(process_group=self.group, matrix_approximation_rank=r,
+                                       start_powerSGD_iter=2, use_error_feedback=True, warm_start=True,
+                                       random_seed=self.seed)
+            state.iter = 2  # the profile was its dense warm-up: compress from now on
+            return state
+        if name.startswith("topk"):
+            from . import TopKState
+            m = self._optimizer_momentum() if momentum is None else float(momentum)
+            inner = TopKState(self._module(), density=float(name.split("-", 1)[1]), selector="laplace_bisect",
+                              momentum=m, dense_warmup_steps=0, process_group=self.group)
+            if seeded and m > 0:
+                velocity = {}
+                for i, p in enumerate(self._module().parameters()):
+                    buf = self.optimizer.state.get(p, {}).get("momentum_buffer")
+                    if buf is not None:
+                        velocity[i] = buf.detach().reshape(-1).clone()
+                        # The optimizer keeps no momentum from now on: top-k's hook applies it.
+                        self.optimizer.state[p]["momentum_buffer"] = None
+                inner.load_state_dict({"selector": "laplace_bisect", "iteration": 0, "buckets": {},
+                                       "warmup_velocity": velocity})
+            for g in self.optimizer.param_groups:
+                g["momentum"] = 0.0
+            self._moved_momentum = m
+            return inner
+        return None
+
+    def _back_to_dense(self, reason):
+        if self._choice.startswith("topk"):
+            self._return_momentum()
+        self._switch("dense", {}, reason)
+
+    def _return_momentum(self):
+        """Top-k's local momenta, averaged over ranks, become the optimizer's buffers again, and its held-back
+        updates are folded in so that momentum applies them once in all: (1 - m) v adds v over the steps."""
+        m = getattr(self, "_moved_momentum", 0.0)
+        params = list(self._module().parameters())
+        state = self._inner.state_dict()
+        for g in self.optimizer.param_groups:
+            g["momentum"] = m
+        moved = {}
+        for key, (idx, offsets, _) in state["buckets"].items():
+            u = self._inner.momentum(key) if m > 0 else None
+            v = self._inner.residual(key)
+            for j, pi in enumerate(idx):
+                n = params[pi].numel()
+                part = (1 - m) * v[offsets[j]:offsets[j] + n]
+                if u is not None:
+                    part = part + u[offsets[j]:offsets[j] + n]
+                moved[pi] = part
+        for pi, p in enumerate(params):
+            buf = moved.get(pi, torch.zeros(p.numel()))
+            dist.all_reduce(buf, group=self.group)
+            buf.div_(self.world)
+            if m > 0:
+                self.optimizer.state[p]["momentum_buffer"] = buf.reshape(p.shape).clone()
+            else:
+                with torch.no_grad():
+                    p.sub_(buf.reshape(p.shape) * self.optimizer.param_groups[0]["lr"])
+
+    def _optimizer_momentum(self):
+        ms = {g.get("momentum", 0.0) for g in self.optimizer.param_groups}
+        if len(ms) != 1:
+            raise InvalidArgument(f"commsgd: the optimizer's parameter groups have momenta {sorted(ms)}; top-k "
+                                  "needs one momentum")
+        return float(ms.pop())
+
+    def _module(self):
+        return getattr(self.model, "module", self.model)
+
+    # ---- checkpoint -----------------------------------------------------------------------------------
+
+    def state_dict(self):
+        inner = None
+        if self._choice.startswith("topk"):
+            inner = self._inner.state_dict()
+        elif self._choice.startswith("powersgd"):
+            s = self._inner
+            inner = {"iter": s.iter, "error_dict": dict(s.error_dict), "p_memory_dict": dict(s.p_memory_dict),
+                     "q_memory_dict": dict(s.q_memory_dict)}
+        return {"iteration": self._iter, "choice": self._choice, "decided_at": self._decided_at,
+                "log": list(self._log), "profile": dict(getattr(self, "_profile", {})),
+                "moved_momentum": getattr(self, "_moved_momentum", None), "inner": inner}
+
+    def load_state_dict(self, d):
+        choice = d["choice"]
+        if choice not in self.candidates:
+            raise InvalidArgument(f"commsgd: saved state's choice '{choice}' is not one of {self.candidates}")
+        self._iter, self._decided_at = int(d["iteration"]), d["decided_at"]
+        self._log, self._profile = list(d["log"]), dict(d["profile"])
+        self._choice = choice
+        self._inner = self._make_inner(choice, seeded=False, momentum=d.get("moved_momentum"))
+        if choice.startswith("topk") and d["inner"] is not None:
+            self._inner.load_state_dict(d["inner"])
+        elif choice.startswith("powersgd") and d["inner"] is not None:
+            s = self._inner
+            s.iter = d["inner"]["iter"]
+            s.error_dict.update(d["inner"]["error_dict"])
+            s.p_memory_dict.update(d["inner"]["p_memory_dict"])
+            s.q_memory_dict.update(d["inner"]["q_memory_dict"])
+
+
+def auto_hook(state, bucket):
+    """DDP communication hook: the exchange AutoState chose for this run (dense until it has chosen)."""
+    return state._hook(bucket)
