@@ -14,8 +14,9 @@ all-reduce on the state's own group) unless it was stated, times each candidate'
 buckets (casts for 16-bit, PowerSGD's products, top-k's selection), predicts each candidate's step with
 cost/'s exchange seconds and the overlap model of DDP's reducer (commsgd_torch._C.choose: bucket i's
 exchange starts when it is ready and the one before it is done; a hook's synchronous part delays the rest
-of backward), and takes rank 0's verdict so that every rank switches to the same exchange. A compressed
-candidate is taken only when it predicts a step at least `margin` shorter than dense.
+of backward), weighs it by the steps the candidate needs to dense's accuracy (a measured prior, see
+default_steps_factor), and takes rank 0's verdict so that every rank switches to the same exchange. A
+compressed candidate is taken only when it weighs at least `margin` less than dense.
 
 Candidates, all of which keep accuracy at the densities given ("dense", "fp16", "bf16", "powersgd-r<k>",
 "topk-<density>"): dense is PyTorch's allreduce hook, bit for bit; fp16 is PyTorch's fp16 compression hook
@@ -42,6 +43,18 @@ from . import _C
 from ._C import InvalidArgument
 
 DEFAULT_CANDIDATES = ("dense", "fp16", "powersgd-r1", "powersgd-r2", "powersgd-r4", "topk-0.01", "topk-0.001")
+
+
+def default_steps_factor(name):
+    """Steps a candidate needs to reach dense's accuracy, over dense's: the geometric mean of the ratios
+    measured to DDP's final accuracy minus 1 and 2 points on Fashion-MNIST's MLP and CNN, 4 ranks, 1,000
+    steps (bench/results/where-compression-pays-2026-11-24.md). A prior: pass steps_factor= to state yours."""
+    if name.startswith("powersgd"):
+        r = int(name.split("-r")[1])
+        return 2.5 if r == 1 else 1.3 if r == 2 else 1.15
+    if name.startswith("topk"):
+        return 1.4 if float(name.split("-", 1)[1]) >= 0.01 else 1.65
+    return 1.0
 _log = logging.getLogger("commsgd_torch.auto")
 
 
@@ -108,12 +121,13 @@ class AutoState:
     momentum). `network`: None to measure, or (latency_s, bandwidth_bytes_per_s). `candidates`: names as
     in DEFAULT_CANDIDATES; "dense" is always among them. `profile_steps` >= 3: iterations of dense
     allreduce measured before choosing (the first two are not timed: DDP rebuilds its buckets after the
-    first). `margin` in [0, 1); `recheck_every` >= 0 (0 = never); `drift` >= 0. `choose_at_once`:
-    a name to use from the start of the profile on (tests and forced runs; the log says so).
+    first). `margin` in [0, 1); `recheck_every` >= 0 (0 = never); `drift` >= 0. `steps_factor`: {name:
+    steps to dense's accuracy over dense's} replacing default_steps_factor's priors; the choice weighs
+    each predicted step by it.
     """
 
     def __init__(self, model, optimizer=None, network=None, candidates=DEFAULT_CANDIDATES, profile_steps=20,
-                 margin=0.05, recheck_every=200, drift=0.10, process_group=None, seed=0):
+                 margin=0.05, recheck_every=200, drift=0.10, process_group=None, seed=0, steps_factor=None):
         names = list(dict.fromkeys(["dense", *candidates]))
         for c in names:  # the library parses every name: an unknown one raises here, on every rank
             _C.exchange_seconds(c, 1, [], 2, 0.0, 1.0)
@@ -142,6 +156,16 @@ class AutoState:
         if any(c.startswith("topk") for c in names) and optimizer is None:
             raise InvalidArgument("commsgd: argument 'optimizer' is None, and a top-k candidate needs it (its "
                                   "momentum moves into the hook)")
+        factors = {c: default_steps_factor(c) for c in names}
+        for c, f in (steps_factor or {}).items():
+            if c not in names:
+                raise InvalidArgument(f"commsgd: argument 'steps_factor' names '{c}', which is not among the "
+                                      f"candidates {names}")
+            if not (isinstance(f, (int, float)) and 0 < f < float("inf")):
+                raise InvalidArgument(f"commsgd: argument 'steps_factor' of '{c}' = {f} is outside the allowed "
+                                      "range (0, inf)")
+            factors[c] = float(f)
+        self.steps_factor = factors
         self.candidates, self.network, self.profile_steps = names, network, int(profile_steps)
         self.margin, self.recheck_every, self.drift, self.seed = float(margin), int(recheck_every), float(drift), seed
         self.model, self.optimizer = model, optimizer
@@ -285,7 +309,7 @@ class AutoState:
         compute = {c: candidate_compute(c, shapes, self.world, self.seed) for c in self.candidates}
         blocking = {c: False for c in self.candidates}
         verdict = _C.choose(self.candidates, forward, backward, optimizer, ready, shapes, compute, blocking,
-                            self.world, latency, bandwidth, self.margin)
+                            self.world, latency, bandwidth, self.margin, self.steps_factor)
         # Rank 0's verdict, so that every rank switches to the same exchange.
         box = [(verdict["name"], dict(verdict["predicted"]), verdict["reason"], latency, bandwidth)]
         dist.broadcast_object_list(box, src=_global_rank(self.group, 0), group=self.group)

@@ -54,7 +54,8 @@ py::dict choose(const std::vector<std::string>& candidates, double forward_s, do
                 const std::vector<std::pair<std::uint64_t, matrix_list>>& shapes,
                 const std::map<std::string, std::vector<std::pair<double, double>>>& compute,
                 const std::map<std::string, bool>& blocking, int n, double latency_s,
-                double bandwidth_bytes_per_s, double margin) {
+                double bandwidth_bytes_per_s, double margin,
+                const std::map<std::string, double>& steps_factor) {
   cost::base_profile profile{forward_s, backward_s, optimizer_s, ready_s, {}};
   for (const auto& [values, matrices] : shapes)
     profile.shapes.push_back({values, matrices});
@@ -71,6 +72,7 @@ py::dict choose(const std::vector<std::string>& candidates, double forward_s, do
   };
   check_keys(compute, "compute");
   check_keys(blocking, "blocking");
+  check_keys(steps_factor, "steps_factor");
   std::vector<cost::candidate_plan> plans;
   for (const auto& name : candidates) {
     cost::candidate_plan p{name, {}, false};
@@ -78,6 +80,7 @@ py::dict choose(const std::vector<std::string>& candidates, double forward_s, do
       for (const auto& [call, async] : it->second)
         p.compute.push_back({call, async});
     if (auto it = blocking.find(name); it != blocking.end()) p.blocking = it->second;
+    if (auto it = steps_factor.find(name); it != steps_factor.end()) p.steps_factor = it->second;
     plans.push_back(std::move(p));
   }
   // The caller may leave dense out of the names yet describe its measured compute.
@@ -90,13 +93,16 @@ py::dict choose(const std::vector<std::string>& candidates, double forward_s, do
     plans.push_back(std::move(p));
   }
   const auto c = cost::choose(plans, profile, n, network(latency_s, bandwidth_bytes_per_s), margin);
-  py::dict predicted;
-  for (std::size_t i = 0; i < c.names.size(); ++i)
+  py::dict predicted, weighed;
+  for (std::size_t i = 0; i < c.names.size(); ++i) {
     predicted[py::str(c.names[i])] = c.predicted[i];
+    weighed[py::str(c.names[i])] = c.weighed(i);
+  }
   py::dict d;
   d["index"] = c.index;
   d["name"] = c.name;
   d["predicted"] = predicted;
+  d["weighed"] = weighed;
   d["reason"] = c.reason;
   return d;
 }
@@ -115,8 +121,9 @@ void bind_auto(py::module_& m) {
         "topk-<density>, sparse-allreduce-<density>, qsgd<levels>, localsgd-h<H>).");
   m.def("choose", &choose, "candidates"_a, "forward_s"_a, "backward_s"_a, "optimizer_s"_a, "ready_s"_a,
         "shapes"_a, "compute"_a, "blocking"_a, "n"_a, "latency_s"_a, "bandwidth_bytes_per_s"_a,
-        "margin"_a = cost::default_choice_margin,
-        "Predicts every candidate's step and picks the fastest, keeping dense unless another is below "
-        "dense x (1 - margin). Returns dict(index, name, predicted, reason); index counts dense last when "
-        "it was not named.");
+        "margin"_a = cost::default_choice_margin, "steps_factor"_a = std::map<std::string, double>{},
+        "Predicts every candidate's step, weighs it by its steps factor (steps to an accuracy over "
+        "dense's, 1 when not given) and picks the least, keeping dense unless another is below dense x "
+        "(1 - margin). Returns dict(index, name, predicted (seconds a step), weighed, reason); index counts "
+        "dense last when it was not named.");
 }

@@ -5,6 +5,11 @@
 // dense wins only if its predicted step is below dense's times (1 - margin). The margin absorbs what the
 // model leaves out (jitter, a peer's slower compute), so the choice never predicts a slower step than
 // dense and turning it on is safe.
+//
+// Step time is not the whole story: a compressed exchange may need more steps to reach an accuracy (top-k
+// lags dense in the first epochs). Each plan carries a steps factor, the steps it needs over dense's (a
+// prior the caller measured or states, 1 by default), and the rule weighs step x factor: seconds to the same
+// accuracy in units of dense steps.
 #pragma once
 
 #include <commsgd/comm/simulated.hpp>
@@ -44,6 +49,7 @@ struct candidate_plan {
   std::string name;
   std::vector<local_compute> compute; // one per bucket; empty: none
   bool blocking = false;              // the hook returns only when its exchange is done
+  double steps_factor = 1.0;          // steps to an accuracy over dense's, in (0, inf)
 };
 
 struct exchange_choice {
@@ -51,7 +57,11 @@ struct exchange_choice {
   std::string name;               // names[index]
   std::vector<std::string> names; // the candidates weighed, dense among them
   std::vector<double> predicted;  // seconds a step, per candidate
+  std::vector<double> factors;    // its steps factor, per candidate
   std::string reason;
+
+  // What the rule compares: seconds a step times the steps factor.
+  double weighed(std::size_t i) const { return predicted[i] * factors[i]; }
 };
 
 inline constexpr double default_choice_margin = 0.05;
@@ -80,25 +90,35 @@ inline void check_base(const base_profile& p) {
 }
 
 inline std::string choice_reason(const exchange_choice& c, std::size_t dense, double margin) {
-  const double base = c.predicted[dense];
+  const auto one = [&](std::size_t i) {
+    char f[32];
+    std::snprintf(f, sizeof f, " x %.3g steps", c.factors[i]);
+    return milliseconds(c.predicted[i]) + (c.factors[i] != 1.0 ? f : "");
+  };
+  const double base = c.weighed(dense);
   char buf[64];
   std::string out;
   if (c.index == dense) {
     std::snprintf(buf, sizeof buf, "%g", margin);
-    out = "dense: " + milliseconds(base) + " a step; no other candidate below dense x (1 - " + buf +
+    out = "dense: " + one(dense) + " a step; no other candidate below dense x (1 - " + buf +
           ") = " + milliseconds(base * (1 - margin));
   } else {
-    std::snprintf(buf, sizeof buf, "%.2fx", base / c.predicted[c.index]);
-    out = c.name + ": " + milliseconds(c.predicted[c.index]) + " a step against dense " + milliseconds(base) +
-          " (" + buf + ")";
+    std::snprintf(buf, sizeof buf, "%.2fx", base / c.weighed(c.index));
+    out = c.name + ": " + one(c.index) + " a step against dense " + one(dense) + " (" + buf + ")";
   }
   const char* separator = "; ";
   for (std::size_t i = 0; i < c.names.size(); ++i)
     if (i != c.index && i != dense) {
-      out += separator + c.names[i] + " " + milliseconds(c.predicted[i]);
+      out += separator + c.names[i] + " " + one(i);
       separator = ", ";
     }
   return out;
+}
+
+inline void check_factor(const std::string& name, double f) {
+  if (!(std::isfinite(f) && f > 0))
+    throw invalid_argument(commsgd::detail::concat("argument 'steps_factor' of '", name, "' = ", f,
+                                                   " is outside the allowed range (0, inf)"));
 }
 
 // The plans with dense added (no compute, overlapped) where absent, and dense's index; every name is
@@ -113,27 +133,33 @@ inline std::pair<std::vector<candidate_plan>, std::size_t> with_dense(std::span<
         throw invalid_argument(commsgd::detail::concat("argument 'candidates' names '", all[i].name,
                                                        "' twice; name each candidate once"));
   }
-  if (dense == all.size()) all.push_back({"dense", {}, false});
+  if (dense == all.size()) all.push_back({"dense", {}, false, 1.0});
   return {std::move(all), dense};
 }
 
 } // namespace detail
 
-// The rule alone, on predictions already made: the fastest, but a candidate other than names[dense] only
-// below predicted[dense] x (1 - margin). A collective choice applies it to predictions every rank agrees on.
+// The rule alone, on predictions already made: the least weighed (step x steps factor; factors empty: all
+// 1), but a candidate other than names[dense] only below dense's x (1 - margin). A collective choice
+// applies it to predictions every rank agrees on.
 inline exchange_choice pick(std::vector<std::string> names, std::vector<double> predicted, std::size_t dense,
-                            double margin) {
+                            double margin, std::vector<double> factors = {}) {
   detail::check_margin(margin);
-  if (names.size() != predicted.size() || dense >= names.size())
+  if (factors.empty()) factors.assign(names.size(), 1.0);
+  if (names.size() != predicted.size() || names.size() != factors.size() || dense >= names.size())
     throw size_mismatch(commsgd::detail::concat("pick: ", names.size(), " names, ", predicted.size(),
-                                                " predictions and dense at ", dense, " do not match"));
+                                                " predictions, ", factors.size(), " factors and dense at ",
+                                                dense, " do not match"));
+  for (std::size_t i = 0; i < names.size(); ++i)
+    detail::check_factor(names[i], factors[i]);
   exchange_choice c;
   c.names = std::move(names);
   c.predicted = std::move(predicted);
+  c.factors = std::move(factors);
   c.index = dense;
-  const double bar = c.predicted[dense] * (1 - margin);
+  const double bar = c.weighed(dense) * (1 - margin);
   for (std::size_t i = 0; i < c.names.size(); ++i)
-    if (i != dense && c.predicted[i] < bar && c.predicted[i] < c.predicted[c.index]) c.index = i;
+    if (i != dense && c.weighed(i) < bar && c.weighed(i) < c.weighed(c.index)) c.index = i;
   c.name = c.names[c.index];
   c.reason = detail::choice_reason(c, dense, margin);
   return c;
@@ -167,12 +193,13 @@ inline exchange_choice choose(std::span<const candidate_plan> plans, const base_
   detail::check_base(profile);
   const auto [all, dense] = detail::with_dense(plans);
   std::vector<std::string> names;
-  std::vector<double> predicted;
+  std::vector<double> predicted, factors;
   for (const auto& p : all) {
     names.push_back(p.name);
     predicted.push_back(predicted_step(p, profile, n, net));
+    factors.push_back(p.steps_factor);
   }
-  return pick(std::move(names), std::move(predicted), dense, margin);
+  return pick(std::move(names), std::move(predicted), dense, margin, std::move(factors));
 }
 
 } // namespace commsgd::inline v1::cost

@@ -42,7 +42,8 @@ namespace commsgd::inline v1::sync {
 
 namespace detail {
 
-// What every rank must share: the candidates by name and blocking flag, the network and the margin.
+// What every rank must share: the candidates by name, blocking flag and steps factor, the network and the
+// margin.
 inline std::uint64_t choice_fingerprint(std::span<const cost::candidate_plan> plans,
                                         const comm::network_model& net, double margin) {
   std::uint64_t h = 0xcbf29ce484222325ull;
@@ -56,6 +57,7 @@ inline std::uint64_t choice_fingerprint(std::span<const cost::candidate_plan> pl
     for (char ch : p.name)
       mix(static_cast<unsigned char>(ch));
     mix(p.blocking ? 0x100 : 0x200);
+    mix(std::bit_cast<std::uint64_t>(p.steps_factor));
   }
   mix(std::bit_cast<std::uint64_t>(net.latency_s));
   mix(std::bit_cast<std::uint64_t>(net.bandwidth_bytes_per_s));
@@ -75,6 +77,8 @@ choose_exchange(C& comm, const cost::base_profile& profile, std::span<const cost
   cost::detail::check_network(net);
   cost::detail::check_margin(margin);
   const auto [all, dense] = cost::detail::with_dense(candidates);
+  for (const auto& p : all)
+    cost::detail::check_factor(p.name, p.steps_factor);
 
   // This rank's predictions, or the error its profile raises, held back until every rank knows.
   std::vector<double> mine(all.size(), 0.0);
@@ -109,9 +113,12 @@ choose_exchange(C& comm, const cost::base_profile& profile, std::span<const cost
     for (std::size_t i = 0; i < all.size(); ++i)
       slowest[i] = std::max(slowest[i], every[r * all.size() + i]);
   std::vector<std::string> names;
-  for (const auto& p : all)
+  std::vector<double> factors;
+  for (const auto& p : all) {
     names.push_back(p.name);
-  return cost::pick(std::move(names), std::move(slowest), dense, margin);
+    factors.push_back(p.steps_factor);
+  }
+  return cost::pick(std::move(names), std::move(slowest), dense, margin, std::move(factors));
 }
 
 } // namespace commsgd::inline v1::sync
