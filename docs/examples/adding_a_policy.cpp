@@ -16,8 +16,8 @@
 #include <limits>
 #include <memory>
 #include <ostream>
-#include <sstream>
 #include <span>
+#include <sstream>
 #include <vector>
 
 // [object]
@@ -33,8 +33,8 @@ public:
   threshold_sparsifier(std::size_t length, float threshold)
       : length_(length), threshold_(threshold), residual_(length, 0.0f) {
     if (!(threshold > 0.0f) || !std::isfinite(threshold))
-      throw commsgd::invalid_argument(commsgd::detail::concat(
-          "argument 'threshold' = ", threshold, " is outside the allowed range (0, inf)"));
+      throw commsgd::invalid_argument(commsgd::detail::concat("argument 'threshold' = ", threshold,
+                                                              " is outside the allowed range (0, inf)"));
   }
 
   std::size_t length() const noexcept { return length_; }
@@ -44,8 +44,8 @@ public:
   // gradient leaves the state as it was.
   message_type step(std::span<const float> g) {
     if (g.size() != length_)
-      throw commsgd::size_mismatch(commsgd::detail::concat("argument 'gradient' has ", g.size(),
-                                                           " elements, the sparsifier's length is ", length_));
+      throw commsgd::size_mismatch(commsgd::detail::concat(
+          "argument 'gradient' has ", g.size(), " elements, the sparsifier's length is ", length_));
     next_.resize(length_);
     indices_.clear();
     values_.clear();
@@ -138,9 +138,9 @@ constexpr std::size_t batch = 32;
 const toy::least_squares problem({.samples = 4096, .dim = 256, .seed = 5});
 
 struct outcome {
-  std::vector<float> model;         // rank 0's final model
-  std::uint64_t bytes_sent = 0;     // rank 0's bytes over the run
-  std::uint64_t sparse_steps = 0;   // steps the sparse path (not the dense fallback) carried, rank 0
+  std::vector<float> model;       // rank 0's final model
+  std::uint64_t bytes_sent = 0;   // rank 0's bytes over the run
+  std::uint64_t sparse_steps = 0; // steps the sparse path (not the dense fallback) carried, rank 0
 };
 
 // [train]
@@ -166,8 +166,7 @@ outcome train(const example::options& o, int resume_at = -1, int nan_at = -1) {
       problem.gradient(x, problem.batch(c.rank(), c.size(), t, batch), g);
       if (t == nan_at && c.rank() == 1) g[7] = std::numeric_limits<float>::quiet_NaN();
       dp->step(x, std::span<const float>(g));
-      if constexpr (!policy::is_dense<Sparsifier>)
-        sparse_steps += dp->last_sparse().dense ? 0 : 1;
+      if constexpr (!policy::is_dense<Sparsifier>) sparse_steps += dp->last_sparse().dense ? 0 : 1;
     }
     dp->finish(x);
     if (c.rank() == 0) out = {x, c.counters().total().bytes_sent, sparse_steps};
