@@ -80,6 +80,10 @@ def test_choose_free_and_slow_networks():
     assert slow["name"] != "dense"
     assert slow["predicted"][slow["name"]] < 0.95 * slow["predicted"]["dense"]
     assert slow["name"] in slow["reason"]
+    # Charged the steps it needs over dense's, a compressed step that is not fast enough loses.
+    factor = {slow["name"]: 1.01 * slow["predicted"]["dense"] / slow["predicted"][slow["name"]]}
+    weighed = _C.choose(cands, *args, 50e-6, 125e6, 0.0, factor)
+    assert weighed["name"] != slow["name"]
 
 
 # ---- on a process group ------------------------------------------------------------------------------------
@@ -200,6 +204,8 @@ def _bad(rank, world, kwargs):
     ({"candidates": ("dense", "zip")}, "zip"),
     ({"margin": 1.5}, "margin"),
     ({"profile_steps": 1}, "profile_steps"),
+    ({"steps_factor": {"topk-0.5": 1.0}}, "topk-0.5"),
+    ({"steps_factor": {"fp16": 0.0}}, "steps_factor"),
 ])
 def test_bad_settings_raise_on_every_rank(kwargs, word):
     msgs = run_ranks(_bad, world=2, args=(kwargs,))

@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -252,4 +253,25 @@ TEST_CASE("choose: settings outside their ranges are refused") {
   auto bad = p;
   bad.ready_s[0] = 5e-3; // after backward ends
   CHECK_THROWS_AS(cost::choose(plans, bad, 4, gigabit), commsgd::invalid_argument);
+}
+
+TEST_CASE("choose: the steps factor weighs a faster step against the steps it costs") {
+  // The same slow network: by step alone a compressed candidate wins; charged enough extra steps, dense.
+  std::vector<cost::candidate_plan> plans{{"dense", {}, false}, {"topk-0.01", {{0, 0.5e-3}, {0, 1e-3}}, false}};
+  const auto by_step = cost::choose(plans, mlp_profile(), 4, gigabit);
+  REQUIRE(by_step.name == "topk-0.01");
+  const double speedup = by_step.predicted[0] / by_step.predicted[1];
+  // Just below the break-even factor it still wins, just above it loses (margin 0).
+  plans[1].steps_factor = 0.99 * speedup;
+  CHECK(cost::choose(plans, mlp_profile(), 4, gigabit, 0.0).name == "topk-0.01");
+  plans[1].steps_factor = 1.01 * speedup;
+  const auto weighed = cost::choose(plans, mlp_profile(), 4, gigabit, 0.0);
+  CHECK(weighed.name == "dense");
+  CHECK(weighed.predicted[1] == doctest::Approx(by_step.predicted[1])); // the step itself is unchanged
+  CHECK(weighed.weighed(1) == doctest::Approx(by_step.predicted[1] * 1.01 * speedup));
+  CHECK(weighed.reason.find(" steps") != std::string::npos);
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::nan("")}) {
+    plans[1].steps_factor = bad;
+    CHECK_THROWS_AS(cost::choose(plans, mlp_profile(), 4, gigabit), commsgd::invalid_argument);
+  }
 }
