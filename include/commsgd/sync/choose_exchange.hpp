@@ -8,18 +8,12 @@
 // settings that are bad everywhere raise invalid_argument everywhere without a message. A profile one rank
 // alone gets wrong is agreed on: every rank raises, the rank at fault with its own message.
 //
-// Switching a data_parallel trainer (data_parallel fixes its exchange in its type, so a switch is a new
-// trainer over the same parameters):
-//
-//   data_parallel<policy::uncoded<>, policy::dense, policy::synchronous> warm(comm, d, opt);
-//   ... profile_steps steps with warm, timing forward, backward (the step's compute) and the exchange ...
-//   const auto c = sync::choose_exchange(comm, profile, plans, net);  // or exchange_chooser::decide
-//   if (c.name == "fp16")       run with data_parallel<policy::uncoded<>, policy::fp16, policy::synchronous>
-//   else if (c.name starts with "topk-") ... policy::top_k, opt.top_k.density = the candidate's density
-//   std::stringstream s; warm.strategy().save(s); next.strategy().load(s);  // keep the optimizer's state
-//
-// A compressor starts with empty error feedback, which is what the dense steps before it leave behind.
-// data_parallel steps block (no overlap): plan every candidate with blocking = true there.
+// A data_parallel trainer (which fixes its exchange in its type, so a switch is a new trainer over the same
+// parameters) gets its profile and plans from sync/choose_from_steps.hpp: a step_timer around its dense
+// steps, then choose_from_steps (or measure_choice_inputs and exchange_chooser::decide), with every plan
+// blocking as data_parallel's step is. tests/unit/sync_choose_from_steps.cpp profiles dense, switches to
+// the chosen composition through a std::variant, keeps the strategy's state and trains on, with identical
+// replicas on every rank, and resumes the switched run from a checkpoint.
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
