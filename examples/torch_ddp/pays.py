@@ -402,6 +402,39 @@ def heatmap(out, rows, models, tgt="t1"):
         print(f"pays: no heat map ({e})", file=sys.stderr)
 
 
+def tables(rows, models, tgt="t1"):
+    """Per model and device: best PyTorch / best commsgd (who), and auto / best PyTorch, bandwidth x n."""
+    bws = [b[0] for b in BANDWIDTHS]
+    out = []
+    for m in models:
+        for d in ("cpu", "gpu"):
+            cells = {(r["bandwidth"], r["n"]): r for r in rows if r["model"] == m and r["device"] == d}
+            if not cells:
+                continue
+            out.append(f"\n{m}, {'measured CPU profile' if d == 'cpu' else 'GPU-class step'}: best PyTorch hook's "
+                       "time to target over the best commsgd scheme's (> 1: commsgd sooner; scheme), and auto's "
+                       "over the best PyTorch hook's [auto's choice]\n")
+            out.append("| n | " + " | ".join(f"{b}" for b in bws) + " |")
+            out.append("|---|" + "---|" * len(bws))
+            for n in SIZES:
+                row = []
+                for b in bws:
+                    r = cells.get((b, n))
+                    if r is None:
+                        row.append("")
+                        continue
+                    v, a = r[f"{tgt}_pytorch_over_commsgd"], r[f"{tgt}_auto_over_pytorch"]
+                    row.append(f"{v:.2f} {short(r[f'{tgt}_best_commsgd'])}; auto {a:.2f} [{r['auto_choice']}]"
+                               if v and a else f"{v or 0:.2f} {short(r[f'{tgt}_best_commsgd'])}; auto - "
+                               f"[{r['auto_choice']}]")
+                out.append(f"| {n} | " + " | ".join(row) + " |")
+    return "\n".join(out) + "\n"
+
+
+def short(s):
+    return (s or "-").replace("topk-laplace-", "topk ").replace("commsgd-", "")
+
+
 def goals(rows, models):
     lines = []
     for m in models:
@@ -495,6 +528,9 @@ def main():
     text = goals(rows, models)
     with open(os.path.join(a.out, "goals.md"), "w") as f:
         f.write(text)
+    for tgt in ("t1", "t2"):
+        with open(os.path.join(a.out, f"tables-{tgt}.md"), "w") as f:
+            f.write(tables(rows, models, tgt))
     print(text)
 
 

@@ -7,6 +7,9 @@
     ps = commsgd_torch.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=10)
     ddp.register_comm_hook(ps, commsgd_torch.powersgd_hook)
 
+    auto = commsgd_torch.AutoState(ddp, optimizer)     # picks dense, fp16, PowerSGD or top-k for this run
+    ddp.register_comm_hook(auto, commsgd_torch.auto_hook)
+
     ls = commsgd_torch.LocalSGD(model, lr=0.1, period=8, warmup_steps=20)
     ddp.register_comm_hook(ls, commsgd_torch.local_sgd_hook)
     ...; optimizer.step(); ls.step(loss=loss.item())
