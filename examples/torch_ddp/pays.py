@@ -518,6 +518,10 @@ def main():
                         if (4 if n == 4 else 8) == w:
                             for f in (1.0, a.gpu_step_ms * 1e-3 / cpu_step):
                                 picks.add(auto_choice(profiles[m], n, bw, latency, f))
+            # auto's dense is PyTorch's allreduce hook bit for bit (tests/torch/test_auto.py) and its PowerSGD
+            # PyTorch's hook after the same 20 dense iterations, so their runs stand in; fp16 (dense first,
+            # then 16-bit) and top-k (the optimizer's momentum handed to the hook) get runs of their own.
+            picks = {c for c in picks if c.startswith(("fp16", "topk"))}
             curves[m][w] = accuracy(a, w, m, PYTORCH + COMMSGD + sorted("auto-" + c for c in picks))
         if a.slice:
             curves[m][8] = curves[m][4]
