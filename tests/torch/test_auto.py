@@ -119,6 +119,25 @@ def test_dense_choice_is_pytorch_allreduce_bit_for_bit():
     assert run_ranks(_dense_is_allreduce, world=2) == [True, True]
 
 
+def _powersgd_is_pytorch_powersgd(rank, world):
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    def plain(ddp, opt):
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=4,
+                                   use_error_feedback=True, warm_start=True, random_seed=0)
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    a, _, _, la = _train(rank, world, 10, plain)
+    b, _, state, lb = _train(rank, world, 10, _auto(SLOW, candidates=("dense", "powersgd-r2")))
+    assert state.choice() == "powersgd-r2"
+    return la == lb and torch.equal(_flat(a.module), _flat(b.module))
+
+
+def test_powersgd_choice_is_pytorch_powersgd_bit_for_bit():
+    # What the where-compression-pays bench relies on: auto's PowerSGD run is PyTorch's hook started after
+    # the same dense iterations.
+    assert run_ranks(_powersgd_is_pytorch_powersgd, world=2) == [True, True]
+
+
 def _checkpoint(rank, world):
     ddp, opt, state, _ = _train(rank, world, 8, _auto(SLOW, candidates=("dense", "topk-0.01")))
     assert state.choice() == "topk-0.01"
