@@ -47,7 +47,7 @@ do for [i = 1:npanels] {
     set size 1.0 / cols, family_px / height
     set origin ((i - 1) % cols) * 1.0 / cols, (best_px + (rows - 1 - int((i - 1) / cols)) * family_px) / height
     set bmargin 7.5
-    set key below left Left reverse maxcols 2 samplen 3 spacing 1.1 font ",11"
+    set key below left Left reverse maxrows 3 width -3 samplen 3 spacing 1.1 font ",10"
   } else {
     set size 1.0, best_px / height
     set origin 0, 0
@@ -58,11 +58,11 @@ do for [i = 1:npanels] {
     plot dir."/curves.csv" every ::1 using (strcol(1) eq reference ? $6 : NaN):11 with lines dt 2 lw 2 \
            lc rgb "#999999" title reference." (reference)", \
          for [j = 1:words(members)] dir."/curves.csv" every ::1 \
-           using (strcol(1) eq word(members, j) ? $6 : NaN):11 with linespoints lw 2 pt point(j) ps 1.1 \
+           using (strcol(1) eq word(members, j) ? $6 : NaN):11 with linespoints lw 1.5 pt point(j) ps 1.2 \
            lc rgb colour(j) title word(members, j)
   } else {
     plot for [j = 1:words(members)] dir."/curves.csv" every ::1 \
-           using (strcol(1) eq word(members, j) ? $6 : NaN):11 with linespoints lw 2 pt point(j) ps 1.1 \
+           using (strcol(1) eq word(members, j) ? $6 : NaN):11 with linespoints lw 1.5 pt point(j) ps 1.2 \
            lc rgb colour(j) title word(members, j)
   }
 }
