@@ -36,7 +36,9 @@ inline const std::vector<family>& families() {
        "top-k by the sparse all-reduce (Ok-Topk)",
        {"topk_ar"},
        {"topk_ar:laplace_bisect:0.01", "topk_ar:laplace_bisect:0.001"}},
-      {"compressors", "compressors (QSGD, sign, random-k)", {"qsgd", "sign", "randomk"},
+      {"compressors",
+       "compressors (QSGD, sign, random-k)",
+       {"qsgd", "sign", "randomk"},
        {"qsgd:4", "sign", "randomk:0.1"}},
       {"PowerSGD", "PowerSGD (rank r, error feedback)", {"powersgd"}, {"powersgd:1", "powersgd:4"}},
       {"16-bit", "16-bit values (fp16, bf16)", {"fp16", "bf16"}, {"fp16", "bf16"}},
@@ -103,8 +105,8 @@ struct panel {
 inline std::vector<panel> make_panels(const std::vector<train_result>& results) {
   std::vector<panel> out;
   std::vector<std::string> best;
-  const bool have_ring = std::any_of(results.begin(), results.end(),
-                                     [](const train_result& r) { return r.scheme == "ring"; });
+  const bool have_ring =
+      std::any_of(results.begin(), results.end(), [](const train_result& r) { return r.scheme == "ring"; });
   for (std::size_t f = 0; f <= families().size(); ++f) {
     std::vector<const train_result*> runs;
     for (const auto& r : results)

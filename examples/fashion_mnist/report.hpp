@@ -23,13 +23,14 @@ struct run_info {
 };
 
 inline void print_settings(std::FILE* f, const run_info& r) {
-  std::fprintf(f,
-               "%d ranks, switched network simulated by comm::simulated: %.3g Gbit/s (and %.3g Gbit/s from "
-               "the same link loads), alpha %.0f us; %zu training images, %zu test images, %d epoch(s), batch "
-               "%zu, lr %.3g, target %.2f\n"
-               "time = measured compute (thread CPU time, slowest rank per step) + simulated communication\n",
-               r.ranks, r.o.network.gbit_per_s, r.o.network.alt_gbit_per_s, r.o.network.alpha_s * 1e6,
-               r.train_images, r.test_images, r.o.epochs, r.o.batch, static_cast<double>(r.o.lr), r.o.target);
+  std::fprintf(
+      f,
+      "%d ranks, switched network simulated by comm::simulated: %.3g Gbit/s (and %.3g Gbit/s from "
+      "the same link loads), alpha %.0f us; %zu training images, %zu test images, %d epoch(s), batch "
+      "%zu, lr %.3g, target %.2f\n"
+      "time = measured compute (thread CPU time, slowest rank per step) + simulated communication\n",
+      r.ranks, r.o.network.gbit_per_s, r.o.network.alt_gbit_per_s, r.o.network.alpha_s * 1e6, r.train_images,
+      r.test_images, r.o.epochs, r.o.batch, static_cast<double>(r.o.lr), r.o.target);
 }
 
 inline std::string seconds_or_not(double s) {
@@ -40,10 +41,11 @@ inline std::string seconds_or_not(double s) {
 }
 
 inline void print_table(std::FILE* f, const std::vector<train_result>& results, const run_info& r) {
-  std::fprintf(f,
-               "| family | scheme | time to %.2f (s) | at %.3g Gbit/s (s) | total time (s) | compute (s) | comm "
-               "(s) | MB sent/node | MB recv/node | final accuracy |\n|---|---|---|---|---|---|---|---|---|---|\n",
-               r.o.target, r.o.network.alt_gbit_per_s);
+  std::fprintf(
+      f,
+      "| family | scheme | time to %.2f (s) | at %.3g Gbit/s (s) | total time (s) | compute (s) | comm "
+      "(s) | MB sent/node | MB recv/node | final accuracy |\n|---|---|---|---|---|---|---|---|---|---|\n",
+      r.o.target, r.o.network.alt_gbit_per_s);
   for (const auto& x : results) {
     if (x.curve.empty()) continue;
     const auto& last = x.curve.back();
@@ -57,10 +59,11 @@ inline void print_table(std::FILE* f, const std::vector<train_result>& results, 
 // The last panel lists each family's best, in family order.
 inline void print_best(std::FILE* f, const std::vector<train_result>& results, const panel& best,
                        const run_info& r) {
-  std::fprintf(f,
-               "| family | best scheme | time to %.2f (s) | at %.3g Gbit/s (s) | MB sent/node | final accuracy "
-               "|\n|---|---|---|---|---|---|\n",
-               r.o.target, r.o.network.alt_gbit_per_s);
+  std::fprintf(
+      f,
+      "| family | best scheme | time to %.2f (s) | at %.3g Gbit/s (s) | MB sent/node | final accuracy "
+      "|\n|---|---|---|---|---|---|\n",
+      r.o.target, r.o.network.alt_gbit_per_s);
   for (const auto& name : best.schemes)
     for (const auto& x : results)
       if (x.scheme == name)
@@ -94,13 +97,14 @@ inline void print_claims(std::FILE* f, const std::vector<train_result>& results,
   };
   for (const char* c : {"cssgd:2:xor", "cssgd:3:xor", "cssgd:2:int32"}) {
     show((std::string("(a) ") + c + " vs ring").c_str(), c, "ring", "-53.97 % vs SSGD");
-    show((std::string("(a) ") + c + " vs allgather (paper's SSGD)").c_str(), c, "allgather", "-53.97 % vs SSGD");
+    show((std::string("(a) ") + c + " vs allgather (paper's SSGD)").c_str(), c, "allgather",
+         "-53.97 % vs SSGD");
     show((std::string("(a) ") + c + " vs asgd").c_str(), c, "asgd", "-26.89 % vs ASGD");
   }
   for (const char* d : {"0.001", "0.01"}) {
     const std::string lap = std::string("topk:laplace_bisect:") + d;
-    show(("(b) radix vs laplace_bisect, density " + std::string(d)).c_str(), std::string("topk:radix:") + d, lap,
-         "radixSelect takes 1.62x Laplace's time");
+    show(("(b) radix vs laplace_bisect, density " + std::string(d)).c_str(), std::string("topk:radix:") + d,
+         lap, "radixSelect takes 1.62x Laplace's time");
     show(("(b) hierarchical vs laplace_bisect, density " + std::string(d)).c_str(),
          std::string("topk:hierarchical:") + d, lap, "hierarchical takes 1.30x Laplace's time");
   }
@@ -109,7 +113,8 @@ inline void print_claims(std::FILE* f, const std::vector<train_result>& results,
   show("(-) partitioned vs ring", "partitioned", "ring", "overlap hides communication");
 }
 
-inline void write_summary(const std::string& path, const std::vector<train_result>& results, const run_info& r) {
+inline void write_summary(const std::string& path, const std::vector<train_result>& results,
+                          const run_info& r) {
   std::ofstream s(path);
   s << "scheme,ranks,gbps,time_to_target_s,sim_time_s,compute_s,comm_s,bytes_sent_per_node,"
        "bytes_received_per_node,final_accuracy,gbps_alt,time_to_target_alt_s,sim_time_alt_s,family_index,"
@@ -140,18 +145,20 @@ inline void write_results_md(const std::string& path, const std::vector<train_re
   char date[16];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  std::fprintf(f,
-               "# Fashion-MNIST experiment: results\n\n"
-               "Written by `fashion_mnist experiment` (`bash scripts/demo.sh`) on %s: %u hardware threads (%s). "
-               "The whole experiment took %.0f s of wall time and %.0f s of CPU time (user + sys, every "
-               "thread).\n\n",
-               date, std::thread::hardware_concurrency(), cpu_model().c_str(), r.wall_s, r.cpu_s);
+  std::fprintf(
+      f,
+      "# Fashion-MNIST experiment: results\n\n"
+      "Written by `fashion_mnist experiment` (`bash scripts/demo.sh`) on %s: %u hardware threads (%s). "
+      "The whole experiment took %.0f s of wall time and %.0f s of CPU time (user + sys, every "
+      "thread).\n\n",
+      date, std::thread::hardware_concurrency(), cpu_model().c_str(), r.wall_s, r.cpu_s);
   print_settings(f, r);
-  std::fprintf(f, "\nOne panel per family; ring SSGD is the grey dashed reference in each, the dotted line the "
-                  "target. The last panel puts the best of each family together.\n\n"
-                  "![test accuracy against modelled time, one panel per family](accuracy_vs_time.png)\n\n"
-                  "![traffic per node, one bar per scheme](bytes_per_scheme.png)\n\n"
-                  "## Best of each family\n\n");
+  std::fprintf(f,
+               "\nOne panel per family; ring SSGD is the grey dashed reference in each, the dotted line the "
+               "target. The last panel puts the best of each family together.\n\n"
+               "![test accuracy against modelled time, one panel per family](accuracy_vs_time.png)\n\n"
+               "![traffic per node, one bar per scheme](bytes_per_scheme.png)\n\n"
+               "## Best of each family\n\n");
   print_best(f, results, panels.back(), r);
   std::fprintf(f, "\n## Every run\n\n");
   print_table(f, results, r);
