@@ -3,6 +3,7 @@
 //   fashion_mnist train --scheme ring --ranks 4 --epochs 1 --gbps 1 --csv out.csv
 //   fashion_mnist experiment --out results/        (every scheme, small scale, table + CSV + PNG plots)
 //   mpiexec -n 2 fashion_mnist train --comm mpi    (one rank per process; needs the commsgd::mpi build)
+#include "report.hpp"
 #include "trainer.hpp"
 
 #include <commsgd/comm/local.hpp>
@@ -12,8 +13,10 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -56,7 +59,7 @@ struct cli {
          "                      powersgd:<r>               PowerSGD, rank r, error feedback\n"
          "                      qsgd:<s>[:ef], sign, randomk:<density>, fp16[:ef], bf16[:ef]\n"
          "                                                 the other compressors of commsgd/compress\n"
-         "  --schemes A,B,..  experiment: the schemes to compare (default: all available)\n"
+         "  --schemes A,B,..  experiment: the schemes to compare (default: every family, families.hpp)\n"
          "  --ranks N         data-parallel ranks (threads on comm::local; default 4)\n"
          "  --comm local|mpi  transport (mpi: run under mpiexec, ranks = processes)\n"
          "  --gbps G          modelled link bandwidth in Gbit/s, switched (default 1; comm::simulated)\n"
@@ -221,132 +224,64 @@ fmnist::train_result run_one(const cli& c, const fmnist::train_options& o, const
   usage("--comm '" + c.comm + "' is not available in this build");
 }
 
-std::vector<std::string> default_schemes() {
-  std::vector<std::string> s{"ring", "allgather"};
-  for (const char* method : {"exact", "radix", "laplace_bisect", "hierarchical", "sampled"})
-    for (const char* density : {"0.001", "0.01"})
-      s.push_back(std::string("topk:") + method + ":" + density);
-  for (const char* r : {"2", "3"})
-    s.push_back(std::string("cssgd:") + r + ":xor");
-  s.push_back("asgd");
-  s.push_back("local:4");
-  s.push_back("local_adaptive:8:0.02");
-  s.push_back("partitioned");
-  return s;
-}
-
-// The source papers' headline figures, recomputed from this run's time-to-target wherever both schemes of a
-// comparison ran and reached the target; "n/a" otherwise.
-void print_claims(const std::vector<fmnist::train_result>& results, const fmnist::train_options& o) {
-  auto find = [&](const std::string& name) -> const fmnist::train_result* {
-    for (const auto& r : results)
-      if (r.scheme == name) return &r;
-    return nullptr;
-  };
-  auto show = [&](const char* what, const std::string& a, const std::string& b, const char* claim) {
-    const auto *x = find(a), *y = find(b);
-    std::printf("  %-58s ", what);
-    for (int k = 0; k < 2; ++k) {
-      const double tx = x ? (k == 0 ? x->time_to_target : x->time_to_target_alt) : -1;
-      const double ty = y ? (k == 0 ? y->time_to_target : y->time_to_target_alt) : -1;
-      const double gbps = k == 0 ? o.network.gbit_per_s : o.network.alt_gbit_per_s;
-      if (tx > 0 && ty > 0)
-        std::printf(" %5.3g Gbit/s: %8.3f s vs %8.3f s = %6.3fx (%+6.1f %%);", gbps, tx, ty, tx / ty,
-                    100.0 * (tx - ty) / ty);
-      else
-        std::printf(" %5.3g Gbit/s: n/a (a scheme missing or short of the target);", gbps);
-    }
-    std::printf("  paper: %s\n", claim);
-  };
-  std::printf("\nsource claims, time to %.2f test accuracy (A vs B = A / B, and A's change against B):\n",
-              o.target);
-  show("(a) cssgd:2:xor vs ring (SSGD, ring all-reduce)", "cssgd:2:xor", "ring", "-53.97 % vs SSGD");
-  show("(a) cssgd:3:xor vs ring", "cssgd:3:xor", "ring", "-53.97 % vs SSGD");
-  show("(a) cssgd:2:xor vs allgather (the paper's SSGD baseline)", "cssgd:2:xor", "allgather",
-       "-53.97 % vs SSGD");
-  show("(a) cssgd:3:xor vs allgather", "cssgd:3:xor", "allgather", "-53.97 % vs SSGD");
-  show("(a) cssgd:2:xor vs asgd", "cssgd:2:xor", "asgd", "-26.89 % vs ASGD");
-  show("(a) cssgd:3:xor vs asgd", "cssgd:3:xor", "asgd", "-26.89 % vs ASGD");
-  for (const char* d : {"0.001", "0.01"}) {
-    const std::string lap = std::string("topk:laplace_bisect:") + d;
-    show(("(b) radix vs laplace_bisect, density " + std::string(d)).c_str(), std::string("topk:radix:") + d,
-         lap, "radixSelect takes 1.62x Laplace's time");
-    show(("(b) hierarchical vs laplace_bisect, density " + std::string(d)).c_str(),
-         std::string("topk:hierarchical:") + d, lap, "hierarchical takes 1.30x Laplace's time");
-  }
-  show("(c) local_adaptive:8:0.02 vs ring", "local_adaptive:8:0.02", "ring", "faster than SSGD");
-  show("(c) local_adaptive:8:0.02 vs local:4", "local_adaptive:8:0.02", "local:4", "faster than local SGD");
-  show("(-) partitioned vs ring", "partitioned", "ring", "overlap hides communication");
-}
-
 int experiment(cli& c, const fmnist::dataset& train, const fmnist::dataset& test) {
-  std::filesystem::create_directories(c.out);
-  const auto schemes = c.schemes.empty() ? default_schemes() : c.schemes;
-  std::ofstream curves(std::filesystem::path(c.out) / "curves.csv");
+  namespace fs = std::filesystem;
+  fs::create_directories(c.out);
+  const auto schemes = c.schemes.empty() ? fmnist::default_schemes() : c.schemes;
+  std::ofstream curves(fs::path(c.out) / "curves.csv");
   write_curve_header(curves);
   std::vector<fmnist::train_result> results;
   int ranks = c.train.ranks;
+  const auto wall0 = std::chrono::steady_clock::now();
+  const std::clock_t cpu0 = std::clock();
   for (std::size_t i = 0; i < schemes.size(); ++i) {
     auto o = c.train;
     o.scheme = schemes[i];
-    // One real gradient for the selection benchmarks, from the plain SSGD run.
-    o.dump_gradient = i == 0 ? (std::filesystem::path(c.out) / "gradient.f32").string() : "";
+    // One real gradient for the selection benchmarks, from the first (plain SSGD) run.
+    o.dump_gradient = i == 0 ? (fs::path(c.out) / "gradient.f32").string() : "";
+    const auto w = std::chrono::steady_clock::now();
+    const std::clock_t t = std::clock();
     results.push_back(run_one(c, o, train, test, ranks));
+    results.back().run_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w).count();
+    results.back().run_cpu_s = static_cast<double>(std::clock() - t) / CLOCKS_PER_SEC;
     write_curve(curves, results.back(), o, ranks);
     curves.flush();
   }
-
-  std::ofstream summary(std::filesystem::path(c.out) / "summary.csv");
-  summary << "scheme,ranks,gbps,time_to_target_s,sim_time_s,compute_s,comm_s,bytes_sent_per_node,"
-             "bytes_received_per_node,final_accuracy,gbps_alt,time_to_target_alt_s,sim_time_alt_s\n";
-  std::printf(
-      "\n%d ranks, switched network simulated by comm::simulated: %.3g Gbit/s (and %.3g Gbit/s from the "
-      "same link loads), alpha %.0f us; %zu training images, %zu test images, %d epoch(s), batch %zu, "
-      "lr %.3g, target %.2f\n"
-      "time = measured compute (thread CPU time, slowest rank per step) + simulated communication\n\n",
-      ranks, c.train.network.gbit_per_s, c.train.network.alt_gbit_per_s, c.train.network.alpha_s * 1e6,
-      train.count, test.count, c.train.epochs, c.train.batch, static_cast<double>(c.train.lr),
-      c.train.target);
-  std::printf(
-      "| scheme | time to %.2f (s) | at %.3g Gbit/s (s) | total time (s) | compute (s) | comm (s) | MB "
-      "sent/node | MB recv/node | final accuracy |\n|---|---|---|---|---|---|---|---|---|\n",
-      c.train.target, c.train.network.alt_gbit_per_s);
-  for (const auto& r : results) {
-    if (r.curve.empty()) continue;
-    const auto& last = r.curve.back();
-    char ttt[32], alt[32];
-    if (r.time_to_target >= 0)
-      std::snprintf(ttt, sizeof ttt, "%.3f", r.time_to_target);
-    else
-      std::snprintf(ttt, sizeof ttt, "not reached");
-    if (r.time_to_target_alt >= 0)
-      std::snprintf(alt, sizeof alt, "%.3f", r.time_to_target_alt);
-    else
-      std::snprintf(alt, sizeof alt, "not reached");
-    std::printf("| %s | %s | %s | %.3f | %.3f | %.3f | %.2f | %.2f | %.4f |\n", r.scheme.c_str(), ttt, alt,
-                last.sim_time, last.compute, last.comm, last.bytes_sent / 1e6, last.bytes_received / 1e6,
-                last.accuracy);
-    summary << r.scheme << ',' << ranks << ',' << c.train.network.gbit_per_s << ',' << r.time_to_target << ','
-            << last.sim_time << ',' << last.compute << ',' << last.comm << ',' << last.bytes_sent << ','
-            << last.bytes_received << ',' << last.accuracy << ',' << c.train.network.alt_gbit_per_s << ','
-            << r.time_to_target_alt << ',' << last.sim_time_alt << '\n';
-  }
-  print_claims(results, c.train);
-  summary.close();
   curves.close();
 
+  fmnist::run_info info{c.train, ranks, train.count, test.count, 0, 0};
+  info.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  info.cpu_s = static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC;
+  const auto first_run = results.empty() ? fmnist::train_result{} : results.front();
+  fmnist::sort_by_family(results);
+  const auto panels = fmnist::make_panels(results);
+  fmnist::write_panels((fs::path(c.out) / "panels.txt").string(), panels);
+  fmnist::write_summary((fs::path(c.out) / "summary.csv").string(), results, info);
+
+  std::printf("\n");
+  fmnist::print_settings(stdout, info);
+  std::printf("\n");
+  fmnist::print_table(stdout, results, info);
+  std::printf("\nbest of each family:\n\n");
+  fmnist::print_best(stdout, results, panels.back(), info);
+  std::printf("\nsource claims, time to %.2f test accuracy (A vs B = A's time over B's):\n", c.train.target);
+  fmnist::print_claims(stdout, results, c.train);
+
   // Gradient shape over training, from the first scheme's run.
-  if (!results.empty() && !results.front().curve.empty()) {
+  if (!first_run.curve.empty()) {
     std::printf(
         "\nrank 0 gradient vs its fits over training (%s): step, Laplace b, W1 Laplace, W1 Gauss, zeros\n",
-        results.front().scheme.c_str());
-    for (const auto& p : results.front().curve)
+        first_run.scheme.c_str());
+    for (const auto& p : first_run.curve)
       std::printf("  %6zu  %.3e  %.3e  %.3e  %.3f\n", p.step, p.fit.laplace.b, p.fit.w1_laplace,
                   p.fit.w1_gaussian, p.zero_fraction);
   }
-  std::printf("\nwrote %s/curves.csv, %s/summary.csv, %s/gradient.f32 (COMMSGD_REAL_GRADIENT for "
-              "bench/select_bench)\n",
-              c.out.c_str(), c.out.c_str(), c.out.c_str());
+  std::printf("\nthe experiment took %.1f s wall, %.1f s CPU (user + sys, all threads)\n", info.wall_s,
+              info.cpu_s);
+  fmnist::write_results_md((fs::path(c.out) / "RESULTS.md").string(), results, panels, info);
+  std::printf("wrote %s/curves.csv, summary.csv, panels.txt, RESULTS.md, gradient.f32 (COMMSGD_REAL_GRADIENT "
+              "for bench/select_bench)\n",
+              c.out.c_str());
 
   if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
     std::printf("gnuplot not found: skipping the PNG plots\n");

@@ -103,6 +103,7 @@ struct train_result {
   double time_to_target = -1;     // modelled seconds; negative when never reached
   double time_to_target_alt = -1; // the same on the second bandwidth
   std::string note;
+  double run_wall_s = 0, run_cpu_s = 0; // what the run cost this machine (experiment mode fills them)
 };
 
 // ASGD (`asgd[:j]`): rank 0 is a parameter server (sync::async_ps), ranks 1..n-1 are workers that each take
