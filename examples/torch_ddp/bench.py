@@ -240,8 +240,9 @@ def attach(ddp, model, opt, a, scheme, variants, world, counter):
         rest = scheme[len("auto"):].lstrip("-")
         cands = ("dense", rest) if rest else commsgd_torch.auto.DEFAULT_CANDIDATES
         net = (50e-6, 125e3) if rest else tuple(float(v) for v in a.auto_network.split(","))
+        # The re-check is off: on a shared machine the measured steps say nothing about the stated network.
         state = commsgd_torch.AutoState(ddp, opt, network=net, candidates=cands, profile_steps=WARMUP,
-                                        seed=a.seed)
+                                        seed=a.seed, recheck_every=0)
         ddp.register_comm_hook(state, commsgd_torch.auto_hook)
     elif scheme.startswith("localsgd"):
         period = int(scheme.split("-h")[1])

@@ -320,11 +320,13 @@ class AutoState:
         self._switch(name, predicted, reason)
 
     def _recheck(self):
+        # Both figures are this rank's own: take the slowest rank's of each, so that every rank reads the
+        # same two numbers and makes the same decision.
         measured = _median(self._periods[-min(len(self._periods), 50):])
-        box = torch.tensor([measured], dtype=torch.float64)
-        dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.group)
-        measured = float(box[0])
         dense = self._profile.get("dense_period_s", 0.0) if hasattr(self, "_profile") else 0.0
+        box = torch.tensor([measured, dense], dtype=torch.float64)
+        dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.group)
+        measured, dense = float(box[0]), float(box[1])
         if dense > 0 and measured > dense * (1 + self.drift):
             self._back_to_dense(f"{self._choice} measured {measured * 1e3:.3f} ms a step, more than "
                                 f"{1 + self.drift:.2f}x dense's {dense * 1e3:.3f} ms: back to dense")

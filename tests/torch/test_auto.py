@@ -172,7 +172,7 @@ def test_log_and_checkpoint_round_trip():
     assert set(r[0][1]["predicted_s"]) == {"dense", "topk-0.01"}
 
 
-def _back_to_dense(rank, world):
+def _back_to_dense(rank, world, fall_back=True):
     def hook_of(ddp, opt):
         state = commsgd_torch.AutoState(ddp, opt, network=SLOW, profile_steps=4, recheck_every=3,
                                         candidates=("dense", "topk-0.01"))
@@ -188,12 +188,21 @@ def _back_to_dense(rank, world):
     for s in range(12):
         if s == 6:  # pretend dense was far faster than top-k turns out to be, so the re-check falls back
             state._profile["dense_period_s"] = 1e-9
+        if s == 6 and not fall_back:  # ranks that measured differently must still decide alike
+            state._profile["dense_period_s"] = 1e-9 if rank == 0 else 1e9
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x[32 * s:32 * (s + 1)]), y[32 * s:32 * (s + 1)]).backward()
         opt.step()
-    bufs = torch.cat([opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()])
+    held = [opt.state[p].get("momentum_buffer") for p in model.parameters()]
+    bufs = torch.cat([b.reshape(-1) for b in held]) if all(b is not None for b in held) else torch.zeros(0)
     return (state.choice(), [r["choice"] for r in state.log()], state.log()[-1]["reason"],
             opt.param_groups[0]["momentum"], _flat(model).tolist(), bufs.tolist())
+
+
+def test_ranks_that_measured_differently_decide_alike():
+    r = run_ranks(_back_to_dense, world=2, args=(False,))
+    assert r[0][0] == r[1][0] == "topk-0.01"  # the slowest rank's dense step is 1e9 s: no fall-back anywhere
+    assert r[0][4] == r[1][4]
 
 
 def test_falls_back_to_dense_when_measured_slower():
