@@ -6,7 +6,7 @@
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/state/stream.hpp>
-#include <commsgd/toy/least_squares.hpp>
+#include <support/least_squares.hpp>
 
 #include <cmath>
 #include <cstdint>

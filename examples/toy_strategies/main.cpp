@@ -21,7 +21,7 @@
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
-#include <commsgd/toy/least_squares.hpp>
+#include <support/least_squares.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -257,7 +257,8 @@ TEST_CASE("choose: settings outside their ranges are refused") {
 
 TEST_CASE("choose: the steps factor weighs a faster step against the steps it costs") {
   // The same slow network: by step alone a compressed candidate wins; charged enough extra steps, dense.
-  std::vector<cost::candidate_plan> plans{{"dense", {}, false}, {"topk-0.01", {{0, 0.5e-3}, {0, 1e-3}}, false}};
+  std::vector<cost::candidate_plan> plans{{"dense", {}, false},
+                                          {"topk-0.01", {{0, 0.5e-3}, {0, 1e-3}}, false}};
   const auto by_step = cost::choose(plans, mlp_profile(), 4, gigabit);
   REQUIRE(by_step.name == "topk-0.01");
   const double speedup = by_step.predicted[0] / by_step.predicted[1];

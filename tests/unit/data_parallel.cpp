@@ -5,7 +5,7 @@
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #include <commsgd/sync/sgd.hpp>
-#include <commsgd/toy/least_squares.hpp>
+#include <support/least_squares.hpp>
 
 #include <doctest/doctest.h>
 

@@ -5,7 +5,7 @@
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/sync/sgd.hpp>
-#include <commsgd/toy/least_squares.hpp>
+#include <support/least_squares.hpp>
 
 #include <doctest/doctest.h>
 

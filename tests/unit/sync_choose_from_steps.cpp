@@ -7,7 +7,7 @@
 #include <commsgd/select/exact.hpp>
 #include <commsgd/sync/choose_from_steps.hpp>
 #include <commsgd/sync/exchange_chooser.hpp>
-#include <commsgd/toy/least_squares.hpp>
+#include <support/least_squares.hpp>
 
 #include <doctest/doctest.h>
 

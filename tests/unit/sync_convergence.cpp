@@ -5,7 +5,7 @@
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/partitioned.hpp>
 #include <commsgd/sync/synchronous.hpp>
-#include <commsgd/toy/least_squares.hpp>
+#include <support/least_squares.hpp>
 
 #include <doctest/doctest.h>
 

@@ -3,7 +3,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/sync/partitioned.hpp>
 #include <commsgd/sync/synchronous.hpp>
-#include <commsgd/toy/least_squares.hpp>
+#include <support/least_squares.hpp>
 
 #include <doctest/doctest.h>
 

@@ -4,7 +4,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/sync/sync.hpp>
-#include <commsgd/toy/least_squares.hpp>
+#include <support/least_squares.hpp>
 
 #include <doctest/doctest.h>
 

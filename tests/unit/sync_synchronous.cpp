@@ -1,7 +1,7 @@
 // sync::synchronous against single-process SGD on the concatenated batch, plus the toy problem's promises.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/sync/synchronous.hpp>
-#include <commsgd/toy/least_squares.hpp>
+#include <support/least_squares.hpp>
 
 #include <doctest/doctest.h>
 
