@@ -194,8 +194,9 @@ double fastest_of(F&& f) {
   return best;
 }
 
-// Read once after a timed loop so that the compiler keeps the loop's stores.
-inline volatile float timing_sink = 0;
+// Read once after a timed loop so that the compiler keeps the loop's stores. One per thread: ranks that are
+// threads time at once, and a shared sink would be a data race.
+inline thread_local volatile float timing_sink = 0;
 inline void keep(float v) {
   timing_sink = v;
 }
