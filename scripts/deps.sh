@@ -5,7 +5,7 @@ packages=(cmake ninja-build g++ python3 zlib1g-dev
           libboost-mpi-dev openmpi-bin libopenmpi-dev
           doctest-dev libbenchmark-dev libeigen3-dev
           dataset-fashion-mnist gnuplot-nox
-          python3-torch libtorch-dev libgloo-dev pybind11-dev python3-pytest)
+          python3-torch libtorch-dev libgloo-dev pybind11-dev python3-pytest python3-venv python3-pip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
