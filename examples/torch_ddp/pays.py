@@ -260,36 +260,33 @@ def shapes_of(bucket):
     return [(s[0], math.prod(s[1:])) for s in bucket["shapes"] if len(s) > 1]
 
 
-def extra_async(scheme, bucket, n, prof, f):
+def extra_async(scheme, bucket, cast_s, n, prof, f):
     """Hook work that grows with n beyond what a world of one showed (see the module's docstring)."""
     if scheme.startswith("topk"):
         density = float(cost_name(scheme).split("-", 1)[1])
         k = math.ceil(density * bucket["numel"])
         return (n - 1) * k * prof["pair_add_s"] * f
     if scheme == "commsgd-fp16":
-        return 2 * bucket["cast_s"] * f
+        return 2 * cast_s
     if scheme.startswith("commsgd-qsgd"):
         return (n - 1) * 0.5 * bucket["async_s"]
     return 0.0
 
 
-def step_seconds(scheme, profs, n, bw, latency, f, dense_phase=False):
-    """Modelled seconds of one step of `scheme` (its dense warm-up when dense_phase)."""
+def step_seconds(scheme, profs, n, bw, latency, f):
+    """Modelled seconds of one step of `scheme` in its compressed phase."""
     base = scaled(profs["none"], f)
-    own = scaled(profs["ddp" if dense_phase else scheme], f)
-    name = "dense" if dense_phase else cost_name(scheme)
+    own = scaled(profs[scheme], f)
+    name = cost_name(scheme)
+    local_sgd = name.startswith("localsgd")
     buckets = []
-    for b0, b in zip(base["buckets"], own["buckets"]):
-        ex = _C.exchange_seconds(name if not name.startswith("localsgd") else "dense", b0["numel"],
-                                 shapes_of(b0), n, latency, bw)
-        if name.startswith("localsgd"):
-            ex = 0.0  # averaged after the optimizer every H steps, below
-        extra = 0.0 if dense_phase else extra_async(scheme, dict(b, cast_s=profs["fp16"]["buckets"][len(buckets)]
-                                                                 ["call_s"]), n, profs, f)
+    for i, (b0, b) in enumerate(zip(base["buckets"], own["buckets"])):
+        # Local SGD averages the model after the optimizer every H steps (below), not overlapped.
+        ex = 0.0 if local_sgd else _C.exchange_seconds(name, b0["numel"], shapes_of(b0), n, latency, bw)
+        extra = extra_async(scheme, b, profs["fp16"]["buckets"][i]["call_s"] * f, n, profs, f)
         buckets.append((b0["ready_s"], b["call_s"], b["async_s"] + extra, ex))
-    r = _C.overlapped_step(base["forward_s"], base["backward_s"], base["optimizer_s"], buckets, False)
-    t = r["total_s"]
-    if name.startswith("localsgd"):
+    t = _C.overlapped_step(base["forward_s"], base["backward_s"], base["optimizer_s"], buckets, False)["total_s"]
+    if local_sgd:
         h = int(name.split("-h")[1])
         t += sum(_C.exchange_seconds("dense", b["numel"], shapes_of(b), n, latency, bw) for b in base["buckets"]) / h
     return t

@@ -254,8 +254,7 @@ class AutoState:
         t0 = time.perf_counter()
         if profiling:
             if self._bucket == 0:
-                self._cur = {"forward_s": self._fwd_end - self._fwd_start, "ready_s": [], "call_s": [],
-                             "done_s": []}
+                self._cur = {"forward_s": self._fwd_end - self._fwd_start, "ready_s": [], "done_s": []}
                 if self._iter == 2:
                     self._shapes = []
             self._cur["ready_s"].append(t0 - self._fwd_end)
@@ -265,7 +264,6 @@ class AutoState:
         if not profiling:
             return fut
         cur, fwd_end = self._cur, self._fwd_end
-        cur["call_s"].append(time.perf_counter() - t0)
         last = bucket.is_last()
 
         def done(f):

@@ -1,10 +1,13 @@
 // What the module's hook states share: their metered communicator, the checked view of a bucket tensor, a
-// tensor copy of a state vector, the traffic counters as a dict, and the dense averaging of a bucket. Their
+// tensor copy of a state vector, the traffic counters as a dict (read after the queued rounds), and the dense
+// averaging of a bucket. Their
 // rounds run on an exchange_queue (exchange_queue.hpp).
 #pragma once
 
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
+
+#include "exchange_queue.hpp"
 
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
@@ -49,6 +52,16 @@ inline py::dict traffic_dict(const meter& m) {
   d["messages_received"] = t.messages_received;
   d["calls"] = t.calls;
   return d;
+}
+
+// A state's counters, read (or reset) once the rounds it has queued are done, so they include them.
+inline py::dict traffic_when_done(exchange_queue& queue, const meter& m) {
+  queue.drain();
+  return traffic_dict(m);
+}
+inline void reset_when_done(exchange_queue& queue, meter& m) {
+  queue.drain();
+  m.reset();
 }
 
 // The bucket's mean over ranks, in place (the iterations before compression starts), returned. Touches no

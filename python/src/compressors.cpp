@@ -44,7 +44,6 @@ using commsgd_torch::meter;
 using commsgd_torch::python_future;
 using commsgd_torch::tensor_of;
 using commsgd_torch::to_python;
-using commsgd_torch::traffic_dict;
 using commsgd_torch::values_of;
 using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
 using size_list = std::vector<std::int64_t>;
@@ -178,14 +177,8 @@ public:
   // Bucket `index`'s momentum (empty without the hook's momentum).
   at::Tensor velocity(std::int64_t index) { return tensor_of(find(index).velocity); }
 
-  py::dict traffic() {
-    queue_.drain();
-    return traffic_dict(comm_);
-  }
-  void reset_traffic() {
-    queue_.drain();
-    comm_.reset();
-  }
+  py::dict traffic() { return commsgd_torch::traffic_when_done(queue_, comm_); }
+  void reset_traffic() { commsgd_torch::reset_when_done(queue_, comm_); }
 
   std::vector<std::int64_t> keys() {
     queue_.drain();

@@ -27,7 +27,6 @@ using commsgd_torch::exchange_queue;
 using commsgd_torch::meter;
 using commsgd_torch::python_future;
 using commsgd_torch::to_python;
-using commsgd_torch::traffic_dict;
 using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
 
 sync::correction_mode correction_of(const std::string& name) {
@@ -97,14 +96,8 @@ public:
 
   int current_period() const { return strategy_.current_period(); }
   std::int64_t steps() const { return steps_; }
-  py::dict traffic() {
-    queue_.drain();
-    return traffic_dict(comm_);
-  }
-  void reset_traffic() {
-    queue_.drain();
-    comm_.reset();
-  }
+  py::dict traffic() { return commsgd_torch::traffic_when_done(queue_, comm_); }
+  void reset_traffic() { commsgd_torch::reset_when_done(queue_, comm_); }
 
 private:
   void gather(const std::vector<at::Tensor>& params) {

@@ -42,7 +42,6 @@ using commsgd_torch::meter;
 using commsgd_torch::python_future;
 using commsgd_torch::tensor_of;
 using commsgd_torch::to_python;
-using commsgd_torch::traffic_dict;
 using commsgd_torch::values_of;
 using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
 using shape_list = std::vector<std::pair<std::int64_t, std::int64_t>>;
@@ -137,14 +136,8 @@ public:
     return to_python(queue_.post([=, this] { return average_bucket(comm_, buffer); }));
   }
 
-  py::dict traffic() {
-    queue_.drain();
-    return traffic_dict(comm_);
-  }
-  void reset_traffic() {
-    queue_.drain();
-    comm_.reset();
-  }
+  py::dict traffic() { return commsgd_torch::traffic_when_done(queue_, comm_); }
+  void reset_traffic() { commsgd_torch::reset_when_done(queue_, comm_); }
 
   // What bucket `index` hands its all-reduces per round: (dense values, P values, Q values).
   std::tuple<std::size_t, std::size_t, std::size_t> payload(std::int64_t index) {

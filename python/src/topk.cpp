@@ -51,7 +51,6 @@ using commsgd_torch::exchange_queue;
 using commsgd_torch::meter;
 using commsgd_torch::python_future;
 using commsgd_torch::to_python;
-using commsgd_torch::traffic_dict;
 using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
 
 template <class S>
@@ -142,14 +141,8 @@ public:
     return to_python(queue_.post([=, this] { return round(buffer, params, sizes, last); }));
   }
 
-  py::dict traffic() {
-    queue_.drain();
-    return traffic_dict(comm_);
-  }
-  void reset_traffic() {
-    queue_.drain();
-    comm_.reset();
-  }
+  py::dict traffic() { return commsgd_torch::traffic_when_done(queue_, comm_); }
+  void reset_traffic() { commsgd_torch::reset_when_done(queue_, comm_); }
   std::int64_t iteration() {
     queue_.drain();
     return iteration_;
