@@ -15,6 +15,7 @@
 #error "commsgd/cuda.cuh is CUDA code: include it from a .cu file compiled by nvcc"
 #endif
 
+#include <commsgd/cuda/batched_top_k.cuh>
 #include <commsgd/cuda/compact.cuh>
 #include <commsgd/cuda/error.cuh>
 #include <commsgd/cuda/exact.cuh>
