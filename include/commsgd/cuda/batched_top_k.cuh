@@ -46,9 +46,9 @@
 namespace commsgd::inline v1::cuda {
 
 struct batched_top_k_options {
-  double density = 0.01;              // in (0, 1]; k_t = ceil(density * length_t)
-  std::vector<std::size_t> k;         // one k per tensor, in [0, length_t]; overrides density when given
-  double momentum = 0.0;              // momentum correction when > 0; in [0, 1)
+  double density = 0.01;      // in (0, 1]; k_t = ceil(density * length_t)
+  std::vector<std::size_t> k; // one k per tensor, in [0, length_t]; overrides density when given
+  double momentum = 0.0;      // momentum correction when > 0; in [0, 1)
   sparsify::momentum_masking masking = sparsify::momentum_masking::dgc;
 };
 
@@ -90,7 +90,8 @@ public:
     host_ctl_ = detail::owned_array<detail::batched::control, detail::pinned_memory>(1);
     check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
     grid_ = static_cast<unsigned>(std::clamp<std::uint64_t>(
-        layout_.tiles.size(), 1, static_cast<std::uint64_t>(detail::multiprocessor_count()) * batched_tuning::blocks_per_sm));
+        layout_.tiles.size(), 1,
+        static_cast<std::uint64_t>(detail::multiprocessor_count()) * batched_tuning::blocks_per_sm));
     check(cudaMemset(hist_.data(), 0, hist_.size() * sizeof(std::uint32_t)), "cudaMemset(histograms)");
     reset(nullptr);
   }
@@ -116,14 +117,21 @@ public:
 
   // Enqueues one step on the flat gradient (length() values of Grad, the tensors back to back, in device
   // memory) on `stream`; the pairs go to index() / value(). Never waits for the device.
-  void step(const Grad* grad, cudaStream_t stream = nullptr) { step(grad, index_.data(), value_.data(), stream); }
+  void step(const Grad* grad, cudaStream_t stream = nullptr) {
+    step(grad, index_.data(), value_.data(), stream);
+  }
 
   // The same, with the pairs written to the caller's device arrays of total_k() entries each.
   void step(const Grad* grad, std::uint32_t* out_index, float* out_value, cudaStream_t stream = nullptr) {
     if (length() > 0 && grad == nullptr) throw invalid_argument("argument 'grad' is null with length > 0");
     if (total_k() > 0 && (out_index == nullptr || out_value == nullptr))
       throw invalid_argument("argument 'out_index' or 'out_value' is null with total_k > 0");
-    report_late_refusal();
+    // While a graph is captured nothing may ask the device anything: the late report waits for a step run
+    // outside one.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+    const bool capturing = capture != cudaStreamCaptureStatusNone;
+    if (!capturing) report_late_refusal();
     namespace b = detail::batched;
     using T = batched_tuning;
     const auto count = static_cast<std::uint32_t>(tensors());
@@ -147,25 +155,24 @@ public:
     check_launch("batched decide_kernel");
     const std::uint64_t tile_count = layout_.tiles.size();
     for (int pass = 0; pass < T::passes; ++pass) {
-      b::digit_kernel<><<<grid_, T::block_threads, 0, stream>>>(pass, tiles_.data(), tile_count, layout_.value_tiles,
-                                                               segs_.data(), search_.data(), buf, cand_index_.data(),
-                                                               cand_value_.data(), hist_.data(), ctl);
+      b::digit_kernel<><<<grid_, T::block_threads, 0, stream>>>(
+          pass, tiles_.data(), tile_count, layout_.value_tiles, segs_.data(), search_.data(), buf,
+          cand_index_.data(), cand_value_.data(), hist_.data(), ctl);
       check_launch("batched digit_kernel");
       b::settle_kernel<><<<count, T::block_threads, 0, stream>>>(pass, search_.data(), hist_.data(), ctl);
       check_launch("batched settle_kernel");
     }
     const bool mask = has_momentum() && opt_.masking == sparsify::momentum_masking::dgc;
-    b::emit_kernel<><<<grid_, T::block_threads, 0, stream>>>(tiles_.data(), tile_count, layout_.value_tiles, segs_.data(),
-                                                            search_.data(), buf, mask, cand_index_.data(),
-                                                            cand_value_.data(), out_index, out_value, ctl);
+    b::emit_kernel<><<<grid_, T::block_threads, 0, stream>>>(
+        tiles_.data(), tile_count, layout_.value_tiles, segs_.data(), search_.data(), buf, mask,
+        cand_index_.data(), cand_value_.data(), out_index, out_value, ctl);
     check_launch("batched emit_kernel");
-    b::finalize_kernel<><<<1, T::block_threads, 0, stream>>>(segs_.data(), count, search_.data(), warm_.data(), ctl);
+    b::finalize_kernel<>
+        <<<1, T::block_threads, 0, stream>>>(segs_.data(), count, search_.data(), warm_.data(), ctl);
     check_launch("batched finalize_kernel");
     check(cudaMemcpyAsync(host_ctl_.data(), ctl, sizeof(b::control), cudaMemcpyDeviceToHost, stream),
           "cudaMemcpyAsync(control)");
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-    if (capture == cudaStreamCaptureStatusNone) {
+    if (!capturing) {
       check(cudaEventRecord(done_, stream), "cudaEventRecord");
       recorded_ = true;
     }
@@ -182,7 +189,8 @@ public:
   batched_top_k_report report(cudaStream_t stream = nullptr) const {
     check_stream(stream);
     std::vector<detail::batched::warm_state> w(tensors());
-    check(cudaMemcpy(w.data(), warm_.data(), w.size() * sizeof w[0], cudaMemcpyDeviceToHost), "cudaMemcpy(warm)");
+    check(cudaMemcpy(w.data(), warm_.data(), w.size() * sizeof w[0], cudaMemcpyDeviceToHost),
+          "cudaMemcpy(warm)");
     batched_top_k_report r;
     r.committed = host_ctl_.data()->committed;
     r.refused = host_ctl_.data()->refused;
@@ -202,7 +210,9 @@ public:
   }
 
   // Copies of the state (e, or DGC's v under momentum; and u) on the host; wait for `stream`.
-  std::vector<float> residual_to_host(cudaStream_t stream = nullptr) const { return state_to_host(e_, stream); }
+  std::vector<float> residual_to_host(cudaStream_t stream = nullptr) const {
+    return state_to_host(e_, stream);
+  }
   std::vector<float> momentum_to_host(cudaStream_t stream = nullptr) const {
     return has_momentum() ? state_to_host(u_, stream) : std::vector<float>{};
   }
@@ -211,10 +221,14 @@ public:
   void reset(cudaStream_t stream = nullptr) {
     zero(e_[0], stream);
     if (has_momentum()) zero(u_[0], stream);
-    std::vector<detail::batched::warm_state> w(tensors(), detail::batched::warm_state{detail::batched::no_floor, 0, batched_tuning::first_margin, 0, 0, 0});
-    check(cudaMemcpyAsync(warm_.data(), w.data(), w.size() * sizeof w[0], cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(warm)");
+    std::vector<detail::batched::warm_state> w(
+        tensors(),
+        detail::batched::warm_state{detail::batched::no_floor, 0, batched_tuning::first_margin, 0, 0, 0});
+    check(cudaMemcpyAsync(warm_.data(), w.data(), w.size() * sizeof w[0], cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync(warm)");
     *host_ctl_.data() = detail::batched::control{};
-    check(cudaMemcpyAsync(ctl_.data(), host_ctl_.data(), sizeof(detail::batched::control), cudaMemcpyHostToDevice, stream),
+    check(cudaMemcpyAsync(ctl_.data(), host_ctl_.data(), sizeof(detail::batched::control),
+                          cudaMemcpyHostToDevice, stream),
           "cudaMemcpyAsync(control)");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     reported_refusals_ = 0;
@@ -236,22 +250,26 @@ public:
   // Everything is parsed and checked before anything changes, so a bad blob changes nothing. Waits for
   // `stream`; the warm start begins again.
   void load(std::span<const std::byte> blob, cudaStream_t stream = nullptr) {
-    const sparsify::detail::top_k_contents c =
-        sparsify::detail::read_top_k_state(blob, name, saved_layout(), [](std::size_t, std::span<const std::byte>) {});
+    const sparsify::detail::top_k_contents c = sparsify::detail::read_top_k_state(
+        blob, name, saved_layout(), [](std::size_t, std::span<const std::byte>) {});
     reset(stream);
     copy_in(e_[0], c.residual, stream);
     if (has_momentum()) copy_in(u_[0], c.momentum, stream);
     host_ctl_.data()->committed = c.steps;
-    check(cudaMemcpyAsync(ctl_.data(), host_ctl_.data(), sizeof(detail::batched::control), cudaMemcpyHostToDevice, stream),
+    check(cudaMemcpyAsync(ctl_.data(), host_ctl_.data(), sizeof(detail::batched::control),
+                          cudaMemcpyHostToDevice, stream),
           "cudaMemcpyAsync(control)");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   }
-  void load(std::istream& is, cudaStream_t stream = nullptr) { load(sparsify::detail::read_blob(is), stream); }
+  void load(std::istream& is, cudaStream_t stream = nullptr) {
+    load(sparsify::detail::read_blob(is), stream);
+  }
 
 private:
   const detail::batched::segment& segment(std::size_t t) const {
     if (t >= tensors())
-      throw invalid_argument(commsgd::detail::concat("argument 't' = ", t, " is outside the allowed range [0, ", tensors(), ")"));
+      throw invalid_argument(commsgd::detail::concat("argument 't' = ", t,
+                                                     " is outside the allowed range [0, ", tensors(), ")"));
     return layout_.segments[t];
   }
 
@@ -266,20 +284,26 @@ private:
   template <class V>
   static device_buffer<V> upload(std::span<const V> host) {
     device_buffer<V> d(host.size());
-    if (!host.empty()) check(cudaMemcpy(d.data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice), "cudaMemcpy(layout)");
+    if (!host.empty())
+      check(cudaMemcpy(d.data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice),
+            "cudaMemcpy(layout)");
     return d;
   }
 
   void zero(device_buffer<float>& d, cudaStream_t stream) {
-    if (d.size() > 0) check(cudaMemsetAsync(d.data(), 0, d.size() * sizeof(float), stream), "cudaMemsetAsync(state)");
+    if (d.size() > 0)
+      check(cudaMemsetAsync(d.data(), 0, d.size() * sizeof(float), stream), "cudaMemsetAsync(state)");
   }
   void copy_in(device_buffer<float>& d, const std::vector<float>& h, cudaStream_t stream) {
-    if (!h.empty()) check(cudaMemcpyAsync(d.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(state)");
+    if (!h.empty())
+      check(cudaMemcpyAsync(d.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+            "cudaMemcpyAsync(state)");
   }
 
   // The control block as of the stream's end.
   void check_stream(cudaStream_t stream) const {
-    check(cudaMemcpyAsync(host_ctl_.data(), ctl_.data(), sizeof(detail::batched::control), cudaMemcpyDeviceToHost, stream),
+    check(cudaMemcpyAsync(host_ctl_.data(), ctl_.data(), sizeof(detail::batched::control),
+                          cudaMemcpyDeviceToHost, stream),
           "cudaMemcpyAsync(control)");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   }
@@ -288,7 +312,9 @@ private:
     check_stream(stream);
     std::vector<float> h(length());
     const auto& d = pair[host_ctl_.data()->phase];
-    if (!h.empty()) check(cudaMemcpy(h.data(), d.data(), h.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy(state)");
+    if (!h.empty())
+      check(cudaMemcpy(h.data(), d.data(), h.size() * sizeof(float), cudaMemcpyDeviceToHost),
+            "cudaMemcpy(state)");
     return h;
   }
 
@@ -307,15 +333,18 @@ private:
   void throw_if_refused() {
     const detail::batched::control& c = *host_ctl_.data();
     if (c.broken)
-      throw internal_error(commsgd::detail::concat("the batched top-k step's counts disagreed with its search (code ", c.broken, ")"));
+      throw internal_error(commsgd::detail::concat(
+          "the batched top-k step's counts disagreed with its search (code ", c.broken, ")"));
     if (c.refused > reported_refusals_) {
       reported_refusals_ = c.refused;
       const auto& s = c.first_refusal;
       if (s.grad_count > 0)
-        throw non_finite(commsgd::detail::concat("gradient (step ", c.first_refused_step, ", refused: the state is unchanged)"),
+        throw non_finite(commsgd::detail::concat("gradient (step ", c.first_refused_step,
+                                                 ", refused: the state is unchanged)"),
                          s.grad_count, s.grad_first);
-      throw non_finite(commsgd::detail::concat(has_momentum() ? "error-feedback sum v + u" : "error-feedback sum g + e",
-                                               " (overflow; step ", c.first_refused_step, ", refused: the state is unchanged)"),
+      throw non_finite(commsgd::detail::concat(
+                           has_momentum() ? "error-feedback sum v + u" : "error-feedback sum g + e",
+                           " (overflow; step ", c.first_refused_step, ", refused: the state is unchanged)"),
                        s.sum_count, s.sum_first);
     }
   }

@@ -17,9 +17,15 @@ concept gradient_type =
 namespace detail {
 
 // Exact: every fp16 and bf16 value is a float.
-__device__ inline float to_float(float x) { return x; }
-__device__ inline float to_float(__half x) { return __half2float(x); }
-__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ inline float to_float(float x) {
+  return x;
+}
+__device__ inline float to_float(__half x) {
+  return __half2float(x);
+}
+__device__ inline float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
 
 template <class T>
 inline constexpr const char* gradient_name = std::is_same_v<T, float>    ? "float32"

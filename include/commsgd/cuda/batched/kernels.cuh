@@ -60,9 +60,9 @@ struct step_status {
 
 // Everything the host reads, in one block.
 struct control {
-  u32 phase;          // the state is buffer [phase]; a step writes [1 - phase]
-  u32 full_segments;  // this step
-  u32 broken;         // a count disagreed with the search: a fault of the step
+  u32 phase;         // the state is buffer [phase]; a step writes [1 - phase]
+  u32 full_segments; // this step
+  u32 broken;        // a count disagreed with the search: a fault of the step
   u32 pad;
   step_status status; // this step's
   u64 committed;      // steps committed since construction
@@ -84,23 +84,35 @@ __device__ inline u64 composite(u32 key, u32 index) {
 // Digit p covers composite bits [shift, shift + width).
 __device__ inline int digit_shift(int p) {
   switch (p) {
-  case 0: return 53;
-  case 1: return 42;
-  case 2: return 32;
-  case 3: return 21;
-  case 4: return 10;
-  default: return 0;
+  case 0:
+    return 53;
+  case 1:
+    return 42;
+  case 2:
+    return 32;
+  case 3:
+    return 21;
+  case 4:
+    return 10;
+  default:
+    return 0;
   }
 }
-__device__ inline int digit_width(int p) { return p == 2 || p == 5 ? 10 : 11; }
+__device__ inline int digit_width(int p) {
+  return p == 2 || p == 5 ? 10 : 11;
+}
 
 __device__ inline bool matches(u64 c, u64 prefix, int above) {
   return above >= 64 || (c >> above) == (prefix >> above);
 }
 
-__device__ inline u64 least(u64 a, u64 b) { return a < b ? a : b; }
+__device__ inline u64 least(u64 a, u64 b) {
+  return a < b ? a : b;
+}
 
-__device__ inline bool reads_candidates(const search_state& s) { return !s.full; }
+__device__ inline bool reads_candidates(const search_state& s) {
+  return !s.full;
+}
 
 template <class = void>
 __global__ void begin_kernel(const segment* segs, u32 count, search_state* search, control* ctl) {
@@ -204,7 +216,8 @@ __global__ void __launch_bounds__(T::block_threads)
     }
     __syncthreads();
     const u32 staged = s_count < T::stage ? s_count : static_cast<u32>(T::stage);
-    if (threadIdx.x == 0 && staged > 0) s_base = atomicAdd(&search[tl.segment].candidates, static_cast<u64>(staged));
+    if (threadIdx.x == 0 && staged > 0)
+      s_base = atomicAdd(&search[tl.segment].candidates, static_cast<u64>(staged));
     __syncthreads();
     for (u32 j = threadIdx.x; j < staged; j += T::block_threads) {
       const u64 at = s_base + j;
@@ -239,7 +252,8 @@ __device__ inline void for_each_entry(const tile& tl, const segment& sg, const s
     for (u64 j = tl.begin + threadIdx.x; j < end; j += T::block_threads)
       f(cand_index[sg.candidate_begin + j], cand_value[sg.candidate_begin + j]);
   } else {
-    for (u64 i = tl.begin + threadIdx.x; i < tl.end; i += T::block_threads) f(static_cast<u32>(i), p[i]);
+    for (u64 i = tl.begin + threadIdx.x; i < tl.end; i += T::block_threads)
+      f(static_cast<u32>(i), p[i]);
   }
 }
 
@@ -259,7 +273,8 @@ __global__ void __launch_bounds__(T::block_threads)
                  const search_state* search, state_buffers buf, const u32* __restrict__ cand_index,
                  const float* __restrict__ cand_value, u32* __restrict__ hist, const control* ctl) {
   __shared__ u32 s_hist[T::digit_bins];
-  for (int b = threadIdx.x; b < T::digit_bins; b += T::block_threads) s_hist[b] = 0;
+  for (int b = threadIdx.x; b < T::digit_bins; b += T::block_threads)
+    s_hist[b] = 0;
   __syncthreads();
   const float* p = buf.e[1 - ctl->phase];
   const int shift = digit_shift(pass);
@@ -309,7 +324,8 @@ __global__ void __launch_bounds__(T::block_threads)
   __syncthreads();
   // Keys above this thread's bins: a suffix sum (256 entries, read by each thread; cheap at this size).
   u64 above = 0;
-  for (int t = threadIdx.x + 1; t < T::block_threads; ++t) above += s_sum[t];
+  for (int t = threadIdx.x + 1; t < T::block_threads; ++t)
+    above += s_sum[t];
   const u64 need = s.need;
   __shared__ int s_found;
   if (threadIdx.x == 0) s_found = 0;
@@ -343,8 +359,8 @@ template <class = void>
 __global__ void __launch_bounds__(T::block_threads)
     emit_kernel(const tile* tiles, u64 tile_count, u64 value_tiles, const segment* segs, search_state* search,
                 state_buffers buf, bool mask_momentum, const u32* __restrict__ cand_index,
-                const float* __restrict__ cand_value, u32* __restrict__ out_index, float* __restrict__ out_value,
-                const control* ctl) {
+                const float* __restrict__ cand_value, u32* __restrict__ out_index,
+                float* __restrict__ out_value, const control* ctl) {
   const u32 phase = ctl->phase;
   float* p = buf.e[1 - phase];
   float* u_out = mask_momentum ? buf.u[1 - phase] : nullptr;
@@ -375,7 +391,8 @@ __global__ void __launch_bounds__(T::block_threads)
       const u32 ballot = __ballot_sync(0xffffffffu, take);
       if (!ballot) continue;
       u64 slot = 0;
-      if (lane == __ffs(ballot) - 1) slot = atomicAdd(&search[tl.segment].sent, static_cast<u64>(__popc(ballot)));
+      if (lane == __ffs(ballot) - 1)
+        slot = atomicAdd(&search[tl.segment].sent, static_cast<u64>(__popc(ballot)));
       slot = __shfl_sync(0xffffffffu, slot, __ffs(ballot) - 1) + __popc(ballot & ((1u << lane) - 1u));
       if (take && slot < sg.k) {
         out_index[sg.message_begin + slot] = index;
@@ -390,7 +407,8 @@ __global__ void __launch_bounds__(T::block_threads)
 // Next floors and statistics per tensor, then the commit (one block).
 template <class = void>
 __global__ void __launch_bounds__(T::block_threads)
-    finalize_kernel(const segment* segs, u32 count, const search_state* search, warm_state* warm, control* ctl) {
+    finalize_kernel(const segment* segs, u32 count, const search_state* search, warm_state* warm,
+                    control* ctl) {
   const bool refused = ctl->status.grad_count + ctl->status.sum_count > 0;
   for (u32 t = threadIdx.x; t < count; t += blockDim.x) {
     const search_state& s = search[t];
@@ -431,7 +449,8 @@ __global__ void __launch_bounds__(T::block_threads)
 // Every entry of every tensor to +0 (the state at construction and after reset).
 template <class = void>
 __global__ void fill_kernel(float* x, u64 n, float v) {
-  for (u64 i = blockIdx.x * static_cast<u64>(blockDim.x) + threadIdx.x; i < n; i += static_cast<u64>(gridDim.x) * blockDim.x)
+  for (u64 i = blockIdx.x * static_cast<u64>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<u64>(gridDim.x) * blockDim.x)
     x[i] = v;
 }
 
