@@ -1,5 +1,6 @@
 // The one entry to commsgd's CUDA code: selection (exact, radix, laplace_bisect, hierarchical, sampled),
-// compaction and input validation in namespace commsgd::cuda. Include it from .cu files only; no .hpp reaches
+// compaction, input validation, the top-k step with a host exchange (cuda::top_k) and the device-resident
+// step over many tensors (cuda::batched_top_k) in namespace commsgd::cuda. Include it from .cu files only; no .hpp reaches
 // it, so host-only builds never see CUDA.
 //
 // Every selector has a two-phase form in the CUB manner,

@@ -27,6 +27,9 @@
 // pinned buffers, so the view returned by the previous step stays valid (a selector's own warm-start memory
 // aside, as on the host). The view returned by step() is valid until the next successful step.
 //
+// A trainer whose gradients stay on the GPU wants cuda::batched_top_k instead (batched_top_k.cuh): many
+// tensors per call, 16-bit gradients, the pairs left in device memory, no synchronisation, near one pass.
+//
 // Not here (see sparsify::top_k for them on the host): per-layer selection, fixed k, density warm-up,
 // clipping and the `zero` non-finite policy. Non-finite gradients are always refused.
 //

@@ -60,10 +60,10 @@ struct step_status {
 
 // Everything the host reads, in one block.
 struct control {
-  u32 phase;         // the state is buffer [phase]; a step writes [1 - phase]
-  u32 full_segments; // this step
-  u32 broken;        // a count disagreed with the search: a fault of the step
-  u32 pad;
+  u32 phase;          // the state is buffer [phase]; a step writes [1 - phase]
+  u32 full_segments;  // this step
+  u32 broken;         // a count disagreed with the search: a fault of the step
+  u32 searching;      // tensors whose search is still running: 0 lets the later digit passes return at once
   step_status status; // this step's
   u64 committed;      // steps committed since construction
   u64 refused;        // steps refused since construction
@@ -121,6 +121,7 @@ __global__ void begin_kernel(const segment* segs, u32 count, search_state* searc
   if (t < count) {
     const bool none = segs[t].k == 0;
     search[t] = search_state{0, segs[t].k, none ? ~0ull : 0ull, 0, none ? 1u : 0u, 0};
+    if (!none) atomicAdd(&ctl->searching, 1u); // finalize left it at 0
   }
   if (t == 0) {
     ctl->full_segments = 0;
@@ -272,6 +273,7 @@ __global__ void __launch_bounds__(T::block_threads)
     digit_kernel(int pass, const tile* tiles, u64 tile_count, u64 value_tiles, const segment* segs,
                  const search_state* search, state_buffers buf, const u32* __restrict__ cand_index,
                  const float* __restrict__ cand_value, u32* __restrict__ hist, const control* ctl) {
+  if (ctl->searching == 0) return; // every search ended at an earlier digit
   __shared__ u32 s_hist[T::digit_bins];
   for (int b = threadIdx.x; b < T::digit_bins; b += T::block_threads)
     s_hist[b] = 0;
@@ -337,7 +339,10 @@ __global__ void __launch_bounds__(T::block_threads)
         const int shift = digit_shift(pass);
         s.prefix |= static_cast<u64>(first + j) << shift;
         s.need = need - acc;
-        if (mine[j] == need - acc) s.done = 1;
+        if (mine[j] == need - acc) {
+          s.done = 1;
+          atomicSub(&ctl->searching, 1u);
+        }
         s_found = 1;
         break;
       }
@@ -350,6 +355,7 @@ __global__ void __launch_bounds__(T::block_threads)
     atomicOr(&ctl->broken, 1u);
     s.done = 1;
     s.prefix = ~0ull;
+    atomicSub(&ctl->searching, 1u);
   }
 }
 
@@ -433,6 +439,7 @@ __global__ void __launch_bounds__(T::block_threads)
   }
   __syncthreads();
   if (threadIdx.x == 0) {
+    ctl->searching = 0; // normally 0 already; a broken search may have left some
     if (refused) {
       if (ctl->refused == 0) {
         ctl->first_refusal = ctl->status;
