@@ -193,6 +193,7 @@ int main(int argc, char** argv) {
     cu::batched_top_k<float> bt(std::span<const std::size_t>(lengths), {.density = density});
     if (bt.total_k() != total_k) r.counts_ok = false;
     fast_full before, after;
+    try {
     for (int s = 0; s < steps; ++s) {
       draw_gradient(g.data(), n, s);
       if (s == warmup) add_report(before, bt);
@@ -229,6 +230,10 @@ int main(int argc, char** argv) {
       if (kt > 0 && !(least >= most)) top = false;
     }
     r.top_ok = top;
+    } catch (const std::exception& e) {
+      r.counts_ok = false;
+      r.note = e.what();
+    }
     try {
       bt.check_refused();
       const auto rep = bt.report();
@@ -314,6 +319,8 @@ int main(int argc, char** argv) {
       for (std::size_t t = 0; t < lengths.size(); ++t) bts[t]->step(g.data() + offsets[t]);
     };
     fast_full before, after;
+    std::vector<float> residual;
+    try {
     for (int s = 0; s <= steps; ++s) {
       draw_gradient(g.data(), n, s);
       if (s == warmup)
@@ -326,8 +333,6 @@ int main(int argc, char** argv) {
         for (auto& b : bts) add_report(after, *b);
     }
     timed_window(before, after, r);
-    std::vector<float> residual;
-    try {
       for (auto& b : bts) {
         b->check_refused();
         const auto rep = b->report();
@@ -354,21 +359,26 @@ int main(int argc, char** argv) {
       for (std::size_t t = 0; t < lengths.size(); ++t)
         if (tks[t]->step(g.data() + offsets[t]).size() != tks[t]->k()) ++bad;
     };
-    for (int s = 0; s <= steps; ++s) {
-      draw_gradient(g.data(), n, s);
-      if (s >= warmup && s < steps)
-        r.ms.push_back(ev.time(nullptr, all));
-      else
-        all();
-    }
-    if (bad) {
-      r.counts_ok = false;
-      r.note = std::to_string(bad) + " messages of the wrong size";
-    }
     std::vector<float> residual;
-    for (auto& tk : tks) {
-      const auto e = tk->residual_to_host();
-      residual.insert(residual.end(), e.begin(), e.end());
+    try {
+      for (int s = 0; s <= steps; ++s) {
+        draw_gradient(g.data(), n, s);
+        if (s >= warmup && s < steps)
+          r.ms.push_back(ev.time(nullptr, all));
+        else
+          all();
+      }
+      if (bad) {
+        r.counts_ok = false;
+        r.note = std::to_string(bad) + " messages of the wrong size";
+      }
+      for (auto& tk : tks) {
+        const auto e = tk->residual_to_host();
+        residual.insert(residual.end(), e.begin(), e.end());
+      }
+    } catch (const std::exception& e) {
+      r.counts_ok = false;
+      r.note = e.what();
     }
     compare(r, residual);
     finish(r);

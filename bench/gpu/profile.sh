@@ -5,7 +5,8 @@
 # cuda::top_k<laplace_bisect> (top_k_laplace). Each row runs 5 unprofiled steps, then STEPS profiled ones
 # (cudaProfilerStart/Stop around the step alone: the gradient drawing is not profiled).
 #   bench/gpu/profile.sh [OUT.md] [STEPS]          (default OUT: $BUILD_DIR/results/profile.md, STEPS 3)
-# Environment: BUILD_DIR (default build/gpu-bench), PROFILE_LOG_N (26), PROFILE_METHODS, DEVICE_NAME.
+# Environment: BUILD_DIR (default build/gpu-bench), PROFILE_LOG_N (26), PROFILE_METHODS, DEVICE_NAME,
+# NCU_LIMIT (seconds per ncu call, 60).
 # Host-side copies and memsets are not kernels and do not appear; cuda::top_k's per-step host
 # synchronisation is not device time either (the step benchmark's wall times include it).
 set -euo pipefail
@@ -28,7 +29,7 @@ device="${DEVICE_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/de
 status=0
 for m in $methods; do
   echo "profile.sh: $m at 2^$log_n, $steps profiled steps"
-  timeout 150 "$ncu_bin" --clock-control none --profile-from-start off \
+  timeout "${NCU_LIMIT:-60}" "$ncu_bin" --clock-control none --profile-from-start off \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
     --csv --page raw --print-units base \
     "$bench" --cases "$log_n:1e-3" --only "$m" --profile-steps "$steps" >"$work/$m.csv" 2>"$work/$m.err" ||

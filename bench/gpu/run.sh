@@ -8,7 +8,7 @@
 # With OUT set, also $OUT/results.tgz (every table, JSON, CSV and log), the tables themselves and $OUT/run.log.
 #   bench/gpu/run.sh [--quick]    (--quick: 2^24 and smaller, fewer steps and repetitions)
 # Environment: BUILD_DIR, CCCL_INCLUDE (a CCCL include folder with cub/device/device_topk.cuh), SEQUENCE_DIRS
-# (extra accumulator dumps), SKIP_TESTS=1, SKIP_PROFILE=1, CTEST_LIMIT (seconds, default 240).
+# (extra accumulator dumps), SKIP_TESTS=1, SKIP_PROFILE=1, CTEST_LIMIT (seconds, default 180), RUN_BUDGET.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${BUILD_DIR:-$root/build/gpu-bench}"
@@ -34,8 +34,9 @@ device="${device:-unknown GPU}"
 echo "device: $device; date: $date; ${quick[*]:-full run}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv 2>/dev/null || true
 
-# --- A CCCL with cub::DeviceTopK (3.3 or later), for the DeviceTopK anchors: CCCL_INCLUDE, else cupy's
-# bundled copy, else a pip cuda-cccl, else any device_topk.cuh on the disk. Prints what it used.
+# --- A CCCL with cub::DeviceTopK (3.3 or later), for the DeviceTopK anchors: CCCL_INCLUDE, else one carried in
+# .carry/cccl, else cupy's bundled copy, else a pip cuda-cccl, else any device_topk.cuh on the disk. Prints
+# what it used.
 cccl_flags=""
 cccl_from=""
 cccl_flags_for() { # a folder -> its -I flags, or nothing when it holds no DeviceTopK
@@ -51,6 +52,7 @@ cccl_flags_for() { # a folder -> its -I flags, or nothing when it holds no Devic
 find_cccl() {
   local cands=()
   [[ -n "${CCCL_INCLUDE:-}" ]] && cands+=("$CCCL_INCLUDE")
+  cands+=("$root/.carry/cccl/include" "$root/.carry/cccl") # a copy carried beside the checkout, if any
   local py
   py="$(python3 - 2>/dev/null <<'PY'
 import glob, os, site, sys
@@ -65,7 +67,7 @@ PY
   while IFS= read -r d; do [[ -n "$d" ]] && cands+=("$d"); done <<<"$py"
   while IFS= read -r f; do
     [[ -n "$f" ]] && cands+=("$(dirname "$(dirname "$(dirname "$f")")")")
-  done < <(timeout 60 find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path "$root" \) -prune -o \
+  done < <(timeout 60 find / -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o \
     -name device_topk.cuh -path '*cub/device/*' -print 2>/dev/null | head -20)
   for d in "${cands[@]}"; do
     local f
@@ -134,7 +136,7 @@ fi
 test_status=skipped
 if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
   t=$SECONDS
-  (cd "$build" && timeout "${CTEST_LIMIT:-240}" ctest -L cuda --output-on-failure) >"$work/ctest.log" 2>&1
+  (cd "$build" && timeout "${CTEST_LIMIT:-180}" ctest -L cuda --output-on-failure) >"$work/ctest.log" 2>&1
   test_status=$?
   tail -15 "$work/ctest.log"
   stage "ctest -L cuda" "exit $test_status" $t
@@ -186,11 +188,21 @@ cp "$work/select_gpu.csv" "$results/select-gpu-$date.csv" 2>/dev/null
 cp "$work/torch_topk.json" "$results/select-gpu-$date-torch.json" 2>/dev/null
 
 # --- Consecutive error-feedback accumulators (sequence.py make; 2^24 and 2^26 unless --quick), plus any
-# dump folders named in SEQUENCE_DIRS (the trainer's --dump-accumulators).
+# dump folders named in SEQUENCE_DIRS (the trainer's --dump-accumulators). The least needed part: only 2^24
+# when the run is already past RUN_BUDGET - 150 s, none past RUN_BUDGET - 60 s (RUN_BUDGET: 480).
 t=$SECONDS
+budget="${RUN_BUDGET:-480}"
+seq_sizes="$([[ ${#quick[@]} -gt 0 ]] && echo 24 || echo 24 26)"
+if ((SECONDS - start > budget - 60)); then
+  seq_sizes=""
+  echo "sequence part skipped: $((SECONDS - start)) s into the run"
+elif ((SECONDS - start > budget - 150)); then
+  seq_sizes=24
+  echo "sequence part at 2^24 only: $((SECONDS - start)) s into the run"
+fi
 seq_root="$build/sequences"
 seq_dirs=()
-for lg in $([[ ${#quick[@]} -gt 0 ]] && echo 24 || echo 24 26); do
+for lg in $seq_sizes; do
   timeout 120 python3 "$root/bench/gpu/sequence.py" make --out "$seq_root/ef-relu-2^$lg" --log-n "$lg" --steps 8 &&
     seq_dirs+=("$seq_root/ef-relu-2^$lg")
 done

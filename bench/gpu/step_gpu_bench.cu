@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
         else
           draw_gradient(g32.data(), n, s);
       };
+      try { // a throwing step (refused, broken) fails its row, not the run
       for (int s = 0; s < steps; ++s) {
         draw(static_cast<u64>(s));
         if (s == warmup && calls.report) calls.report(fast0, full0);
@@ -213,6 +214,13 @@ int main(int argc, char** argv) {
                                     n);
         r.conservation_ok = r.cons.ok();
         r.top_ok = sent_set_is_top(sent_v, sent_i, new_e);
+      }
+      } catch (const std::exception& e) {
+        r.counts_ok = false;
+        r.note = e.what();
+        std::printf("  %s: %s\n", method, e.what());
+        cudaDeviceSynchronize();
+        (void)cudaGetLastError();
       }
       if (!r.ms.empty()) {
         r.timed = static_cast<int>(r.ms.size());
