@@ -31,14 +31,18 @@ def main():
     for r in ours["results"]:
         seqs.setdefault(r["sequence"], []).append(r)
     for t in torch:
-        seqs.setdefault(t["dir"], []).append({"sequence": t["dir"], "method": "torch_topk", "ok": True,
+        seqs.setdefault(t["dir"], []).append({"sequence": t["dir"], "method": "torch_topk", "ok": t.get("ok", True),
                                               "max_count": t["k"], "per_step_ms": t["per_step_ms"]})
     lines = [f"# GPU selection on consecutive error-feedback accumulators ({a.device}, "
              f"{datetime.date.today().isoformat()})", "",
              "Command: `bash bench/gpu/run.sh` (sequence part: `bench/gpu/sequence.py`, "
              "`sequence_gpu_bench`). Each method runs over the sequence in step order, a fresh object per "
              f"sweep ({ours.get('sweeps')} sweeps, median per step, CUDA events). 'later' is the median over "
-             "steps 2..S, where warm-started methods start from the previous step.", ""]
+             "steps 2..S, where warm-started methods start from the previous step.", "",
+             "Like for like (exact, k pairs out): `radix_compact` (cold) and `trim_compact` (warm) give signed "
+             "values + uint32 indices; `cub_device_topk` (cold) gives magnitude keys + int32 indices and gathers "
+             "the signed values; `torch_topk` (cold) gives |x| values + int64 indices, with |x| formed before "
+             "timing. The selectors alone (`radix`, `laplace_*`, ...) return a threshold, not pairs.", ""]
     for name, rows in seqs.items():
         by = {r["method"]: med(r["per_step_ms"][1:] or r["per_step_ms"]) for r in rows}
         ref = {m: by.get(m) for m in ("torch_topk", "hierarchical", "cub_device_topk", "copy")}

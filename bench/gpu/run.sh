@@ -1,64 +1,271 @@
 #!/usr/bin/env bash
-# On a GPU machine: build (Release, sm_90), run the CUDA tests, benchmark every CUDA selector against
-# torch.topk, a CUB sort and a copy, and write bench/results/select-gpu-<date>.md.
-#   bench/gpu/run.sh [--quick]     (--quick: 2^20 and 2^24 only, 5 repetitions)
-set -euo pipefail
+# On a GPU machine, one call: build (Release, sm_90, the CUDA targets only), run the CUDA tests, the
+# steady-state step and batched benchmarks, the selection benchmarks with their like-for-like anchors
+# (cub::DeviceTopK pairs where a CCCL >= 3.3 is found, torch.topk), the Nsight Compute profile, and write
+# dated tables into bench/results/:
+#   step-gpu-<date>.md, batched-gpu-<date>.md, profile-gpu-<date>.md, select-gpu-<date>.md,
+#   select-gpu-sequence-<date>.md  (+ the raw .json / .csv beside them)
+# With OUT set, also $OUT/results.tgz (every table, JSON, CSV and log), the tables themselves and $OUT/run.log.
+#   bench/gpu/run.sh [--quick]    (--quick: 2^24 and smaller, fewer steps and repetitions)
+# Environment: BUILD_DIR, CCCL_INCLUDE (a CCCL include folder with cub/device/device_topk.cuh), SEQUENCE_DIRS
+# (extra accumulator dumps), SKIP_TESTS=1, SKIP_PROFILE=1, CTEST_LIMIT (seconds, default 180), RUN_BUDGET.
+set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${BUILD_DIR:-$root/build/gpu-bench}"
 quick=()
 [[ "${1:-}" == "--quick" ]] && quick=(--quick)
 date="$(date +%Y-%m-%d)"
 work="$build/results"
-mkdir -p "$work" "$root/bench/results"
+results="$root/bench/results"
+mkdir -p "$work" "$results"
+if [[ -n "${OUT:-}" ]]; then
+  mkdir -p "$OUT"
+  exec > >(tee "$OUT/run.log") 2>&1
+fi
+start=$SECONDS
+declare -a summary
+stage() { # stage NAME STATUS SECONDS_AT_START
+  summary+=("$(printf '%-22s %-28s %4ds' "$1" "$2" $((SECONDS - $3)))")
+}
+export PYTHONUNBUFFERED=1
 
-device="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-echo "device: $device"
+device="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+device="${device:-unknown GPU}"
+echo "device: $device; date: $date; ${quick[*]:-full run}"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv 2>/dev/null || true
 
-# Only the CUDA parts: a GPU machine need not have MPI, Google Benchmark or LibTorch's C++ package (doctest is
-# found through CMAKE_PREFIX_PATH where it is not installed).
+# --- A CCCL with cub::DeviceTopK (3.3 or later), for the DeviceTopK anchors: CCCL_INCLUDE, else one carried in
+# .carry/cccl, else cupy's bundled copy, else a pip cuda-cccl, else any device_topk.cuh on the disk. Prints
+# what it used.
+cccl_flags=""
+cccl_from=""
+cccl_flags_for() { # a folder -> its -I flags, or nothing when it holds no DeviceTopK
+  local d="$1"
+  if [[ -f "$d/cub/device/device_topk.cuh" && -d "$d/cuda/std" ]]; then
+    echo "-I$d"
+  elif [[ -f "$d/cub/cub/device/device_topk.cuh" && -d "$d/libcudacxx/include" ]]; then
+    echo "-I$d/cub -I$d/thrust -I$d/libcudacxx/include"
+  elif [[ -f "$d/cub/device/device_topk.cuh" && -d "$d/../libcudacxx/include" ]]; then
+    echo "-I$d -I$d/../thrust -I$d/../libcudacxx/include"
+  fi
+}
+find_cccl() {
+  local cands=()
+  [[ -n "${CCCL_INCLUDE:-}" ]] && cands+=("$CCCL_INCLUDE")
+  cands+=("$root/.carry/cccl/include" "$root/.carry/cccl") # a copy carried beside the checkout, if any
+  local py
+  py="$(python3 - 2>/dev/null <<'PY'
+import glob, os, site, sys
+roots = list(dict.fromkeys(site.getsitepackages() + [site.getusersitepackages()] + sys.path))
+for r in roots:
+    for pat in ("cupy/_core/include/cupy/_cccl", "cuda/cccl/headers/include", "nvidia/cuda_cccl/include",
+                "nvidia/cu13/include", "nvidia/cu13/include/cccl"):
+        for d in glob.glob(os.path.join(r, pat)):
+            print(d)
+PY
+)"
+  while IFS= read -r d; do [[ -n "$d" ]] && cands+=("$d"); done <<<"$py"
+  while IFS= read -r f; do
+    [[ -n "$f" ]] && cands+=("$(dirname "$(dirname "$(dirname "$f")")")")
+  done < <(timeout 60 find / -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o \
+    -name device_topk.cuh -path '*cub/device/*' -print 2>/dev/null | head -20)
+  for d in "${cands[@]}"; do
+    local f
+    f="$(cccl_flags_for "$d")"
+    if [[ -n "$f" ]]; then
+      echo "$d|$f"
+    fi
+  done
+}
+t=$SECONDS
+mapfile -t cccl_cands < <(find_cccl)
+echo "CCCL with DeviceTopK: ${#cccl_cands[@]} candidate(s)"
+for c in "${cccl_cands[@]}"; do
+  d="${c%%|*}"
+  v="$(grep -hs '#define CCCL_VERSION ' "$d"/cuda/std/__cccl/version.h "$d"/libcudacxx/include/cuda/std/__cccl/version.h \
+    "$d"/../libcudacxx/include/cuda/std/__cccl/version.h | awk '{print $3}' | head -1)"
+  echo "  $d (CCCL_VERSION ${v:-?})"
+done
+stage "find CCCL" "${#cccl_cands[@]} candidate(s)" $t
+
+# --- Build: the CUDA targets only, in parallel; the DeviceTopK variants (plain nvcc, the CCCL first on the
+# include path) beside it, trying each CCCL candidate until one compiles.
+t=$SECONDS
+rm -f "$build/cccl_used" "$build/select_gpu_bench_cccl" "$build/sequence_gpu_bench_cccl"
+(
+  for c in "${cccl_cands[@]}"; do
+    d="${c%%|*}"
+    f="${c#*|}"
+    # shellcheck disable=SC2086
+    if nvcc -std=c++20 --expt-relaxed-constexpr -O3 -arch=sm_90 $f -I "$root/include" \
+      "$root/bench/gpu/select_gpu_bench.cu" -o "$build/select_gpu_bench_cccl" >"$build/cccl_build.log" 2>&1 &&
+      nvcc -std=c++20 --expt-relaxed-constexpr -O3 -arch=sm_90 $f -I "$root/include" \
+        "$root/bench/gpu/sequence_gpu_bench.cu" -o "$build/sequence_gpu_bench_cccl" >>"$build/cccl_build.log" 2>&1; then
+      echo "$d" >"$build/cccl_used"
+      exit 0
+    fi
+    echo "CCCL at $d did not build (see $build/cccl_build.log)"
+  done
+  exit 1
+) &
+cccl_pid=$!
+build_status=0
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCOMMSGD_ENABLE_CUDA=ON -DCOMMSGD_ENABLE_MPI=OFF -DCOMMSGD_ENABLE_TORCH=OFF -DCOMMSGD_BUILD_EXAMPLES=OFF \
-  -DCOMMSGD_BUILD_BENCHMARKS=OFF
-cmake --build "$build" -j"$(nproc)" --target cuda_select_test select_gpu_bench sequence_gpu_bench
+  -DCOMMSGD_BUILD_BENCHMARKS=OFF >"$build/configure.log" 2>&1 || { build_status=$?; tail -20 "$build/configure.log"; }
+targets=(step_gpu_bench batched_gpu_bench select_gpu_bench sequence_gpu_bench)
+[[ "${SKIP_TESTS:-0}" != 1 ]] && targets=(cuda_select_test "${targets[@]}")
+[[ $build_status -eq 0 ]] && { cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" || build_status=$?; }
+stage "build" "exit $build_status" $t
+t=$SECONDS
+wait $cccl_pid
+if [[ -f "$build/cccl_used" ]]; then
+  echo "DeviceTopK anchors: built with the CCCL at $(cat "$build/cccl_used")"
+  stage "build with CCCL" "$(basename "$(cat "$build/cccl_used")")" $t
+else
+  echo "DeviceTopK anchors: no CCCL >= 3.3 found or none built: no cub::DeviceTopK rows"
+  stage "build with CCCL" "none" $t
+fi
+bin="$build/tests/cuda/bench_gpu"
+if [[ $build_status -ne 0 ]]; then
+  echo "build failed: nothing to run"
+  exit 1
+fi
 
-# A failing test does not stop the benchmark (its counts are checked too); the exit status reports both.
-gpu_status=0
-test_status=0
-(cd "$build" && ctest -L cuda --output-on-failure) || test_status=$?
-"$build/tests/cuda/bench_gpu/select_gpu_bench" --out "$work/select_gpu" "${quick[@]}" || gpu_status=$?
-python3 "$root/bench/gpu/torch_topk.py" --out "$work/torch_topk.json" "${quick[@]}" ||
-  echo "torch_topk.py failed: the report will have no torch.topk column"
+# --- CUDA tests. A failing test does not stop the benchmarks (their results are checked too).
+test_status=skipped
+if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
+  t=$SECONDS
+  (cd "$build" && timeout "${CTEST_LIMIT:-180}" ctest -L cuda --output-on-failure) >"$work/ctest.log" 2>&1
+  test_status=$?
+  tail -15 "$work/ctest.log"
+  stage "ctest -L cuda" "exit $test_status" $t
+fi
+
+bench_status=0
+run_stage() { # run_stage NAME LIMIT_SECONDS COMMAND...
+  local name="$1" limit="$2" t0=$SECONDS rc
+  shift 2
+  echo "=== $name"
+  timeout "$limit" "$@"
+  rc=$?
+  [[ $rc -ne 0 ]] && bench_status=1
+  stage "$name" "exit $rc" $t0
+  return $rc
+}
+
+# --- The step in steady state on raw gradients, and ResNet-50's tensors batched.
+run_stage "step_gpu_bench" 120 "$bin/step_gpu_bench" --out "$work/step_gpu" "${quick[@]}"
+run_stage "batched_gpu_bench" 120 "$bin/batched_gpu_bench" --out "$work/batched_gpu" "${quick[@]}"
+# --- torch.topk anchors: the selection cases and the ResNet-50 loop, one python process.
+run_stage "torch_topk.py" 150 python3 "$root/bench/gpu/torch_topk.py" --out "$work/torch_topk.json" \
+  --resnet-out "$work/batched_torch.json" "${quick[@]}" ||
+  echo "torch_topk.py failed: the reports will have no torch.topk rows"
+python3 "$root/bench/gpu/report_step.py" step "$work/step_gpu.json" "$results/step-gpu-$date.md" \
+  --device "$device" --date "$date" >/dev/null || bench_status=1
+python3 "$root/bench/gpu/report_step.py" batched "$work/batched_gpu.json" "$work/batched_torch.json" \
+  "$results/batched-gpu-$date.md" --device "$device" --date "$date" >/dev/null || bench_status=1
+cp "$work/step_gpu.json" "$results/step-gpu-$date.json" 2>/dev/null
+cp "$work/batched_gpu.json" "$results/batched-gpu-$date.json" 2>/dev/null
+cp "$work/batched_torch.json" "$results/batched-gpu-$date-torch.json" 2>/dev/null
+
+# --- DRAM bytes per kernel, counted by Nsight Compute.
+if [[ "${SKIP_PROFILE:-0}" != 1 ]]; then
+  run_stage "profile.sh" 200 env BUILD_DIR="$build" DEVICE_NAME="$device" \
+    PROFILE_LOG_N="$([[ ${#quick[@]} -gt 0 ]] && echo 24 || echo 26)" \
+    bash "$root/bench/gpu/profile.sh" "$results/profile-gpu-$date.md" 3 >"$work/profile.log" 2>&1
+  tail -12 "$work/profile.log"
+fi
+
+# --- Threshold selection on i.i.d. buffers, with the like-for-like anchors.
+select_bench="$bin/select_gpu_bench"
+[[ -x "$build/select_gpu_bench_cccl" ]] && select_bench="$build/select_gpu_bench_cccl"
+run_stage "select_gpu_bench" 150 "$select_bench" --out "$work/select_gpu" "${quick[@]}"
 python3 "$root/bench/gpu/report.py" "$work/select_gpu.json" "$work/torch_topk.json" \
-  "$root/bench/results/select-gpu-$date.md" --device "$device"
-cp "$work/select_gpu.json" "$root/bench/results/select-gpu-$date.json"
-cp "$work/select_gpu.csv" "$root/bench/results/select-gpu-$date.csv"
-[[ -f "$work/torch_topk.json" ]] && cp "$work/torch_topk.json" "$root/bench/results/select-gpu-$date-torch.json"
-# Consecutive error-feedback accumulators: a synthetic sequence made here by exact error feedback (2^24 and
-# 2^26 unless --quick), plus any dump folders named in SEQUENCE_DIRS (the trainer's --dump-accumulators).
-# The sequence benchmark is built again with the CCCL headers in CCCL_INCLUDE, where given, for the
-# cub::DeviceTopK column (CCCL 3.3 and later).
-seq_status=0
+  "$results/select-gpu-$date.md" --device "$device" --date "$date" || bench_status=1
+cp "$work/select_gpu.json" "$results/select-gpu-$date.json" 2>/dev/null
+cp "$work/select_gpu.csv" "$results/select-gpu-$date.csv" 2>/dev/null
+cp "$work/torch_topk.json" "$results/select-gpu-$date-torch.json" 2>/dev/null
+
+# --- Consecutive error-feedback accumulators (sequence.py make; 2^24 and 2^26 unless --quick), plus any
+# dump folders named in SEQUENCE_DIRS (the trainer's --dump-accumulators). The least needed part: only 2^24
+# when the run is already past RUN_BUDGET - 150 s, none past RUN_BUDGET - 60 s (RUN_BUDGET: 480).
+t=$SECONDS
+budget="${RUN_BUDGET:-480}"
+seq_sizes="$([[ ${#quick[@]} -gt 0 ]] && echo 24 || echo 24 26)"
+if ((SECONDS - start > budget - 60)); then
+  seq_sizes=""
+  echo "sequence part skipped: $((SECONDS - start)) s into the run"
+elif ((SECONDS - start > budget - 150)); then
+  seq_sizes=24
+  echo "sequence part at 2^24 only: $((SECONDS - start)) s into the run"
+fi
 seq_root="$build/sequences"
 seq_dirs=()
-for lg in $([[ ${#quick[@]} -gt 0 ]] && echo 24 || echo 24 26); do
-  python3 "$root/bench/gpu/sequence.py" make --out "$seq_root/ef-relu-2^$lg" --log-n "$lg" --steps 8 &&
+for lg in $seq_sizes; do
+  timeout 120 python3 "$root/bench/gpu/sequence.py" make --out "$seq_root/ef-relu-2^$lg" --log-n "$lg" --steps 8 &&
     seq_dirs+=("$seq_root/ef-relu-2^$lg")
 done
+stage "sequence.py make" "${#seq_dirs[@]} sequence(s)" $t
 for d in ${SEQUENCE_DIRS:-}; do seq_dirs+=("$d"); done
-seq_bench="$build/tests/cuda/bench_gpu/sequence_gpu_bench"
-if [[ -n "${CCCL_INCLUDE:-}" ]]; then
-  nvcc -std=c++20 --expt-relaxed-constexpr -O3 -arch=sm_90 -I "$CCCL_INCLUDE" -I "$root/include" \
-    "$root/bench/gpu/sequence_gpu_bench.cu" -o "$build/sequence_gpu_bench_cccl" &&
-    seq_bench="$build/sequence_gpu_bench_cccl"
+if [[ ${#seq_dirs[@]} -gt 0 ]]; then
+  seq_bench="$bin/sequence_gpu_bench"
+  [[ -x "$build/sequence_gpu_bench_cccl" ]] && seq_bench="$build/sequence_gpu_bench_cccl"
+  run_stage "sequence_gpu_bench" 150 "$seq_bench" --out "$work/sequence_gpu" "${seq_dirs[@]}"
+  run_stage "sequence.py time" 90 python3 "$root/bench/gpu/sequence.py" time --out "$work/sequence_torch.json" \
+    "${seq_dirs[@]}" || echo "sequence.py time failed: the report will have no torch.topk row"
+  python3 "$root/bench/gpu/report_sequence.py" "$work/sequence_gpu.json" "$work/sequence_torch.json" \
+    "$results/select-gpu-sequence-$date.md" --device "$device" >/dev/null || bench_status=1
+  cp "$work/sequence_gpu.json" "$results/select-gpu-sequence-$date.json" 2>/dev/null
+  cp "$work/sequence_torch.json" "$results/select-gpu-sequence-$date-torch.json" 2>/dev/null
 fi
-"$seq_bench" --out "$work/sequence_gpu" "${seq_dirs[@]}" || seq_status=$?
-python3 "$root/bench/gpu/sequence.py" time --out "$work/sequence_torch.json" "${seq_dirs[@]}" ||
-  echo "sequence.py time failed: the report will have no torch.topk row"
-python3 "$root/bench/gpu/report_sequence.py" "$work/sequence_gpu.json" "$work/sequence_torch.json" \
-  "$root/bench/results/select-gpu-sequence-$date.md" --device "$device"
-cp "$work/sequence_gpu.json" "$root/bench/results/select-gpu-sequence-$date.json"
-[[ -f "$work/sequence_torch.json" ]] && cp "$work/sequence_torch.json" "$root/bench/results/select-gpu-sequence-$date-torch.json"
-[[ $seq_status -ne 0 ]] && gpu_status=$seq_status
 
-echo "tests: exit $test_status, benchmark: exit $gpu_status"
-exit $((test_status != 0 || gpu_status != 0))
+# --- Everything back through $OUT: one archive, the tables beside it (at most 8 files in all).
+if [[ -n "${OUT:-}" ]]; then
+  (cd "$root" && tar -czf "$OUT/results.tgz" bench/results/*-"$date"* -C "$build" results cccl_build.log \
+    configure.log cccl_used profile 2>/dev/null)
+  for f in step-gpu batched-gpu profile-gpu select-gpu select-gpu-sequence; do
+    [[ -f "$results/$f-$date.md" ]] && cp "$results/$f-$date.md" "$OUT/"
+  done
+  echo "wrote $OUT/results.tgz ($(du -h "$OUT/results.tgz" | cut -f1)) and the tables"
+fi
+
+# --- The short summary, last, so that it is in the tail of the output.
+echo
+echo "================ summary ($device, $date, $((SECONDS - start)) s) ================"
+printf '%s\n' "${summary[@]}"
+python3 - "$work" <<'PY' || true
+import json, os, sys
+w = sys.argv[1]
+def load(name):
+    try:
+        return json.load(open(os.path.join(w, name)))["results"]
+    except Exception:
+        return []
+step = load("step_gpu.json")
+if step:
+    print("\nstep (median ms / p90 ms / x floor / fast-full / ok):")
+    for r in step:
+        fl = r.get("floor_ms") or 0
+        ff = f"{r['fast_timed']}/{r['full_timed']}" if "fast_timed" in r else ""
+        print(f"  2^{r['n'].bit_length() - 1} {r['density']:g} {r['method']:14s} {r['median_ms']:8.4f} {r['p90_ms']:8.4f} "
+              f"{(r['median_ms'] / fl if fl else 0):6.2f} {ff:>7s} {'ok' if r.get('ok') else 'FAILED'}")
+batched = load("batched_gpu.json") + load("batched_torch.json")
+if batched:
+    print("\nResNet-50, 161 tensors (median ms / p90 ms / ok):")
+    for r in batched:
+        print(f"  {r['method']:18s} {r['median_ms']:8.4f} {r['p90_ms']:8.4f} {'ok' if r.get('ok', True) else 'FAILED'}")
+sel = load("select_gpu.json") + load("torch_topk.json")
+want = ("copy", "torch_topk", "cub_topk_pairs", "radix_compact", "trim_cold_compact", "trim_warm_compact")
+rows = [r for r in sel if r["distribution"] == "relu_like" and r["density"] == 1e-3 and r["method"] in want]
+if rows:
+    print("\nselection + pairs, relu_like, density 1e-3 (median ms):")
+    for n in sorted({r["n"] for r in rows}):
+        by = {r["method"]: r for r in rows if r["n"] == n}
+        print(f"  2^{n.bit_length() - 1}: " + ", ".join(f"{m} {by[m]['median_ms']:.4f}{'' if by[m].get('ok', True) else ' FAILED'}"
+                                                  for m in want if m in by))
+bad = [r for r in step + batched + sel if not r.get("ok", True)]
+print(f"\nrows failing a check: {len(bad)}" + (": " + ", ".join(r["method"] for r in bad[:10]) if bad else ""))
+PY
+echo "tests: $test_status, benchmarks: $([[ $bench_status -eq 0 ]] && echo ok || echo 'a stage failed')"
+[[ "$test_status" == 0 || "$test_status" == skipped ]] && [[ $bench_status -eq 0 ]]

@@ -3,10 +3,26 @@
 // warm-up first, median of many repetitions, rotating over several buffers of fresh random data generated on
 // the device. Writes JSON and CSV.
 //
+// Like-for-like rows, exact top-k with the same outputs (signed values and 4-byte indices, k of each):
+//   radix_compact       cuda::radix + cuda::compact<uint32>                               (cold)
+//   trim_cold_compact   cuda::laplace_bisect{trim, no warm start} + cuda::compact<uint32>  (cold)
+//   trim_warm_compact   the same warm-started from the previous buffer's threshold         (warm)
+//   cub_topk_pairs      cub::DeviceTopK::MaxPairs on the magnitude keys (a transform iterator over x, so x is
+//                       read as is) with a counting iterator of int32 indices, then the signed values gathered
+//                       by index (k reads): only where the CCCL on the include path has DeviceTopK (>= 3.3)
+// The DeviceTopK result is checked once per case: k distinct indices, each returned key equal to its input's
+// key, the least returned key equal to the exact k-th key (from cuda::radix on the same buffer), and as many
+// keys above it as the exact selection has.
+//
 //   select_gpu_bench [--out PREFIX] [--reps R] [--buffers B] [--sizes 20,24,26,28] [--quick]
 #include <commsgd/cuda.cuh>
 
 #include <cub/device/device_radix_sort.cuh>
+#if __has_include(<cub/device/device_topk.cuh>)
+#include <cub/device/device_topk.cuh>
+#include <cuda/iterator>
+#define COMMSGD_BENCH_HAS_DEVICE_TOPK 1
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -79,6 +95,38 @@ __global__ void keys_kernel(const float* x, std::uint32_t* keys, std::uint64_t n
        i += stride)
     keys[i] = commsgd::select::magnitude_key(x[i]);
 }
+
+#ifdef COMMSGD_BENCH_HAS_DEVICE_TOPK
+struct magnitude {
+  __host__ __device__ std::uint32_t operator()(float v) const { return commsgd::select::magnitude_key(v); }
+};
+
+__global__ void gather_kernel(const float* x, const int* index, float* value, std::uint64_t k) {
+  for (std::uint64_t j = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; j < k;
+       j += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    value[j] = x[index[j]];
+}
+
+// counts[0]: entries whose index is out of range, repeated, or whose key or value disagrees with x;
+// counts[1]: keys above `kth`; counts[2]: keys below it.
+__global__ void check_topk_kernel(const float* x, std::uint64_t n, const std::uint32_t* keys, const int* index,
+                                  const float* value, std::uint64_t k, std::uint32_t kth, std::uint32_t* seen,
+                                  unsigned long long* counts) {
+  for (std::uint64_t j = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; j < k;
+       j += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+    const int i = index[j];
+    bool bad = i < 0 || static_cast<std::uint64_t>(i) >= n;
+    if (!bad) {
+      const std::uint32_t bit = 1u << (i & 31);
+      bad = (atomicOr(&seen[i >> 5], bit) & bit) != 0 || commsgd::select::magnitude_key(x[i]) != keys[j] ||
+            __float_as_uint(x[i]) != __float_as_uint(value[j]);
+    }
+    if (bad) atomicAdd(&counts[0], 1ull);
+    if (keys[j] > kth) atomicAdd(&counts[1], 1ull);
+    if (keys[j] < kth) atomicAdd(&counts[2], 1ull);
+  }
+}
+#endif
 
 struct record {
   std::string distribution, method;
@@ -245,6 +293,82 @@ int main(int argc, char** argv) {
         time_method("laplace_warm", warm, false);
         cu::laplace_bisect trim({.tol = tol, .trim = true, .warm_start = true});
         time_method("laplace_trim", trim, true);
+        // Selection + compaction into k (uint32 index, signed value) pairs, timed together: the outputs of
+        // cub::DeviceTopK's pairs and of torch.topk.
+        auto time_pairs = [&](const char* label, auto& method) {
+          std::size_t bytes = 0;
+          method.select(nullptr, bytes, x[0].data(), n, k, nullptr);
+          std::size_t cbytes = 0;
+          cu::compact<std::uint32_t>(nullptr, cbytes, x[0].data(), n, result.data(), nullptr, nullptr, k, nullptr);
+          cu::device_buffer<char> ws(std::max(bytes, cbytes));
+          cu::device_buffer<std::uint32_t> idx(k);
+          cu::device_buffer<float> val(k);
+          cu::device_buffer<unsigned long long> count(1);
+          const auto ms = tm.run(3, reps, buffers, [&](int b) {
+            std::size_t s = bytes, c = cbytes;
+            method.select(ws.data(), s, x[b].data(), n, k, result.data());
+            cu::compact<std::uint32_t>(ws.data(), c, x[b].data(), n, result.data(), idx.data(), val.data(), k,
+                                       count.data());
+          });
+          unsigned long long c = 0;
+          cu::check(cudaMemcpy(&c, count.data(), sizeof c, cudaMemcpyDeviceToHost), "cudaMemcpy");
+          add(label, ms, c, c == k);
+        };
+        {
+          cu::radix r;
+          time_pairs("radix_compact", r);
+          cu::laplace_bisect tc({.tol = tol, .trim = true, .warm_start = false});
+          time_pairs("trim_cold_compact", tc);
+          cu::laplace_bisect tw({.tol = tol, .trim = true, .warm_start = true});
+          time_pairs("trim_warm_compact", tw);
+        }
+#ifdef COMMSGD_BENCH_HAS_DEVICE_TOPK
+        {
+          cu::device_buffer<std::uint32_t> top_keys(k);
+          cu::device_buffer<int> top_index(k);
+          cu::device_buffer<float> top_value(k);
+          const auto env = cuda::execution::require(cuda::execution::determinism::not_guaranteed,
+                                                    cuda::execution::output_ordering::unsorted);
+          auto in = [&](int b) { return cuda::transform_iterator(x[b].data(), magnitude{}); };
+          const auto indices = cuda::counting_iterator<int>(0);
+          std::size_t bytes = 0;
+          cu::check(cub::DeviceTopK::MaxPairs(nullptr, bytes, in(0), top_keys.data(), indices, top_index.data(),
+                                              static_cast<int>(n), static_cast<int>(k), env),
+                    "DeviceTopK::MaxPairs(size)");
+          cu::device_buffer<char> ws(bytes);
+          const unsigned gather_blocks = static_cast<unsigned>(std::min<std::uint64_t>((k + 255) / 256, 4096));
+          auto one = [&](int b) {
+            std::size_t s = bytes;
+            cu::check(cub::DeviceTopK::MaxPairs(ws.data(), s, in(b), top_keys.data(), indices, top_index.data(),
+                                                static_cast<int>(n), static_cast<int>(k), env),
+                      "DeviceTopK::MaxPairs");
+            gather_kernel<<<gather_blocks, 256>>>(x[b].data(), top_index.data(), top_value.data(), k);
+          };
+          const auto ms = tm.run(3, reps, buffers, one);
+          // The check, on buffer 0 against the exact threshold of cuda::radix.
+          one(0);
+          std::size_t rbytes = 0;
+          cu::radix r;
+          r.select(nullptr, rbytes, x[0].data(), n, k, nullptr);
+          cu::device_buffer<char> rws(rbytes);
+          r.select(rws.data(), rbytes, x[0].data(), n, k, result.data());
+          const commsgd::select::threshold t = cu::read_result(result.data(), nullptr);
+          cu::device_buffer<std::uint32_t> seen(n / 32 + 1);
+          cu::device_buffer<unsigned long long> counts(3);
+          cu::check(cudaMemset(seen.data(), 0, seen.size() * sizeof(std::uint32_t)), "cudaMemset");
+          cu::check(cudaMemset(counts.data(), 0, 3 * sizeof(unsigned long long)), "cudaMemset");
+          check_topk_kernel<<<gather_blocks, 256>>>(x[0].data(), n, top_keys.data(), top_index.data(),
+                                                    top_value.data(), k, commsgd::select::magnitude_key(t.value),
+                                                    seen.data(), counts.data());
+          unsigned long long h[3] = {};
+          cu::check(cudaMemcpy(h, counts.data(), sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy");
+          const bool ok = h[0] == 0 && h[1] == t.above && h[2] == 0 && t.count() == k;
+          if (!ok)
+            std::printf("  cub_topk_pairs check: %llu bad entries, %llu above the k-th key (exact: %zu), %llu below\n",
+                        h[0], h[1], t.above, h[2]);
+          add("cub_topk_pairs", ms, k, ok);
+        }
+#endif
         // Compaction of radix's threshold into (uint32 index, value) pairs.
         {
           std::size_t bytes = 0;

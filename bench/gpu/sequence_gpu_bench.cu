@@ -4,8 +4,9 @@
 // bench/gpu/sequence.py make). Every method runs `--sweeps` times over the whole sequence with a fresh object
 // per sweep; a step's time is the median over sweeps (CUDA events around the enqueue). Anchors in the same
 // run: a device-to-device copy (the memory floor), a CUB radix sort of the magnitude keys, and, where the CCCL
-// on the include path has it (3.3 and later), cub::DeviceTopK::MaxKeys on the keys, read through a transform
-// iterator so that it reads x once. Also cuda::top_k's whole step (p = g + e, select, compact, residual
+// on the include path has it (3.3 and later), cub::DeviceTopK::MaxPairs on the keys (read through a transform
+// iterator so that it reads x once) with a counting iterator of int32 indices, plus a gather of the k signed
+// values: the same outputs as radix_compact / trim_compact (selection + cuda::compact<uint32>). Also cuda::top_k's whole step (p = g + e, select, compact, residual
 // update, pairs to pinned memory, one synchronisation) with the accumulators given as gradients.
 //
 //   sequence_gpu_bench --out PREFIX [--sweeps S] [--only METHOD] DIR [DIR ...]
@@ -87,6 +88,12 @@ __global__ void keys_kernel(const float* x, std::uint32_t* keys, std::uint64_t n
 struct magnitude {
   __host__ __device__ std::uint32_t operator()(float v) const { return commsgd::select::magnitude_key(v); }
 };
+
+__global__ void gather_kernel(const float* x, const int* index, float* value, std::uint64_t k) {
+  for (std::uint64_t j = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; j < k;
+       j += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    value[j] = x[index[j]];
+}
 #endif
 
 struct events {
@@ -223,17 +230,26 @@ int main(int argc, char** argv) {
 #ifdef COMMSGD_BENCH_HAS_DEVICE_TOPK
     {
       cu::device_buffer<std::uint32_t> top(k);
+      cu::device_buffer<int> top_index(k);
+      cu::device_buffer<float> top_value(k);
       const auto env = cuda::execution::require(cuda::execution::determinism::not_guaranteed,
                                                 cuda::execution::output_ordering::unsorted);
       auto in = [&](std::size_t i) { return cuda::transform_iterator(s.steps[i].data(), magnitude{}); };
+      const auto indices = cuda::counting_iterator<int>(0);
       std::size_t bytes = 0;
-      cu::check(cub::DeviceTopK::MaxKeys(nullptr, bytes, in(0), top.data(), n, k, env), "MaxKeys(size)");
+      cu::check(cub::DeviceTopK::MaxPairs(nullptr, bytes, in(0), top.data(), indices, top_index.data(),
+                                          static_cast<int>(n), static_cast<int>(k), env),
+                "MaxPairs(size)");
       cu::device_buffer<char> ws(bytes);
+      const unsigned gather_blocks = static_cast<unsigned>(std::min<std::uint64_t>((k + 255) / 256, 4096));
       measure(
           "cub_device_topk", [] { return 0; },
           [&](int&, std::size_t i) {
             std::size_t b = bytes;
-            cu::check(cub::DeviceTopK::MaxKeys(ws.data(), b, in(i), top.data(), n, k, env), "MaxKeys");
+            cu::check(cub::DeviceTopK::MaxPairs(ws.data(), b, in(i), top.data(), indices, top_index.data(),
+                                                static_cast<int>(n), static_cast<int>(k), env),
+                      "MaxPairs");
+            gather_kernel<<<gather_blocks, 256>>>(s.steps[i].data(), top_index.data(), top_value.data(), k);
           },
           exact_k);
     }
@@ -270,6 +286,43 @@ int main(int argc, char** argv) {
              [&] { return cu::laplace_bisect({.tol = tol, .trim = false, .warm_start = true}); });
     selector("laplace_trim",
              [&] { return cu::laplace_bisect({.tol = tol, .trim = true, .warm_start = true}); });
+    // Selection + compaction into k (uint32 index, signed value) pairs: like for like with DeviceTopK's pairs
+    // and torch.topk. trim_compact is warm (from the previous step's threshold), radix_compact cold.
+    auto pairs = [&](const char* label, auto make) {
+      using S = decltype(make());
+      struct held {
+        S sel;
+        cu::device_buffer<char> ws;
+        std::size_t bytes = 0, cbytes = 0;
+        cu::device_buffer<std::uint32_t> idx;
+        cu::device_buffer<float> val;
+        cu::device_buffer<unsigned long long> count;
+      };
+      measure(
+          label,
+          [&] {
+            held h{make(), cu::device_buffer<char>(0), 0, 0, cu::device_buffer<std::uint32_t>(k),
+                   cu::device_buffer<float>(k), cu::device_buffer<unsigned long long>(1)};
+            h.sel.select(nullptr, h.bytes, s.steps[0].data(), n, k, nullptr);
+            cu::compact<std::uint32_t>(nullptr, h.cbytes, s.steps[0].data(), n, result.data(), nullptr, nullptr, k,
+                                       nullptr);
+            h.ws = cu::device_buffer<char>(std::max(h.bytes, h.cbytes));
+            return h;
+          },
+          [&](held& h, std::size_t i) {
+            std::size_t b = h.bytes, c = h.cbytes;
+            h.sel.select(h.ws.data(), b, s.steps[i].data(), n, k, result.data());
+            cu::compact<std::uint32_t>(h.ws.data(), c, s.steps[i].data(), n, result.data(), h.idx.data(),
+                                       h.val.data(), k, h.count.data());
+          },
+          [&](held& h) {
+            unsigned long long c = 0;
+            cu::check(cudaMemcpy(&c, h.count.data(), sizeof c, cudaMemcpyDeviceToHost), "cudaMemcpy");
+            return static_cast<std::uint64_t>(c);
+          });
+    };
+    pairs("radix_compact", [] { return cu::radix{}; });
+    pairs("trim_compact", [&] { return cu::laplace_bisect({.tol = tol, .trim = true, .warm_start = true}); });
     // cuda::top_k's whole step, the accumulators given as gradients (their law is a gradient's plus a
     // residual's; the sparsifier adds its own residual on top).
     auto whole_step = [&](const char* label, auto make_selector) {
