@@ -101,7 +101,7 @@ class TopKState:
         """The bucket's average over ranks, waiting for it (the hook uses exchange_async)."""
         idx, sizes = self.bucket_params(bucket)
         if bucket.buffer().is_cuda:
-            return self._cuda.exchange_async(bucket.buffer(), idx, sizes, bucket.is_last()).wait()
+            return self._cuda.exchange(bucket.buffer(), idx, sizes, bucket.is_last())
         return self._c.exchange(bucket.buffer(), idx, sizes, bucket.is_last())
 
     def exchange_async(self, bucket):

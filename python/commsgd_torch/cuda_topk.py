@@ -84,9 +84,21 @@ class CudaTopK:
         self.buckets = {}
         self.owner = {}  # parameter index -> key of the bucket holding its residual
         self.warm = {}   # parameter index -> momentum of the dense warm-up (float32, on the device)
+        self.error = None  # the last round's, for exchange()
         self.counters = dict(bytes_sent=0, bytes_received=0, messages_sent=0, messages_received=0, calls=0)
 
     # --- a round ----------------------------------------------------------------------------------------------
+
+    def exchange(self, buf, params, sizes, last):
+        """The round, waited for; its own error raised as it is (a future may wrap what its callback raised)."""
+        self.error = None
+        fut = self.exchange_async(buf, params, sizes, last)
+        try:
+            return fut.wait()
+        except Exception:
+            if self.error is None:
+                raise
+        raise self.error
 
     def exchange_async(self, buf, params, sizes, last):
         self._check(buf, sizes)
@@ -146,15 +158,17 @@ class CudaTopK:
         b.turn ^= 1
         index, value = b.split(msg)
         error = None
+        grad = buf.contiguous()
         try:
             with torch.cuda.device(buf.device):
                 if b.stepped:
                     b.step.check_last_step()  # a refusal of this bucket's last step, reported a step late
-                b.step.step(buf.contiguous().data_ptr(), index.data_ptr(), value.data_ptr(), _stream(buf.device))
+                b.step.step(grad.data_ptr(), index.data_ptr(), value.data_ptr(), _stream(buf.device))
             b.stepped = True
         except Error as e:  # still sent, so that no peer waits for this rank; the future raises
             error = e
             value.fill_(math.nan)
+        self.error = error
         b.last = msg
         world = self._world()
         outs = [torch.empty_like(msg) for _ in range(world)]
