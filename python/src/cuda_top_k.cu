@@ -197,13 +197,13 @@ PYBIND11_MODULE(_cuda, m) {
       .def("message_offset", &top_k::message_offset, py::arg("t"))
       .def("step", &top_k::step, py::arg("grad_ptr"), py::arg("index_ptr"), py::arg("value_ptr"),
            py::arg("stream"), release())
-      .def("check_refused", &top_k::check_refused, py::arg("stream"), release())
+      .def("check_refused", &top_k::check_refused, py::arg("stream") = 0, release())
       .def("check_last_step", &top_k::check_last_step, release())
       .def("residual_into", &top_k::residual_into, py::arg("ptr"), py::arg("stream"), release())
       .def("momentum_into", &top_k::momentum_into, py::arg("ptr"), py::arg("stream"), release())
       .def("assign", &top_k::assign, py::arg("residual_ptr"), py::arg("momentum_ptr"), py::arg("steps"),
            py::arg("stream"), release())
-      .def("reset", &top_k::reset, py::arg("stream"), release())
+      .def("reset", &top_k::reset, py::arg("stream") = 0, release())
       .def("report", &top_k::report, py::arg("stream") = 0)
       .def("save", &top_k::save, py::arg("stream") = 0)
       .def("load", &top_k::load, py::arg("blob"), py::arg("stream") = 0);
