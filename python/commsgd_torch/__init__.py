@@ -39,6 +39,7 @@ from ._C import (CommError, CorruptData, Error, InvalidArgument, NonFinite, Size
 from . import _C
 from .powersgd import PowerSGDState, powersgd_hook
 from .compressors import KINDS, CompressorState, compressor_hook
+from .cuda_topk import CudaTopK
 
 __all__ = ["TopKState", "topk_hook", "LocalSGD", "local_sgd_hook", "PowerSGDState", "powersgd_hook", "CompressorState", "compressor_hook", "KINDS", "AutoState", "auto_hook", "Error", "InvalidArgument", "NonFinite",
            "SizeMismatch", "CommError", "CorruptData", "Unsupported", "SELECTORS"]
@@ -69,15 +70,23 @@ class TopKState:
     layerwise: True selects per parameter (k = ceil(density * size) each, as DGC does), False over the
         whole bucket.
     dgc_warmup_steps_per_stage: > 0 runs DGC's density warm-up (25 %, 6.25 %, 1.56 %, 0.39 %) first.
+
+    CUDA buckets (a model on the GPU) take commsgd's batched top-k step on the device, in float32, float16 or
+    bfloat16, exchanged by an all-gather over the state's process group (gloo by default; pass an NCCL group
+    as process_group to use NCCL). There `selector` does not apply (the device step is always exact top-k,
+    ties to the lowest index) and dgc_warmup_steps_per_stage must be 0; see docs/pytorch.md, CUDA buckets.
     """
 
     def __init__(self, model, density=0.01, selector="laplace_bisect", momentum=0.0, dense_warmup_steps=0,
                  dgc_warmup_steps_per_stage=0, process_group=None, momentum_rule="dgc",
                  warmup_momentum=True, layerwise=False):
         self._index = {p.data_ptr(): i for i, p in enumerate(model.parameters())}
-        self._c = _C.TopK(_own_group(process_group), selector, float(density), float(momentum),
+        group = _own_group(process_group)
+        self._c = _C.TopK(group, selector, float(density), float(momentum),
                           str(momentum_rule), int(dense_warmup_steps), int(dgc_warmup_steps_per_stage),
                           bool(warmup_momentum), bool(layerwise))
+        self._cuda = CudaTopK(group, float(density), float(momentum), str(momentum_rule), int(dense_warmup_steps),
+                              int(dgc_warmup_steps_per_stage), bool(warmup_momentum), bool(layerwise))
 
     def bucket_params(self, bucket):
         params = bucket.parameters()
@@ -91,45 +100,69 @@ class TopKState:
     def exchange(self, bucket):
         """The bucket's average over ranks, waiting for it (the hook uses exchange_async)."""
         idx, sizes = self.bucket_params(bucket)
+        if bucket.buffer().is_cuda:
+            return self._cuda.exchange(bucket.buffer(), idx, sizes, bucket.is_last())
         return self._c.exchange(bucket.buffer(), idx, sizes, bucket.is_last())
 
     def exchange_async(self, bucket):
         """The bucket's round, posted to the state's exchange thread; returns its future at once."""
         idx, sizes = self.bucket_params(bucket)
+        if bucket.buffer().is_cuda:
+            return self._cuda.exchange_async(bucket.buffer(), idx, sizes, bucket.is_last())
         return self._c.exchange_async(bucket.buffer(), idx, sizes, bucket.is_last())
 
     def traffic(self):
-        """Bytes and messages this rank sent and received since construction or reset_traffic()."""
-        return self._c.traffic()
+        """Bytes and messages this rank sent and received since construction or reset_traffic(); CUDA buckets'
+        exchanges counted as 8 bytes per pair to each peer (dense warm-up rounds as a ring all-reduce)."""
+        t = self._c.traffic()
+        for k, v in self._cuda.counters.items():
+            t[k] += v
+        return t
 
     def reset_traffic(self):
         self._c.reset_traffic()
+        self._cuda.counters = dict.fromkeys(self._cuda.counters, 0)
 
     def iteration(self):
-        return self._c.iteration()
+        return self._cuda.iteration if self._cuda.used else self._c.iteration()
 
     def compute_seconds(self):
-        """Seconds this rank spent in the sparsifier (selection and error feedback) so far."""
+        """Seconds this rank spent in the sparsifier (selection and error feedback) so far; CPU buckets only
+        (the CUDA step runs on the device, unwaited for)."""
         return self._c.compute_seconds()
 
     def keys(self):
-        return self._c.keys()
+        return sorted(self._c.keys() + self._cuda.keys())
+
+    def _either(self, name, key):
+        got = getattr(self._cuda, name)(key)
+        return got if got is not None else getattr(self._c, name)(key)
 
     def residual(self, key):
-        return self._c.residual(key)
+        """The bucket's residual (float32; on the bucket's device for a CUDA bucket), or None."""
+        return self._either("residual", key)
 
     def last_sent(self, key):
-        return self._c.last_sent(key)
+        return self._either("last_sent", key)
 
     def momentum(self, key):
         """The bucket's local momentum u (None without momentum or before its first compressed round)."""
-        return self._c.momentum(key)
+        return self._either("momentum", key)
+
+    def cuda_report(self, key):
+        """A CUDA bucket's device step figures (steps committed and refused, per tensor its threshold and how
+        its steps were searched), or None."""
+        return self._cuda.report(key)
 
     def state_dict(self):
-        return self._c.state_dict()
+        d = self._c.state_dict()
+        d["cuda"] = self._cuda.state_dict()
+        return d
 
     def load_state_dict(self, state):
         self._c.load_state_dict(state)
+        if "cuda" in state:
+            self._cuda.load_state_dict(state["cuda"])
 
 
 def topk_hook(state, bucket):

@@ -217,6 +217,36 @@ public:
     return has_momentum() ? state_to_host(u_, stream) : std::vector<float>{};
   }
 
+  // The same state into the caller's device arrays of length() floats (device-to-device); wait for `stream`.
+  // momentum_into writes nothing without momentum.
+  void residual_into(float* out, cudaStream_t stream = nullptr) const { state_into(e_, out, stream); }
+  void momentum_into(float* out, cudaStream_t stream = nullptr) const {
+    if (has_momentum()) state_into(u_, out, stream);
+  }
+
+  // Sets the state from the caller's device arrays (length() floats each; a null momentum leaves u at zero)
+  // and the step count, as load() does from a checkpoint: how a caller hands a tensor's residual to another
+  // batch (DDP's bucket rebuild) without a trip through the host. Waits for `stream`; the warm start begins
+  // again.
+  void assign(const float* residual, const float* momentum, std::uint64_t steps, cudaStream_t stream = nullptr) {
+    if (length() > 0 && residual == nullptr) throw invalid_argument("argument 'residual' is null with length > 0");
+    reset(stream);
+    copy_in(e_[0], residual, stream);
+    if (has_momentum() && momentum != nullptr) copy_in(u_[0], momentum, stream);
+    host_ctl_.data()->committed = steps;
+    check(cudaMemcpyAsync(ctl_.data(), host_ctl_.data(), sizeof(detail::batched::control), cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync(control)");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+
+  // check_refused() that waits for the last step enqueued only, not for the stream: at a caller's next step
+  // that wait is almost always over already, so a refusal is reported then without stalling the host on the
+  // work queued since.
+  void check_last_step() {
+    if (recorded_) check(cudaEventSynchronize(done_), "cudaEventSynchronize");
+    throw_if_refused();
+  }
+
   // Forgets everything held back and the warm start, as at construction. Waits for `stream`.
   void reset(cudaStream_t stream = nullptr) {
     zero(e_[0], stream);
@@ -294,6 +324,9 @@ private:
     if (d.size() > 0)
       check(cudaMemsetAsync(d.data(), 0, d.size() * sizeof(float), stream), "cudaMemsetAsync(state)");
   }
+  void copy_in(device_buffer<float>& d, const float* from, cudaStream_t stream) {
+    if (d.size() > 0) check(cudaMemcpyAsync(d.data(), from, d.size() * sizeof(float), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync(state)");
+  }
   void copy_in(device_buffer<float>& d, const std::vector<float>& h, cudaStream_t stream) {
     if (!h.empty())
       check(cudaMemcpyAsync(d.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
@@ -316,6 +349,13 @@ private:
       check(cudaMemcpy(h.data(), d.data(), h.size() * sizeof(float), cudaMemcpyDeviceToHost),
             "cudaMemcpy(state)");
     return h;
+  }
+
+  void state_into(const device_buffer<float> (&pair)[2], float* out, cudaStream_t stream) const {
+    if (length() > 0 && out == nullptr) throw invalid_argument("argument 'out' is null with length > 0");
+    check_stream(stream);
+    const auto& d = pair[host_ctl_.data()->phase];
+    if (length() > 0) check(cudaMemcpyAsync(out, d.data(), length() * sizeof(float), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync(state)");
   }
 
   // A step already finished that was refused: reported at the next step, without waiting for anything.

@@ -1,0 +1,394 @@
+"""TopKState's CUDA buckets (commsgd_torch._cuda): 2 spawned gloo ranks sharing cuda:0, and NCCL on one rank.
+
+Ranks are spawned, not forked: a process that has touched CUDA cannot fork a child that uses it. Every test
+that needs a GPU skips where torch sees none or the package was built without nvcc."""
+import datetime
+import io
+import math
+import multiprocessing as mp
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import commsgd_torch
+from commsgd_torch import cuda_topk
+from helpers import FakeBucket, mlp
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA or cuda_topk._cuda is None,
+                         reason="no CUDA device" if not HAS_CUDA else "commsgd_torch built without _cuda (no nvcc)")
+
+
+def _worker(fn, rank, world, backend, store, queue, args):
+    try:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+        torch.set_num_threads(1)
+        if HAS_CUDA:
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend, init_method="file://" + store, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+        out = fn(rank, world, *args)
+        dist.destroy_process_group()
+        queue.put((rank, "ok", out))
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(fn, world=2, args=(), backend="gloo", timeout=240):
+    """fn(rank, world, *args) on `world` spawned ranks; their results (no CUDA tensors) by rank."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_worker, args=(fn, r, world, backend, store, queue, args)) for r in range(world)]
+        for p in procs:
+            p.start()
+        results, errors = {}, []
+        try:
+            for _ in range(world):
+                rank, status, out = queue.get(timeout=timeout)
+                if status == "ok":
+                    results[rank] = out
+                else:
+                    errors.append(f"rank {rank}:\n{out}")
+        except Exception as e:
+            errors.append(f"ranks {sorted(set(range(world)) - set(results))} did not report: {e!r}")
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+        if errors:
+            raise AssertionError("\n".join(errors))
+        return [results[r] for r in range(world)]
+
+
+class Dot(torch.nn.Module):
+    """loss = sum_i <p_i, x_i>: the gradient of p_i is x_i exactly."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(n)) for n in sizes])
+
+    def forward(self, xs):
+        return sum((p * x).sum() for p, x in zip(self.ps, xs))
+
+
+SIZES = [1000, 37, 1, 4096, 513]
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int32)
+
+
+def _heavy(n, generator):
+    """Heavy-tailed values with zeros, -0s and ties."""
+    g = torch.distributions.StudentT(2.0).sample((n,)) if generator is None else torch.randn(n, generator=generator)
+    g[::17] = 0.0
+    g[::29] = -0.0
+    g[5::97] = 3.0
+    return g
+
+
+def _check_split(before, g, sent_idx, sent_val, after):
+    """Error feedback, bit for bit: the pairs sent are p = old residual + gradient where sent, the residual
+    keeps p elsewhere and +0 where sent (so sent + new residual == old residual + gradient)."""
+    p = before + g.float()
+    sent = torch.zeros(p.numel(), dtype=torch.bool, device=p.device)
+    sent[sent_idx] = True
+    assert int(sent.sum()) == sent_idx.numel()  # distinct indices
+    assert torch.equal(_bits(sent_val), _bits(p[sent_idx]))
+    assert torch.equal(_bits(after[~sent]), _bits(p[~sent]))
+    assert torch.all(_bits(after[sent]) == 0)
+    dense = torch.zeros_like(p)
+    dense[sent_idx] = sent_val
+    assert torch.equal(dense + after, p)
+
+
+# --- density 1: DDP's own allreduce ---------------------------------------------------------------------------
+
+def _ddp_grads(model, xs, state=None, hook=None, steps=3):
+    ddp = DDP(model, device_ids=[0], bucket_cap_mb=0.01)  # several buckets, and their rebuild
+    if hook is not None:
+        ddp.register_comm_hook(state, hook)
+    out = []
+    for s in range(steps):
+        ddp.zero_grad()
+        ddp(xs[s]).backward()
+        out.append([p.grad.clone() for p in model.parameters()])
+    return out
+
+
+def _density_one(rank, world):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    g = torch.Generator().manual_seed(100 + rank)
+    xs = [[(torch.randn(n, generator=g) * 10 ** torch.randint(-3, 3, (1,), generator=g).item()).cuda()
+           for n in SIZES] for _ in range(3)]
+    ref = _ddp_grads(Dot(SIZES).cuda(), xs, None, allreduce_hook)
+    model = Dot(SIZES).cuda()
+    state = commsgd_torch.TopKState(model, density=1.0)
+    got = _ddp_grads(model, xs, state, commsgd_torch.topk_hook)
+    for s in range(3):
+        for a, b in zip(ref[s], got[s]):
+            assert torch.equal(a, b), s
+    assert state.traffic()["bytes_sent"] > 0
+    return True
+
+
+@gpu
+def test_density_one_equals_ddp_allreduce_hook():
+    run_ranks(_density_one, 2)
+
+
+# --- sparse: replicas and error feedback ----------------------------------------------------------------------
+
+def _sparse(rank, world):
+    torch.manual_seed(0)
+    model = mlp().cuda()
+    ddp = DDP(model, device_ids=[0])
+    ddp.register_comm_hook(commsgd_torch.TopKState(model, density=0.01), commsgd_torch.topk_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(11 + rank)
+    for _ in range(6):
+        x, y = torch.rand(32, 784, generator=g).cuda(), torch.randint(0, 10, (32,), generator=g).cuda()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    # One step's split, and the average every rank builds from every rank's message.
+    torch.manual_seed(7 + rank)
+    params = [torch.nn.Parameter(torch.zeros(n, device="cuda")) for n in (300, 1, 77, 2048)]
+    state = commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.05)
+    key = "0,1,2,3"
+    for step in range(3):
+        grads = [_heavy(p.numel(), None).cuda() for p in params]
+        bucket = FakeBucket(params, grads)
+        before = state.residual(key)
+        before = torch.zeros(bucket.buffer().numel(), device="cuda") if before is None else before
+        out = state.exchange(bucket)
+        idx, val = state.last_sent(key)
+        assert idx.numel() == math.ceil(0.05 * bucket.buffer().numel())
+        _check_split(before, bucket.buffer(), idx, val, state.residual(key))
+        all_idx = [torch.zeros_like(idx) for _ in range(world)]
+        all_val = [torch.zeros_like(val) for _ in range(world)]
+        dist.all_gather(all_idx, idx)
+        dist.all_gather(all_val, val)
+        expect = torch.zeros_like(out)
+        for i, v in zip(all_idx, all_val):
+            expect.index_add_(0, i, v)
+        assert torch.equal(_bits(out), _bits(expect / world)), step
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+@gpu
+def test_sparse_replicas_stay_identical_and_error_feedback_splits_exactly():
+    a, b = run_ranks(_sparse, 2)
+    for x, y in zip(a, b):
+        assert torch.equal(_bits(x), _bits(y))
+
+
+# --- the CUDA step against the CPU's exact selector -----------------------------------------------------------
+
+def _against_cpu(rank, world, layerwise):
+    sizes = (300, 1, 77, 2048, 4096)
+    cpu = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+    dev = [torch.nn.Parameter(torch.zeros(n, device="cuda")) for n in sizes]
+    kw = dict(density=0.03, selector="exact", layerwise=layerwise)
+    s_cpu = commsgd_torch.TopKState(torch.nn.ParameterList(cpu), **kw)
+    s_dev = commsgd_torch.TopKState(torch.nn.ParameterList(dev), **kw)
+    g = torch.Generator().manual_seed(3)
+    key = ",".join(str(i) for i in range(len(sizes)))
+    for step in range(4):
+        grads = [_heavy(n, g) for n in sizes]
+        a = s_cpu.exchange(FakeBucket(cpu, grads))
+        b = s_dev.exchange(FakeBucket(dev, [x.cuda() for x in grads]))
+        assert torch.equal(_bits(a), _bits(b.cpu())), step
+        ia, va = s_cpu.last_sent(key)
+        ib, vb = s_dev.last_sent(key)
+        oa, ob = ia.argsort(), ib.cpu().argsort()
+        assert torch.equal(ia[oa], ib.cpu()[ob]), step
+        assert torch.equal(_bits(va[oa]), _bits(vb.cpu()[ob])), step
+        assert torch.equal(_bits(s_cpu.residual(key)), _bits(s_dev.residual(key).cpu())), step
+    return True
+
+
+@gpu
+@pytest.mark.parametrize("layerwise", [False, True])
+def test_cuda_step_equals_cpu_exact_selector(layerwise):
+    run_ranks(_against_cpu, 1, (layerwise,))
+
+
+# --- 16-bit buckets -------------------------------------------------------------------------------------------
+
+def _half(rank, world, name):
+    dtype = getattr(torch, name)
+    torch.manual_seed(0)
+    model = mlp().cuda().to(dtype)
+    ddp = DDP(model, device_ids=[0])
+    state = commsgd_torch.TopKState(model, density=0.05)
+    ddp.register_comm_hook(state, commsgd_torch.topk_hook)
+    g = torch.Generator().manual_seed(5 + rank)
+    for _ in range(3):
+        x = torch.rand(16, 784, generator=g).cuda().to(dtype)
+        ddp.zero_grad()
+        ddp(x).float().square().mean().backward()
+        for p in model.parameters():
+            assert p.grad.dtype == dtype and torch.isfinite(p.grad).all()
+    params = [torch.nn.Parameter(torch.zeros(n, device="cuda", dtype=dtype)) for n in (500, 3, 1200)]
+    state = commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.05, momentum=0.0)
+    for _ in range(3):
+        grads = [torch.randn(p.numel(), generator=g).to(dtype).cuda() for p in params]
+        bucket = FakeBucket(params, grads)
+        before = state.residual("0,1,2")
+        before = torch.zeros(bucket.buffer().numel(), device="cuda") if before is None else before
+        out = state.exchange(bucket)
+        assert out.dtype == dtype
+        idx, val = state.last_sent("0,1,2")
+        _check_split(before, bucket.buffer(), idx, val, state.residual("0,1,2"))
+    return True
+
+
+@gpu
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_half_and_bfloat16_buckets(name):
+    run_ranks(_half, 2, (name,))
+
+
+# --- NCCL -----------------------------------------------------------------------------------------------------
+
+def _nccl(rank, world):
+    assert dist.get_backend() == "nccl"
+    torch.manual_seed(0)
+    model = mlp().cuda()
+    ddp = DDP(model, device_ids=[0])
+    state = commsgd_torch.TopKState(model, density=0.02, momentum=0.9, dense_warmup_steps=2,
+                                    process_group=dist.group.WORLD)
+    ddp.register_comm_hook(state, commsgd_torch.topk_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(5):
+        x, y = torch.rand(32, 784, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    assert state.iteration() == 5
+    for p in model.parameters():
+        assert torch.isfinite(p).all()
+    # On one rank the average is what was sent: sent + new residual == old residual + gradient.
+    params = [torch.nn.Parameter(torch.zeros(n, device="cuda")) for n in (100, 900)]
+    s = commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.1, process_group=dist.group.WORLD)
+    before = torch.zeros(1000, device="cuda")
+    for _ in range(3):
+        bucket = FakeBucket(params, [torch.randn(p.numel(), device="cuda") for p in params])
+        out = s.exchange(bucket)
+        after = s.residual("0,1")
+        assert torch.equal(out + after, before + bucket.buffer())
+        before = after
+    return True
+
+
+@gpu
+@pytest.mark.skipif(not dist.is_nccl_available(), reason="torch has no NCCL")
+def test_nccl_process_group():
+    run_ranks(_nccl, 1, backend="nccl")
+
+
+# --- NaN ------------------------------------------------------------------------------------------------------
+
+def _nan(rank, world):
+    params = [torch.nn.Parameter(torch.zeros(n, device="cuda")) for n in (100, 20)]
+    state = commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.1)
+    g = torch.Generator().manual_seed(rank)
+    good = lambda: [torch.randn(p.numel(), generator=g).cuda() for p in params]  # noqa: E731
+    state.exchange(FakeBucket(params, good()))
+    before = state.residual("0,1")
+    bad = good()
+    if rank == 0:
+        bad[0][5] = float("nan")
+    out = state.exchange(FakeBucket(params, bad))
+    assert not torch.isfinite(out).all()  # every rank: rank 0's message is NaN
+    if rank == 0:
+        assert torch.equal(_bits(state.residual("0,1")), _bits(before))
+        with pytest.raises(commsgd_torch.NonFinite, match="non-finite"):
+            state.exchange(FakeBucket(params, good()))
+    else:
+        assert not torch.isfinite(state.exchange(FakeBucket(params, good()))).all()
+    out = state.exchange(FakeBucket(params, good()))  # nothing is left broken
+    both = [torch.zeros_like(out) for _ in range(world)]
+    dist.all_gather(both, out)
+    assert torch.isfinite(out).all() and torch.equal(both[0], both[1])
+    return True
+
+
+@gpu
+def test_nan_gradient_is_refused_and_reported_at_the_next_exchange():
+    run_ranks(_nan, 2)
+
+
+# --- checkpoints ----------------------------------------------------------------------------------------------
+
+def _round_trip(rank, world):
+    torch.manual_seed(0)
+    model = mlp().cuda()
+    kw = dict(density=0.02, momentum=0.5, layerwise=True)
+    state = commsgd_torch.TopKState(model, **kw)
+    ddp = DDP(model, device_ids=[0])
+    ddp.register_comm_hook(state, commsgd_torch.topk_hook)
+    g = torch.Generator().manual_seed(11 + rank)
+    for _ in range(3):
+        ddp.zero_grad()
+        x, y = torch.rand(32, 784, generator=g).cuda(), torch.randint(0, 10, (32,), generator=g).cuda()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    buf = io.BytesIO()
+    torch.save(state.state_dict(), buf)
+    buf.seek(0)
+    state2 = commsgd_torch.TopKState(model, **kw)
+    state2.load_state_dict(torch.load(buf, weights_only=False))
+    assert state2.keys() == state.keys() and state.keys()
+    for key in state.keys():
+        assert torch.equal(_bits(state.residual(key)), _bits(state2.residual(key))), key
+        assert torch.equal(_bits(state.momentum(key)), _bits(state2.momentum(key))), key
+    assert state2.iteration() == state.iteration() == 3
+    return True
+
+
+@gpu
+def test_state_dict_round_trip_restores_the_residual():
+    run_ranks(_round_trip, 2)
+
+
+# --- without a GPU --------------------------------------------------------------------------------------------
+
+class _CudaLike:
+    """What TopKState reads of a CUDA bucket's buffer before it needs a device."""
+    is_cuda = True
+    dtype = torch.float32
+
+    def numel(self):
+        return 10
+
+
+class _StubBucket(FakeBucket):
+    def buffer(self):
+        return _CudaLike()
+
+
+def _no_device(rank, world):
+    params = [torch.nn.Parameter(torch.zeros(10))]
+    commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.1)  # constructing never needs CUDA
+    state = commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.1, dgc_warmup_steps_per_stage=2)
+    stub = _StubBucket(params, [torch.zeros(10)])
+    if cuda_topk._cuda is not None:
+        with pytest.raises(commsgd_torch.Unsupported, match="dgc_warmup_steps_per_stage"):
+            state.exchange_async(stub)
+    cuda_topk._cuda = None  # as where the package was built without nvcc
+    with pytest.raises(commsgd_torch.Unsupported, match="without its CUDA part.*nvcc"):
+        state.exchange_async(stub)
+    return True
+
+
+def test_cuda_bucket_without_the_cuda_part_says_what_to_do():
+    run_ranks(_no_device, 1)
