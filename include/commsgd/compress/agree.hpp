@@ -12,6 +12,7 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/mix.hpp>
 #include <commsgd/sparsify/finite.hpp>
 
 #include <array>
@@ -61,7 +62,7 @@ template <class Range>
 std::uint64_t fingerprint(const Range& params) noexcept {
   std::uint64_t h = std::size(params);
   for (auto v : params)
-    h = mix64(h ^ mix64(static_cast<std::uint64_t>(v)));
+    h = commsgd::detail::mix64(h ^ commsgd::detail::mix64(static_cast<std::uint64_t>(v)));
   return h;
 }
 

@@ -45,6 +45,7 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/powersgd.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/mix.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/select/validate.hpp>
 #include <commsgd/sparsify/state_io.hpp>
@@ -80,15 +81,9 @@ struct powersgd_options {
 
 namespace detail {
 
-inline std::uint64_t splitmix64(std::uint64_t& s) noexcept {
-  std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // Standard normal draws for the stream (seed, a, b): the same values on every machine.
 inline void standard_normals(std::uint64_t seed, std::uint64_t a, std::uint64_t b, std::span<float> out) {
+  using commsgd::detail::splitmix64;
   std::uint64_t s = seed;
   s = splitmix64(s) ^ a;
   s = splitmix64(s) ^ b;
