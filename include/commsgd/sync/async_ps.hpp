@@ -640,11 +640,8 @@ private:
   friend struct detail::state_access;
   using saved = typename server_type::saved;
   static constexpr const char* state_kind = server_type::state_kind;
-  int state_group_size() const {
-    return std::visit([](const auto& r) { return detail::state_access::group_size(r); }, role_);
-  }
-  int state_rank() const {
-    return std::visit([](const auto& r) { return detail::state_access::rank(r); }, role_);
+  detail::state_place state_place() const {
+    return std::visit([](const auto& r) { return detail::state_access::place(r); }, role_);
   }
   void save_section(state::detail::state_writer& w, state::part which) const {
     std::visit([&](const auto& r) { r.save_section(w, which); }, role_);

@@ -7,8 +7,8 @@
 // friend):
 //   static constexpr const char* state_kind;       the frame's kind, e.g. "sync::local_sgd"
 //   struct saved;                                  the parsed state, before it replaces anything
-//   C* comm_;                                      the group, or instead
-//   int state_group_size() const; int state_rank() const;   where the strategy has no comm_ of its own
+//   C* comm_;                                      the group, or, where the strategy has no comm_ of its
+//   state_place state_place() const;               own, the group's size and this rank
 //   void save_section(state_writer&, state::part which) const;   which: shared or local
 //   void parse_section(state_reader&, state::part which, saved&) const;
 //                                                  throws corrupt_data and changes nothing
@@ -37,6 +37,12 @@
 
 namespace commsgd::inline v1::sync::detail {
 
+// Where a saved state belongs: the size of the group and this rank in it.
+struct state_place {
+  int group_size = 0;
+  int rank = 0;
+};
+
 struct state_access {
   template <class S>
   static void save(const S& s, std::ostream& os, state::part p) {
@@ -46,9 +52,10 @@ struct state_access {
                                                      " is outside the allowed range {shared, local, all}"));
     state::detail::state_writer w(S::state_kind);
     w.put<std::uint32_t>(bits);
-    w.put<std::uint32_t>(static_cast<std::uint32_t>(group_size(s)));
+    const auto at = place(s);
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(at.group_size));
     // The shared part names no rank, so that every rank's copy is the same bytes.
-    w.put<std::int32_t>(state::holds(p, state::part::local) ? rank(s) : -1);
+    w.put<std::int32_t>(state::holds(p, state::part::local) ? at.rank : -1);
     if (state::holds(p, state::part::shared)) s.save_section(w, state::part::shared);
     if (state::holds(p, state::part::local)) s.save_section(w, state::part::local);
     state::detail::write_blob(os, std::move(w).finish());
@@ -74,20 +81,13 @@ struct state_access {
     s.commit(std::move(t));
   }
 
-  // The group a strategy's state belongs to: its comm_, unless it says otherwise.
+  // The group a strategy's state belongs to: its comm_'s, unless it says otherwise.
   template <class S>
-  static int group_size(const S& s) {
-    if constexpr (requires { s.state_group_size(); })
-      return s.state_group_size();
+  static state_place place(const S& s) {
+    if constexpr (requires { s.state_place(); })
+      return s.state_place();
     else
-      return s.comm_->size();
-  }
-  template <class S>
-  static int rank(const S& s) {
-    if constexpr (requires { s.state_rank(); })
-      return s.state_rank();
-    else
-      return s.comm_->rank();
+      return {s.comm_->size(), s.comm_->rank()};
   }
 
   template <class S>
@@ -98,11 +98,12 @@ struct state_access {
       throw corrupt_data(commsgd::detail::concat(
           "saved state: the stream holds the ", state::part_name(p), " part of the state where the ",
           state::part_name(static_cast<std::uint32_t>(expected)), " part is expected"));
-    state::detail::expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(group_size(s)),
+    const auto at = place(s);
+    state::detail::expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(at.group_size),
                                "group size");
     const auto saved_rank = r.get<std::int32_t>();
     if (state::holds(expected, state::part::local))
-      state::detail::expect_same(saved_rank, rank(s),
+      state::detail::expect_same(saved_rank, at.rank,
                                  "rank (the local part belongs to the rank that saved it)");
     else
       state::detail::expect_same(saved_rank, -1, "rank of a shared part (none: -1)");
