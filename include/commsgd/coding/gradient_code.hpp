@@ -36,6 +36,7 @@
 #include <commsgd/coding/scheme.hpp>
 #include <commsgd/coding/subsets.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/mix.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -80,14 +81,6 @@ private:
 };
 
 namespace detail {
-
-// The fixed stream the cyclic code draws H from: every rank builds the same B without communicating.
-inline std::uint64_t code_mix(std::uint64_t x) noexcept {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // Solves the k x k system M x = b in place by Gaussian elimination with partial pivoting (row-major M).
 // Returns false when a pivot vanishes.
@@ -428,8 +421,9 @@ private:
       for (int row = 0; row < s; ++row) {
         double sum = 0;
         for (int j = 0; j + 1 < n_; ++j) {
-          const auto bits = detail::code_mix((attempt << 40) ^ (static_cast<std::uint64_t>(row) << 20) ^
-                                             static_cast<std::uint64_t>(j) ^ 0x67c0deull);
+          // A fixed stream, so that every rank builds the same B without communicating.
+          const auto bits = commsgd::detail::mix64((attempt << 40) ^ (static_cast<std::uint64_t>(row) << 20) ^
+                                                   static_cast<std::uint64_t>(j) ^ 0x67c0deull);
           const double v = static_cast<double>(bits >> 11) * 0x1.0p-53 * 2.0 - 1.0;
           h[static_cast<std::size_t>(row) * n + static_cast<std::size_t>(j)] = v;
           sum += v;

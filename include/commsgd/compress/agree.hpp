@@ -12,7 +12,8 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/sparsify/finite.hpp>
+#include <commsgd/mix.hpp>
+#include <commsgd/select/validate.hpp>
 
 #include <array>
 #include <bit>
@@ -49,11 +50,9 @@ inline input_verdict check_sizes(std::size_t g, std::size_t out, std::size_t len
 
 // The verdict on p's values: the count of NaN and inf and where the first is.
 inline input_verdict check_finite(std::span<const float> p) {
-  input_verdict v;
-  for (std::size_t i = 0; i < p.size(); ++i)
-    if (!sparsify::detail::is_finite_bits(p[i]) && v.count++ == 0) v.where = i;
-  if (v.count > 0) v.problem = input_problem::non_finite;
-  return v;
+  const auto bad = select::find_non_finite(p);
+  if (bad.count == 0) return {};
+  return {input_problem::non_finite, bad.count, bad.first, 0};
 }
 
 // A fingerprint of the parameters every rank's compressor must share.
@@ -61,7 +60,7 @@ template <class Range>
 std::uint64_t fingerprint(const Range& params) noexcept {
   std::uint64_t h = std::size(params);
   for (auto v : params)
-    h = mix64(h ^ mix64(static_cast<std::uint64_t>(v)));
+    h = commsgd::detail::mix64(h ^ commsgd::detail::mix64(static_cast<std::uint64_t>(v)));
   return h;
 }
 

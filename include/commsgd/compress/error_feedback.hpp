@@ -103,31 +103,29 @@ inline void save_state(std::ostream& os, std::string_view kind, std::span<const 
   sparsify::detail::write_blob(os, std::move(w).finish());
 }
 
-struct loaded_state {
-  std::uint64_t steps = 0;
-  std::vector<float> residual, residual_low;
-};
-
-// Reads and checks a whole state before returning, so a caller that assigns only afterwards keeps its own
-// state on any corrupt_data. `names[i]` says what params[i] is in the message.
-inline loaded_state load_state(std::istream& is, std::string_view kind, std::span<const std::uint64_t> params,
-                               std::span<const char* const> names, std::size_t length, bool ef_on) {
+// Reads and checks a whole state, then replaces `steps` and the residual of `ef`: nothing is assigned before
+// the last byte has been checked, so a compressor keeps its own state on any corrupt_data. `names[i]` says
+// what params[i] is in the message.
+inline void load_state(std::istream& is, std::string_view kind, std::span<const std::uint64_t> params,
+                       std::span<const char* const> names, std::size_t length, std::uint64_t& steps,
+                       error_feedback& ef) {
   const auto blob = sparsify::detail::read_blob(is);
   sparsify::detail::state_reader r(blob, kind);
   sparsify::detail::expect_saved(r.get<std::uint64_t>(), params.size(), "parameter count");
   for (std::size_t i = 0; i < params.size(); ++i)
     sparsify::detail::expect_saved(r.get<std::uint64_t>(), params[i], names[i]);
-  loaded_state s;
-  s.steps = r.get<std::uint64_t>();
-  sparsify::detail::expect_saved(r.get<std::uint32_t>(), ef_on ? 1u : 0u, "error feedback (1 on, 0 off)");
-  if (ef_on) {
-    s.residual.resize(length);
-    r.get_array(std::span<float>(s.residual), "residual");
-    s.residual_low.resize(length);
-    r.get_array(std::span<float>(s.residual_low), "residual low part");
+  const auto saved_steps = r.get<std::uint64_t>();
+  sparsify::detail::expect_saved(r.get<std::uint32_t>(), ef.on() ? 1u : 0u, "error feedback (1 on, 0 off)");
+  std::vector<float> residual, residual_low;
+  if (ef.on()) {
+    residual.resize(length);
+    r.get_array(std::span<float>(residual), "residual");
+    residual_low.resize(length);
+    r.get_array(std::span<float>(residual_low), "residual low part");
   }
   r.expect_end();
-  return s;
+  steps = saved_steps;
+  if (ef.on()) ef.replace(std::move(residual), std::move(residual_low));
 }
 
 } // namespace detail

@@ -29,6 +29,7 @@
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/reducer.hpp>
+#include <commsgd/compress/round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
@@ -163,8 +164,8 @@ public:
 
   template <comm::communicator C>
   report reduce(C& c, std::span<const float> g, std::span<float> out) {
-    auto v = detail::check_sizes(g.size(), out.size(), length_);
-    if (v.problem == detail::input_problem::none) v = encode(g);
+    auto v = detail::take_input(g, out.size(), length_, ef_, p_);
+    if (v.problem == detail::input_problem::none) v = encode();
     const bool first = !agreed_;
     if (first) {
       detail::agree(c, what(), length_, detail::fingerprint(config()), v, verdicts_, range());
@@ -189,23 +190,14 @@ public:
                                                range(), "; overflow clamp saturates instead)"),
                        bad.count, bad.where);
     std::copy(sum_.begin(), sum_.end(), out.begin());
-    ef_.commit(p_, d_);
-    ++steps_;
     wire_ = cost::half_traffic(length_, c.size(), c.rank(), first).sent;
-    const auto n = static_cast<std::size_t>(c.size());
-    report rep;
-    rep.dense = true;
-    rep.total = length_ * n;
-    rep.counts.assign(n, length_);
-    return rep;
+    return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), length_, true);
   }
 
   void save(std::ostream& os) const { detail::save_state(os, kind(), params(), steps_, ef_); }
   void load(std::istream& is) {
     static constexpr const char* names[] = {"length", "overflow policy (0 refuse, 1 clamp)"};
-    auto s = detail::load_state(is, kind(), params(), names, length_, ef_.on());
-    steps_ = s.steps;
-    if (ef_.on()) ef_.replace(std::move(s.residual), std::move(s.residual_low));
+    detail::load_state(is, kind(), params(), names, length_, steps_, ef_);
   }
 
 private:
@@ -237,11 +229,8 @@ private:
     }
   }
 
-  // p = g + e, checked, and the message; changes no state.
-  detail::input_verdict encode(std::span<const float> g) {
-    ef_.accumulate(g, p_);
-    auto v = detail::check_finite(p_);
-    if (v.problem != detail::input_problem::none) return v;
+  // The message of p (finite), or the verdict on a value beyond the format's range; changes no state.
+  detail::input_verdict encode() {
     for (std::size_t i = 0; i < length_; ++i) {
       std::uint16_t h = Format::encode(p_[i]);
       if ((h & 0x7fffu) == Format::inf_bits) {
@@ -251,7 +240,7 @@ private:
       }
       msg_[i] = h;
     }
-    return v;
+    return {};
   }
 
   std::size_t length_;

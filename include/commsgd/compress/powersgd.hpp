@@ -45,6 +45,7 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/powersgd.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/mix.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/select/validate.hpp>
 #include <commsgd/sparsify/state_io.hpp>
@@ -80,15 +81,9 @@ struct powersgd_options {
 
 namespace detail {
 
-inline std::uint64_t splitmix64(std::uint64_t& s) noexcept {
-  std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // Standard normal draws for the stream (seed, a, b): the same values on every machine.
 inline void standard_normals(std::uint64_t seed, std::uint64_t a, std::uint64_t b, std::span<float> out) {
+  using commsgd::detail::splitmix64;
   std::uint64_t s = seed;
   s = splitmix64(s) ^ a;
   s = splitmix64(s) ^ b;
@@ -143,12 +138,6 @@ inline void orthogonalise(float* cols, std::size_t rows, std::size_t rank, float
         r[j] -= proj * c[j];
     }
   }
-}
-
-inline std::size_t first_non_finite(std::span<const float> x) noexcept {
-  for (std::size_t i = 0; i < x.size(); ++i)
-    if (!std::isfinite(x[i])) return i;
-  return x.size();
 }
 
 } // namespace detail
@@ -393,8 +382,7 @@ private:
     }
     // A non-finite M shows up in P or in the dense buffer (x * inf and x + inf are never finite), so the
     // full checks run only when one of them is not finite.
-    if (detail::first_non_finite(dense_) == dense_.size() && detail::first_non_finite(p_) == p_.size())
-      return;
+    if (select::count_non_finite(dense_) == 0 && select::count_non_finite(p_) == 0) return;
     select::check_finite(g, "argument 'g' (the gradient)");
     if (ef) {
       select::check_finite(m_, "the gradient plus the PowerSGD residual");
@@ -402,18 +390,15 @@ private:
         select::check_finite(std::span<const float>(dense_.data() + v.dense_offset, v.size),
                              "the gradient plus the PowerSGD residual (a dense layer)");
     }
-    throw non_finite("P = M Q (it overflows)", 1, detail::first_non_finite(p_));
+    throw non_finite("P = M Q (it overflows)", 1, select::find_non_finite(p_).first);
   }
 
   static void check_sum(std::span<const float> x, const char* what) {
-    const std::size_t first = detail::first_non_finite(x);
-    if (first == x.size()) return;
-    std::size_t count = 0;
-    for (float v : x)
-      count += std::isfinite(v) ? 0 : 1;
+    const auto bad = select::find_non_finite(x);
+    if (bad.count == 0) return;
     throw non_finite(
-        commsgd::detail::concat(what, " (some rank's gradient is non-finite, or the sum overflows)"), count,
-        first);
+        commsgd::detail::concat(what, " (some rank's gradient is non-finite, or the sum overflows)"),
+        bad.count, bad.first);
   }
 
   powersgd_options opt_;

@@ -5,27 +5,22 @@
 #pragma once
 
 #include <commsgd/config.hpp>
+#include <commsgd/mix.hpp>
 
 #include <cstdint>
 
 namespace commsgd::inline v1::compress::detail {
 
-// SplitMix64's finaliser (Steele, Lea and Flood 2014): a bijection of 64-bit words with full avalanche.
-COMMSGD_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // The key of one stream: distinct (seed, step, lane) give unrelated streams.
 COMMSGD_HOST_DEVICE constexpr std::uint64_t stream_key(std::uint64_t seed, std::uint64_t step,
                                                        std::uint64_t lane) noexcept {
+  using commsgd::detail::mix64;
   return mix64(mix64(mix64(seed) ^ step) ^ lane);
 }
 
 // Draw `i` of the stream `key`.
 COMMSGD_HOST_DEVICE constexpr std::uint64_t draw(std::uint64_t key, std::uint64_t i) noexcept {
+  using commsgd::detail::mix64;
   return mix64(key ^ mix64(i));
 }
 

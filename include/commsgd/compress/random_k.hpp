@@ -17,6 +17,7 @@
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/random.hpp>
 #include <commsgd/compress/reducer.hpp>
+#include <commsgd/compress/round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
@@ -80,11 +81,7 @@ public:
 
   template <comm::communicator C>
   report reduce(C& c, std::span<const float> g, std::span<float> out) {
-    auto v = detail::check_sizes(g.size(), out.size(), length_);
-    if (v.problem == detail::input_problem::none) {
-      ef_.accumulate(g, p_);
-      v = detail::check_finite(p_);
-    }
+    const auto v = detail::take_input(g, out.size(), length_, ef_, p_);
     detail::agree(c, "compress::random_k", length_, config(), v, verdicts_);
     random_k_indices(opt_.seed, steps_, length_, k_, idx_, marks_);
     vals_.resize(k_);
@@ -97,22 +94,14 @@ public:
       out[idx_[j]] = vals_[j];
       d_[idx_[j]] = p_[idx_[j]];
     }
-    ef_.commit(p_, d_);
-    ++steps_;
     wire_ = cost::random_k_traffic(k_, c.size(), c.rank()).sent;
-    report rep;
-    rep.dense = true;
-    rep.total = k_ * static_cast<std::uint64_t>(c.size());
-    rep.counts.assign(static_cast<std::size_t>(c.size()), k_);
-    return rep;
+    return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), k_, true);
   }
 
   void save(std::ostream& os) const { detail::save_state(os, name_in_state, params(), steps_, ef_); }
   void load(std::istream& is) {
     static constexpr const char* names[] = {"length", "k", "seed"};
-    auto s = detail::load_state(is, name_in_state, params(), names, length_, ef_.on());
-    steps_ = s.steps;
-    if (ef_.on()) ef_.replace(std::move(s.residual), std::move(s.residual_low));
+    detail::load_state(is, name_in_state, params(), names, length_, steps_, ef_);
   }
 
 private:

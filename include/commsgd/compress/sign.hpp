@@ -14,6 +14,7 @@
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/layers.hpp>
 #include <commsgd/compress/reducer.hpp>
+#include <commsgd/compress/round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/policy/traits.hpp>
@@ -55,36 +56,18 @@ public:
 
   template <comm::communicator C>
   report reduce(C& c, std::span<const float> g, std::span<float> out) {
-    auto v = detail::check_sizes(g.size(), out.size(), length_);
-    if (v.problem == detail::input_problem::none) {
-      ef_.accumulate(g, p_);
-      v = detail::check_finite(p_);
-    }
+    const auto v = detail::take_input(g, out.size(), length_, ef_, p_);
     detail::agree(c, "compress::sign", length_, config(), v, verdicts_);
     encode();
-    const auto n = static_cast<std::size_t>(c.size());
-    all_.resize(n * msg_.size());
-    c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
-    std::fill(out.begin(), out.end(), 0.0f);
-    for (std::size_t r = 0; r < n; ++r)
-      decode(std::span<const std::byte>(all_).subspan(r * msg_.size(), msg_.size()),
-             [&](std::size_t i, float x) { out[i] += x; });
-    decode(msg_, [&](std::size_t i, float x) { d_[i] = x; });
-    ef_.commit(p_, d_);
-    ++steps_;
+    detail::gather_and_sum(c, msg_, all_, out, d_, [&](auto m, auto&& sink) { decode(m, sink); });
     wire_ = cost::sign_traffic(length_, layers(), c.size()).sent;
-    report rep;
-    rep.total = length_ * n;
-    rep.counts.assign(n, length_);
-    return rep;
+    return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), length_, false);
   }
 
   void save(std::ostream& os) const { detail::save_state(os, kind, params(), steps_, ef_); }
   void load(std::istream& is) {
     static constexpr const char* names[] = {"length", "layer count"};
-    auto s = detail::load_state(is, kind, params(), names, length_, ef_.on());
-    steps_ = s.steps;
-    if (ef_.on()) ef_.replace(std::move(s.residual), std::move(s.residual_low));
+    detail::load_state(is, kind, params(), names, length_, steps_, ef_);
   }
 
 private:

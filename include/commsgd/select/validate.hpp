@@ -1,4 +1,6 @@
-// Input checks shared by every selector: k within [0, N], and no NaN or infinity in x.
+// Input checks shared by every selector: k within [0, N], and no NaN or infinity in x. The finiteness scan is
+// the one every part of commsgd that refuses NaN and inf uses (sparsify/, compress/, sync/), so that they all
+// count the same values and name the same first index.
 #pragma once
 
 #include <commsgd/config.hpp>
@@ -29,14 +31,25 @@ inline std::size_t count_non_finite(std::span<const float> x) noexcept {
   return total;
 }
 
-// Throws commsgd::non_finite naming the count and the first index if x holds a NaN or an infinity.
-inline void check_finite(std::span<const float> x, std::string_view what = "x") {
-  const std::size_t bad = count_non_finite(x);
-  if (bad == 0) return;
+// The NaN and infinities in x: how many, and the index of the first (x.size() when there is none). The
+// all-finite case costs the one fast pass of count_non_finite; only a bad x is read again.
+struct non_finite_scan {
+  std::size_t count = 0;
+  std::size_t first = 0;
+};
+inline non_finite_scan find_non_finite(std::span<const float> x) noexcept {
+  const std::size_t count = count_non_finite(x);
+  if (count == 0) return {0, x.size()};
   std::size_t first = 0;
   while (magnitude_key(x[first]) < infinite_key)
     ++first;
-  throw non_finite(what, bad, first);
+  return {count, first};
+}
+
+// Throws commsgd::non_finite naming the count and the first index if x holds a NaN or an infinity.
+inline void check_finite(std::span<const float> x, std::string_view what = "x") {
+  const auto bad = find_non_finite(x);
+  if (bad.count != 0) throw non_finite(what, bad.count, bad.first);
 }
 
 // The full precondition of selector::select; methods that fuse the finiteness test into their first pass

@@ -24,6 +24,7 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/sparse.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/select/validate.hpp>
 #include <commsgd/sparsify/finite.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 
@@ -74,11 +75,11 @@ message_problem inspect_message(const sparse_view<Index>& m, std::span<float> ou
       where = j;
       return message_problem::bad_index;
     }
-  std::uint64_t bad = 0;
-  for (std::size_t j = 0; j < m.values.size(); ++j)
-    if (!is_finite_bits(m.values[j]) && bad++ == 0) where = j;
-  if (bad > 0)
-    return static_cast<message_problem>(static_cast<std::uint64_t>(message_problem::non_finite) | (bad << 8));
+  if (const auto bad = select::find_non_finite(m.values); bad.count > 0) {
+    where = bad.first;
+    return static_cast<message_problem>(static_cast<std::uint64_t>(message_problem::non_finite) |
+                                        (static_cast<std::uint64_t>(bad.count) << 8));
+  }
   return message_problem::none;
 }
 

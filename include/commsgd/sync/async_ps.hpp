@@ -153,8 +153,6 @@ protected:
     std::vector<applied_update> log;  // server
   };
   static constexpr const char* state_kind = "sync::async_ps";
-  int state_group_size() const { return comm_->size(); }
-  int state_rank() const { return comm_->rank(); }
 
   // The shared part: the options that decide the trajectory (tag_base and keep_log do not).
   void save_shared(state::detail::state_writer& w) const {
@@ -208,7 +206,7 @@ inline invalid_argument not_a_worker(const char* what, int rank) {
 
 // The worker role: pushes gradients and pulls models; any rank but options::server.
 template <comm::communicator C>
-class async_ps_worker : public detail::async_ps_wire<C> {
+class async_ps_worker : public detail::async_ps_wire<C>, public detail::checkpointed<async_ps_worker<C>> {
   using base = detail::async_ps_wire<C>;
   using base::comm_, base::opt_, base::started_, base::version_;
   using typename base::header;
@@ -267,13 +265,8 @@ public:
     unpulled_push_ = false;
   }
 
-  // Checkpoints: every rank saves part::all, or rank 0 part::shared and every rank part::local. Not between
-  // a push and its pull (the server holds the gradient, not yet applied).
-  void save(std::ostream& os, state::part p = state::part::all) const {
-    detail::state_access::save(*this, os, p);
-  }
-  void load(std::istream& is) { detail::state_access::load(*this, is); }
-  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
+  // Checkpoints (save, load): not between a push and its pull (the server holds the gradient, not yet
+  // applied).
 
 private:
   friend struct detail::state_access;
@@ -325,7 +318,7 @@ private:
 
 // The server role: holds the model and serves every worker inside finish(); rank options::server only.
 template <comm::communicator C>
-class async_ps_server : public detail::async_ps_wire<C> {
+class async_ps_server : public detail::async_ps_wire<C>, public detail::checkpointed<async_ps_server<C>> {
   using base = detail::async_ps_wire<C>;
   using base::comm_, base::opt_, base::started_, base::version_;
   using typename base::header;
@@ -373,13 +366,8 @@ public:
   const std::vector<std::int64_t>& pushes() const { return pushes_; }
   const std::vector<float>& model() const { return model_; }
 
-  // Checkpoints: every rank saves part::all, or rank 0 part::shared and every rank part::local; the server
-  // saves before start() or after finish() (it serves only inside finish()).
-  void save(std::ostream& os, state::part p = state::part::all) const {
-    detail::state_access::save(*this, os, p);
-  }
-  void load(std::istream& is) { detail::state_access::load(*this, is); }
-  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
+  // Checkpoints (save, load): the server saves before start() or after finish() (it serves only inside
+  // finish()).
 
 private:
   friend struct detail::state_access;
@@ -601,7 +589,7 @@ private:
 
 // This rank's role, chosen by options::server: the form data_parallel<..., policy::async_ps> holds.
 template <comm::communicator C>
-class async_ps {
+class async_ps : public detail::checkpointed<async_ps<C>> {
 public:
   using options = async_ps_options;
   using server_type = async_ps_server<C>;
@@ -638,14 +626,6 @@ public:
     return std::visit([](const auto& r) { return r.workers(); }, role_);
   }
 
-  // Checkpoints: every rank saves part::all, or rank 0 part::shared and every rank part::local (see the
-  // roles for when).
-  void save(std::ostream& os, state::part p = state::part::all) const {
-    detail::state_access::save(*this, os, p);
-  }
-  void load(std::istream& is) { detail::state_access::load(*this, is); }
-  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
-
   // The role itself, for what only one of them offers.
   server_type* server() noexcept { return std::get_if<server_type>(&role_); }
   worker_type* worker() noexcept { return std::get_if<worker_type>(&role_); }
@@ -660,11 +640,8 @@ private:
   friend struct detail::state_access;
   using saved = typename server_type::saved;
   static constexpr const char* state_kind = server_type::state_kind;
-  int state_group_size() const {
-    return std::visit([](const auto& r) { return r.state_group_size(); }, role_);
-  }
-  int state_rank() const {
-    return std::visit([](const auto& r) { return r.state_rank(); }, role_);
+  detail::state_place state_place() const {
+    return std::visit([](const auto& r) { return detail::state_access::place(r); }, role_);
   }
   void save_section(state::detail::state_writer& w, state::part which) const {
     std::visit([&](const auto& r) { r.save_section(w, which); }, role_);

@@ -17,6 +17,7 @@
 
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/mix.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -93,14 +94,9 @@ struct delay_model {
 private:
   // Uniform in (0, 1], from (seed, step, rank) alone.
   double uniform(std::uint64_t step, int rank) const noexcept {
-    std::uint64_t x = seed ^ (step * 0x9E3779B97F4A7C15ull) ^ (static_cast<std::uint64_t>(rank) << 48) ^
-                      (static_cast<std::uint64_t>(kind) << 56);
-    for (int i = 0; i < 2; ++i) {
-      x += 0x9E3779B97F4A7C15ull;
-      x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-      x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-      x ^= x >> 31;
-    }
+    std::uint64_t x = seed ^ (step * commsgd::detail::golden_gamma) ^
+                      (static_cast<std::uint64_t>(rank) << 48) ^ (static_cast<std::uint64_t>(kind) << 56);
+    x = commsgd::detail::mix64(commsgd::detail::mix64(x));
     return (static_cast<double>(x >> 11) + 1.0) * 0x1.0p-53;
   }
 };

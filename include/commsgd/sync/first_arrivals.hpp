@@ -140,7 +140,7 @@ inline arrival_header get_header(std::span<const std::uint32_t> msg) noexcept {
 } // namespace detail
 
 template <comm::communicator C>
-class first_arrivals {
+class first_arrivals : public detail::checkpointed<first_arrivals<C>> {
 public:
   using options = first_arrivals_options;
   static constexpr bool virtual_clock = detail::virtual_time<C>::value;
@@ -257,12 +257,6 @@ public:
   std::uint64_t drained() const noexcept { return drained_; }
   const options& settings() const noexcept { return opt_; }
 
-  void save(std::ostream& os, state::part p = state::part::all) const {
-    detail::state_access::save(*this, os, p);
-  }
-  void load(std::istream& is) { detail::state_access::load(*this, is); }
-  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
-
 private:
   friend struct detail::state_access;
   static constexpr const char* state_kind = "sync::first_arrivals";
@@ -270,8 +264,6 @@ private:
     float lr = 0.0f;
     std::uint64_t step = 0;
   };
-  int state_group_size() const { return comm_->size(); }
-  int state_rank() const { return comm_->rank(); }
   void save_section(state::detail::state_writer& w, state::part which) const {
     if (which != state::part::shared) return;
     w.put<float>(opt_.lr);

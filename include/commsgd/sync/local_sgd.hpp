@@ -65,7 +65,7 @@ struct local_sgd_options {
 };
 
 template <comm::communicator C, exchange E = all_reduce_exchange<C>>
-class local_sgd {
+class local_sgd : public detail::checkpointed<local_sgd<C, E>> {
 public:
   using options = local_sgd_options;
 
@@ -158,13 +158,6 @@ public:
       x[i] = x[i] - alpha * (x[i] - target[i]);
   }
 
-  // Checkpoints: every rank saves part::all, or rank 0 part::shared and every rank part::local.
-  void save(std::ostream& os, state::part p = state::part::all) const {
-    detail::state_access::save(*this, os, p);
-  }
-  void load(std::istream& is) { detail::state_access::load(*this, is); }
-  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
-
 private:
   friend struct detail::state_access;
   static constexpr const char* state_kind = "sync::local_sgd";
@@ -178,8 +171,6 @@ private:
     double last_loss = 0.0;
     std::vector<float> global;
   };
-  int state_group_size() const { return comm_->size(); }
-  int state_rank() const { return comm_->rank(); }
 
   void save_section(state::detail::state_writer& w, state::part which) const {
     if (which != state::part::shared) return;

@@ -88,7 +88,7 @@ struct partition_event {
 };
 
 template <comm::communicator C>
-class partitioned {
+class partitioned : public detail::checkpointed<partitioned<C>> {
 public:
   using options = partitioned_options;
 
@@ -244,13 +244,6 @@ public:
   // Steps completed so far.
   std::int64_t steps() const { return step_; }
 
-  // Checkpoints: every rank saves part::all, or rank 0 part::shared and every rank part::local.
-  void save(std::ostream& os, state::part p = state::part::all) const {
-    detail::state_access::save(*this, os, p);
-  }
-  void load(std::istream& is) { detail::state_access::load(*this, is); }
-  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
-
 private:
   friend struct detail::state_access;
   static constexpr const char* state_kind = "sync::partitioned";
@@ -258,8 +251,6 @@ private:
     float lr = 0.0f;
     std::int64_t step = 0;
   };
-  int state_group_size() const { return comm_->size(); }
-  int state_rank() const { return comm_->rank(); }
   void save_section(state::detail::state_writer& w, state::part which) const {
     if (in_step_) throw invalid_argument("partitioned::save: a step is open; save after finish_step");
     if (which != state::part::shared) return;

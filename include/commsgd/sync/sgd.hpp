@@ -7,6 +7,7 @@
 
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/select/validate.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -41,10 +42,8 @@ inline void check_same_size(std::string_view what, std::size_t got, std::size_t 
 
 // Design rule: a NaN or inf gradient is never sent; say how many and where the first one is.
 inline void require_finite(std::string_view what, std::span<const float> data, std::size_t offset = 0) {
-  std::size_t count = 0, first = 0;
-  for (std::size_t i = 0; i < data.size(); ++i)
-    if (!std::isfinite(data[i]) && count++ == 0) first = i;
-  if (count > 0) throw non_finite(what, count, offset + first);
+  const auto bad = select::find_non_finite(data);
+  if (bad.count > 0) throw non_finite(what, bad.count, offset + bad.first);
 }
 
 } // namespace detail

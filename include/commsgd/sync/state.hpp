@@ -7,14 +7,16 @@
 // friend):
 //   static constexpr const char* state_kind;       the frame's kind, e.g. "sync::local_sgd"
 //   struct saved;                                  the parsed state, before it replaces anything
-//   int state_group_size() const; int state_rank() const;
+//   C* comm_;                                      the group, or, where the strategy has no comm_ of its
+//   state_place state_place() const;               own, the group's size and this rank
 //   void save_section(state_writer&, state::part which) const;   which: shared or local
 //   void parse_section(state_reader&, state::part which, saved&) const;
 //                                                  throws corrupt_data and changes nothing
 //   void commit(saved&&) noexcept;                 replaces the state (moves only)
 //
-// A strategy's save(os, part), load(is) and load(shared, local) are one-line members that call
-// state_access; load(shared, local) parses rank 0's shared part and this rank's local part before one commit.
+// A strategy's public save(os, part), load(is) and load(shared, local) come from deriving from
+// checkpointed<S>; load(shared, local) parses rank 0's shared part and this rank's local part before one
+// commit.
 //
 // Loading checks the frame, then the group size (and the rank, for a local section), then parses every
 // section into `saved`, and only then commits: a refused stream leaves the strategy as it was.
@@ -35,6 +37,12 @@
 
 namespace commsgd::inline v1::sync::detail {
 
+// Where a saved state belongs: the size of the group and this rank in it.
+struct state_place {
+  int group_size = 0;
+  int rank = 0;
+};
+
 struct state_access {
   template <class S>
   static void save(const S& s, std::ostream& os, state::part p) {
@@ -44,9 +52,10 @@ struct state_access {
                                                      " is outside the allowed range {shared, local, all}"));
     state::detail::state_writer w(S::state_kind);
     w.put<std::uint32_t>(bits);
-    w.put<std::uint32_t>(static_cast<std::uint32_t>(s.state_group_size()));
+    const auto at = place(s);
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(at.group_size));
     // The shared part names no rank, so that every rank's copy is the same bytes.
-    w.put<std::int32_t>(state::holds(p, state::part::local) ? s.state_rank() : -1);
+    w.put<std::int32_t>(state::holds(p, state::part::local) ? at.rank : -1);
     if (state::holds(p, state::part::shared)) s.save_section(w, state::part::shared);
     if (state::holds(p, state::part::local)) s.save_section(w, state::part::local);
     state::detail::write_blob(os, std::move(w).finish());
@@ -72,6 +81,15 @@ struct state_access {
     s.commit(std::move(t));
   }
 
+  // The group a strategy's state belongs to: its comm_'s, unless it says otherwise.
+  template <class S>
+  static state_place place(const S& s) {
+    if constexpr (requires { s.state_place(); })
+      return s.state_place();
+    else
+      return {s.comm_->size(), s.comm_->rank()};
+  }
+
   template <class S>
   static void parse(const S& s, std::span<const std::byte> blob, state::part expected, typename S::saved& t) {
     state::detail::state_reader r(blob, S::state_kind);
@@ -80,17 +98,32 @@ struct state_access {
       throw corrupt_data(commsgd::detail::concat(
           "saved state: the stream holds the ", state::part_name(p), " part of the state where the ",
           state::part_name(static_cast<std::uint32_t>(expected)), " part is expected"));
-    state::detail::expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(s.state_group_size()),
+    const auto at = place(s);
+    state::detail::expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(at.group_size),
                                "group size");
-    const auto rank = r.get<std::int32_t>();
+    const auto saved_rank = r.get<std::int32_t>();
     if (state::holds(expected, state::part::local))
-      state::detail::expect_same(rank, s.state_rank(),
+      state::detail::expect_same(saved_rank, at.rank,
                                  "rank (the local part belongs to the rank that saved it)");
     else
-      state::detail::expect_same(rank, -1, "rank of a shared part (none: -1)");
+      state::detail::expect_same(saved_rank, -1, "rank of a shared part (none: -1)");
     if (state::holds(expected, state::part::shared)) s.parse_section(r, state::part::shared, t);
     if (state::holds(expected, state::part::local)) s.parse_section(r, state::part::local, t);
     r.expect_end();
+  }
+};
+
+// The public checkpoint members of a strategy S, which derives from checkpointed<S> and supplies what
+// state_access reads. Every rank saves part::all, or rank 0 part::shared and every rank part::local.
+template <class S>
+class checkpointed {
+public:
+  void save(std::ostream& os, state::part p = state::part::all) const {
+    state_access::save(static_cast<const S&>(*this), os, p);
+  }
+  void load(std::istream& is) { state_access::load(static_cast<S&>(*this), is); }
+  void load(std::istream& shared, std::istream& local) {
+    state_access::load(static_cast<S&>(*this), shared, local);
   }
 };
 

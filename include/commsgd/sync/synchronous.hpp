@@ -40,7 +40,7 @@ struct synchronous_options {
 };
 
 template <comm::communicator C, exchange E = all_reduce_exchange<C>>
-class synchronous {
+class synchronous : public detail::checkpointed<synchronous<C, E>> {
 public:
   using options = synchronous_options;
 
@@ -83,21 +83,12 @@ public:
     opt_.lr = lr;
   }
 
-  // Checkpoints: every rank saves part::all, or rank 0 part::shared and every rank part::local.
-  void save(std::ostream& os, state::part p = state::part::all) const {
-    detail::state_access::save(*this, os, p);
-  }
-  void load(std::istream& is) { detail::state_access::load(*this, is); }
-  void load(std::istream& shared, std::istream& local) { detail::state_access::load(*this, shared, local); }
-
 private:
   friend struct detail::state_access;
   static constexpr const char* state_kind = "sync::synchronous";
   struct saved {
     float lr = 0.0f;
   };
-  int state_group_size() const { return comm_->size(); }
-  int state_rank() const { return comm_->rank(); }
   void save_section(state::detail::state_writer& w, state::part which) const {
     if (which == state::part::shared) w.put<float>(opt_.lr);
   }

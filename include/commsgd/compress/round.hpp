@@ -1,0 +1,64 @@
+// The parts of a round that the compressors in compress/ share, so that each model writes only what makes it
+// a different scheme (its message and how it sums) and every model takes its input, sums gathered messages
+// and closes a round the same way:
+//   take_input      p = g + e, and the verdict on sizes and values that compress/agree.hpp gathers
+//   gather_and_sum  every rank's message gathered, decoded and summed in rank order from +0
+//   finish_round    the residual committed, the step counted, the report
+// A round that throws before finish_round leaves the compressor's state as it was.
+#pragma once
+
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/compress/agree.hpp>
+#include <commsgd/compress/compressor.hpp>
+#include <commsgd/compress/error_feedback.hpp>
+#include <commsgd/config.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace commsgd::inline v1::compress::detail {
+
+// p <- g + e, checked: sizes first (nothing else can be read when they are wrong), then p's values. A bad
+// verdict is not raised here but agreed on, so that every rank raises it.
+inline input_verdict take_input(std::span<const float> g, std::size_t out_size, std::size_t length,
+                                const error_feedback& ef, std::span<float> p) {
+  auto v = check_sizes(g.size(), out_size, length);
+  if (v.problem != input_problem::none) return v;
+  ef.accumulate(g, p);
+  return check_finite(p);
+}
+
+// Gathers every rank's `msg` (the same size on every rank) into `all`, sums what each decodes to into `out`
+// in rank order from +0, so every rank adds the same floats in the same order and ends with the same bits,
+// and decodes this rank's own message into `d`, what the residual keeps the rest of.
+// decode(message, sink) calls sink(i, x) for the value x at index i.
+template <comm::communicator C, class Decode>
+void gather_and_sum(C& c, std::span<const std::byte> msg, std::vector<std::byte>& all, std::span<float> out,
+                    std::span<float> d, Decode&& decode) {
+  const auto n = static_cast<std::size_t>(c.size());
+  all.resize(n * msg.size());
+  c.all_gather(msg, std::span<std::byte>(all));
+  std::fill(out.begin(), out.end(), 0.0f);
+  for (std::size_t r = 0; r < n; ++r)
+    decode(std::span<const std::byte>(all).subspan(r * msg.size(), msg.size()),
+           [&](std::size_t i, float x) { out[i] += x; });
+  decode(msg, [&](std::size_t i, float x) { d[i] = x; });
+}
+
+// Closes a round that has succeeded on every rank: (e, r) <- p - d, one more step, and the report of n
+// ranks that each put `each` values on the wire (`dense`: summed by an all-reduce rather than gathered).
+inline report finish_round(error_feedback& ef, std::span<const float> p, std::span<const float> d,
+                           std::uint64_t& steps, std::size_t n, std::uint64_t each, bool dense) {
+  ef.commit(p, d);
+  ++steps;
+  report rep;
+  rep.dense = dense;
+  rep.total = each * n;
+  rep.counts.assign(n, each);
+  return rep;
+}
+
+} // namespace commsgd::inline v1::compress::detail
