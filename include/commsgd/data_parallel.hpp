@@ -15,9 +15,10 @@
 // Each policy is a small tag type in namespace commsgd::policy, declared in its own header together with
 // the traits that say how to build its part and which partners it takes (policy/traits.hpp). data_parallel
 // names none of them: it builds the coding scheme, the sparsifier if there is one, and the strategy from
-// their traits, and puts scheme and sparsifier behind one reducer (sync/reducer.hpp) that the strategy is
-// handed on every step. A combination that makes no sense fails to compile with the static_assert of the
-// policy that refuses it, which says why; README.md tabulates the built-in combinations.
+// their traits, and puts scheme and sparsifier behind one reducer (sync/reducer_concept.hpp) that the
+// strategy is handed on every step. A combination that makes no sense fails to compile with the
+// static_assert of the policy that refuses it, which says why; README.md tabulates the built-in
+// combinations.
 //
 // Every composition has the same members. sparsifier() exists where there is a sparsifier; last_coding() and
 // last_sparse() report the last step's exchange and stay at their defaults where the composition has no

@@ -39,9 +39,9 @@
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/compress/compressed_reducer.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/powersgd_plan.hpp>
-#include <commsgd/compress/reducer.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/powersgd.hpp>
 #include <commsgd/error.hpp>

@@ -31,9 +31,10 @@
 //
 // accepts() returns true or fails a static_assert whose message says why the pair makes no sense: a C++20
 // static_assert message must be a literal, so the reason lives in the header of the policy that refuses. A
-// sync strategy whose step takes a reducer (sync/reducer.hpp) sums block gradients and so composes with any
-// coding scheme and sparsifier; one that exchanges by itself takes one gradient per rank. Rules that several
-// policies share live below (exchanges_by_itself, codes_dense_blocks) for their traits to inherit.
+// sync strategy whose step takes a reducer (sync/reducer_concept.hpp) sums block gradients and so composes
+// with any coding scheme and sparsifier; one that exchanges by itself takes one gradient per rank. Rules
+// that several policies share live below (exchanges_by_itself, codes_dense_blocks) for their traits to
+// inherit.
 #pragma once
 
 #include <commsgd/config.hpp>

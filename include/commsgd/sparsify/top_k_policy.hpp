@@ -1,8 +1,8 @@
 // policy::top_k<Selector, Index>: sparsify::top_k as data_parallel's sparsifier.
 //
 // Built from data_parallel_options::top_k; its messages carry Index indices, and the exchange that sums them
-// follows (sparsify/reducer.hpp). It sends one sparse set per rank, so it pairs with policy::uncoded<> only
-// (the coding policies' traits say why).
+// follows (sparsify/sparse_reducer.hpp). It sends one sparse set per rank, so it pairs with policy::uncoded<>
+// only (the coding policies' traits say why).
 #pragma once
 
 #include <commsgd/policy/traits.hpp>
