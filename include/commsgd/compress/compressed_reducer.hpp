@@ -40,7 +40,7 @@ public:
 
   Scheme& scheme() noexcept { return scheme_; }
   const Scheme& scheme() const noexcept { return scheme_; }
-  // data_parallel::sparsifier() reaches the compressor's state through this name.
+  // data_parallel::compression() reaches the compressor's state through this name.
   Compressor& sparsifier() noexcept { return x_; }
   const Compressor& sparsifier() const noexcept { return x_; }
   const report& last() const noexcept { return last_; }
@@ -56,7 +56,7 @@ private:
 
 namespace commsgd::inline v1::policy {
 
-// What a compressor policy's sparsifier_traits inherit (CRTP): Derived supplies
+// What a compressor policy's compression_traits inherit (CRTP): Derived supplies
 //   template <class Options> static Compressor make(std::size_t length, const Options&);
 // and the round runs through compress::reducer. One block per rank, so only policy::uncoded<> pairs.
 template <class Derived, class Compressor>

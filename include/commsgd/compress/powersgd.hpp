@@ -441,7 +441,7 @@ namespace commsgd::inline v1::policy {
 struct powersgd {};
 
 template <>
-struct sparsifier_traits<powersgd> : compressor_traits<sparsifier_traits<powersgd>, compress::powersgd> {
+struct compression_traits<powersgd> : compressor_traits<compression_traits<powersgd>, compress::powersgd> {
   template <class Options>
   static compress::powersgd make(std::size_t length, const Options& o) {
     return compress::powersgd(length, o.powersgd);

@@ -215,7 +215,7 @@ namespace commsgd::inline v1::policy {
 struct qsgd {};
 
 template <>
-struct sparsifier_traits<qsgd> : compressor_traits<sparsifier_traits<qsgd>, compress::qsgd> {
+struct compression_traits<qsgd> : compressor_traits<compression_traits<qsgd>, compress::qsgd> {
   template <class Options>
   static compress::qsgd make(std::size_t length, const Options& o) {
     return compress::qsgd(length, o.qsgd);

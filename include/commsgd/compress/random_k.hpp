@@ -157,7 +157,7 @@ namespace commsgd::inline v1::policy {
 struct random_k {};
 
 template <>
-struct sparsifier_traits<random_k> : compressor_traits<sparsifier_traits<random_k>, compress::random_k> {
+struct compression_traits<random_k> : compressor_traits<compression_traits<random_k>, compress::random_k> {
   template <class Options>
   static compress::random_k make(std::size_t length, const Options& o) {
     return compress::random_k(length, o.random_k);

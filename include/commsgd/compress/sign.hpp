@@ -144,7 +144,7 @@ namespace commsgd::inline v1::policy {
 struct sign {};
 
 template <>
-struct sparsifier_traits<sign> : compressor_traits<sparsifier_traits<sign>, compress::sign> {
+struct compression_traits<sign> : compressor_traits<compression_traits<sign>, compress::sign> {
   template <class Options>
   static compress::sign make(std::size_t length, const Options& o) {
     return compress::sign(length, o.sign);

@@ -1,4 +1,4 @@
-// policy::top_k<Selector, Index>: sparsify::top_k as data_parallel's sparsifier.
+// policy::top_k<Selector, Index>: sparsify::top_k as data_parallel's compression (a sparsifier).
 //
 // Built from data_parallel_options::top_k; its messages carry Index indices, and the exchange that sums them
 // follows (sparsify/sparse_reducer.hpp). It sends one sparse set per rank, so it pairs with policy::uncoded<>
@@ -19,7 +19,7 @@ template <select::selector Selector, sparsify::sparse_index Index = std::uint32_
 struct top_k {};
 
 template <class Selector, class Index>
-struct sparsifier_traits<top_k<Selector, Index>> {
+struct compression_traits<top_k<Selector, Index>> {
   static constexpr bool dense_blocks = false;
   using type = sparsify::top_k<Selector, Index>;
 

@@ -136,7 +136,7 @@ struct sync_traits<synchronous> {
     return type<C>(c, sync::synchronous_options{.lr = o.lr});
   }
 
-  template <class Coding, class Sparsifier>
+  template <class Coding, class Compression>
   static consteval bool accepts() {
     return true;
   }
