@@ -1,6 +1,7 @@
 // docs/adding-a-policy.md walks through this file. A sparsifier written outside the library, plugged into
-// data_parallel through the same traits the built-in policies use, then checked: it trains, it sends fewer
-// bytes than the dense exchange, a checkpoint resumes bit for bit, and a NaN on one rank stops every rank.
+// data_parallel's compression slot through the same traits the built-in policies use, then checked: it
+// trains, it sends fewer bytes than the dense exchange, a checkpoint resumes bit for bit, and a NaN on one
+// rank stops every rank.
 // The exit status is the test (ctest -R docs.adding_a_policy).
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
@@ -115,7 +116,7 @@ struct options : commsgd::data_parallel_options {
 // The traits: how to build the part, and (dense_blocks = false) that its messages go through the sparse
 // exchange, which is why it pairs with policy::uncoded<> only.
 template <>
-struct commsgd::policy::sparsifier_traits<example::threshold> {
+struct commsgd::policy::compression_traits<example::threshold> {
   static constexpr bool dense_blocks = false;
   using type = example::threshold_sparsifier;
   static type make(std::size_t length, const example::options& o) { return type(length, o.threshold); }
@@ -128,8 +129,8 @@ using namespace commsgd;
 using metered = comm::metered<comm::local>;
 
 // [compose]
-template <class Sparsifier>
-using trainer = data_parallel<policy::uncoded<>, Sparsifier, policy::synchronous, metered>;
+template <class Compression>
+using trainer = data_parallel<policy::uncoded<>, Compression, policy::synchronous, metered>;
 // [compose]
 
 constexpr int ranks = 4;
@@ -146,27 +147,27 @@ struct outcome {
 // [train]
 // Trains every rank for `steps` steps from zero. With `resume_at` >= 0 every rank saves its trainer at that
 // step, a fresh trainer loads the stream and finishes the run. `nan_at` puts a NaN into rank 1's gradient.
-template <class Sparsifier>
+template <class Compression>
 outcome train(const example::options& o, int resume_at = -1, int nan_at = -1) {
   outcome out;
   comm::local_group{ranks}.run([&](comm::local& base) {
     metered c(base);
     std::vector<float> x(problem.dim(), 0.0f), g(problem.dim());
-    auto dp = std::make_unique<trainer<Sparsifier>>(c, problem.dim(), o);
+    auto dp = std::make_unique<trainer<Compression>>(c, problem.dim(), o);
     dp->start(x); // every rank starts from rank 0's model
     std::uint64_t sparse_steps = 0;
     for (int t = 0; t < steps; ++t) {
       if (t == resume_at) {
         std::stringstream file(std::ios::in | std::ios::out | std::ios::binary);
         dp->save(file); // every rank its own stream; the model x is the trainer's to keep
-        dp = std::make_unique<trainer<Sparsifier>>(c, problem.dim(), o);
+        dp = std::make_unique<trainer<Compression>>(c, problem.dim(), o);
         dp->load(file);
         dp->start(x); // a loaded trainer does not broadcast
       }
       problem.gradient(x, problem.batch(c.rank(), c.size(), t, batch), g);
       if (t == nan_at && c.rank() == 1) g[7] = std::numeric_limits<float>::quiet_NaN();
       dp->step(x, std::span<const float>(g));
-      if constexpr (!policy::is_dense<Sparsifier>) sparse_steps += dp->last_sparse().dense ? 0 : 1;
+      if constexpr (!policy::is_dense<Compression>) sparse_steps += dp->last_sparse().dense ? 0 : 1;
     }
     dp->finish(x);
     if (c.rank() == 0) out = {x, c.counters().total().bytes_sent, sparse_steps};

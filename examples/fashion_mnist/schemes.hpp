@@ -101,7 +101,7 @@ public:
   // these synchronous compositions start() would only broadcast it once more, traffic that the exchanges
   // compared here have never been charged.
   void step(Comm&, step_env& env) override {
-    if constexpr (requires { dp_.sparsifier().charge_to(&env); }) dp_.sparsifier().charge_to(&env);
+    if constexpr (requires { dp_.compression().charge_to(&env); }) dp_.compression().charge_to(&env);
     const std::size_t d = env.params.size();
     const auto sizes = dp_.block_sizes(env.batch);
     offset_.assign(sizes.size() + 1, 0);
@@ -126,7 +126,7 @@ public:
 
   std::string note() const override {
     std::ostringstream s;
-    if constexpr (requires { dp_.sparsifier(); }) {
+    if constexpr (requires { dp_.compression(); }) {
       if (steps_ > 0) s << "pairs/step " << sent_ / steps_ << ", dense steps " << dense_;
     } else if constexpr (requires { dp_.coding().redundancy(); }) {
       s << "r = " << dp_.coding().redundancy() << ", blocks " << dp_.block_count() << ", clipped "
@@ -195,7 +195,7 @@ Selector one_thread_selector() {
 } // namespace fmnist
 
 template <class Selector>
-struct commsgd::policy::sparsifier_traits<fmnist::charged_top_k<Selector>> {
+struct commsgd::policy::compression_traits<fmnist::charged_top_k<Selector>> {
   static constexpr bool dense_blocks = false;
   using type = fmnist::charged_sparsifier<commsgd::sparsify::top_k<Selector>>;
 

@@ -34,7 +34,7 @@ struct charged_top_k_allreduce {};
 } // namespace fmnist
 
 template <class Selector>
-struct commsgd::policy::sparsifier_traits<fmnist::charged_top_k_allreduce<Selector>> {
+struct commsgd::policy::compression_traits<fmnist::charged_top_k_allreduce<Selector>> {
   static constexpr bool dense_blocks = false;
   using sparsifier_type = fmnist::charged_sparsifier<commsgd::sparsify::top_k<Selector>>;
   template <class Scheme, class C>

@@ -1,5 +1,5 @@
 // The compressors of commsgd/compress as schemes: SSGD through data_parallel with a compressor in the
-// sparsifier slot.
+// compression slot.
 //
 //   fp16[:ef]  bf16[:ef]        every value in 16 bits, all-gathered; ef: with error feedback
 //   sign                        EF-SignSGD: one scale per layer, 1 bit per value, all-gathered
@@ -78,8 +78,8 @@ Compressor make_compressor(std::size_t length, const compress_options& o) {
 } // namespace fmnist
 
 template <class Compressor>
-struct commsgd::policy::sparsifier_traits<fmnist::charged<Compressor>>
-    : commsgd::policy::compressor_traits<sparsifier_traits<fmnist::charged<Compressor>>,
+struct commsgd::policy::compression_traits<fmnist::charged<Compressor>>
+    : commsgd::policy::compressor_traits<compression_traits<fmnist::charged<Compressor>>,
                                          fmnist::charged_compressor<Compressor>> {
   static fmnist::charged_compressor<Compressor> make(std::size_t length, const fmnist::compress_options& o) {
     return fmnist::charged_compressor<Compressor>(fmnist::make_compressor<Compressor>(length, o));
@@ -88,7 +88,7 @@ struct commsgd::policy::sparsifier_traits<fmnist::charged<Compressor>>
 
 namespace fmnist {
 
-// SSGD with one block per rank (policy::uncoded<>) and the compressor in data_parallel's sparsifier slot:
+// SSGD with one block per rank (policy::uncoded<>) and the compressor in data_parallel's compression slot:
 // this rank's block gradient is its loss sum scaled as `composed` (schemes.hpp) scales it, so the update
 // is the batch mean every other scheme applies.
 template <class Comm, class Dp>
@@ -97,7 +97,7 @@ public:
   compressed(Comm& comm, std::size_t length, const compress_options& o) : dp_(comm, length, o) {}
 
   void step(Comm&, step_env& env) override {
-    dp_.sparsifier().charge_to(&env);
+    dp_.compression().charge_to(&env);
     const auto sizes = dp_.block_sizes(env.batch);
     std::vector<std::size_t> offset(sizes.size() + 1, 0);
     for (std::size_t q = 0; q < sizes.size(); ++q)
@@ -112,7 +112,7 @@ public:
 
   std::string note() const override {
     std::ostringstream s;
-    s << "wire bytes/step " << dp_.sparsifier().wire_bytes();
+    s << "wire bytes/step " << dp_.compression().wire_bytes();
     return s.str();
   }
 

@@ -67,8 +67,8 @@ struct charged_powersgd {};
 } // namespace fmnist
 
 template <std::size_t Rank>
-struct commsgd::policy::sparsifier_traits<fmnist::charged_powersgd<Rank>>
-    : commsgd::policy::compressor_traits<sparsifier_traits<fmnist::charged_powersgd<Rank>>,
+struct commsgd::policy::compression_traits<fmnist::charged_powersgd<Rank>>
+    : commsgd::policy::compressor_traits<compression_traits<fmnist::charged_powersgd<Rank>>,
                                          fmnist::charged_powersgd_compressor> {
   template <class Options>
   static fmnist::charged_powersgd_compressor make(std::size_t length, const Options& o) {

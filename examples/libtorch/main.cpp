@@ -68,7 +68,7 @@ void unflatten(const std::vector<float>& in, const std::vector<torch::Tensor>& t
   }
 }
 
-template <class Sparsifier, class C>
+template <class Compression, class C>
 double train(C& base, const args& a) {
   comm::metered<C> comm(std::move(base));
   const auto train_set = fmnist::load_set(a.data, "train", a.subset);
@@ -78,7 +78,7 @@ double train(C& base, const args& a) {
   auto params = net.parameters();
   std::vector<float> flat, grad, update;
   flatten(params, flat);
-  data_parallel<policy::uncoded<>, Sparsifier, policy::synchronous, comm::metered<C>> dp(
+  data_parallel<policy::uncoded<>, Compression, policy::synchronous, comm::metered<C>> dp(
       comm, flat.size(), {.lr = 1.0f, .top_k = {.density = a.density}});
   dp.start(flat); // rank 0's initial model everywhere
   unflatten(flat, params, 1.0f);

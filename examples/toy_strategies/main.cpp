@@ -164,8 +164,8 @@ result train_model_exchange(std::string name, const data_parallel_options& o) {
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
-template <class Coding, class Sparsifier = policy::dense>
-using sync_dp = data_parallel<Coding, Sparsifier, policy::synchronous, metered_local>;
+template <class Coding, class Compression = policy::dense>
+using sync_dp = data_parallel<Coding, Compression, policy::synchronous, metered_local>;
 
 } // namespace
 

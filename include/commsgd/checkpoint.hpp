@@ -1,4 +1,4 @@
-// Checkpoints of a whole data_parallel<Coding, Sparsifier, Sync, C>: what its save() and load() write and
+// Checkpoints of a whole data_parallel<Coding, Compression, Sync, C>: what its save() and load() write and
 // read (data_parallel.hpp keeps only the members that call these helpers).
 //
 //   std::ofstream f("rank" + std::to_string(rank) + ".ckpt", std::ios::binary);
@@ -14,7 +14,7 @@
 //   fresh.load(shared_file, my_file);
 //
 // The stream is one frame (state/stream.hpp) of kind "data_parallel" whose body is
-//   u32 part | u32 group size | i32 rank (-1 in a shared part) | coding policy | sparsifier policy |
+//   u32 part | u32 group size | i32 rank (-1 in a shared part) | coding policy | compression policy |
 //   sync policy (type names) | u64 length | u64 block count |
 //   shared section: u64 steps | the strategy's shared part (a nested stream)
 //   local section:  this rank's blocks | u32 has sparsifier state | the sparsifier's or compressor's
@@ -48,9 +48,9 @@ namespace commsgd::inline v1::checkpoint::detail {
 inline constexpr const char* kind = "data_parallel";
 
 template <class DP>
-concept sparsifier_with_state = requires(const DP& cd, DP& d, std::ostream& os, std::istream& is) {
-  cd.sparsifier().save(os);
-  d.sparsifier().load(is);
+concept compression_with_state = requires(const DP& cd, DP& d, std::ostream& os, std::istream& is) {
+  cd.compression().save(os);
+  d.compression().load(is);
 };
 
 template <class S>
@@ -67,12 +67,12 @@ struct identity {
   std::uint64_t length = 0, blocks = 0;
 };
 
-template <class Coding, class Sparsifier, class Sync, class DP>
+template <class Coding, class Compression, class Sync, class DP>
 identity identity_of(const DP& dp, int size, int rank) {
   return {static_cast<std::uint32_t>(size),
           rank,
           typeid(Coding).name(),
-          typeid(Sparsifier).name(),
+          typeid(Compression).name(),
           typeid(Sync).name(),
           dp.length(),
           dp.block_count()};
@@ -83,7 +83,7 @@ inline std::vector<std::byte> bytes_of(const std::string& s) {
   return std::vector<std::byte>(b, b + s.size());
 }
 
-template <class Coding, class Sparsifier, class Sync, class DP>
+template <class Coding, class Compression, class Sync, class DP>
 void save(const DP& dp, std::ostream& os, state::part p, int size, int rank, std::uint64_t steps) {
   static_assert(strategy_with_state<typename DP::strategy_type>,
                 "commsgd::data_parallel::save: this composition's sync strategy offers no save(os, part) and "
@@ -92,7 +92,7 @@ void save(const DP& dp, std::ostream& os, state::part p, int size, int rank, std
   if (bits < 1 || bits > 3)
     throw invalid_argument(commsgd::detail::concat("argument 'part' = ", bits,
                                                    " is outside the allowed range {shared, local, all}"));
-  const identity id = identity_of<Coding, Sparsifier, Sync>(dp, size, rank);
+  const identity id = identity_of<Coding, Compression, Sync>(dp, size, rank);
   state::detail::state_writer w(kind);
   w.put<std::uint32_t>(bits);
   w.put<std::uint32_t>(id.size);
@@ -109,10 +109,10 @@ void save(const DP& dp, std::ostream& os, state::part p, int size, int rank, std
   if (state::holds(p, state::part::local)) {
     const auto mine = dp.my_blocks();
     w.put_array(std::span<const std::size_t>(mine.data(), mine.size()));
-    if constexpr (sparsifier_with_state<DP>) {
+    if constexpr (compression_with_state<DP>) {
       w.put<std::uint32_t>(1u);
       std::ostringstream s(std::ios::binary);
-      dp.sparsifier().save(s);
+      dp.compression().save(s);
       w.put_bytes(bytes_of(std::move(s).str()));
     } else {
       w.put<std::uint32_t>(0u);
@@ -169,9 +169,9 @@ void parse(const DP& dp, const identity& id, std::span<const std::byte> blob, st
                                                  " blocks differ from the ", mine.size(),
                                                  " this data_parallel assigns it"));
     const auto has = r.get<std::uint32_t>();
-    if (has != (sparsifier_with_state<DP> ? 1u : 0u))
+    if (has != (compression_with_state<DP> ? 1u : 0u))
       throw corrupt_data(commsgd::detail::concat("saved state: sparsifier state flag is ", has, ", expected ",
-                                                 sparsifier_with_state<DP> ? 1 : 0));
+                                                 compression_with_state<DP> ? 1 : 0));
     out.has_sparsifier = has == 1;
     out.sparsifier = r.get_bytes();
     if (!out.has_sparsifier && !out.sparsifier.empty())
@@ -183,12 +183,12 @@ void parse(const DP& dp, const identity& id, std::span<const std::byte> blob, st
 
 template <class DP>
 void commit(DP& dp, const parsed& t) {
-  if constexpr (sparsifier_with_state<DP>) {
+  if constexpr (compression_with_state<DP>) {
     std::ostringstream backup(std::ios::binary);
-    dp.sparsifier().save(backup);
+    dp.compression().save(backup);
     {
       auto is = state::detail::from_bytes(t.sparsifier);
-      dp.sparsifier().load(is);
+      dp.compression().load(is);
     }
     try {
       auto shared = state::detail::from_bytes(t.strategy_shared);
@@ -196,7 +196,7 @@ void commit(DP& dp, const parsed& t) {
       dp.strategy().load(shared, local);
     } catch (...) {
       std::istringstream is(std::move(backup).str(), std::ios::binary);
-      dp.sparsifier().load(is);
+      dp.compression().load(is);
       throw;
     }
   } else {
@@ -207,9 +207,9 @@ void commit(DP& dp, const parsed& t) {
 }
 
 // A stream saved with part::all; returns the step count to restore.
-template <class Coding, class Sparsifier, class Sync, class DP>
+template <class Coding, class Compression, class Sync, class DP>
 std::uint64_t load(DP& dp, std::istream& is, int size, int rank) {
-  const identity id = identity_of<Coding, Sparsifier, Sync>(dp, size, rank);
+  const identity id = identity_of<Coding, Compression, Sync>(dp, size, rank);
   const auto blob = state::detail::read_blob(is);
   parsed t;
   parse(dp, id, blob, state::part::all, t);
@@ -218,9 +218,9 @@ std::uint64_t load(DP& dp, std::istream& is, int size, int rank) {
 }
 
 // The shared part (saved by any rank, usually rank 0) and this rank's local part.
-template <class Coding, class Sparsifier, class Sync, class DP>
+template <class Coding, class Compression, class Sync, class DP>
 std::uint64_t load(DP& dp, std::istream& shared, std::istream& local, int size, int rank) {
-  const identity id = identity_of<Coding, Sparsifier, Sync>(dp, size, rank);
+  const identity id = identity_of<Coding, Compression, Sync>(dp, size, rank);
   const auto a = state::detail::read_blob(shared);
   const auto b = state::detail::read_blob(local);
   parsed t;

@@ -1,4 +1,4 @@
-// data_parallel<Coding, Sparsifier, Sync, C>: the composition a trainer uses.
+// data_parallel<Coding, Compression, Sync, C>: the composition a trainer uses.
 //
 //   using dp = commsgd::data_parallel<policy::cssgd<coding::xor_bits>, policy::dense, policy::synchronous,
 //                                     comm::local>;
@@ -14,14 +14,15 @@
 //
 // Each policy is a small tag type in namespace commsgd::policy, declared in its own header together with
 // the traits that say how to build its part and which partners it takes (policy/traits.hpp). data_parallel
-// names none of them: it builds the coding scheme, the sparsifier if there is one, and the strategy from
-// their traits, and puts scheme and sparsifier behind one reducer (sync/reducer.hpp) that the strategy is
-// handed on every step. A combination that makes no sense fails to compile with the static_assert of the
-// policy that refuses it, which says why; README.md tabulates the built-in combinations.
+// names none of them: it builds the coding scheme, the compression if there is one (a sparsifier such as
+// top_k, or a compressor such as qsgd or powersgd), and the strategy from their traits, and puts scheme and
+// compression behind one reducer (sync/reducer_concept.hpp) that the strategy is handed on every step. A
+// combination that makes no sense fails to compile with the static_assert of the policy that refuses it,
+// which says why; README.md tabulates the built-in combinations.
 //
-// Every composition has the same members. sparsifier() exists where there is a sparsifier; last_coding() and
-// last_sparse() report the last step's exchange and stay at their defaults where the composition has no
-// such exchange. The object owns everything it built and may be moved; `comm` must outlive it.
+// Every composition has the same members. compression() exists where the second slot is not policy::dense
+// (sparsifier(), its old name, is kept deprecated for one release); last_coding() and last_sparse() report
+// the last step's exchange and stay at their defaults where the composition has no such exchange. The object owns everything it built and may be moved; `comm` must outlive it.
 #pragma once
 
 #include <commsgd/checkpoint.hpp>
@@ -50,20 +51,20 @@ namespace commsgd::inline v1 {
 // Options of the built-in policies; each field says which policies read it. A policy's traits receive the
 // whole struct (or a struct derived from it that adds the settings of a policy written elsewhere).
 struct data_parallel_options {
-  float lr = 0.01f;                             // every strategy: (0, inf)
-  int redundancy = 1;                           // cssgd, uncoded_shuffle: [1, n]
-  sparsify::top_k_options top_k{};              // top_k
-  sparsify::exchange_options sparse_exchange{}; // every sparsifier: how its messages are summed
+  float lr = 0.01f;                               // every strategy: (0, inf)
+  int redundancy = 1;                             // cssgd, uncoded_shuffle: [1, n]
+  sparsify::top_k_options top_k{};                // top_k
+  sparsify::exchange_options sparse_exchange{};   // every sparsifier: how its messages are summed
   sparsify::allreduce_options sparse_allreduce{}; // top_k_allreduce: threshold refresh and path
-  compress::half_options half{};                // fp16, bf16
-  compress::random_k_options random_k{};        // random_k
-  compress::sign_options sign{};                // sign
-  compress::qsgd_options qsgd{};                // qsgd
-  compress::powersgd_options powersgd{};        // powersgd (rank, layer shapes)
-  sync::local_sgd_options local_sgd{};          // local_sgd (its lr is replaced by `lr`)
-  sync::async_ps_options async_ps{};            // async_ps (its lr is replaced by `lr`)
-  sync::partitioned_options partitioned{};      // partitioned (its lr is replaced by `lr`)
-  std::vector<std::size_t> layer_sizes;         // partitioned: sizes of the layers in forward order
+  compress::half_options half{};                  // fp16, bf16
+  compress::random_k_options random_k{};          // random_k
+  compress::sign_options sign{};                  // sign
+  compress::qsgd_options qsgd{};                  // qsgd
+  compress::powersgd_options powersgd{};          // powersgd (rank, layer shapes)
+  sync::local_sgd_options local_sgd{};            // local_sgd (its lr is replaced by `lr`)
+  sync::async_ps_options async_ps{};              // async_ps (its lr is replaced by `lr`)
+  sync::partitioned_options partitioned{};        // partitioned (its lr is replaced by `lr`)
+  std::vector<std::size_t> layer_sizes;           // partitioned: sizes of the layers in forward order
 
   // first_arrivals (its lr is replaced by `lr`); gradient_code reads `redundancy` as cssgd does.
   sync::first_arrivals_options first_arrivals{};
@@ -79,45 +80,45 @@ template <class O>
 concept extended_options =
     std::derived_from<O, data_parallel_options> && !std::same_as<O, data_parallel_options>;
 
-// The reducer of a composition: the coding scheme's exchange on dense blocks, the reducer a sparsifier
+// The reducer of a composition: the coding scheme's exchange on dense blocks, the reducer a compression
 // policy builds itself (policy::builds_reducer), or the sparsifier's messages summed by the sparse exchange.
-template <class Sparsifier, class Scheme, class C>
+template <class Compression, class Scheme, class C>
 struct reducer_for {
   using type = coding::block_reducer<Scheme>;
 };
-template <class Sparsifier, class Scheme, class C>
-requires(!policy::is_dense<Sparsifier> &&
-         !policy::builds_reducer<Sparsifier, Scheme, C>) struct reducer_for<Sparsifier, Scheme, C> {
-  using type = sparsify::sparse_reducer<typename policy::sparsifier_traits<Sparsifier>::type, Scheme, C>;
+template <class Compression, class Scheme, class C>
+requires(!policy::is_dense<Compression> &&
+         !policy::builds_reducer<Compression, Scheme, C>) struct reducer_for<Compression, Scheme, C> {
+  using type = sparsify::sparse_reducer<typename policy::compression_traits<Compression>::type, Scheme, C>;
 };
-template <class Sparsifier, class Scheme, class C>
-requires policy::builds_reducer<Sparsifier, Scheme, C>
-struct reducer_for<Sparsifier, Scheme, C> {
-  using type = typename policy::sparsifier_traits<Sparsifier>::template reducer<Scheme, C>;
+template <class Compression, class Scheme, class C>
+requires policy::builds_reducer<Compression, Scheme, C>
+struct reducer_for<Compression, Scheme, C> {
+  using type = typename policy::compression_traits<Compression>::template reducer<Scheme, C>;
 };
 
 } // namespace detail
 
-template <class Coding, class Sparsifier, class Sync, comm::communicator C = comm::local>
+template <class Coding, class Compression, class Sync, comm::communicator C = comm::local>
 class data_parallel {
   static_assert(policy::coding_policy<Coding>,
                 "commsgd::data_parallel: Coding is not a coding policy; its header must specialise "
                 "commsgd::policy::coding_traits (policy/traits.hpp)");
-  static_assert(policy::sparsifier_policy<Sparsifier>,
-                "commsgd::data_parallel: Sparsifier is not a sparsifier policy; its header must specialise "
-                "commsgd::policy::sparsifier_traits (policy/traits.hpp)");
+  static_assert(policy::compression_policy<Compression>,
+                "commsgd::data_parallel: Compression is not a compression policy; its header must specialise "
+                "commsgd::policy::compression_traits (policy/traits.hpp)");
   static_assert(policy::sync_policy<Sync>,
                 "commsgd::data_parallel: Sync is not a sync policy; its header must specialise "
                 "commsgd::policy::sync_traits (policy/traits.hpp)");
 
   using coding_traits = policy::coding_traits<Coding>;
-  using sparsifier_traits = policy::sparsifier_traits<Sparsifier>;
+  using compression_traits = policy::compression_traits<Compression>;
   using sync_traits = policy::sync_traits<Sync>;
 
-  static_assert(coding_traits::template accepts<Sparsifier>());
-  static_assert(sync_traits::template accepts<Coding, Sparsifier>());
-  static_assert(policy::is_dense<Sparsifier> || policy::is_plain<Coding>,
-                "commsgd::data_parallel: a sparsifier's messages are summed over one block per rank, so it "
+  static_assert(coding_traits::template accepts<Compression>());
+  static_assert(sync_traits::template accepts<Coding, Compression>());
+  static_assert(policy::is_dense<Compression> || policy::is_plain<Coding>,
+                "commsgd::data_parallel: a compression's messages are summed over one block per rank, so it "
                 "pairs only with a plain coding policy (policy::uncoded<>)");
 
 public:
@@ -125,7 +126,7 @@ public:
   using options = data_parallel_options;
   using coding_type = typename coding_traits::template type<C>;
   using strategy_type = typename sync_traits::template type<C>;
-  using reducer_type = typename detail::reducer_for<Sparsifier, coding_type, C>::type;
+  using reducer_type = typename detail::reducer_for<Compression, coding_type, C>::type;
 
   static_assert(coding::coding_scheme<coding_type>);
   static_assert(sync::sync_strategy<strategy_type>);
@@ -133,7 +134,7 @@ public:
 
   // A strategy whose step takes a reducer sums block gradients; any other takes this rank's one gradient.
   static constexpr bool sums_blocks = sync::block_strategy<strategy_type, reducer_type>;
-  static_assert(sums_blocks || (policy::is_plain<Coding> && policy::is_dense<Sparsifier>),
+  static_assert(sums_blocks || (policy::is_plain<Coding> && policy::is_dense<Compression>),
                 "commsgd::data_parallel: Sync takes one gradient per rank (its step takes no reducer), so it "
                 "composes only with policy::uncoded<> and policy::dense");
 
@@ -155,10 +156,18 @@ public:
   const coding_type& coding() const noexcept { return reducer_.scheme(); }
   strategy_type& strategy() noexcept { return strategy_; }
   const strategy_type& strategy() const noexcept { return strategy_; }
-  // The sparsifier's state (residuals and counters, for checkpoints).
-  auto& sparsifier() noexcept requires(!policy::is_dense<Sparsifier>) { return reducer_.sparsifier(); }
-  const auto& sparsifier() const noexcept requires(!policy::is_dense<Sparsifier>) {
+  // The compression's state: the sparsifier's or compressor's residuals and counters, for checkpoints.
+  auto& compression() noexcept requires(!policy::is_dense<Compression>) { return reducer_.sparsifier(); }
+  const auto& compression() const noexcept requires(!policy::is_dense<Compression>) {
     return reducer_.sparsifier();
+  }
+  // Deprecated: use compression(); kept for one release.
+  [[deprecated("use compression()")]] auto& sparsifier() noexcept requires(!policy::is_dense<Compression>) {
+    return compression();
+  }
+  [[deprecated("use compression()")]] const auto& sparsifier() const noexcept
+      requires(!policy::is_dense<Compression>) {
+    return compression();
   }
 
   void start(std::span<float> params) {
@@ -198,31 +207,31 @@ public:
   // Steps taken (restored by load).
   std::uint64_t steps() const noexcept { return steps_; }
 
-  // Checkpoints (checkpoint.hpp): the composition's identity, the sparsifier's or compressor's state, the
+  // Checkpoints (checkpoint.hpp): the composition's identity, the compression's state, the
   // strategy's and the step count; the model is the trainer's. Every rank saves part::all, or rank 0
   // part::shared and every rank part::local. After load, start(params) with the saved model goes on.
   void save(std::ostream& os, state::part p = state::part::all) const {
-    checkpoint::detail::save<Coding, Sparsifier, Sync>(*this, os, p, comm_->size(), comm_->rank(), steps_);
+    checkpoint::detail::save<Coding, Compression, Sync>(*this, os, p, comm_->size(), comm_->rank(), steps_);
   }
   void load(std::istream& is) {
-    steps_ = checkpoint::detail::load<Coding, Sparsifier, Sync>(*this, is, comm_->size(), comm_->rank());
+    steps_ = checkpoint::detail::load<Coding, Compression, Sync>(*this, is, comm_->size(), comm_->rank());
     guard_.resume(steps_);
   }
   void load(std::istream& shared, std::istream& local) {
-    steps_ = checkpoint::detail::load<Coding, Sparsifier, Sync>(*this, shared, local, comm_->size(),
-                                                                comm_->rank());
+    steps_ = checkpoint::detail::load<Coding, Compression, Sync>(*this, shared, local, comm_->size(),
+                                                                 comm_->rank());
     guard_.resume(steps_);
   }
 
   // What the last step's exchange reported.
   const coding::exchange_result& last_coding() const noexcept {
-    if constexpr (policy::is_dense<Sparsifier>)
+    if constexpr (policy::is_dense<Compression>)
       return reducer_.last();
     else
       return no_coding_;
   }
   const sparsify::exchange_report& last_sparse() const noexcept {
-    if constexpr (policy::is_dense<Sparsifier>)
+    if constexpr (policy::is_dense<Compression>)
       return no_sparse_;
     else
       return reducer_.last();
@@ -238,14 +247,14 @@ private:
 
   template <class Options>
   static reducer_type make_reducer(C& comm, std::size_t length, const Options& o) {
-    if constexpr (policy::is_dense<Sparsifier>)
+    if constexpr (policy::is_dense<Compression>)
       return reducer_type(coding_traits::template make<C>(comm, length, o));
-    else if constexpr (policy::builds_reducer<Sparsifier, coding_type, C>)
-      return sparsifier_traits::template make_reducer<C>(
+    else if constexpr (policy::builds_reducer<Compression, coding_type, C>)
+      return compression_traits::template make_reducer<C>(
           comm, coding_traits::template make<C>(comm, length, o), length, o);
     else
       return reducer_type(comm, coding_traits::template make<C>(comm, length, o),
-                          sparsifier_traits::make(length, o), o.sparse_exchange);
+                          compression_traits::make(length, o), o.sparse_exchange);
   }
 
   void check_length(std::size_t got) const {

@@ -1,5 +1,6 @@
-// expect: Sparsifier is not a sparsifier policy
-// A type with no sparsifier_traits specialisation is refused by name, before anything is built from it.
+// expect: Compression is not a compression policy
+// A type with no compression_traits (or old sparsifier_traits) specialisation is refused by name, before
+// anything is built from it.
 #include <commsgd/data_parallel.hpp>
 
 using namespace commsgd;

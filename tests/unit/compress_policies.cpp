@@ -37,7 +37,7 @@ std::vector<std::vector<float>> train(int n, const options& o, std::size_t d) {
       trainer.step(x, g);
       if constexpr (!policy::is_dense<Policy>) {
         CHECK(trainer.last_sparse().counts.size() == static_cast<std::size_t>(n));
-        CHECK(trainer.sparsifier().steps() == static_cast<std::uint64_t>(t + 1));
+        CHECK(trainer.compression().steps() == static_cast<std::uint64_t>(t + 1));
       }
     }
     trainer.finish(x);
@@ -74,11 +74,11 @@ TEST_CASE("every compressor policy composes through data_parallel and keeps the 
   // The options reach the compressor.
   comm::local_group(1).run([&](comm::local& c) {
     data_parallel<policy::uncoded<>, policy::random_k, policy::synchronous> t(c, d, o);
-    CHECK(t.sparsifier().k() == 7);
+    CHECK(t.compression().k() == 7);
     data_parallel<policy::uncoded<>, policy::qsgd, policy::synchronous> q(c, d, o);
-    CHECK(q.sparsifier().levels() == 4);
+    CHECK(q.compression().levels() == 4);
     // Without such members the defaults apply.
     data_parallel<policy::uncoded<>, policy::qsgd, policy::synchronous> plain(c, d, {.lr = 0.1f});
-    CHECK(plain.sparsifier().levels() == compress::qsgd_options{}.levels);
+    CHECK(plain.compression().levels() == compress::qsgd_options{}.levels);
   });
 }

@@ -221,7 +221,7 @@ TEST_CASE("policy::powersgd composes through data_parallel") {
       for (int t = 0; t < 4; ++t)
         trainer.step(x, gradient(c.rank(), t));
       trainer.finish(x);
-      CHECK(trainer.sparsifier().steps() == 4);
+      CHECK(trainer.compression().steps() == 4);
       CHECK(trainer.last_sparse().dense);
       finals[static_cast<std::size_t>(c.rank())] = x;
     });

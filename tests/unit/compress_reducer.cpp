@@ -51,8 +51,8 @@ struct scaled_sum_policy {};
 } // namespace user
 
 template <>
-struct commsgd::policy::sparsifier_traits<user::scaled_sum_policy>
-    : policy::compressor_traits<sparsifier_traits<user::scaled_sum_policy>, user::scaled_sum> {
+struct commsgd::policy::compression_traits<user::scaled_sum_policy>
+    : policy::compressor_traits<compression_traits<user::scaled_sum_policy>, user::scaled_sum> {
   template <class Options>
   static user::scaled_sum make(std::size_t length, const Options&) {
     return user::scaled_sum(length);
@@ -82,8 +82,8 @@ TEST_CASE("a compressor composes through data_parallel and equals the dense all-
           trainer.step(x, g);
         }
         trainer.finish(x);
-        if constexpr (requires { trainer.sparsifier(); }) {
-          CHECK(trainer.sparsifier().steps() == 5);
+        if constexpr (requires { trainer.compression(); }) {
+          CHECK(trainer.compression().steps() == 5);
           CHECK(trainer.last_sparse().dense);
           CHECK(trainer.last_sparse().total == d * static_cast<std::uint64_t>(n));
         }

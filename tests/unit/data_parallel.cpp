@@ -1,4 +1,4 @@
-// data_parallel<Coding, Sparsifier, Sync>: every supported composition trains the toy problem, and the
+// data_parallel<Coding, Compression, Sync>: every supported composition trains the toy problem, and the
 // compositions that must agree bit for bit do.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/data_parallel.hpp>
@@ -225,8 +225,8 @@ concept full_member_set = requires(Dp& dp, const Dp& cdp, std::span<float> x, st
   { cdp.last_sparse() } -> std::same_as<const sparsify::exchange_report&>;
 };
 template <class Dp>
-concept has_sparsifier = requires(Dp& dp) {
-  dp.sparsifier();
+concept has_compression = requires(Dp& dp) {
+  dp.compression();
 };
 
 using dense_ring = data_parallel<policy::uncoded<>, policy::dense, policy::synchronous>;
@@ -241,8 +241,8 @@ using parts_dp = data_parallel<policy::uncoded<>, policy::dense, policy::partiti
 static_assert(full_member_set<dense_ring> && full_member_set<coded> && full_member_set<top_k32> &&
               full_member_set<top_k64> && full_member_set<local_dp> && full_member_set<server_dp> &&
               full_member_set<parts_dp>);
-static_assert(has_sparsifier<top_k32> && has_sparsifier<top_k64>);
-static_assert(!has_sparsifier<dense_ring> && !has_sparsifier<coded> && !has_sparsifier<local_dp>);
+static_assert(has_compression<top_k32> && has_compression<top_k64>);
+static_assert(!has_compression<dense_ring> && !has_compression<coded> && !has_compression<local_dp>);
 static_assert(std::is_move_constructible_v<dense_ring> && std::is_move_constructible_v<coded> &&
               std::is_move_constructible_v<top_k32> && std::is_move_constructible_v<local_dp> &&
               std::is_move_constructible_v<server_dp> && std::is_move_constructible_v<parts_dp>);
@@ -298,7 +298,7 @@ TEST_CASE(
 
 TEST_CASE("top_k with 64-bit indices exchanges 64-bit pairs and trains exactly as with 32-bit ones") {
   static_assert(
-      std::is_same_v<std::remove_cvref_t<decltype(std::declval<top_k64&>().sparsifier())>::index_type,
+      std::is_same_v<std::remove_cvref_t<decltype(std::declval<top_k64&>().compression())>::index_type,
                      std::uint64_t>);
   for (int n : {1, 3, 4})
     for (double density : {0.1, 0.25, 1.0})
@@ -325,6 +325,6 @@ TEST_CASE("top_k with 64-bit indices exchanges 64-bit pairs and trains exactly a
     dp.step(x, std::span<const float>(g));
     CHECK_FALSE(dp.last_sparse().dense);
     CHECK(dp.last_sparse().counts == std::vector<std::uint64_t>{5, 5, 5});
-    CHECK(dp.sparsifier().last().size() == 5);
+    CHECK(dp.compression().last().size() == 5);
   });
 }

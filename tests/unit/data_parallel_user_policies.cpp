@@ -162,7 +162,7 @@ private:
 } // namespace user
 
 template <>
-struct commsgd::policy::sparsifier_traits<user::dense_threshold_policy> {
+struct commsgd::policy::compression_traits<user::dense_threshold_policy> {
   static constexpr bool dense_blocks = false;
   template <class Scheme, comm::communicator C>
   using reducer = user::dense_threshold_reducer<Scheme, C>;
@@ -173,7 +173,7 @@ struct commsgd::policy::sparsifier_traits<user::dense_threshold_policy> {
 };
 
 template <>
-struct commsgd::policy::sparsifier_traits<user::threshold_policy> {
+struct commsgd::policy::compression_traits<user::threshold_policy> {
   static constexpr bool dense_blocks = false;
   using type = user::threshold_sparsifier;
   static type make(std::size_t length, const user::options& o) { return type(length, o.threshold); }
@@ -187,7 +187,7 @@ struct commsgd::policy::sync_traits<user::heavy_ball_policy> {
   static type<C> make(C& c, std::size_t, const user::options& o) {
     return type<C>(c, o.lr, o.mu);
   }
-  template <class Coding, class Sparsifier>
+  template <class Coding, class Compression>
   static consteval bool accepts() {
     return true;
   }
@@ -224,7 +224,7 @@ std::vector<std::vector<float>> train(int n, const user::options& o) {
       dp.step(x, coding::block_gradients(views));
     }
     dp.finish(x);
-    if constexpr (requires { dp.sparsifier(); }) CHECK(dp.sparsifier().steps() == steps);
+    if constexpr (requires { dp.compression(); }) CHECK(dp.compression().steps() == steps);
     finals[static_cast<std::size_t>(c.rank())] = x;
   });
   return finals;
@@ -286,7 +286,7 @@ user::options sparse_options(float lr) {
 
 TEST_CASE("a user sparsifier composes with uncoded<> and synchronous, bit for bit against a replay") {
   using dp = data_parallel<policy::uncoded<>, user::threshold_policy, policy::synchronous>;
-  static_assert(std::is_same_v<std::remove_cvref_t<decltype(std::declval<dp&>().sparsifier())>,
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(std::declval<dp&>().compression())>,
                                user::threshold_sparsifier>);
   for (int n : {1, 2, 3, 4}) {
     CAPTURE(n);

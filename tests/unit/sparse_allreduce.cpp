@@ -467,7 +467,7 @@ TEST_CASE("data_parallel composes top_k_allreduce; every rank ends with the same
         const auto g = gradient(d, static_cast<std::uint64_t>(c.rank() * 100 + t));
         trainer.step(x, std::span<const float>(g));
         CHECK(trainer.last_sparse().total > 0);
-        CHECK(trainer.sparsifier().steps() == static_cast<std::uint64_t>(t + 1));
+        CHECK(trainer.compression().steps() == static_cast<std::uint64_t>(t + 1));
       }
       trainer.finish(x);
       finals[static_cast<std::size_t>(c.rank())] = x;

@@ -2,12 +2,12 @@
 #pragma once
 
 #include <commsgd/coding/assignment.hpp>
+#include <commsgd/coding/block_reducer.hpp>
 #include <commsgd/coding/combiner.hpp>
 #include <commsgd/coding/cssgd.hpp>
 #include <commsgd/coding/gradient_code.hpp>
 #include <commsgd/coding/gradient_coding.hpp>
 #include <commsgd/coding/groups.hpp>
-#include <commsgd/coding/reducer.hpp>
 #include <commsgd/coding/scheme.hpp>
 #include <commsgd/coding/subsets.hpp>
 #include <commsgd/coding/uncoded.hpp>

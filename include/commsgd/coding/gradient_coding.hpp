@@ -83,10 +83,10 @@ struct coding_traits<gradient_code<Kind>> {
 
   static constexpr bool plain = false;
 
-  template <class Sparsifier>
+  template <class Compression>
   static consteval bool accepts() {
-    static_assert(is_dense<Sparsifier>,
-                  "commsgd::data_parallel<gradient_code, Sparsifier, Sync>: a gradient code decodes the sum "
+    static_assert(is_dense<Compression>,
+                  "commsgd::data_parallel<gradient_code, Compression, Sync>: a gradient code decodes the sum "
                   "from fixed linear combinations of dense block gradients, which a sparsifier's per-rank "
                   "selections would break; use policy::dense");
     return true;

@@ -110,10 +110,10 @@ struct coding_traits<uncoded<Exchange>> {
 
   static constexpr bool plain = std::same_as<Exchange, coding::by_ring_all_reduce>;
 
-  template <class Sparsifier>
+  template <class Compression>
   static consteval bool accepts() {
-    static_assert(is_dense<Sparsifier> || plain,
-                  "commsgd::data_parallel<uncoded<all-gather or unicast>, Sparsifier, Sync>: a sparsifier "
+    static_assert(is_dense<Compression> || plain,
+                  "commsgd::data_parallel<uncoded<all-gather or unicast>, Compression, Sync>: a sparsifier "
                   "(top_k) brings its own sparse exchange (all_gather_v with a dense fallback), so it pairs "
                   "only with the default policy::uncoded<>");
     return true;

@@ -10,11 +10,11 @@
 // Their bytes per round are in cost/compress.hpp and cost/powersgd.hpp.
 #pragma once
 
+#include <commsgd/compress/compressed_reducer.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/half.hpp>
 #include <commsgd/compress/powersgd.hpp>
 #include <commsgd/compress/qsgd.hpp>
 #include <commsgd/compress/random_k.hpp>
-#include <commsgd/compress/reducer.hpp>
 #include <commsgd/compress/sign.hpp>

@@ -26,9 +26,9 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/narrow_ring.hpp>
 #include <commsgd/compress/agree.hpp>
+#include <commsgd/compress/compressed_reducer.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
-#include <commsgd/compress/reducer.hpp>
 #include <commsgd/compress/round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
@@ -268,7 +268,7 @@ struct fp16 {};
 struct bf16 {};
 
 template <>
-struct sparsifier_traits<fp16> : compressor_traits<sparsifier_traits<fp16>, compress::fp16> {
+struct compression_traits<fp16> : compressor_traits<compression_traits<fp16>, compress::fp16> {
   template <class Options>
   static compress::fp16 make(std::size_t length, const Options& o) {
     return compress::fp16(length, o.half);
@@ -276,7 +276,7 @@ struct sparsifier_traits<fp16> : compressor_traits<sparsifier_traits<fp16>, comp
 };
 
 template <>
-struct sparsifier_traits<bf16> : compressor_traits<sparsifier_traits<bf16>, compress::bf16> {
+struct compression_traits<bf16> : compressor_traits<compression_traits<bf16>, compress::bf16> {
   template <class Options>
   static compress::bf16 make(std::size_t length, const Options& o) {
     return compress::bf16(length, o.half);

@@ -39,9 +39,9 @@
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/compress/compressed_reducer.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/powersgd_plan.hpp>
-#include <commsgd/compress/reducer.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/powersgd.hpp>
 #include <commsgd/error.hpp>
@@ -426,7 +426,7 @@ namespace commsgd::inline v1::policy {
 struct powersgd {};
 
 template <>
-struct sparsifier_traits<powersgd> : compressor_traits<sparsifier_traits<powersgd>, compress::powersgd> {
+struct compression_traits<powersgd> : compressor_traits<compression_traits<powersgd>, compress::powersgd> {
   template <class Options>
   static compress::powersgd make(std::size_t length, const Options& o) {
     return compress::powersgd(length, o.powersgd);

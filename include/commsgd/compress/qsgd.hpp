@@ -17,11 +17,11 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/compress/agree.hpp>
 #include <commsgd/compress/bit_pack.hpp>
+#include <commsgd/compress/compressed_reducer.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/layers.hpp>
 #include <commsgd/compress/random.hpp>
-#include <commsgd/compress/reducer.hpp>
 #include <commsgd/compress/round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
@@ -198,7 +198,7 @@ namespace commsgd::inline v1::policy {
 struct qsgd {};
 
 template <>
-struct sparsifier_traits<qsgd> : compressor_traits<sparsifier_traits<qsgd>, compress::qsgd> {
+struct compression_traits<qsgd> : compressor_traits<compression_traits<qsgd>, compress::qsgd> {
   template <class Options>
   static compress::qsgd make(std::size_t length, const Options& o) {
     return compress::qsgd(length, o.qsgd);

@@ -13,10 +13,10 @@
 
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/compress/agree.hpp>
+#include <commsgd/compress/compressed_reducer.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/random.hpp>
-#include <commsgd/compress/reducer.hpp>
 #include <commsgd/compress/round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
@@ -146,7 +146,7 @@ namespace commsgd::inline v1::policy {
 struct random_k {};
 
 template <>
-struct sparsifier_traits<random_k> : compressor_traits<sparsifier_traits<random_k>, compress::random_k> {
+struct compression_traits<random_k> : compressor_traits<compression_traits<random_k>, compress::random_k> {
   template <class Options>
   static compress::random_k make(std::size_t length, const Options& o) {
     return compress::random_k(length, o.random_k);

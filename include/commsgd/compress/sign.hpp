@@ -10,10 +10,10 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/compress/agree.hpp>
 #include <commsgd/compress/bit_pack.hpp>
+#include <commsgd/compress/compressed_reducer.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/layers.hpp>
-#include <commsgd/compress/reducer.hpp>
 #include <commsgd/compress/round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
@@ -127,7 +127,7 @@ namespace commsgd::inline v1::policy {
 struct sign {};
 
 template <>
-struct sparsifier_traits<sign> : compressor_traits<sparsifier_traits<sign>, compress::sign> {
+struct compression_traits<sign> : compressor_traits<compression_traits<sign>, compress::sign> {
   template <class Options>
   static compress::sign make(std::size_t length, const Options& o) {
     return compress::sign(length, o.sign);

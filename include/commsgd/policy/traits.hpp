@@ -1,4 +1,4 @@
-// The open seam data_parallel<Coding, Sparsifier, Sync, C> composes through.
+// The open seam data_parallel<Coding, Compression, Sync, C> composes through.
 //
 // A policy is a small tag type in namespace commsgd::policy. Its own header specialises one of the three
 // traits below next to the tag, saying how to build its part over a communicator and which partners it
@@ -6,11 +6,15 @@
 // and include that header from the area's umbrella; a type written outside the library plugs in the same
 // way (tests/unit/data_parallel_user_policies.cpp does it with a sparsifier and a sync strategy).
 //
+// The second slot holds a compression policy: what happens to the block gradients between backward and the
+// exchange. Sparsification (top_k) is one kind; quantisation (qsgd, sign), low rank (powersgd), random-k and
+// fp16/bf16 are others, and policy::dense is none.
+//
 //   coding_traits<P>      template <class C> using type = <a coding::coding_scheme over C>;
 //                         static type<C> make(C&, std::size_t length, const Options&);
 //                         static constexpr bool plain;   one block per rank summed by the all-reduce
-//                         template <class Sparsifier> static consteval bool accepts();
-//   sparsifier_traits<P>  static constexpr bool dense_blocks;  true: the blocks reach the coding scheme as
+//                         template <class Compression> static consteval bool accepts();
+//   compression_traits<P> static constexpr bool dense_blocks;  true: the blocks reach the coding scheme as
 //                         they are; false: using type = <a sparsify::sparsifier>;
 //                         static type make(std::size_t length, const Options&); its messages are summed
 //                         by sparsify::exchanger, one per rank (so only a plain coding policy pairs);
@@ -23,7 +27,12 @@
 //                         last() (a const sparsify::exchange_report&), as sparsify::sparse_reducer does
 //   sync_traits<P>        template <class C> using type = <a sync::sync_strategy over C>;
 //                         static type<C> make(C&, std::size_t length, const Options&);
-//                         template <class Coding, class Sparsifier> static consteval bool accepts();
+//                         template <class Coding, class Compression> static consteval bool accepts();
+//
+// Renamed in this release, the old names kept for one: compression_traits was sparsifier_traits, and
+// compression_policy was sparsifier_policy. A policy written against the old name (a specialisation of
+// sparsifier_traits) still works: the primary compression_traits<P> derives from sparsifier_traits<P>, so
+// it is that specialisation; the library's own policies specialise compression_traits.
 //
 // Options is data_parallel_options, or a struct derived from it that adds the settings of a policy written
 // outside the library; it is a template parameter so that a policy's header need not include every other
@@ -31,48 +40,70 @@
 //
 // accepts() returns true or fails a static_assert whose message says why the pair makes no sense: a C++20
 // static_assert message must be a literal, so the reason lives in the header of the policy that refuses. A
-// sync strategy whose step takes a reducer (sync/reducer.hpp) sums block gradients and so composes with any
-// coding scheme and sparsifier; one that exchanges by itself takes one gradient per rank. Rules that several
-// policies share live below (exchanges_by_itself, codes_dense_blocks) for their traits to inherit.
+// sync strategy whose step takes a reducer (sync/reducer_concept.hpp) sums block gradients and so composes
+// with any coding scheme and compression; one that exchanges by itself takes one gradient per rank. Rules
+// that several policies share live below (exchanges_by_itself, codes_dense_blocks) for their traits to
+// inherit.
 #pragma once
 
 #include <commsgd/config.hpp>
+
+#include <type_traits>
+
+namespace commsgd::inline v1::detail {
+// The base of the primary policy::sparsifier_traits: P is not a compression policy.
+struct not_a_compression_policy {};
+} // namespace commsgd::inline v1::detail
 
 namespace commsgd::inline v1::policy {
 
 template <class P>
 struct coding_traits;
 template <class P>
-struct sparsifier_traits;
-template <class P>
 struct sync_traits;
+
+// Deprecated: specialise compression_traits; kept for one release. Still specialisable: a specialisation
+// for P is what the primary compression_traits<P> derives from. (Not an alias of compression_traits, which
+// could not be specialised; not [[deprecated]], since the primary compression_traits names it for every
+// type that is not one of the library's policies.)
+template <class P>
+struct sparsifier_traits : commsgd::detail::not_a_compression_policy {};
+
+// The traits of a compression policy (the second slot of data_parallel). The primary template is whatever
+// sparsifier_traits<P> says, so a policy written against the old name keeps working; every policy of the
+// library specialises this one.
+template <class P>
+struct compression_traits : sparsifier_traits<P> {};
 
 template <class P>
 concept coding_policy = requires {
   sizeof(coding_traits<P>);
 };
 template <class P>
-concept sparsifier_policy = requires {
-  sizeof(sparsifier_traits<P>);
-};
+concept compression_policy =
+    !std::is_base_of_v<commsgd::detail::not_a_compression_policy, compression_traits<P>>;
+// Deprecated: use compression_policy; kept for one release. (A concept cannot carry [[deprecated]], so
+// naming it does not warn.)
+template <class P>
+concept sparsifier_policy = compression_policy<P>;
 template <class P>
 concept sync_policy = requires {
   sizeof(sync_traits<P>);
 };
 
-// Whether a sparsifier policy leaves the block gradients dense (nothing between them and the coding scheme).
-template <sparsifier_policy P>
-inline constexpr bool is_dense = sparsifier_traits<P>::dense_blocks;
+// Whether a compression policy leaves the block gradients dense (nothing between them and the coding scheme).
+template <compression_policy P>
+inline constexpr bool is_dense = compression_traits<P>::dense_blocks;
 
-// Whether a sparsifier policy builds its own reducer over a coding scheme and a communicator, instead of
+// Whether a compression policy builds its own reducer over a coding scheme and a communicator, instead of
 // handing its messages to sparsify::exchanger.
 // (The alias goes through reducer_of because GCC 12 rejects a member alias template named directly in a
 // requires-expression.)
 template <class Traits, class Scheme, class C>
 using reducer_of = typename Traits::template reducer<Scheme, C>;
 template <class P, class Scheme, class C>
-concept builds_reducer = sparsifier_policy<P> && requires {
-  typename reducer_of<sparsifier_traits<P>, Scheme, C>;
+concept builds_reducer = compression_policy<P> && requires {
+  typename reducer_of<compression_traits<P>, Scheme, C>;
 };
 
 // Whether a coding policy is one block per rank summed by the communicator's all-reduce, which is what a
@@ -81,12 +112,12 @@ template <coding_policy P>
 inline constexpr bool is_plain = coding_traits<P>::plain;
 
 // The accepts() of a sync strategy that exchanges models or partitions itself: it takes this rank's whole
-// gradient, so there is no block to code and no message to sparsify.
+// gradient, so there is no block to code and no message to compress.
 struct exchanges_by_itself {
-  template <class Coding, class Sparsifier>
+  template <class Coding, class Compression>
   static consteval bool accepts() {
-    static_assert(is_plain<Coding> && is_dense<Sparsifier>,
-                  "commsgd::data_parallel<Coding, Sparsifier, Sync>: this Sync strategy exchanges by itself "
+    static_assert(is_plain<Coding> && is_dense<Compression>,
+                  "commsgd::data_parallel<Coding, Compression, Sync>: this Sync strategy exchanges by itself "
                   "(local_sgd averages models, async_ps pushes to a server, partitioned exchanges partitions "
                   "as backward produces them); none sums block gradients every step, which coding (cssgd, "
                   "uncoded_shuffle, all-gather, unicast) and error-feedback sparsification (top_k) are "
@@ -100,13 +131,13 @@ struct exchanges_by_itself {
 struct codes_dense_blocks {
   static constexpr bool plain = false;
 
-  template <class Sparsifier>
+  template <class Compression>
   static consteval bool accepts() {
-    static_assert(is_dense<Sparsifier>,
-                  "commsgd::data_parallel<cssgd or uncoded_shuffle, Sparsifier, Sync>: a coded (or shuffled) "
-                  "exchange combines equally shaped dense block gradients segment by segment, while a "
-                  "sparsifier (top_k) leaves each rank a different sparse set, so there is nothing to code "
-                  "together; use policy::uncoded<> with the sparsifier, or the coded scheme with "
+    static_assert(is_dense<Compression>,
+                  "commsgd::data_parallel<cssgd or uncoded_shuffle, Compression, Sync>: a coded (or "
+                  "shuffled) exchange combines equally shaped dense block gradients segment by segment, "
+                  "while a sparsifier (top_k) leaves each rank a different sparse set, so there is nothing "
+                  "to code together; use policy::uncoded<> with the sparsifier, or the coded scheme with "
                   "policy::dense");
     return true;
   }

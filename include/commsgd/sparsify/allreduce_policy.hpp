@@ -25,7 +25,7 @@ template <select::selector Selector, sparsify::sparse_index Index = std::uint32_
 struct top_k_allreduce {};
 
 template <class Selector, class Index>
-struct sparsifier_traits<top_k_allreduce<Selector, Index>> {
+struct compression_traits<top_k_allreduce<Selector, Index>> {
   static constexpr bool dense_blocks = false;
   using sparsifier_type = sparsify::top_k<Selector, Index>;
   template <class Scheme, comm::communicator C>

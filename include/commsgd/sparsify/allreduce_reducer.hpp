@@ -1,5 +1,5 @@
 // sparsify::allreduce_reducer<Sparsifier, Scheme, C>: top-k with error feedback and the sparse all-reduce
-// (sparsify/allreduce.hpp) as the reducer a strategy sums through (sync/reducer.hpp).
+// (sparsify/allreduce.hpp) as the reducer a strategy sums through (sync/reducer_concept.hpp).
 //
 // reduce(blocks, out): K = the sparsifier's planned count for this step (the same on every rank, checked by
 // the exchange); the sparsifier's step gives this rank's local top-k of gradient + residual; the exchange

@@ -16,8 +16,8 @@
 // The CUDA sparsifier (cuda::top_k, through commsgd/cuda.cuh) hands over its pairs in pinned host memory,
 // so this host exchange sums them as they are. Gathering device buffers directly would need a CUDA-aware
 // transport and a scatter-add kernel that walks ranks in order (atomics would lose the deterministic
-// order); neither exists. sparsify/reducer.hpp puts a sparsifier and this exchange behind the reducer a
-// strategy sums through.
+// order); neither exists. sparsify/sparse_reducer.hpp puts a sparsifier and this exchange behind the reducer
+// a strategy sums through.
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>

@@ -98,7 +98,7 @@ namespace commsgd::inline v1::policy {
 struct dense {};
 
 template <>
-struct sparsifier_traits<dense> {
+struct compression_traits<dense> {
   static constexpr bool dense_blocks = true;
 };
 

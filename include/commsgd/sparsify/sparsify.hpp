@@ -8,7 +8,7 @@
 #include <commsgd/sparsify/exchange.hpp>
 #include <commsgd/sparsify/finite.hpp>
 #include <commsgd/sparsify/none.hpp>
-#include <commsgd/sparsify/reducer.hpp>
+#include <commsgd/sparsify/sparse_reducer.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/sparsifier.hpp>
 #include <commsgd/sparsify/state_io.hpp>

@@ -1,8 +1,8 @@
-// policy::top_k<Selector, Index>: sparsify::top_k as data_parallel's sparsifier.
+// policy::top_k<Selector, Index>: sparsify::top_k as data_parallel's compression (a sparsifier).
 //
 // Built from data_parallel_options::top_k; its messages carry Index indices, and the exchange that sums them
-// follows (sparsify/reducer.hpp). It sends one sparse set per rank, so it pairs with policy::uncoded<> only
-// (the coding policies' traits say why).
+// follows (sparsify/sparse_reducer.hpp). It sends one sparse set per rank, so it pairs with policy::uncoded<>
+// only (the coding policies' traits say why).
 #pragma once
 
 #include <commsgd/policy/traits.hpp>
@@ -19,7 +19,7 @@ template <select::selector Selector, sparsify::sparse_index Index = std::uint32_
 struct top_k {};
 
 template <class Selector, class Index>
-struct sparsifier_traits<top_k<Selector, Index>> {
+struct compression_traits<top_k<Selector, Index>> {
   static constexpr bool dense_blocks = false;
   using type = sparsify::top_k<Selector, Index>;
 

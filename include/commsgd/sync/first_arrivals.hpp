@@ -49,7 +49,7 @@
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/delays.hpp>
-#include <commsgd/sync/reducer.hpp>
+#include <commsgd/sync/reducer_concept.hpp>
 #include <commsgd/sync/replica_guard.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/state.hpp>
@@ -652,11 +652,11 @@ struct sync_traits<first_arrivals> {
     return type<C>(c, length, with_lr(o.first_arrivals, o.lr));
   }
 
-  template <class Coding, class Sparsifier>
+  template <class Coding, class Compression>
   static consteval bool accepts() {
     static_assert(
-        is_gradient_code<Coding> && is_dense<Sparsifier>,
-        "commsgd::data_parallel<Coding, Sparsifier, first_arrivals>: proceeding with the first n - s "
+        is_gradient_code<Coding> && is_dense<Compression>,
+        "commsgd::data_parallel<Coding, Compression, first_arrivals>: proceeding with the first n - s "
         "answers needs a code that decodes the sum from any n - s ranks; use "
         "policy::gradient_code<fractional_repetition | cyclic | backup_workers> with policy::dense");
     return true;

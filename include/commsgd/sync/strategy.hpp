@@ -1,7 +1,7 @@
 // The sync-strategy concept: when and what a data-parallel rank exchanges, and how it turns gradients into
 // a model update.
 //
-// A trainer (or data_parallel<Coding, Sparsifier, Sync>) drives every strategy through the same life cycle
+// A trainer (or data_parallel<Coding, Compression, Sync>) drives every strategy through the same life cycle
 // (tests/unit/sync_snippets.cpp compiles and runs it):
 //
 //   s.start(params);                         // once: ranks agree on the initial model (or a server takes it)

@@ -12,7 +12,7 @@
 #include <commsgd/sync/measure_network.hpp>
 #include <commsgd/sync/partitioned.hpp>
 #include <commsgd/sync/poll.hpp>
-#include <commsgd/sync/reducer.hpp>
+#include <commsgd/sync/reducer_concept.hpp>
 #include <commsgd/sync/replica_guard.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/state.hpp>

@@ -3,7 +3,7 @@
 //   sync::synchronous s(comm, {.lr = 0.1f});                  // or synchronous<C, ordered_exchange<C>>
 //   s.start(x); loop { grad at x; s.step(x, grad, {}); } s.finish(x);
 //
-// With block gradients and a reducer (sync/reducer.hpp), as data_parallel drives it, the reducer makes the
+// With block gradients and a reducer (sync/reducer_concept.hpp), as in data_parallel, the reducer makes the
 // sum (a coding scheme's exchange, or a sparsifier's messages summed) and the step applies its mean:
 //
 //   s.step(x, blocks, reducer, {});
@@ -19,7 +19,7 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/exchange.hpp>
-#include <commsgd/sync/reducer.hpp>
+#include <commsgd/sync/reducer_concept.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
@@ -127,7 +127,7 @@ struct sync_traits<synchronous> {
     return type<C>(c, sync::synchronous_options{.lr = o.lr});
   }
 
-  template <class Coding, class Sparsifier>
+  template <class Coding, class Compression>
   static consteval bool accepts() {
     return true;
   }

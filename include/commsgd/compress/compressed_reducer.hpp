@@ -1,0 +1,75 @@
+// compress::reducer<Compressor, Scheme, C>: a compressor as the reducer a strategy sums through
+// (sync/reducer_concept.hpp), and policy::compressor_traits, the traits a compressor policy inherits.
+//
+// reduce(blocks, out) takes this rank's one block gradient and lets the compressor run its round. Scheme is
+// the coding scheme that fixed the block assignment (one block per rank); the reducer owns it and the
+// compressor, so the exchange side of a composition stays one movable value.
+#pragma once
+
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/compress/compressor.hpp>
+#include <commsgd/config.hpp>
+#include <commsgd/error.hpp>
+#include <commsgd/policy/traits.hpp>
+
+#include <cstddef>
+#include <span>
+#include <utility>
+
+namespace commsgd::inline v1::compress {
+
+template <class Compressor, class Scheme, comm::communicator C>
+requires compressor<Compressor, C>
+class reducer {
+public:
+  using compressor_type = Compressor;
+  using scheme_type = Scheme;
+
+  // `comm` must outlive the reducer.
+  reducer(C& comm, Scheme scheme, Compressor x)
+      : comm_(&comm), scheme_(std::move(scheme)), x_(std::move(x)) {}
+
+  const report& reduce(std::span<const std::span<const float>> blocks, std::span<float> out) {
+    if (blocks.size() != 1)
+      throw size_mismatch(commsgd::detail::concat("argument 'blocks' holds ", blocks.size(),
+                                                  " block gradients; a compressor takes one per rank"));
+    last_ = x_.reduce(*comm_, blocks[0], out);
+    return last_;
+  }
+  std::size_t block_count() const { return scheme_.block_count(); }
+
+  Scheme& scheme() noexcept { return scheme_; }
+  const Scheme& scheme() const noexcept { return scheme_; }
+  // data_parallel::compression() reaches the compressor's state through this name.
+  Compressor& sparsifier() noexcept { return x_; }
+  const Compressor& sparsifier() const noexcept { return x_; }
+  const report& last() const noexcept { return last_; }
+
+private:
+  C* comm_;
+  Scheme scheme_;
+  Compressor x_;
+  report last_{};
+};
+
+} // namespace commsgd::inline v1::compress
+
+namespace commsgd::inline v1::policy {
+
+// What a compressor policy's compression_traits inherit (CRTP): Derived supplies
+//   template <class Options> static Compressor make(std::size_t length, const Options&);
+// and the round runs through compress::reducer. One block per rank, so only policy::uncoded<> pairs.
+template <class Derived, class Compressor>
+struct compressor_traits {
+  static constexpr bool dense_blocks = false;
+
+  template <class Scheme, comm::communicator C>
+  using reducer = compress::reducer<Compressor, Scheme, C>;
+
+  template <comm::communicator C, class Scheme, class Options>
+  static reducer<Scheme, C> make_reducer(C& c, Scheme scheme, std::size_t length, const Options& o) {
+    return reducer<Scheme, C>(c, std::move(scheme), Derived::make(length, o));
+  }
+};
+
+} // namespace commsgd::inline v1::policy
