@@ -47,6 +47,7 @@
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/poll.hpp>
+#include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
@@ -664,6 +665,13 @@ private:
 static_assert(sync_strategy<async_ps_server<comm::archetype>>);
 static_assert(sync_strategy<async_ps_worker<comm::archetype>>);
 static_assert(sync_strategy<async_ps<comm::archetype>>);
+
+// Workers pull whichever version is newest; every rank ends with the final model.
+template <class C>
+struct replica_promise<async_ps<C>> {
+  static bool after_step(const async_ps<C>&, const step_result&) { return false; }
+  static bool after_finish(const async_ps<C>&) { return true; }
+};
 
 } // namespace commsgd::inline v1::sync
 

@@ -50,7 +50,7 @@
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/delays.hpp>
 #include <commsgd/sync/reducer_concept.hpp>
-#include <commsgd/sync/replica_guard.hpp>
+#include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>

@@ -33,6 +33,7 @@
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/exchange.hpp>
+#include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
@@ -317,6 +318,13 @@ private:
 };
 
 static_assert(sync_strategy<local_sgd<comm::archetype>>);
+
+// What replica_guard may check (sync/replica_promise.hpp).
+template <class C, class E>
+struct replica_promise<local_sgd<C, E>> {
+  static bool after_step(const local_sgd<C, E>& s, const step_result& r) { return s.replicas_identical(r); }
+  static bool after_finish(const local_sgd<C, E>& s) { return s.replicas_identical_after_finish(); }
+};
 
 } // namespace commsgd::inline v1::sync
 

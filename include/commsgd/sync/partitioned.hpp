@@ -43,6 +43,7 @@
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/poll.hpp>
+#include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
@@ -414,6 +415,13 @@ private:
 };
 
 static_assert(sync_strategy<partitioned<comm::archetype>>);
+
+// What replica_guard may check (sync/replica_promise.hpp).
+template <class C>
+struct replica_promise<partitioned<C>> {
+  static bool after_step(const partitioned<C>&, const step_result&) { return true; }
+  static bool after_finish(const partitioned<C>&) { return true; }
+};
 
 } // namespace commsgd::inline v1::sync
 

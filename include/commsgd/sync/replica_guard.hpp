@@ -19,7 +19,8 @@
 //   local_sgd                  after warm-up and averaging steps, unless correction is at_sync (the pull
 //                              leaves each rank its own model); at finish if it averages there
 //   async_ps                   at finish only (workers pull different versions while training)
-// A strategy written elsewhere specialises replica_promise; unknown strategies promise nothing.
+// Each strategy states its promise beside itself (sync/replica_promise.hpp); a strategy written elsewhere
+// specialises replica_promise the same way, and unknown strategies promise nothing.
 //
 // The hash reads bits, not values: -0 and +0 differ, and so do NaNs with different payloads. That is the
 // point: replicas that should be identical must be identical bit for bit, since any difference grows.
@@ -27,11 +28,8 @@
 
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/sync/async_ps.hpp>
-#include <commsgd/sync/local_sgd.hpp>
-#include <commsgd/sync/partitioned.hpp>
+#include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/strategy.hpp>
-#include <commsgd/sync/synchronous.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -176,39 +174,6 @@ std::vector<replica_report> gather_replica_reports(C& c, std::span<const float> 
   c.all_gather(std::span<const std::byte>(in), std::as_writable_bytes(std::span<replica_report>(all)));
   return all;
 }
-
-// Whether a strategy promises every rank the same model bits after a step (after_step) and after finish
-// (after_finish). Unknown strategies promise nothing, so the guard never checks them; specialise for yours.
-template <class S>
-struct replica_promise {
-  static bool after_step(const S&, const step_result&) { return false; }
-  static bool after_finish(const S&) { return false; }
-};
-
-template <class C, class E>
-struct replica_promise<synchronous<C, E>> {
-  static bool after_step(const synchronous<C, E>&, const step_result&) { return true; }
-  static bool after_finish(const synchronous<C, E>&) { return true; }
-};
-
-template <class C>
-struct replica_promise<partitioned<C>> {
-  static bool after_step(const partitioned<C>&, const step_result&) { return true; }
-  static bool after_finish(const partitioned<C>&) { return true; }
-};
-
-template <class C, class E>
-struct replica_promise<local_sgd<C, E>> {
-  static bool after_step(const local_sgd<C, E>& s, const step_result& r) { return s.replicas_identical(r); }
-  static bool after_finish(const local_sgd<C, E>& s) { return s.replicas_identical_after_finish(); }
-};
-
-// Workers pull whichever version is newest; every rank ends with the final model.
-template <class C>
-struct replica_promise<async_ps<C>> {
-  static bool after_step(const async_ps<C>&, const step_result&) { return false; }
-  static bool after_finish(const async_ps<C>&) { return true; }
-};
 
 template <comm::communicator C>
 class replica_guard {

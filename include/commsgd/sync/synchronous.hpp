@@ -20,6 +20,7 @@
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sync/exchange.hpp>
 #include <commsgd/sync/reducer_concept.hpp>
+#include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
@@ -109,6 +110,13 @@ private:
 
 static_assert(sync_strategy<synchronous<comm::archetype>>);
 static_assert(sync_strategy<synchronous<comm::archetype, ordered_exchange<comm::archetype>>>);
+
+// What replica_guard may check (sync/replica_promise.hpp).
+template <class C, class E>
+struct replica_promise<synchronous<C, E>> {
+  static bool after_step(const synchronous<C, E>&, const step_result&) { return true; }
+  static bool after_finish(const synchronous<C, E>&) { return true; }
+};
 
 } // namespace commsgd::inline v1::sync
 
