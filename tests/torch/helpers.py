@@ -1,4 +1,5 @@
-"""Shared by the commsgd_torch tests: run a function on N forked ranks of a gloo group, load Fashion-MNIST."""
+"""Shared by the commsgd_torch tests: run a function on N ranks of a process group (forked, or spawned where
+CUDA is in use), the Dot model whose gradients are its inputs, load Fashion-MNIST."""
 import gzip
 import os
 import struct
@@ -12,11 +13,13 @@ import torch.distributed as dist
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
 
-def _worker(fn, rank, world, store, queue, args):
+def _worker(fn, rank, world, backend, cuda_device, store, queue, args):
     try:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world,
+        if cuda_device is not None:
+            torch.cuda.set_device(cuda_device)
+        dist.init_process_group(backend, init_method="file://" + store, rank=rank, world_size=world,
                                 timeout=__import__("datetime").timedelta(seconds=60))
         out = fn(rank, world, *args)
         dist.destroy_process_group()
@@ -25,15 +28,18 @@ def _worker(fn, rank, world, store, queue, args):
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(fn, world=2, args=(), timeout=240):
-    """Runs fn(rank, world, *args) on `world` forked processes; returns their results by rank.
+def run_ranks(fn, world=2, args=(), timeout=240, backend="gloo", spawn=False, cuda_device=None):
+    """Runs fn(rank, world, *args) on `world` processes; returns their results by rank. Forked, unless
+    `spawn` (a process that has touched CUDA cannot fork a child that uses it); `cuda_device` is made each
+    rank's current device before the group starts.
 
     A rank that raises, dies or outlives `timeout` fails the caller with that rank's traceback."""
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn" if spawn else "fork")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(fn, r, world, store, queue, args)) for r in range(world)]
+        procs = [ctx.Process(target=_worker,
+                              args=(fn, r, world, backend, cuda_device, store, queue, args)) for r in range(world)]
         for p in procs:
             p.start()
         results, errors = {}, []
@@ -54,6 +60,20 @@ def run_ranks(fn, world=2, args=(), timeout=240):
         if errors:
             raise AssertionError("\n".join(errors))
         return [results[r] for r in range(world)]
+
+
+class Dot(torch.nn.Module):
+    """loss = sum_i <p_i, x_i>: the gradient of p_i is x_i exactly, so gradients are whatever we feed."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(n)) for n in sizes])
+
+    def forward(self, xs):
+        return sum((p * x).sum() for p, x in zip(self.ps, xs))
+
+
+SIZES = [1000, 37, 1, 4096, 513]
 
 
 def _idx(path):

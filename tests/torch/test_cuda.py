@@ -2,13 +2,8 @@
 
 Ranks are spawned, not forked: a process that has touched CUDA cannot fork a child that uses it. Every test
 that needs a GPU skips where torch sees none or the package was built without nvcc."""
-import datetime
 import io
 import math
-import multiprocessing as mp
-import os
-import tempfile
-import traceback
 
 import pytest
 import torch
@@ -17,69 +12,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commsgd_torch
 from commsgd_torch import cuda_topk
-from helpers import FakeBucket, mlp
+import helpers
+from helpers import SIZES, Dot, FakeBucket, mlp
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA or cuda_topk._cuda is None,
                          reason="no CUDA device" if not HAS_CUDA else "commsgd_torch built without _cuda (no nvcc)")
 
 
-def _worker(fn, rank, world, backend, store, queue, args):
-    try:
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-        torch.set_num_threads(1)
-        if HAS_CUDA:
-            torch.cuda.set_device(0)
-        dist.init_process_group(backend, init_method="file://" + store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
-        out = fn(rank, world, *args)
-        dist.destroy_process_group()
-        queue.put((rank, "ok", out))
-    except BaseException:
-        queue.put((rank, "error", traceback.format_exc()))
-
-
 def run_ranks(fn, world=2, args=(), backend="gloo", timeout=240):
-    """fn(rank, world, *args) on `world` spawned ranks; their results (no CUDA tensors) by rank."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(fn, r, world, backend, store, queue, args)) for r in range(world)]
-        for p in procs:
-            p.start()
-        results, errors = {}, []
-        try:
-            for _ in range(world):
-                rank, status, out = queue.get(timeout=timeout)
-                if status == "ok":
-                    results[rank] = out
-                else:
-                    errors.append(f"rank {rank}:\n{out}")
-        except Exception as e:
-            errors.append(f"ranks {sorted(set(range(world)) - set(results))} did not report: {e!r}")
-        finally:
-            for p in procs:
-                p.join(timeout=10)
-                if p.is_alive():
-                    p.kill()
-        if errors:
-            raise AssertionError("\n".join(errors))
-        return [results[r] for r in range(world)]
+    """fn(rank, world, *args) on `world` spawned ranks sharing cuda:0; their results (no CUDA tensors) by rank."""
+    return helpers.run_ranks(fn, world, args, timeout, backend=backend, spawn=True,
+                             cuda_device=0 if HAS_CUDA else None)
 
-
-class Dot(torch.nn.Module):
-    """loss = sum_i <p_i, x_i>: the gradient of p_i is x_i exactly."""
-
-    def __init__(self, sizes):
-        super().__init__()
-        self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(n)) for n in sizes])
-
-    def forward(self, xs):
-        return sum((p * x).sum() for p, x in zip(self.ps, xs))
-
-
-SIZES = [1000, 37, 1, 4096, 513]
 
 
 def _bits(t):

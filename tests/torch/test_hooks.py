@@ -8,21 +8,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commsgd_torch
-from helpers import FakeBucket, mlp, run_ranks
-
-
-class Dot(torch.nn.Module):
-    """loss = sum_i <p_i, x_i>: the gradient of p_i is x_i exactly, so gradients are whatever we feed."""
-
-    def __init__(self, sizes):
-        super().__init__()
-        self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(n)) for n in sizes])
-
-    def forward(self, xs):
-        return sum((p * x).sum() for p, x in zip(self.ps, xs))
-
-
-SIZES = [1000, 37, 1, 4096, 513]
+from helpers import SIZES, Dot, FakeBucket, mlp, run_ranks
 
 
 def _ddp_grads(rank, model, xs, hook_state=None, hook=None, steps=3):
