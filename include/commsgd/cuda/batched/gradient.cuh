@@ -27,10 +27,5 @@ __device__ inline float to_float(__nv_bfloat16 x) {
   return __bfloat162float(x);
 }
 
-template <class T>
-inline constexpr const char* gradient_name = std::is_same_v<T, float>    ? "float32"
-                                             : std::is_same_v<T, __half> ? "float16"
-                                                                         : "bfloat16";
-
 } // namespace detail
 } // namespace commsgd::inline v1::cuda

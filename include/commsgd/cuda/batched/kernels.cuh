@@ -258,10 +258,15 @@ __device__ inline void for_each_entry(const tile& tl, const segment& sg, const s
   }
 }
 
-// Whether this block walks tile `ti` this pass: the tensor is still searching, and the tile is of the kind
-// its search reads. Value tiles are skipped wholesale when no tensor reads its values.
+// Whether tile `tl` is of the kind the tensor's search reads this step (values or candidates). Value tiles
+// are skipped wholesale when no tensor reads its values (first_tile).
+__device__ inline bool tile_read(const tile& tl, const search_state& s) {
+  return (tl.over_candidates != 0) == reads_candidates(s);
+}
+
+// Whether a digit pass walks tile `tl`: its tensor is still searching and reads tiles of that kind.
 __device__ inline bool tile_wanted(const tile& tl, const search_state& s) {
-  return !s.done && (tl.over_candidates != 0) == reads_candidates(s);
+  return !s.done && tile_read(tl, s);
 }
 
 __device__ inline u64 first_tile(const control* ctl, u64 value_tiles) {
@@ -375,7 +380,7 @@ __global__ void __launch_bounds__(T::block_threads)
   for (u64 ti = first_tile(ctl, value_tiles) + blockIdx.x; ti < tile_count; ti += gridDim.x) {
     const tile tl = tiles[ti];
     const search_state s = search[tl.segment];
-    if ((tl.over_candidates != 0) != reads_candidates(s)) continue; // uniform across the block
+    if (!tile_read(tl, s)) continue; // uniform across the block
     const segment sg = segs[tl.segment];
     // Warp-uniform trip count, so that the ballot sees every lane.
     const u64 end = tl.over_candidates ? least(tl.end, least(s.candidates, sg.candidate_capacity)) : tl.end;
@@ -451,14 +456,6 @@ __global__ void __launch_bounds__(T::block_threads)
       ctl->phase ^= 1u;
     }
   }
-}
-
-// Every entry of every tensor to +0 (the state at construction and after reset).
-template <class = void>
-__global__ void fill_kernel(float* x, u64 n, float v) {
-  for (u64 i = blockIdx.x * static_cast<u64>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<u64>(gridDim.x) * blockDim.x)
-    x[i] = v;
 }
 
 } // namespace commsgd::inline v1::cuda::detail::batched
