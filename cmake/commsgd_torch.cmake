@@ -21,7 +21,7 @@ message(STATUS "commsgd: LibTorch ${Torch_VERSION} found, commsgd::torch provide
 # The Python module needs the interpreter with torch, its headers and pybind11.
 set(COMMSGD_TORCH_PYTHON "/usr/bin/python3" CACHE FILEPATH "The Python interpreter that has torch installed")
 set(COMMSGD_HAS_TORCH_PYTHON OFF)
-if(EXISTS "${COMMSGD_TORCH_PYTHON}")
+if(COMMSGD_BUILD_PYTHON AND EXISTS "${COMMSGD_TORCH_PYTHON}")
   execute_process(COMMAND "${COMMSGD_TORCH_PYTHON}" -c "import torch; print(torch.__version__)"
                   RESULT_VARIABLE commsgd_torch_py_rc OUTPUT_VARIABLE commsgd_torch_py_version
                   OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
@@ -36,6 +36,8 @@ if(EXISTS "${COMMSGD_TORCH_PYTHON}")
     endif()
   endif()
 endif()
-if(NOT COMMSGD_HAS_TORCH_PYTHON)
+if(NOT COMMSGD_BUILD_PYTHON)
+  message(STATUS "commsgd: COMMSGD_BUILD_PYTHON is off, commsgd_torch is not built")
+elseif(NOT COMMSGD_HAS_TORCH_PYTHON)
   message(STATUS "commsgd: ${COMMSGD_TORCH_PYTHON} with torch and pybind11 not found, commsgd_torch is not built")
 endif()
