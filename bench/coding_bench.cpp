@@ -121,7 +121,7 @@ double exchange_once(kind k, C& c, int r, std::size_t d) {
 // Per-node bytes (worst node, in units of d) and modelled times at the full d, from the cost model.
 void model_counters(benchmark::State& state, kind k, int n, int r) {
   const auto net = comm::network_model::gigabit();
-  cost::node_traffic worst{};
+  comm::traffic worst{};
   for (int i = 0; i < n; ++i) {
     const auto t = cost::exchange_traffic(k, n, r, d_full, 4, i);
     worst.bytes_sent = std::max(worst.bytes_sent, t.bytes_sent);
@@ -130,7 +130,7 @@ void model_counters(benchmark::State& state, kind k, int n, int r) {
   const auto mc = comm::network_model::gigabit(comm::medium::multicast);
   std::uint64_t tx_mc = 0;
   for (int i = 0; i < n; ++i)
-    tx_mc = std::max(tx_mc, cost::exchange_load(k, n, r, d_full, 4, i, mc).tx_bytes);
+    tx_mc = std::max(tx_mc, cost::exchange_load(k, n, r, d_full, 4, i, mc).bytes_sent);
   const double d_values = static_cast<double>(d_full);
   state.counters["sent_d"] = static_cast<double>(worst.bytes_sent) / 4 / d_values;
   state.counters["recv_d"] = static_cast<double>(worst.bytes_received) / 4 / d_values;

@@ -1,4 +1,4 @@
-// The scaling study: how the dense ring all-reduce, the all-gather top-k exchange (sparsify/exchange.hpp),
+// The scaling study: how the dense ring all-reduce, the all-gather top-k exchange (sparsify/sparse_exchange.hpp),
 // the sparse all-reduce (sparsify/allreduce.hpp) and a rank-2 PowerSGD move bytes and time as the number of
 // nodes grows.
 //
@@ -26,7 +26,7 @@
 #include <commsgd/cost/sparse_allreduce.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/sparsify/allreduce.hpp>
-#include <commsgd/sparsify/exchange.hpp>
+#include <commsgd/sparsify/sparse_exchange.hpp>
 #include <commsgd/sparsify/top_k.hpp>
 
 #include <algorithm>
@@ -58,8 +58,8 @@ struct figures {
   double rx_bytes = 0, s1 = 0, s10 = 0;
 };
 
-figures of(const cm::link_load& l) {
-  return {static_cast<double>(l.rx_bytes), cm::busy_seconds(l, gbit1), cm::busy_seconds(l, gbit10)};
+figures of(const cm::traffic& l) {
+  return {static_cast<double>(l.bytes_received), cm::busy_seconds(l, gbit1), cm::busy_seconds(l, gbit10)};
 }
 
 figures dense_model(int n, std::uint64_t d) {
@@ -81,7 +81,8 @@ figures allreduce_model(int n, std::uint64_t d, std::uint64_t k, std::uint64_t r
   const auto fresh = cost::sparse_allreduce_balanced_load(n, d, k, k, true);
   const auto reuse = cost::sparse_allreduce_balanced_load(n, d, k, k, false);
   const double t = static_cast<double>(refresh);
-  return {(static_cast<double>(fresh.rx_bytes) + (t - 1) * static_cast<double>(reuse.rx_bytes)) / t,
+  return {(static_cast<double>(fresh.bytes_received) + (t - 1) * static_cast<double>(reuse.bytes_received)) /
+              t,
           cost::sparse_allreduce_balanced_seconds(n, d, k, k, refresh, gbit1),
           cost::sparse_allreduce_balanced_seconds(n, d, k, k, refresh, gbit10)};
 }
@@ -129,8 +130,7 @@ measured run_measured(int n, std::uint64_t d, double density, int steps, const s
   const auto un = static_cast<std::size_t>(n);
   const std::uint64_t k = k_of(density, d);
   // [step][rank]
-  std::vector<std::vector<cm::link_load>> loads(static_cast<std::size_t>(steps),
-                                                std::vector<cm::link_load>(un));
+  std::vector<std::vector<cm::traffic>> loads(static_cast<std::size_t>(steps), std::vector<cm::traffic>(un));
   std::vector<std::vector<double>> applied(static_cast<std::size_t>(steps), std::vector<double>(un)),
       returned(static_cast<std::size_t>(steps), std::vector<double>(un));
   std::vector<char> dense(un, 0);
@@ -168,8 +168,8 @@ measured run_measured(int n, std::uint64_t d, double density, int steps, const s
     double rx_max = 0, rx_sum = 0, s1 = 0, s10 = 0, ret = 0;
     for (std::size_t r = 0; r < un; ++r) {
       const auto& l = loads[tt][r];
-      rx_max = std::max(rx_max, static_cast<double>(l.rx_bytes));
-      rx_sum += static_cast<double>(l.rx_bytes);
+      rx_max = std::max(rx_max, static_cast<double>(l.bytes_received));
+      rx_sum += static_cast<double>(l.bytes_received);
       s1 = std::max(s1, cm::busy_seconds(l, gbit1));
       s10 = std::max(s10, cm::busy_seconds(l, gbit10));
       ret += returned[tt][r];

@@ -13,7 +13,7 @@
 #include <commsgd/cost/sparse.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
-#include <commsgd/sparsify/exchange.hpp>
+#include <commsgd/sparsify/sparse_exchange.hpp>
 #include <commsgd/sparsify/top_k.hpp>
 
 #include <benchmark/benchmark.h>

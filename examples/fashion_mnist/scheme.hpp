@@ -62,7 +62,7 @@ public:
   // Modelled seconds this rank's step takes on `net`, from the compute measured in it and the link load that
   // comm::simulated charged for it. Default: the exchange starts after the compute and nothing overlaps, so
   // the step is compute + the busier side of the link (the simulated clock's own rule).
-  virtual double step_seconds(double compute, const commsgd::comm::link_load& load,
+  virtual double step_seconds(double compute, const commsgd::comm::traffic& load,
                               const commsgd::comm::network_model& net) const {
     return compute + commsgd::comm::busy_seconds(load, net);
   }

@@ -271,21 +271,21 @@ public:
     sync_.finish_step(env.params);
   }
 
-  double step_seconds(double compute, const commsgd::comm::link_load& load,
+  double step_seconds(double compute, const commsgd::comm::traffic& load,
                       const commsgd::comm::network_model& net) const override {
-    commsgd::comm::link_load modelled;
+    commsgd::comm::traffic modelled;
     for (const auto& l : layer_load_)
       modelled += l;
-    if (modelled.tx_messages > load.tx_messages || modelled.tx_bytes > load.tx_bytes ||
-        modelled.rx_messages > load.rx_messages || modelled.rx_bytes > load.rx_bytes)
+    if (modelled.messages_sent > load.messages_sent || modelled.bytes_sent > load.bytes_sent ||
+        modelled.messages_received > load.messages_received || modelled.bytes_received > load.bytes_received)
       throw commsgd::invalid_argument("partitioned scheme: the per-layer loads exceed what comm::simulated "
                                       "charged for the step");
-    const commsgd::comm::link_load rest{
-        load.tx_messages - modelled.tx_messages, load.tx_bytes - modelled.tx_bytes,
-        load.rx_messages - modelled.rx_messages, load.rx_bytes - modelled.rx_bytes};
+    const commsgd::comm::traffic rest{
+        load.messages_sent - modelled.messages_sent, load.bytes_sent - modelled.bytes_sent,
+        load.messages_received - modelled.messages_received, load.bytes_received - modelled.bytes_received};
     double link_free = 0;
     for (std::size_t l = layer_load_.size(); l-- > 0;) {
-      if (layer_load_[l] == commsgd::comm::link_load{}) continue;
+      if (layer_load_[l] == commsgd::comm::traffic{}) continue;
       link_free = std::max(link_free, ready_at_[l]) + commsgd::comm::busy_seconds(layer_load_[l], net);
     }
     if (link_free > 0) link_free += net.seconds(1, largest_);
@@ -300,7 +300,7 @@ public:
 
 private:
   commsgd::sync::partitioned<Comm> sync_;
-  std::vector<commsgd::comm::link_load> layer_load_;
+  std::vector<commsgd::comm::traffic> layer_load_;
   std::vector<double> ready_at_;
   std::uint64_t largest_ = 0;
   bool started_ = false;

@@ -25,7 +25,6 @@
 // the last step's exchange and stay at their defaults where the composition has no such exchange. The object owns everything it built and may be moved; `comm` must outlive it.
 #pragma once
 
-#include <commsgd/checkpoint.hpp>
 #include <commsgd/coding/coding.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/local.hpp>
@@ -33,6 +32,7 @@
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sparsify/sparsify.hpp>
+#include <commsgd/state/data_parallel.hpp>
 #include <commsgd/sync/replica_guard.hpp>
 #include <commsgd/sync/sync.hpp>
 
@@ -207,7 +207,7 @@ public:
   // Steps taken (restored by load).
   std::uint64_t steps() const noexcept { return steps_; }
 
-  // Checkpoints (checkpoint.hpp): the composition's identity, the compression's state, the
+  // Checkpoints (state/data_parallel.hpp): the composition's identity, the compression's state, the
   // strategy's and the step count; the model is the trainer's. Every rank saves part::all, or rank 0
   // part::shared and every rank part::local. After load, start(params) with the saved model goes on.
   void save(std::ostream& os, state::part p = state::part::all) const {

@@ -28,7 +28,7 @@
 #include <commsgd/select/laplace_bisect.hpp>
 #include <commsgd/select/radix.hpp>
 #include <commsgd/select/sampled.hpp>
-#include <commsgd/sparsify/exchange.hpp>
+#include <commsgd/sparsify/sparse_exchange.hpp>
 #include <commsgd/sparsify/top_k.hpp>
 
 #include <pybind11/stl.h>

@@ -15,7 +15,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/cost/sparse.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/sparsify/exchange.hpp>
+#include <commsgd/sparsify/sparse_exchange.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 
 #include <bit>

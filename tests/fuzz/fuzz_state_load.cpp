@@ -13,8 +13,8 @@
 #include <commsgd/error.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
-#include <commsgd/sparsify/state_io.hpp>
 #include <commsgd/sparsify/top_k.hpp>
+#include <commsgd/state/top_k.hpp>
 
 #include <cstddef>
 #include <cstdint>

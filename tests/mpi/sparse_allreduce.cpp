@@ -40,8 +40,8 @@ std::uint32_t bits(float x) {
 bool metered_equals_model(const cm::metered<cm::mpi>& c, const sp::allreduce_report& rep, std::uint64_t d) {
   const auto m = c.counters().total();
   const auto l = cost::sparse_allreduce_load(rep.shape(), c.size(), c.rank(), d);
-  return m.bytes_sent == l.tx_bytes && m.bytes_received == l.rx_bytes && m.messages_sent == l.tx_messages &&
-         m.messages_received == l.rx_messages;
+  return m.bytes_sent == l.bytes_sent && m.bytes_received == l.bytes_received &&
+         m.messages_sent == l.messages_sent && m.messages_received == l.messages_received;
 }
 
 // Every rank's copy of v, rank-major, over the unmetered side communicator.

@@ -79,10 +79,9 @@ TEST_CASE("metered bytes and messages equal the cost model exactly") {
 }
 
 TEST_CASE("the cost model's closed forms: CSSGD sends G = C(n-1, r) packets of ceil(d/r), r copies each") {
-  CHECK(cost::cssgd(10, 1, 1000, 4) == cost::node_traffic{9, 9 * 1000 * 4, 9, 9 * 1000 * 4});
-  CHECK(cost::cssgd(10, 3, 1000, 4) ==
-        cost::node_traffic{3 * 84, 3 * 84 * 334 * 4, 3 * 84, 3 * 84 * 334 * 4});
-  CHECK(cost::cssgd(5, 5, 1000, 4) == cost::node_traffic{});
+  CHECK(cost::cssgd(10, 1, 1000, 4) == comm::traffic{9, 9 * 1000 * 4, 9, 9 * 1000 * 4});
+  CHECK(cost::cssgd(10, 3, 1000, 4) == comm::traffic{3 * 84, 3 * 84 * 334 * 4, 3 * 84, 3 * 84 * 334 * 4});
+  CHECK(cost::cssgd(5, 5, 1000, 4) == comm::traffic{});
   // The uncoded shuffle receives every lacking block exactly, no padding.
   CHECK(cost::uncoded_shuffle(10, 3, 1000, 4, 0).bytes_received == 84u * 1000 * 4);
   std::uint64_t sent = 0;
@@ -91,9 +90,9 @@ TEST_CASE("the cost model's closed forms: CSSGD sends G = C(n-1, r) packets of c
   CHECK(sent == 10u * 84 * 1000 * 4); // everything received was sent by someone
   // On a multicast medium a CSSGD node transmits r times less, receives the same.
   const auto mc = cost::cssgd_load(10, 3, 1000, 4, 0, comm::network_model::gigabit(comm::medium::multicast));
-  CHECK(mc.tx_messages == 84);
-  CHECK(mc.tx_bytes == 84u * 334 * 4);
-  CHECK(mc.rx_bytes == 3u * 84 * 334 * 4);
+  CHECK(mc.messages_sent == 84);
+  CHECK(mc.bytes_sent == 84u * 334 * 4);
+  CHECK(mc.bytes_received == 3u * 84 * 334 * 4);
 }
 
 TEST_CASE("simulated time of every exchange equals the time model bit for bit") {

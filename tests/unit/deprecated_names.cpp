@@ -1,14 +1,25 @@
 // The names renamed in this release still compile and behave the same for one release: the old reducer
 // headers forward to the new ones, a policy that specialises the old policy::sparsifier_traits is a
 // compression policy (directly, and through policy::compressor_traits), policy::sparsifier_policy agrees
-// with policy::compression_policy, and the deprecated data_parallel::sparsifier() is compression().
+// with policy::compression_policy, the deprecated data_parallel::sparsifier() is compression(), and the
+// simulator's and the cost model's traffic structs are comm::traffic, and the checkpoint headers forward to
+// state/.
 // Built with -Wno-deprecated-declarations (tests/CMakeLists.txt): using the old names is the point.
 #include <commsgd/coding/reducer.hpp>
 #include <commsgd/compress/reducer.hpp>
 #include <commsgd/sparsify/reducer.hpp>
 #include <commsgd/sync/reducer.hpp>
+// The checkpoint headers before they moved to state/.
+#include <commsgd/checkpoint.hpp>
+#include <commsgd/sparsify/exchange.hpp>
+#include <commsgd/sparsify/state_io.hpp>
+#include <commsgd/sync/exchange.hpp>
+#include <commsgd/sync/state.hpp>
 
 #include <commsgd/comm/local.hpp>
+#include <commsgd/comm/simulated.hpp>
+#include <commsgd/cost/time.hpp>
+#include <commsgd/cost/traffic.hpp>
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/select/exact.hpp>
 #include <support/least_squares.hpp>
@@ -34,6 +45,9 @@ static_assert(sync::reducer<coding::block_reducer<coding::uncoded<local>>>);
 static_assert(
     sync::reducer<sparsify::sparse_reducer<sparsify::top_k<select::exact>, coding::uncoded<local>, local>>);
 static_assert(sync::reducer<compress::reducer<compress::sign, coding::uncoded<local>, local>>);
+static_assert(std::is_same_v<comm::link_load, comm::traffic>);
+static_assert(std::is_same_v<cost::node_traffic, comm::traffic>);
+static_assert(std::is_same_v<sparsify::exchange_report, comm::exchange_report>);
 
 namespace user {
 
@@ -219,4 +233,14 @@ TEST_CASE("a compressor written against the old sparsifier_traits trains bit for
     CAPTURE(n);
     same(train<user::old_sign>(n, o, true), train<policy::sign>(n, o, false));
   }
+}
+
+TEST_CASE("a node's traffic taken as a point-to-point load is the same traffic") {
+  const comm::traffic t = cost::cssgd(6, 2, 1000, 4);
+  CHECK(t.messages_sent > 0);
+  CHECK(cost::as_point_to_point(t) == t);
+  // Models leave calls at 0; measured() drops what a meter counted of them.
+  comm::traffic counted = t;
+  counted.calls = 7;
+  CHECK(cost::measured(counted) == t);
 }

@@ -25,8 +25,8 @@ TEST_CASE("simulated charges each operation by its documented rule") {
 
     s.reset();
     s.broadcast(std::span<float>(v), 0);
-    CHECK(s.load() == comm::link_load{s.rank() == 0 ? 2u : 0u, s.rank() == 0 ? 8000u : 0u,
-                                      s.rank() == 0 ? 0u : 1u, s.rank() == 0 ? 0u : 4000u});
+    CHECK(s.load() == comm::traffic{s.rank() == 0 ? 2u : 0u, s.rank() == 0 ? 8000u : 0u,
+                                    s.rank() == 0 ? 0u : 1u, s.rank() == 0 ? 0u : 4000u});
 
     s.reset();
     if (s.rank() == 0) s.send(std::span<const float>(v), 1, 5);
@@ -36,7 +36,7 @@ TEST_CASE("simulated charges each operation by its documented rule") {
     // Compute starts after the exchange and the link starts idle again.
     s.advance(0.5);
     CHECK(s.now() == (s.rank() == 2 ? 0.5 : net.seconds(1, 4000) + 0.5));
-    CHECK(s.load() == comm::link_load{});
+    CHECK(s.load() == comm::traffic{});
     CHECK_THROWS_AS(s.advance(-1.0), commsgd::invalid_argument);
 
     // Everyone waits for the slowest rank.
@@ -62,12 +62,12 @@ TEST_CASE("broadcast load by algorithm and medium") {
   // Tree of 8 rooted at 2: relative rank 0 sends 3, 1 sends 2, 2 and 3... total sends 7 = p - 1.
   std::uint64_t sends = 0;
   for (int i = 0; i < 8; ++i)
-    sends += comm::load::broadcast(100, 8, 2, i, net).tx_messages;
+    sends += comm::load::broadcast(100, 8, 2, i, net).messages_sent;
   CHECK(sends == 7);
-  CHECK(comm::load::broadcast(100, 8, 2, 2, net).tx_messages == 3);
-  CHECK(comm::load::broadcast(100, 8, 2, 3, net).tx_messages == 2);
+  CHECK(comm::load::broadcast(100, 8, 2, 2, net).messages_sent == 3);
+  CHECK(comm::load::broadcast(100, 8, 2, 3, net).messages_sent == 2);
   net.medium = comm::medium::multicast;
-  CHECK(comm::load::broadcast(100, 8, 2, 2, net) == comm::link_load{1, 100, 0, 0});
-  CHECK(comm::load::broadcast(100, 8, 2, 5, net) == comm::link_load{0, 0, 1, 100});
+  CHECK(comm::load::broadcast(100, 8, 2, 2, net) == comm::traffic{1, 100, 0, 0});
+  CHECK(comm::load::broadcast(100, 8, 2, 5, net) == comm::traffic{0, 0, 1, 100});
   CHECK_THROWS_AS(comm::network_model({0, 0}).validate(), commsgd::invalid_argument);
 }

@@ -188,8 +188,9 @@ std::vector<std::vector<seen>> run_random(int n, std::size_t d, std::uint64_t k_
       s.rep = rep;
       const auto load = cost::sparse_allreduce_load(rep.shape(), n, base.rank(), d);
       const auto m = c.counters().total();
-      s.bytes_match = m.bytes_sent == load.tx_bytes && m.bytes_received == load.rx_bytes &&
-                      m.messages_sent == load.tx_messages && m.messages_received == load.rx_messages &&
+      s.bytes_match = m.bytes_sent == load.bytes_sent && m.bytes_received == load.bytes_received &&
+                      m.messages_sent == load.messages_sent &&
+                      m.messages_received == load.messages_received &&
                       cost::sparse_allreduce_traffic(rep.shape(), n, base.rank(), d) ==
                           cost::sparse_traffic{m.bytes_sent, m.bytes_received};
       s.clock_match =
@@ -512,7 +513,7 @@ TEST_CASE("cost: the balanced sparse all-reduce receives about k + K pairs whate
         const std::uint64_t d = 1u << 24;
         const auto l = cost::sparse_allreduce_balanced_load(n, d, k, k, refreshed);
         if (n == 1) {
-          CHECK(l == cm::link_load{});
+          CHECK(l == cm::traffic{});
           continue;
         }
         const auto peers = static_cast<std::uint64_t>(n - 1);
@@ -520,10 +521,10 @@ TEST_CASE("cost: the balanced sparse all-reduce receives about k + K pairs whate
         const std::uint64_t fixed =
             peers * cost::allreduce_header_bytes + peers * 8 +
             (refreshed ? cm::ring_all_reduce_share(cost::allreduce_histogram_bins, n, 0).received * 4 : 0);
-        CHECK(l.rx_bytes >= fixed);
-        CHECK(l.rx_bytes - fixed <= 8 * 2 * k);
+        CHECK(l.bytes_received >= fixed);
+        CHECK(l.bytes_received - fixed <= 8 * 2 * k);
         // The gather alone brings the other owners' selections.
-        CHECK(l.rx_bytes - fixed >=
+        CHECK(l.bytes_received - fixed >=
               8 * (k - (k + static_cast<std::uint64_t>(n) - 1) / static_cast<std::uint64_t>(n)));
         // With nothing to move, only the fixed part remains.
         const auto shape_load = cost::sparse_allreduce_load(
@@ -531,7 +532,7 @@ TEST_CASE("cost: the balanced sparse all-reduce receives about k + K pairs whate
              std::vector<std::uint64_t>(static_cast<std::size_t>(n), 0),
              std::vector<std::uint64_t>(static_cast<std::size_t>(n), 0)},
             n, 0, d);
-        CHECK(shape_load.rx_bytes == fixed);
+        CHECK(shape_load.bytes_received == fixed);
       }
   // The switch: a message as long as the vector makes the ring cheaper; a thin one does not.
   const std::vector<std::uint64_t> thin(8, 10), thick(8, 1000);

@@ -1,10 +1,10 @@
-// The one top_k checkpoint codec (sparsify/state_io.hpp), shared by sparsify::top_k and cuda::top_k: the
+// The one top_k checkpoint codec (state/top_k.hpp), shared by sparsify::top_k and cuda::top_k: the
 // documented byte layout, round trips, and a refusal naming the field for every disagreement.
 #include "support/gradients.hpp"
 
 #include <commsgd/select/select.hpp>
-#include <commsgd/sparsify/state_io.hpp>
 #include <commsgd/sparsify/top_k.hpp>
+#include <commsgd/state/top_k.hpp>
 
 #include <doctest/doctest.h>
 

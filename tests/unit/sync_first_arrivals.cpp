@@ -92,13 +92,13 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
 template <class Kind, class C>
 std::uint64_t run_rounds(C& c, int r, std::size_t d, int rounds, csync::first_arrivals_options o,
                          std::vector<std::uint64_t>* sent = nullptr,
-                         commsgd::cost::node_traffic* traffic = nullptr) {
+                         commsgd::comm::traffic* traffic = nullptr) {
   coding::block_reducer<coding::gradient_coding<Kind, C>> red(coding::gradient_coding<Kind, C>(c, r));
   auto& code = red.scheme().code();
   csync::first_arrivals<C> s(c, d, o);
   std::vector<float> x(d, 0.0f);
   s.start(x);
-  commsgd::cost::node_traffic before{};
+  commsgd::comm::traffic before{};
   if constexpr (requires { c.counters(); }) before = commsgd::cost::measured(c.counters().total());
   std::uint64_t mine_sent = 0;
   for (int t = 0; t < rounds; ++t) {
@@ -214,7 +214,7 @@ TEST_CASE("first_arrivals: late vectors are drained, never decoded; bytes equal 
       csync::first_arrivals_options o;
       o.lr = 0.1f;
       std::vector<std::uint64_t> sent;
-      commsgd::cost::node_traffic got;
+      commsgd::comm::traffic got;
       const auto late = run_rounds<coding::fractional_repetition>(c, r, d, rounds, o, &sent, &got);
       if (c.rank() == 0) drained = late;
       // Every vector sent is taken in once, decoded or drained.

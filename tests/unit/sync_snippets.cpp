@@ -56,7 +56,7 @@ std::vector<std::vector<float>> on_ranks(int n, F body) {
 
 } // namespace
 
-TEST_CASE("sync/synchronous.hpp and sync/exchange.hpp: replicas stay bit-identical") {
+TEST_CASE("sync/synchronous.hpp and sync/dense_exchange.hpp: replicas stay bit-identical") {
   const auto ring = on_ranks(3, [](local& comm, std::vector<float>& x) {
     sync::synchronous s(comm, {.lr = 0.1f});
     train(s, comm, x);

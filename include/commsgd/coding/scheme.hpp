@@ -18,6 +18,7 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/select/validate.hpp>
 
 #include <cmath>
 #include <concepts>
@@ -65,10 +66,9 @@ inline void check_block_sizes(block_gradients blocks, std::size_t expected_block
 inline void check_blocks(block_gradients blocks, std::size_t expected_blocks, std::size_t d) {
   check_block_sizes(blocks, expected_blocks, d);
   for (std::size_t j = 0; j < blocks.size(); ++j) {
-    std::size_t bad = 0, first = 0;
-    for (std::size_t e = 0; e < d; ++e)
-      if (!std::isfinite(blocks[j][e]) && bad++ == 0) first = e;
-    if (bad != 0) throw non_finite(commsgd::detail::concat("block gradient 'blocks[", j, "]'"), bad, first);
+    const auto bad = select::find_non_finite(blocks[j]);
+    if (bad.count != 0)
+      throw non_finite(commsgd::detail::concat("block gradient 'blocks[", j, "]'"), bad.count, bad.first);
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/traffic.hpp>
 
 #include <array>
 #include <cstdint>
@@ -26,24 +27,6 @@
 #include <vector>
 
 namespace commsgd::inline v1::comm {
-
-struct traffic {
-  std::uint64_t calls = 0;
-  std::uint64_t messages_sent = 0;
-  std::uint64_t messages_received = 0;
-  std::uint64_t bytes_sent = 0;
-  std::uint64_t bytes_received = 0;
-
-  traffic& operator+=(const traffic& o) noexcept {
-    calls += o.calls;
-    messages_sent += o.messages_sent;
-    messages_received += o.messages_received;
-    bytes_sent += o.bytes_sent;
-    bytes_received += o.bytes_received;
-    return *this;
-  }
-  friend bool operator==(const traffic&, const traffic&) = default;
-};
 
 // One rank's counters, by operation kind.
 class meter {

@@ -66,26 +66,14 @@ struct network_model {
   }
 };
 
-// Messages and bytes one rank's transmitter and receiver carry.
-struct link_load {
-  std::uint64_t tx_messages = 0;
-  std::uint64_t tx_bytes = 0;
-  std::uint64_t rx_messages = 0;
-  std::uint64_t rx_bytes = 0;
-
-  link_load& operator+=(const link_load& o) noexcept {
-    tx_messages += o.tx_messages;
-    tx_bytes += o.tx_bytes;
-    rx_messages += o.rx_messages;
-    rx_bytes += o.rx_bytes;
-    return *this;
-  }
-  friend bool operator==(const link_load&, const link_load&) = default;
-};
+// The name of comm::traffic before this release, when the simulator had its own struct (messages_sent,
+// bytes_sent, messages_received, bytes_received are now messages_sent, bytes_sent, messages_received, bytes_received).
+using link_load [[deprecated("use comm::traffic")]] = traffic;
 
 // Seconds a load keeps a node busy: its transmitter and receiver work in parallel.
-inline double busy_seconds(const link_load& l, const network_model& net) noexcept {
-  return std::max(net.seconds(l.tx_messages, l.tx_bytes), net.seconds(l.rx_messages, l.rx_bytes));
+inline double busy_seconds(const traffic& l, const network_model& net) noexcept {
+  return std::max(net.seconds(l.messages_sent, l.bytes_sent),
+                  net.seconds(l.messages_received, l.bytes_received));
 }
 
 // Per-rank loads of each operation, as simulated<C> charges them (cost/ uses the same functions).
@@ -95,41 +83,40 @@ inline std::uint64_t log2_ceil(int p) noexcept {
   return p <= 1 ? 0 : static_cast<std::uint64_t>(std::bit_width(static_cast<unsigned>(p - 1)));
 }
 
-inline link_load barrier(int p) noexcept {
+inline traffic barrier(int p) noexcept {
   const auto k = log2_ceil(p);
   return {k, 0, k, 0};
 }
 
-inline link_load all_reduce(std::uint64_t elements, std::size_t element_size, int p, int rank) noexcept {
+inline traffic all_reduce(std::uint64_t elements, std::size_t element_size, int p, int rank) noexcept {
   if (p <= 1) return {};
   const auto share = ring_all_reduce_share(elements, p, rank);
   const auto msgs = 2 * static_cast<std::uint64_t>(p - 1);
   return {msgs, share.sent * element_size, msgs, share.received * element_size};
 }
 
-inline link_load all_gather(std::uint64_t bytes, int p, medium m) noexcept {
+inline traffic all_gather(std::uint64_t bytes, int p, medium m) noexcept {
   const auto peers = static_cast<std::uint64_t>(p - 1);
   if (peers == 0) return {};
   if (m == medium::multicast) return {1, bytes, peers, peers * bytes};
   return {peers, peers * bytes, peers, peers * bytes};
 }
 
-inline link_load all_gather_v(std::uint64_t my_bytes, std::uint64_t others_bytes, int p, medium m) noexcept {
+inline traffic all_gather_v(std::uint64_t my_bytes, std::uint64_t others_bytes, int p, medium m) noexcept {
   const auto peers = static_cast<std::uint64_t>(p - 1);
   if (peers == 0) return {};
   const std::uint64_t count = sizeof(std::uint64_t);
-  const link_load rx{0, 0, peers, others_bytes + peers * count};
-  if (m == medium::multicast) return {1, my_bytes + count, rx.rx_messages, rx.rx_bytes};
-  return {peers, peers * (my_bytes + count), rx.rx_messages, rx.rx_bytes};
+  const traffic rx{0, 0, peers, others_bytes + peers * count};
+  if (m == medium::multicast) return {1, my_bytes + count, rx.messages_received, rx.bytes_received};
+  return {peers, peers * (my_bytes + count), rx.messages_received, rx.bytes_received};
 }
 
-inline link_load broadcast(std::uint64_t bytes, int p, int root, int rank,
-                           const network_model& net) noexcept {
+inline traffic broadcast(std::uint64_t bytes, int p, int root, int rank, const network_model& net) noexcept {
   if (p <= 1) return {};
-  link_load l;
+  traffic l;
   if (rank != root) {
-    l.rx_messages = 1;
-    l.rx_bytes = bytes;
+    l.messages_received = 1;
+    l.bytes_received = bytes;
   }
   std::uint64_t sends = 0;
   if (net.medium == medium::multicast) {
@@ -142,15 +129,15 @@ inline link_load broadcast(std::uint64_t bytes, int p, int root, int rank,
     for (unsigned step = 1; step < static_cast<unsigned>(p); step <<= 1)
       if (step > v && v + step < static_cast<unsigned>(p)) ++sends;
   }
-  l.tx_messages = sends;
-  l.tx_bytes = sends * bytes;
+  l.messages_sent = sends;
+  l.bytes_sent = sends * bytes;
   return l;
 }
 
-inline link_load send(std::uint64_t bytes) noexcept {
+inline traffic send(std::uint64_t bytes) noexcept {
   return {1, bytes, 0, 0};
 }
-inline link_load receive(std::uint64_t bytes) noexcept {
+inline traffic receive(std::uint64_t bytes) noexcept {
   return {0, 0, 1, bytes};
 }
 
@@ -159,7 +146,7 @@ inline link_load receive(std::uint64_t bytes) noexcept {
 // One rank's virtual clock.
 struct virtual_clock {
   double base = 0;
-  link_load load;
+  traffic load;
 };
 
 template <communicator C>
@@ -180,7 +167,7 @@ public:
   // This rank's virtual time in seconds.
   double now() const noexcept { return clock_->base + busy_seconds(clock_->load, net_); }
   // Traffic charged since the last advance(), reset() or align_to_slowest().
-  const link_load& load() const noexcept { return clock_->load; }
+  const traffic& load() const noexcept { return clock_->load; }
 
   // Adds measured or modelled computation after the communication charged so far.
   void advance(double seconds) {
@@ -273,7 +260,7 @@ private:
   simulated(C inner, network_model net, std::shared_ptr<virtual_clock> clock)
       : inner_(std::move(inner)), net_(net), clock_(std::move(clock)) {}
 
-  void charge(const link_load& l) noexcept { clock_->load += l; }
+  void charge(const traffic& l) noexcept { clock_->load += l; }
 
   C inner_;
   network_model net_;

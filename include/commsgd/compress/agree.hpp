@@ -4,7 +4,7 @@
 // parameters), and every rank raises the same error for the first rank that has a problem, before any
 // payload moves. Ranks built with different parameters (k, seed, levels, layers) would otherwise exchange
 // messages of different sizes or meanings, so they are refused too. The same shape as the header of the
-// sparse exchange (sparsify/exchange.hpp); cost/compress.hpp charges it.
+// sparse exchange (sparsify/sparse_exchange.hpp); cost/compress.hpp charges it.
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>

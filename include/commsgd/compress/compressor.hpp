@@ -12,15 +12,15 @@
 //   or pairs over all ranks and per rank).
 // - Error feedback, where the model has it: what a message does not carry stays in the rank's state.
 // - Bad input (wrong sizes, non-finite values) raises a commsgd::error on every rank, never a hang.
-// - save/load round-trip the whole state through a versioned, checksummed stream (sparsify/state_io.hpp);
+// - save/load round-trip the whole state through a versioned, checksummed stream (state/stream.hpp);
 //   a truncated, corrupt or foreign stream raises commsgd::corrupt_data and leaves the state untouched.
 // - wire_bytes() is what this rank sent in the last round, equal to the model's cost function in cost/.
 #pragma once
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/exchange_report.hpp>
 #include <commsgd/config.hpp>
-#include <commsgd/sparsify/exchange.hpp>
 
 #include <concepts>
 #include <cstddef>
@@ -31,7 +31,7 @@
 
 namespace commsgd::inline v1::compress {
 
-using report = sparsify::exchange_report;
+using report = comm::exchange_report;
 
 template <class X, class C>
 concept compressor = std::movable<X> && comm::communicator<C> &&

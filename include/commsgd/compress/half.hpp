@@ -146,21 +146,15 @@ struct half_options {
 };
 
 template <class Format>
-class half_compressor {
+class half_compressor : public detail::round_state {
 public:
   static constexpr const char* name = Format::name;
   using format = Format;
 
   explicit half_compressor(std::size_t length, half_options o = {})
-      : length_(length), opt_(o), ef_(length, o.error_feedback), p_(length), d_(length), msg_(length),
-        agreed_(!o.verify_first_round) {}
+      : round_state(length, o.error_feedback), opt_(o), msg_(length), agreed_(!o.verify_first_round) {}
 
-  std::size_t length() const noexcept { return length_; }
-  std::uint64_t steps() const noexcept { return steps_; }
-  std::uint64_t wire_bytes() const noexcept { return wire_; }
   const half_options& options() const noexcept { return opt_; }
-  std::span<const float> residual() const noexcept { return ef_.residual(); }
-  std::span<const float> residual_low() const noexcept { return ef_.residual_low(); }
 
   template <comm::communicator C>
   report reduce(C& c, std::span<const float> g, std::span<float> out) {
@@ -243,17 +237,11 @@ private:
     return {};
   }
 
-  std::size_t length_;
   half_options opt_;
-  error_feedback ef_;
-  std::vector<float> p_, d_;
   std::vector<std::uint16_t> msg_;
   std::vector<float> sum_;
   comm::narrow_ring_buffers ring_;
-  std::vector<std::uint64_t> verdicts_;
   bool agreed_ = false; // the first round's verdict (sizes and parameters alike on every rank) is behind us
-  std::uint64_t steps_ = 0;
-  std::uint64_t wire_ = 0;
 };
 
 using fp16 = half_compressor<fp16_format>;

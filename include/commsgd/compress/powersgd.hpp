@@ -48,7 +48,7 @@
 #include <commsgd/mix.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/select/validate.hpp>
-#include <commsgd/sparsify/state_io.hpp>
+#include <commsgd/state/stream.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -279,23 +279,23 @@ public:
   // Body: u64 length | u64 rank | f64 min_compression_rate | f32 epsilon | u64 seed | u32 error feedback |
   // u32 warm start | layers as an array of (rows, cols) u64 pairs | u64 steps | residual | Q.
   void save(std::ostream& os) const {
-    sparsify::detail::state_writer w(name);
+    state::detail::state_writer w(name);
     put_layout(w);
     w.put<std::uint64_t>(steps_);
     w.put_array(std::span<const float>(e_));
     w.put_array(std::span<const float>(q_));
-    sparsify::detail::write_blob(os, std::move(w).finish());
+    state::detail::write_blob(os, std::move(w).finish());
   }
 
   // A stream from a PowerSGD of another layout raises corrupt_data and changes nothing.
   void load(std::istream& is) {
-    const auto blob = sparsify::detail::read_blob(is);
-    sparsify::detail::state_reader r(blob, name);
-    sparsify::detail::state_writer mine(name);
+    const auto blob = state::detail::read_blob(is);
+    state::detail::state_reader r(blob, name);
+    state::detail::state_writer mine(name);
     put_layout(mine);
     const auto expect = std::move(mine).finish();
     // The layout is the writer's fields after the frame's kind: compare them byte for byte.
-    const std::size_t head = sparsify::detail::state_prefix_bytes + 4 + std::char_traits<char>::length(name);
+    const std::size_t head = state::detail::state_prefix_bytes + 4 + std::char_traits<char>::length(name);
     const std::size_t layout_bytes = expect.size() - head - 8;
     std::vector<std::byte> saved(layout_bytes);
     for (auto& b : saved)
@@ -314,7 +314,7 @@ public:
   }
 
 private:
-  void put_layout(sparsify::detail::state_writer& w) const {
+  void put_layout(state::detail::state_writer& w) const {
     w.put<std::uint64_t>(plan_.length);
     w.put<std::uint64_t>(opt_.rank);
     w.put<double>(opt_.min_compression_rate);

@@ -51,22 +51,17 @@ struct qsgd_options {
   static constexpr std::uint32_t max_levels = 65535;
 };
 
-class qsgd {
+class qsgd : public detail::round_state {
 public:
   static constexpr const char* name = "qsgd";
 
   explicit qsgd(std::size_t length, qsgd_options o = {})
-      : length_(length), bounds_(detail::layer_bounds(length, o.layer_offsets)), opt_(checked(std::move(o))),
-        width_(static_cast<unsigned>(cost::qsgd_value_bits(opt_.levels))), ef_(length, opt_.error_feedback),
-        p_(length), d_(length), msg_(cost::qsgd_message_bytes(length, layers(), opt_.levels)) {}
+      : round_state(length, o.error_feedback), bounds_(detail::layer_bounds(length, o.layer_offsets)),
+        opt_(checked(std::move(o))), width_(static_cast<unsigned>(cost::qsgd_value_bits(opt_.levels))),
+        msg_(cost::qsgd_message_bytes(length, layers(), opt_.levels)) {}
 
-  std::size_t length() const noexcept { return length_; }
   std::size_t layers() const noexcept { return bounds_.size() - 1; }
   std::uint32_t levels() const noexcept { return opt_.levels; }
-  std::uint64_t steps() const noexcept { return steps_; }
-  std::uint64_t wire_bytes() const noexcept { return wire_; }
-  std::span<const float> residual() const noexcept { return ef_.residual(); }
-  std::span<const float> residual_low() const noexcept { return ef_.residual_low(); }
 
   template <comm::communicator C>
   report reduce(C& c, std::span<const float> g, std::span<float> out) {
@@ -175,17 +170,11 @@ private:
     }
   }
 
-  std::size_t length_;
   std::vector<std::size_t> bounds_;
   qsgd_options opt_;
   unsigned width_;
-  error_feedback ef_;
-  std::vector<float> p_, d_;
   std::vector<std::byte> msg_, all_;
   mutable std::vector<float> table_;
-  std::vector<std::uint64_t> verdicts_;
-  std::uint64_t steps_ = 0;
-  std::uint64_t wire_ = 0;
 };
 
 static_assert(compressor<qsgd, comm::archetype>);

@@ -61,21 +61,15 @@ inline void random_k_indices(std::uint64_t seed, std::uint64_t step, std::size_t
       out.push_back(w * 64 + static_cast<std::size_t>(std::countr_zero(bits)));
 }
 
-class random_k {
+class random_k : public detail::round_state {
 public:
   static constexpr const char* name = "random_k";
 
   explicit random_k(std::size_t length, random_k_options o = {})
-      : length_(length), opt_(o), k_(count(length, o)), ef_(length, o.error_feedback), p_(length),
-        d_(length) {}
+      : round_state(length, o.error_feedback), opt_(o), k_(count(length, o)) {}
 
-  std::size_t length() const noexcept { return length_; }
   std::size_t k() const noexcept { return k_; }
-  std::uint64_t steps() const noexcept { return steps_; }
-  std::uint64_t wire_bytes() const noexcept { return wire_; }
   const random_k_options& options() const noexcept { return opt_; }
-  std::span<const float> residual() const noexcept { return ef_.residual(); }
-  std::span<const float> residual_low() const noexcept { return ef_.residual_low(); }
   // The positions of the last round (the same on every rank).
   std::span<const std::size_t> indices() const noexcept { return idx_; }
 
@@ -125,15 +119,11 @@ private:
     return detail::fingerprint(p);
   }
 
-  std::size_t length_;
   random_k_options opt_;
   std::size_t k_;
-  error_feedback ef_;
-  std::vector<float> p_, d_, vals_;
+  std::vector<float> vals_;
   std::vector<std::size_t> idx_;
-  std::vector<std::uint64_t> marks_, verdicts_;
-  std::uint64_t steps_ = 0;
-  std::uint64_t wire_ = 0;
+  std::vector<std::uint64_t> marks_;
 };
 
 static_assert(compressor<random_k, comm::archetype>);

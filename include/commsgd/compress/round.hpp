@@ -21,6 +21,29 @@
 
 namespace commsgd::inline v1::compress::detail {
 
+// What every compressor built on these parts keeps, and the accessors the concept and the tests read: p = g + e
+// and this rank's decoded message d, the residual, the gathered verdicts, the step count and the bytes this
+// rank sent in the last round. Each model adds its options and its message.
+class round_state {
+public:
+  std::size_t length() const noexcept { return length_; }
+  std::uint64_t steps() const noexcept { return steps_; }
+  std::uint64_t wire_bytes() const noexcept { return wire_; }
+  std::span<const float> residual() const noexcept { return ef_.residual(); }
+  std::span<const float> residual_low() const noexcept { return ef_.residual_low(); }
+
+protected:
+  round_state(std::size_t length, bool error_feedback)
+      : length_(length), ef_(length, error_feedback), p_(length), d_(length) {}
+
+  std::size_t length_;
+  error_feedback ef_;
+  std::vector<float> p_, d_;
+  std::vector<std::uint64_t> verdicts_;
+  std::uint64_t steps_ = 0;
+  std::uint64_t wire_ = 0;
+};
+
 // p <- g + e, checked: sizes first (nothing else can be read when they are wrong), then p's values. A bad
 // verdict is not raised here but agreed on, so that every rank raises it.
 inline input_verdict take_input(std::span<const float> g, std::size_t out_size, std::size_t length,

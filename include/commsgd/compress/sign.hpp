@@ -38,21 +38,15 @@ struct sign_options {
   bool error_feedback = true;
 };
 
-class sign {
+class sign : public detail::round_state {
 public:
   static constexpr const char* name = "sign";
 
   explicit sign(std::size_t length, sign_options o = {})
-      : length_(length), bounds_(detail::layer_bounds(length, o.layer_offsets)), opt_(std::move(o)),
-        ef_(length, opt_.error_feedback), p_(length), d_(length),
-        msg_(cost::sign_message_bytes(length, layers())) {}
+      : round_state(length, o.error_feedback), bounds_(detail::layer_bounds(length, o.layer_offsets)),
+        opt_(std::move(o)), msg_(cost::sign_message_bytes(length, layers())) {}
 
-  std::size_t length() const noexcept { return length_; }
   std::size_t layers() const noexcept { return bounds_.size() - 1; }
-  std::uint64_t steps() const noexcept { return steps_; }
-  std::uint64_t wire_bytes() const noexcept { return wire_; }
-  std::span<const float> residual() const noexcept { return ef_.residual(); }
-  std::span<const float> residual_low() const noexcept { return ef_.residual_low(); }
 
   template <comm::communicator C>
   report reduce(C& c, std::span<const float> g, std::span<float> out) {
@@ -106,15 +100,9 @@ private:
     }
   }
 
-  std::size_t length_;
   std::vector<std::size_t> bounds_;
   sign_options opt_;
-  error_feedback ef_;
-  std::vector<float> p_, d_;
   std::vector<std::byte> msg_, all_;
-  std::vector<std::uint64_t> verdicts_;
-  std::uint64_t steps_ = 0;
-  std::uint64_t wire_ = 0;
 };
 
 static_assert(compressor<sign, comm::archetype>);

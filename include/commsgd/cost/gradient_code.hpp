@@ -23,8 +23,8 @@ inline constexpr std::uint64_t first_arrivals_message_bytes(std::uint64_t d) noe
 }
 
 // One round on `rank`: whether it sent its vector and, on the root, how many messages it took in.
-inline node_traffic first_arrivals_round(int n, std::uint64_t d, int rank, int root, bool sent,
-                                         std::uint64_t received = 0) {
+inline comm::traffic first_arrivals_round(int n, std::uint64_t d, int rank, int root, bool sent,
+                                          std::uint64_t received = 0) {
   commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
   detail::check_node(n, rank);
   detail::check_node(n, root);
@@ -38,8 +38,8 @@ inline node_traffic first_arrivals_round(int n, std::uint64_t d, int rank, int r
 }
 
 // A real-time run of `rounds` rounds and finish(), where vectors[k] is how many vectors rank k sent.
-inline node_traffic first_arrivals_run(int n, std::uint64_t d, int rank, int root, std::uint64_t rounds,
-                                       std::span<const std::uint64_t> vectors) {
+inline comm::traffic first_arrivals_run(int n, std::uint64_t d, int rank, int root, std::uint64_t rounds,
+                                        std::span<const std::uint64_t> vectors) {
   commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
   detail::check_node(n, rank);
   detail::check_node(n, root);

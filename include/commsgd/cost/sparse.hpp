@@ -1,4 +1,4 @@
-// Per-node bytes of the sparse exchange (sparsify/exchange.hpp) and of its dense fallback, under the byte
+// Per-node bytes of the sparse exchange (sparsify/sparse_exchange.hpp) and of its dense fallback, under the byte
 // accounting of comm::metered, and the rule that picks between them. The exchange calls the same rule, so
 // the model and what is measured agree by construction and tests check that they agree to the byte.
 //
@@ -88,16 +88,15 @@ inline bool sparse_prefers_dense(std::span<const std::uint64_t> counts, std::uin
   return dense_max < sparse_max;
 }
 
+// The path a step takes: the forced one, or under `automatic` what `prefers_dense()` says (asked only then).
+template <class PrefersDense>
+bool takes_dense_path(sparse_path path, PrefersDense&& prefers_dense) noexcept {
+  return path != sparse_path::sparse && (path == sparse_path::dense || prefers_dense());
+}
+
 inline bool sparse_uses_dense(sparse_path path, std::span<const std::uint64_t> counts, std::uint64_t d,
                               std::uint64_t entry_bytes = pair_bytes_32) noexcept {
-  switch (path) {
-  case sparse_path::sparse:
-    return false;
-  case sparse_path::dense:
-    return true;
-  default:
-    return sparse_prefers_dense(counts, d, entry_bytes);
-  }
+  return takes_dense_path(path, [&] { return sparse_prefers_dense(counts, d, entry_bytes); });
 }
 
 // Everything one sparse exchange moves at `rank`: the header, then the path the rule (or `path`) picks.

@@ -30,7 +30,7 @@
 namespace commsgd::inline v1::cost {
 
 // Header fields each rank sends each peer: its pair count, the vector length, a problem code and its
-// position (as sparsify/exchange.hpp), the pairs it holds in the peer's region, the global k, and how many
+// position (as sparsify/sparse_exchange.hpp), the pairs it holds in the peer's region, the global k, and how many
 // sparse exchanges it has run (region boundaries and the threshold derive from that history).
 inline constexpr std::uint64_t allreduce_header_fields = 7;
 inline constexpr std::uint64_t allreduce_header_bytes = allreduce_header_fields * 8;
@@ -41,7 +41,7 @@ inline constexpr std::uint64_t allreduce_histogram_bins = std::uint64_t{1}
                                                           << (31 - allreduce_histogram_shift);
 
 // Point-to-point loads of the per-peer header round.
-inline comm::link_load allreduce_header_load(int n) noexcept {
+inline comm::traffic allreduce_header_load(int n) noexcept {
   const auto peers = static_cast<std::uint64_t>(n > 1 ? n - 1 : 0);
   return {peers, peers * allreduce_header_bytes, peers, peers * allreduce_header_bytes};
 }
@@ -77,14 +77,8 @@ inline bool sparse_allreduce_prefers_dense(std::span<const std::uint64_t> counts
 inline bool sparse_allreduce_uses_dense(sparse_path path, std::span<const std::uint64_t> counts,
                                         std::uint64_t d, std::uint64_t k_global,
                                         std::uint64_t entry_bytes = pair_bytes_32) noexcept {
-  switch (path) {
-  case sparse_path::sparse:
-    return false;
-  case sparse_path::dense:
-    return true;
-  default:
-    return sparse_allreduce_prefers_dense(counts, d, k_global, entry_bytes);
-  }
+  return takes_dense_path(path,
+                          [&] { return sparse_allreduce_prefers_dense(counts, d, k_global, entry_bytes); });
 }
 
 // What one rank saw in one exchange: the inputs of its exact load.
@@ -97,10 +91,9 @@ struct sparse_allreduce_shape {
 };
 
 // The exact load at `rank` of one exchange over n ranks of vectors of length d.
-inline comm::link_load sparse_allreduce_load(const sparse_allreduce_shape& s, int n, int rank,
-                                             std::uint64_t d,
-                                             std::uint64_t entry_bytes = pair_bytes_32) noexcept {
-  comm::link_load l = allreduce_header_load(n);
+inline comm::traffic sparse_allreduce_load(const sparse_allreduce_shape& s, int n, int rank, std::uint64_t d,
+                                           std::uint64_t entry_bytes = pair_bytes_32) noexcept {
+  comm::traffic l = allreduce_header_load(n);
   if (n <= 1) return l;
   if (s.dense) return l += comm::load::all_reduce(d, sizeof(float), n, rank);
   for (int j = 0; j < n; ++j) {
@@ -123,14 +116,14 @@ inline sparse_traffic sparse_allreduce_traffic(const sparse_allreduce_shape& s, 
                                                std::uint64_t d,
                                                std::uint64_t entry_bytes = pair_bytes_32) noexcept {
   const auto l = sparse_allreduce_load(s, n, rank, d, entry_bytes);
-  return {l.tx_bytes, l.rx_bytes};
+  return {l.bytes_sent, l.bytes_received};
 }
 
 // Planning form: every rank holds k pairs and the owners select K in all, both spread evenly over the n
 // regions (region j gets m (j+1)/n - m j/n of m). `refreshed` adds the histogram of a refresh step.
-inline comm::link_load sparse_allreduce_balanced_load(int n, std::uint64_t d, std::uint64_t k,
-                                                      std::uint64_t k_global, bool refreshed, int rank = 0,
-                                                      std::uint64_t entry_bytes = pair_bytes_32) {
+inline comm::traffic sparse_allreduce_balanced_load(int n, std::uint64_t d, std::uint64_t k,
+                                                    std::uint64_t k_global, bool refreshed, int rank = 0,
+                                                    std::uint64_t entry_bytes = pair_bytes_32) {
   if (n <= 1) return {};
   const auto un = static_cast<std::uint64_t>(n);
   auto share = [&](std::uint64_t m, int j) {
@@ -159,11 +152,11 @@ inline double sparse_allreduce_balanced_seconds(int n, std::uint64_t d, std::uin
   return (fresh + (t - 1.0) * reuse) / t;
 }
 
-// The all-gather exchange (sparsify/exchange.hpp) with k pairs on every rank, for comparison: its header
+// The all-gather exchange (sparsify/sparse_exchange.hpp) with k pairs on every rank, for comparison: its header
 // all_gather and the all_gather_v of the pairs (or its dense fallback, when `dense`).
-inline comm::link_load sparse_gather_balanced_load(int n, std::uint64_t d, std::uint64_t k, bool dense,
-                                                   int rank = 0, std::uint64_t entry_bytes = pair_bytes_32) {
-  comm::link_load l = comm::load::all_gather(sparse_header_bytes, n, comm::medium::switched);
+inline comm::traffic sparse_gather_balanced_load(int n, std::uint64_t d, std::uint64_t k, bool dense,
+                                                 int rank = 0, std::uint64_t entry_bytes = pair_bytes_32) {
+  comm::traffic l = comm::load::all_gather(sparse_header_bytes, n, comm::medium::switched);
   if (dense) return l += comm::load::all_reduce(d, sizeof(float), n, rank);
   const auto peers = static_cast<std::uint64_t>(n > 1 ? n - 1 : 0);
   return l += comm::load::all_gather_v(entry_bytes * k, entry_bytes * k * peers, n, comm::medium::switched);

@@ -20,37 +20,38 @@
 
 namespace commsgd::inline v1::cost {
 
-inline comm::link_load as_point_to_point(const node_traffic& t) noexcept {
-  return {t.messages_sent, t.bytes_sent, t.messages_received, t.bytes_received};
+// A node's traffic is already its point-to-point load; kept for one release.
+[[deprecated("a node's comm::traffic is its load as it is")]] inline comm::traffic
+as_point_to_point(const comm::traffic& t) noexcept {
+  return t;
 }
 
-inline comm::link_load ring_all_reduce_load(int n, std::uint64_t d, std::size_t element_size, int rank) {
-  return as_point_to_point(ring_all_reduce(n, d, element_size, rank));
+inline comm::traffic ring_all_reduce_load(int n, std::uint64_t d, std::size_t element_size, int rank) {
+  return ring_all_reduce(n, d, element_size, rank);
 }
 
-inline comm::link_load all_gather_load(int n, std::uint64_t d, std::size_t element_size,
-                                       const comm::network_model& net) {
+inline comm::traffic all_gather_load(int n, std::uint64_t d, std::size_t element_size,
+                                     const comm::network_model& net) {
   commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
   return comm::load::all_gather(d * element_size, n, net.medium);
 }
 
-inline comm::link_load unicast_load(int n, std::uint64_t d, std::size_t element_size) {
-  return as_point_to_point(unicast(n, d, element_size));
+inline comm::traffic unicast_load(int n, std::uint64_t d, std::size_t element_size) {
+  return unicast(n, d, element_size);
 }
 
-inline comm::link_load uncoded_shuffle_load(int n, int r, std::uint64_t d, std::size_t element_size,
-                                            int rank) {
-  return as_point_to_point(uncoded_shuffle(n, r, d, element_size, rank));
+inline comm::traffic uncoded_shuffle_load(int n, int r, std::uint64_t d, std::size_t element_size, int rank) {
+  return uncoded_shuffle(n, r, d, element_size, rank);
 }
 
 // By enumeration of this node's groups, so that binomial-tree broadcasts (whose load depends on where a node
 // stands in each group) are exact too.
-inline comm::link_load cssgd_load(int n, int r, std::uint64_t d, std::size_t element_size, int rank,
-                                  const comm::network_model& net) {
+inline comm::traffic cssgd_load(int n, int r, std::uint64_t d, std::size_t element_size, int rank,
+                                const comm::network_model& net) {
   commsgd::coding::detail::check_nodes_and_redundancy(n, r);
   detail::check_node(n, rank);
   using namespace commsgd::coding;
-  comm::link_load l;
+  comm::traffic l;
   if (r == n) return l;
   const std::uint64_t bytes = cssgd_packet_length(d, r) * element_size;
   const std::uint64_t groups = binomial(n - 1, r);
@@ -66,13 +67,13 @@ inline comm::link_load cssgd_load(int n, int r, std::uint64_t d, std::size_t ele
   for (int pos = 0; pos <= r; ++pos) {
     const auto count = at_position[static_cast<std::size_t>(pos)];
     if (count == 0) continue;
-    comm::link_load one;
+    comm::traffic one;
     for (int root = 0; root <= r; ++root)
       one += comm::load::broadcast(bytes, r + 1, root, pos, net);
-    l.tx_messages += count * one.tx_messages;
-    l.tx_bytes += count * one.tx_bytes;
-    l.rx_messages += count * one.rx_messages;
-    l.rx_bytes += count * one.rx_bytes;
+    l.messages_sent += count * one.messages_sent;
+    l.bytes_sent += count * one.bytes_sent;
+    l.messages_received += count * one.messages_received;
+    l.bytes_received += count * one.bytes_received;
   }
   return l;
 }
@@ -98,8 +99,8 @@ inline const char* exchange_name(exchange_kind k) noexcept {
 
 // One node's bytes and messages for an exchange, as comm::metered counts them; r is ignored by the uncoded
 // exchanges.
-inline node_traffic exchange_traffic(exchange_kind k, int n, int r, std::uint64_t d, std::size_t element_size,
-                                     int rank) {
+inline comm::traffic exchange_traffic(exchange_kind k, int n, int r, std::uint64_t d,
+                                      std::size_t element_size, int rank) {
   switch (k) {
   case exchange_kind::ring_all_reduce:
     return ring_all_reduce(n, d, element_size, rank);
@@ -116,8 +117,8 @@ inline node_traffic exchange_traffic(exchange_kind k, int n, int r, std::uint64_
 }
 
 // One node's load for an exchange; r is ignored by the uncoded exchanges.
-inline comm::link_load exchange_load(exchange_kind k, int n, int r, std::uint64_t d, std::size_t element_size,
-                                     int rank, const comm::network_model& net) {
+inline comm::traffic exchange_load(exchange_kind k, int n, int r, std::uint64_t d, std::size_t element_size,
+                                   int rank, const comm::network_model& net) {
   switch (k) {
   case exchange_kind::ring_all_reduce:
     return ring_all_reduce_load(n, d, element_size, rank);

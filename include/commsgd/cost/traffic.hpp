@@ -22,18 +22,13 @@
 
 namespace commsgd::inline v1::cost {
 
-struct node_traffic {
-  std::uint64_t messages_sent = 0;
-  std::uint64_t bytes_sent = 0;
-  std::uint64_t messages_received = 0;
-  std::uint64_t bytes_received = 0;
+// The name of comm::traffic before this release.
+using node_traffic [[deprecated("use comm::traffic")]] = comm::traffic;
 
-  friend bool operator==(const node_traffic&, const node_traffic&) = default;
-};
-
-// What a meter counted, in the same shape (calls are not part of a cost model).
-inline node_traffic measured(const comm::traffic& t) noexcept {
-  return {t.messages_sent, t.bytes_sent, t.messages_received, t.bytes_received};
+// What a meter counted, as a model states it: models do not count calls.
+inline comm::traffic measured(comm::traffic t) noexcept {
+  t.calls = 0;
+  return t;
 }
 
 namespace detail {
@@ -42,7 +37,7 @@ inline void check_node(int n, int rank) {
 }
 } // namespace detail
 
-inline node_traffic ring_all_reduce(int n, std::uint64_t d, std::size_t element_size, int rank) {
+inline comm::traffic ring_all_reduce(int n, std::uint64_t d, std::size_t element_size, int rank) {
   commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
   detail::check_node(n, rank);
   const auto share = comm::ring_all_reduce_share(d, n, rank);
@@ -50,21 +45,21 @@ inline node_traffic ring_all_reduce(int n, std::uint64_t d, std::size_t element_
   return {msgs, share.sent * element_size, msgs, share.received * element_size};
 }
 
-inline node_traffic all_gather(int n, std::uint64_t d, std::size_t element_size) {
+inline comm::traffic all_gather(int n, std::uint64_t d, std::size_t element_size) {
   commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
   const auto peers = static_cast<std::uint64_t>(n - 1);
   return {peers, peers * d * element_size, peers, peers * d * element_size};
 }
 
-inline node_traffic unicast(int n, std::uint64_t d, std::size_t element_size) {
+inline comm::traffic unicast(int n, std::uint64_t d, std::size_t element_size) {
   return all_gather(n, d, element_size);
 }
 
-inline node_traffic uncoded_shuffle(int n, int r, std::uint64_t d, std::size_t element_size, int rank) {
+inline comm::traffic uncoded_shuffle(int n, int r, std::uint64_t d, std::size_t element_size, int rank) {
   commsgd::coding::detail::check_nodes_and_redundancy(n, r);
   detail::check_node(n, rank);
   using namespace commsgd::coding;
-  node_traffic t;
+  comm::traffic t;
   if (r == n) return t;
   const std::uint64_t groups = binomial(n - 1, r);
   t.messages_sent = t.messages_received = static_cast<std::uint64_t>(r) * groups;
@@ -81,7 +76,7 @@ inline node_traffic uncoded_shuffle(int n, int r, std::uint64_t d, std::size_t e
   return t;
 }
 
-inline node_traffic cssgd(int n, int r, std::uint64_t d, std::size_t element_size = 4) {
+inline comm::traffic cssgd(int n, int r, std::uint64_t d, std::size_t element_size = 4) {
   commsgd::coding::detail::check_nodes_and_redundancy(n, r);
   const std::uint64_t copies = static_cast<std::uint64_t>(r) * coding::binomial(n - 1, r);
   const std::uint64_t bytes = copies * coding::cssgd_packet_length(d, r) * element_size;

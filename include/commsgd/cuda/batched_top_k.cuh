@@ -23,7 +23,7 @@
 // late: the next step() throws commsgd::non_finite when the refused step has finished by then, and
 // check_refused() waits for the stream and throws.
 //
-// Checkpoints: the host top_k's format with one layer per tensor (sparsify/state_io.hpp, empty selector
+// Checkpoints: the host top_k's format with one layer per tensor (state/top_k.hpp, empty selector
 // states); the warm-start memory is not saved, so after load() the first step reads every tensor twice, with
 // the same (exact) result.
 #pragma once
@@ -32,7 +32,7 @@
 #include <commsgd/cuda/error.cuh>
 #include <commsgd/cuda/memory.cuh>
 #include <commsgd/sparsify/momentum_masking.hpp>
-#include <commsgd/sparsify/state_io.hpp>
+#include <commsgd/state/top_k.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -228,13 +228,16 @@ public:
   // and the step count, as load() does from a checkpoint: how a caller hands a tensor's residual to another
   // batch (DDP's bucket rebuild) without a trip through the host. Waits for `stream`; the warm start begins
   // again.
-  void assign(const float* residual, const float* momentum, std::uint64_t steps, cudaStream_t stream = nullptr) {
-    if (length() > 0 && residual == nullptr) throw invalid_argument("argument 'residual' is null with length > 0");
+  void assign(const float* residual, const float* momentum, std::uint64_t steps,
+              cudaStream_t stream = nullptr) {
+    if (length() > 0 && residual == nullptr)
+      throw invalid_argument("argument 'residual' is null with length > 0");
     reset(stream);
     copy_in(e_[0], residual, stream);
     if (has_momentum() && momentum != nullptr) copy_in(u_[0], momentum, stream);
     host_ctl_.data()->committed = steps;
-    check(cudaMemcpyAsync(ctl_.data(), host_ctl_.data(), sizeof(detail::batched::control), cudaMemcpyHostToDevice, stream),
+    check(cudaMemcpyAsync(ctl_.data(), host_ctl_.data(), sizeof(detail::batched::control),
+                          cudaMemcpyHostToDevice, stream),
           "cudaMemcpyAsync(control)");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   }
@@ -267,21 +270,16 @@ public:
 
   // The host top_k's format, one layer per tensor. Waits for `stream`.
   void save(std::vector<std::byte>& out, cudaStream_t stream = nullptr) const {
-    const std::vector<float> e = residual_to_host(stream);
-    const std::vector<float> u = momentum_to_host(stream);
-    out = sparsify::detail::write_top_k_state(name, saved_layout(), host_ctl_.data()->committed, e, u,
-                                              [](std::size_t) { return std::vector<std::byte>{}; });
+    out = sparsify::detail::write_top_k_state(name, saved_layout(), host_ctl_.data()->committed,
+                                              residual_to_host(stream), momentum_to_host(stream));
   }
   void save(std::ostream& os, cudaStream_t stream = nullptr) const {
-    std::vector<std::byte> blob;
-    save(blob, stream);
-    sparsify::detail::write_blob(os, blob);
+    sparsify::detail::write_saved(os, *this, stream);
   }
   // Everything is parsed and checked before anything changes, so a bad blob changes nothing. Waits for
   // `stream`; the warm start begins again.
   void load(std::span<const std::byte> blob, cudaStream_t stream = nullptr) {
-    const sparsify::detail::top_k_contents c = sparsify::detail::read_top_k_state(
-        blob, name, saved_layout(), [](std::size_t, std::span<const std::byte>) {});
+    const sparsify::detail::top_k_contents c = sparsify::detail::read_top_k_state(blob, name, saved_layout());
     reset(stream);
     copy_in(e_[0], c.residual, stream);
     if (has_momentum()) copy_in(u_[0], c.momentum, stream);
@@ -325,7 +323,9 @@ private:
       check(cudaMemsetAsync(d.data(), 0, d.size() * sizeof(float), stream), "cudaMemsetAsync(state)");
   }
   void copy_in(device_buffer<float>& d, const float* from, cudaStream_t stream) {
-    if (d.size() > 0) check(cudaMemcpyAsync(d.data(), from, d.size() * sizeof(float), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync(state)");
+    if (d.size() > 0)
+      check(cudaMemcpyAsync(d.data(), from, d.size() * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync(state)");
   }
   void copy_in(device_buffer<float>& d, const std::vector<float>& h, cudaStream_t stream) {
     if (!h.empty())
@@ -355,7 +355,9 @@ private:
     if (length() > 0 && out == nullptr) throw invalid_argument("argument 'out' is null with length > 0");
     check_stream(stream);
     const auto& d = pair[host_ctl_.data()->phase];
-    if (length() > 0) check(cudaMemcpyAsync(out, d.data(), length() * sizeof(float), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync(state)");
+    if (length() > 0)
+      check(cudaMemcpyAsync(out, d.data(), length() * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync(state)");
   }
 
   // A step already finished that was refused: reported at the next step, without waiting for anything.

@@ -99,19 +99,7 @@ __global__ void __launch_bounds__(block_threads)
   __shared__ u32 s_edge[hist_bins];
   if (st->done) return;
   const window w = window_around(st->center, span_log2);
-  const u32 low_mask = (1u << w.shift) - 1;
-  clear_histograms(s_hist, s_edge, hist_bins);
-  __syncthreads();
-  below_window below;
-  for_each_input(x, st->n, [&](u32 key, u64 i) {
-    if (track_nonfinite && key >= select::infinite_key) note_nonfinite(st, i);
-    const u32 b = window_bin(key, w);
-    if (b == 0)
-      below.add(key, low_mask);
-    else
-      count_key(s_hist, s_edge, b, key, low_mask);
-  });
-  below.flush(s_hist, s_edge);
+  count_window(x, st, w, track_nonfinite, s_hist, s_edge, [](u32) {});
   crossing c;
   if (!last_block_crossing(s_hist, s_edge, hist_bins, g_hist, g_edge, st, c)) return;
   if (threadIdx.x == 0) {

@@ -109,6 +109,30 @@ __device__ inline void note_nonfinite(result_state* st, u64 index) {
   atomicMin(&st->first_nonfinite, index);
 }
 
+// One block's share of a window pass over x: each key counted in the bin window_bin gives it (those below the
+// window, nearly all of x, through below_window), non-finite entries noted when `track_nonfinite`, and
+// `at_or_above(key)` called for each key from the window's base up. Ends with the block's counts in shared
+// memory, ready for last_block_crossing.
+template <class AtOrAbove>
+__device__ void count_window(const float* __restrict__ x, result_state* st, window w, bool track_nonfinite,
+                             u32* s_hist, u32* s_edge, AtOrAbove&& at_or_above) {
+  const u32 low_mask = (1u << w.shift) - 1;
+  clear_histograms(s_hist, s_edge, hist_bins);
+  __syncthreads();
+  below_window below;
+  for_each_input(x, st->n, [&](u32 key, u64 i) {
+    if (track_nonfinite && key >= select::infinite_key) note_nonfinite(st, i);
+    const u32 b = window_bin(key, w);
+    if (b == 0) {
+      below.add(key, low_mask);
+      return;
+    }
+    count_key(s_hist, s_edge, b, key, low_mask);
+    at_or_above(key);
+  });
+  below.flush(s_hist, s_edge);
+}
+
 COMMSGD_HOST_DEVICE inline void restart(search_state* st, u64 k, u64 limit, u32 approx) {
   st->prefix = 0;
   st->det_lo = key_bits;

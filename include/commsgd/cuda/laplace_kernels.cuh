@@ -107,27 +107,15 @@ __global__ void __launch_bounds__(block_threads)
   // The previous kernel on the stream wrote the state, so every block reads the same values here.
   if (st->done || st->level != level) return;
   const window w = st->win;
-  const u32 low_mask = (1u << w.shift) - 1;
   // Level 2 starts at key 0: its candidates would be all of x.
   const bool write = level < 2;
   // Level 0 reads x first; the later ones must not count a non-finite entry twice.
   const bool track_nonfinite = level == 0;
   const u64 cap = st->cap;
   u64* const count = &st->cand_count[0];
-  clear_histograms(s_hist, s_edge, hist_bins);
-  __syncthreads();
-  below_window below;
-  for_each_input(x, st->n, [&](u32 key, u64 i) {
-    if (track_nonfinite && key >= select::infinite_key) note_nonfinite(st, i);
-    const u32 b = window_bin(key, w);
-    if (b == 0) {
-      below.add(key, low_mask);
-    } else {
-      count_key(s_hist, s_edge, b, key, low_mask);
-      if (write) append_key(cand0, count, cap, key, &st->overflow);
-    }
+  count_window(x, st, w, track_nonfinite, s_hist, s_edge, [&](u32 key) {
+    if (write) append_key(cand0, count, cap, key, &st->overflow);
   });
-  below.flush(s_hist, s_edge);
   crossing c;
   if (!last_block_crossing(s_hist, s_edge, hist_bins, g_hist, g_edge, st, c)) return;
   if (threadIdx.x == 0) {

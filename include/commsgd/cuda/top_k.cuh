@@ -33,7 +33,7 @@
 // Not here (see sparsify::top_k for them on the host): per-layer selection, fixed k, density warm-up,
 // clipping and the `zero` non-finite policy. Non-finite gradients are always refused.
 //
-// Checkpoints: save() and load() use the host sparsifier's codec (sparsify/state_io.hpp: "top_k", here with
+// Checkpoints: save() and load() use the host sparsifier's codec (state/top_k.hpp: "top_k", here with
 // one layer and an empty selector state), so a GPU checkpoint loads into a host top_k<S, Index> with one
 // layer whose selector keeps no state (select::exact, select::radix) and back.
 // A device selector's warm-start memory (laplace_bisect's previous threshold) is not saved: after load() it
@@ -51,7 +51,7 @@
 #include <commsgd/select/selector.hpp>
 #include <commsgd/sparsify/momentum_masking.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
-#include <commsgd/sparsify/state_io.hpp>
+#include <commsgd/state/top_k.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -312,24 +312,19 @@ public:
 
   // The host sparsifier's format (sparsify::top_k::save with one layer). Synchronises `stream`.
   void save(std::vector<std::byte>& out, cudaStream_t stream = nullptr) const {
-    const std::vector<float> residual = residual_to_host(stream);
-    const std::vector<float> momentum = momentum_to_host(stream);
     // Device selectors' warm-start memory is not saved.
-    out = sparsify::detail::write_top_k_state(name, layout(), steps_, residual, momentum,
-                                              [](std::size_t) { return std::vector<std::byte>{}; });
+    out = sparsify::detail::write_top_k_state(name, layout(), steps_, residual_to_host(stream),
+                                              momentum_to_host(stream));
   }
   void save(std::ostream& os, cudaStream_t stream = nullptr) const {
-    std::vector<std::byte> blob;
-    save(blob, stream);
-    sparsify::detail::write_blob(os, blob);
+    sparsify::detail::write_saved(os, *this, stream);
   }
 
   // Everything is parsed and checked before anything is replaced, so a bad blob changes nothing.
   // Synchronises `stream`. The selector restarts cold (see the top).
   void load(std::span<const std::byte> blob, cudaStream_t stream = nullptr) {
     // A host selector's state (if any) means nothing to a device selector.
-    const sparsify::detail::top_k_contents c = sparsify::detail::read_top_k_state(
-        blob, name, layout(), [](std::size_t, std::span<const std::byte>) {});
+    const sparsify::detail::top_k_contents c = sparsify::detail::read_top_k_state(blob, name, layout());
     // Into the scratch buffers first, so a failing copy leaves the state as it was.
     if (length_ > 0) {
       check(cudaMemcpyAsync(work_.data(), c.residual.data(), length_ * sizeof(float), cudaMemcpyHostToDevice,

@@ -40,8 +40,8 @@
 #include <commsgd/cost/sparse_allreduce.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/key.hpp>
-#include <commsgd/sparsify/exchange.hpp>
 #include <commsgd/sparsify/finite.hpp>
+#include <commsgd/sparsify/sparse_exchange.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 
 #include <algorithm>

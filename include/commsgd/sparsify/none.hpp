@@ -11,7 +11,7 @@
 #include <commsgd/sparsify/finite.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/sparsifier.hpp>
-#include <commsgd/sparsify/state_io.hpp>
+#include <commsgd/state/top_k.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/exchange_report.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/sparse.hpp>
 #include <commsgd/error.hpp>
@@ -42,11 +43,7 @@ struct exchange_options {
   cost::sparse_path path = cost::sparse_path::automatic;
 };
 
-struct exchange_report {
-  bool dense = false;                // the dense all-reduce carried the sum
-  std::uint64_t total = 0;           // pairs over all ranks (the dense length for a dense message)
-  std::vector<std::uint64_t> counts; // pairs per rank (empty for a dense message)
-};
+using comm::exchange_report;
 
 namespace detail {
 

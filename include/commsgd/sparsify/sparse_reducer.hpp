@@ -12,7 +12,7 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/sparsify/exchange.hpp>
+#include <commsgd/sparsify/sparse_exchange.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/sparsifier.hpp>
 

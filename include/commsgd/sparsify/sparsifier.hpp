@@ -11,7 +11,7 @@
 // - Nothing is lost: what a step does not send stays in the state, bit for bit.
 // - save/load round-trip the whole state bit-exactly through a versioned, checksummed stream; a truncated,
 //   corrupt or foreign stream raises commsgd::corrupt_data and leaves the state untouched.
-// - message_type is dense_view or sparse_view<I>; sparsify/exchange.hpp sums either across ranks.
+// - message_type is dense_view or sparse_view<I>; sparsify/sparse_exchange.hpp sums either across ranks.
 #pragma once
 
 #include <commsgd/config.hpp>

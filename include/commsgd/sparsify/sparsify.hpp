@@ -5,12 +5,12 @@
 #include <commsgd/sparsify/allreduce.hpp>
 #include <commsgd/sparsify/allreduce_policy.hpp>
 #include <commsgd/sparsify/allreduce_reducer.hpp>
-#include <commsgd/sparsify/exchange.hpp>
 #include <commsgd/sparsify/finite.hpp>
 #include <commsgd/sparsify/none.hpp>
+#include <commsgd/sparsify/sparse_exchange.hpp>
 #include <commsgd/sparsify/sparse_reducer.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/sparsifier.hpp>
-#include <commsgd/sparsify/state_io.hpp>
 #include <commsgd/sparsify/top_k.hpp>
 #include <commsgd/sparsify/top_k_policy.hpp>
+#include <commsgd/state/top_k.hpp>

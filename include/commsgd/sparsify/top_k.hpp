@@ -33,7 +33,7 @@
 #include <commsgd/sparsify/momentum_masking.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/sparsifier.hpp>
-#include <commsgd/sparsify/state_io.hpp>
+#include <commsgd/state/top_k.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -243,11 +243,7 @@ public:
       return bytes;
     });
   }
-  void save(std::ostream& os) const {
-    std::vector<std::byte> blob;
-    save(blob);
-    detail::write_blob(os, blob);
-  }
+  void save(std::ostream& os) const { detail::write_saved(os, *this); }
 
   // Everything is parsed and checked before anything is replaced, so a bad stream changes nothing.
   void load(std::span<const std::byte> blob) {

@@ -87,7 +87,7 @@ template <class Coding, class Compression, class Sync, class DP>
 void save(const DP& dp, std::ostream& os, state::part p, int size, int rank, std::uint64_t steps) {
   static_assert(strategy_with_state<typename DP::strategy_type>,
                 "commsgd::data_parallel::save: this composition's sync strategy offers no save(os, part) and "
-                "load(shared, local) (sync/state.hpp says what a strategy supplies)");
+                "load(shared, local) (state/strategy.hpp says what a strategy supplies)");
   const auto bits = static_cast<std::uint32_t>(p);
   if (bits < 1 || bits > 3)
     throw invalid_argument(commsgd::detail::concat("argument 'part' = ", bits,

@@ -1,3 +1,6 @@
+// state/ is the home of checkpoints: this header the frame, top_k.hpp a top_k sparsifier's body (host and
+// device), strategy.hpp a sync strategy's, data_parallel.hpp a whole data_parallel's.
+//
 // The frame every saved state of commsgd shares (a sparsifier's, a sync strategy's, a whole data_parallel's):
 //   magic "csgdspst" | u32 version | u32 byte-order mark | u64 total bytes | u32 kind length | kind |
 //   body | u64 FNV-1a checksum of everything before it
@@ -222,6 +225,14 @@ private:
 inline void write_blob(std::ostream& os, std::span<const std::byte> blob) {
   os.write(reinterpret_cast<const char*>(blob.data()), static_cast<std::streamsize>(blob.size()));
   if (!os) throw error("saving state: the output stream failed");
+}
+
+// The save(std::ostream&, args...) of an object whose save(std::vector<std::byte>&, args...) makes its blob.
+template <class S, class... Args>
+void write_saved(std::ostream& os, const S& s, Args&&... args) {
+  std::vector<std::byte> blob;
+  s.save(blob, std::forward<Args>(args)...);
+  write_blob(os, blob);
 }
 
 // Reads exactly one blob, using the total in its prefix, so several states can follow each other in

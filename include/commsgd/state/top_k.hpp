@@ -37,6 +37,7 @@ using state::detail::state_reader;
 using state::detail::state_version;
 using state::detail::state_writer;
 using state::detail::write_blob;
+using state::detail::write_saved;
 
 // What a top_k sparsifier is, as far as its saved state goes: a state loads only into a sparsifier that
 // agrees on all of it.
@@ -76,6 +77,14 @@ std::vector<std::byte> write_top_k_state(std::string_view kind, const top_k_layo
   return std::move(w).finish();
 }
 
+// The same for selectors that keep nothing between calls (the device selectors): every selector's bytes empty.
+inline std::vector<std::byte> write_top_k_state(std::string_view kind, const top_k_layout& layout,
+                                                std::uint64_t steps, std::span<const float> residual,
+                                                std::span<const float> momentum) {
+  return write_top_k_state(kind, layout, steps, residual, momentum,
+                           [](std::size_t) { return std::vector<std::byte>{}; });
+}
+
 template <class T, class U>
 void expect_saved(T saved, U mine, const char* what) {
   if (saved != static_cast<T>(mine))
@@ -105,6 +114,13 @@ top_k_contents read_top_k_state(std::span<const std::byte> blob, std::string_vie
     selector_state(static_cast<std::size_t>(i), r.get_bytes());
   r.expect_end();
   return c;
+}
+
+// The same for selectors that keep nothing between calls: whatever a host selector saved is skipped, since it
+// means nothing to them.
+inline top_k_contents read_top_k_state(std::span<const std::byte> blob, std::string_view kind,
+                                       const top_k_layout& layout) {
+  return read_top_k_state(blob, kind, layout, [](std::size_t, std::span<const std::byte>) {});
 }
 
 } // namespace commsgd::inline v1::sparsify::detail

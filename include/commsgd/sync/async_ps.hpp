@@ -30,7 +30,7 @@
 // the parameters. Headers go first so that a large gradient never waits on a receive the server has not
 // posted.
 //
-// Checkpoints (sync/state.hpp): the options are the shared part (a stream saved under others is refused);
+// Checkpoints (state/strategy.hpp): the options are the shared part (a stream saved under others is refused);
 // the rest belongs to one rank. The server's local part is its model, version, arrival count, every
 // worker's push count (what the staleness bound compares) and its log; a worker's is the version it last
 // pulled. The server's state only moves inside finish(), so a consistent checkpoint of the whole group is
@@ -46,10 +46,10 @@
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
+#include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
-#include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>

@@ -48,11 +48,11 @@
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
+#include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/delays.hpp>
 #include <commsgd/sync/reducer_concept.hpp>
 #include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
-#include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>

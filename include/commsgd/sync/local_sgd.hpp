@@ -20,7 +20,7 @@
 //   every_step  after every local step x <- x - alpha (x - x_global), x_global the last common model; at
 //               sync points x <- x_avg as usual.
 //
-// Checkpoints (sync/state.hpp): everything that decides the trajectory is shared by every rank (the step
+// Checkpoints (state/strategy.hpp): everything that decides the trajectory is shared by every rank (the step
 // counter, the current interval and the next sync point, ADACOMM's F_0 and lr_0, the learning rate, the last
 // common model of every_step correction); the options are saved too and a stream saved under other options
 // is refused. The local models themselves are the trainer's `params`, saved by the trainer. After load()
@@ -32,10 +32,10 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
-#include <commsgd/sync/exchange.hpp>
+#include <commsgd/state/strategy.hpp>
+#include <commsgd/sync/dense_exchange.hpp>
 #include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
-#include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>

@@ -47,8 +47,8 @@ comm::network_model measure_network(C& comm, measure_network_options o = {}) {
   };
   const double small = fastest(1), large = fastest(o.large_floats);
   const auto ring = comm::load::all_reduce(o.large_floats, sizeof(float), n, comm.rank());
-  const double messages = static_cast<double>(ring.tx_messages);
-  const double bytes = static_cast<double>(std::max(ring.tx_bytes, ring.rx_bytes));
+  const double messages = static_cast<double>(ring.messages_sent);
+  const double bytes = static_cast<double>(std::max(ring.bytes_sent, ring.bytes_received));
   const std::array<double, 2> mine{small / messages, (large - small) / bytes}; // latency, seconds a byte
   std::vector<double> all(2 * static_cast<std::size_t>(n));
   comm.all_gather(std::span<const double>(mine), std::span<double>(all));

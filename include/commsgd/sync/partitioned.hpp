@@ -31,7 +31,7 @@
 // and ordered_exchange, and the update is the shared apply_mean_sum, so the model equals sync::synchronous
 // over either of those bit for bit.
 //
-// Checkpoints (sync/state.hpp): the schedule (layer sizes and partition size, which fix every partition and
+// Checkpoints (state/strategy.hpp): the schedule (layer sizes and partition size, which fix every partition and
 // its owner) is saved and a stream of another schedule is refused; the state is the step counter and the
 // learning rate, shared by every rank. Saving inside an open step is refused. After load() call start()
 // with the model saved alongside; a loaded strategy's start() does not broadcast.
@@ -42,10 +42,10 @@
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
+#include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
-#include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>

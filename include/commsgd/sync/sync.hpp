@@ -1,11 +1,12 @@
 // Every sync strategy.
 #pragma once
 
+#include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/async_ps.hpp>
 #include <commsgd/sync/choose_exchange.hpp>
 #include <commsgd/sync/choose_from_steps.hpp>
 #include <commsgd/sync/delays.hpp>
-#include <commsgd/sync/exchange.hpp>
+#include <commsgd/sync/dense_exchange.hpp>
 #include <commsgd/sync/exchange_chooser.hpp>
 #include <commsgd/sync/first_arrivals.hpp>
 #include <commsgd/sync/local_sgd.hpp>
@@ -15,6 +16,5 @@
 #include <commsgd/sync/reducer_concept.hpp>
 #include <commsgd/sync/replica_guard.hpp>
 #include <commsgd/sync/sgd.hpp>
-#include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
 #include <commsgd/sync/synchronous.hpp>

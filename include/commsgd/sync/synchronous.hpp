@@ -11,18 +11,18 @@
 // Replicas stay bit-identical because every rank applies the same update to the same bits: the exchange
 // hands every rank the same sum (its contract) and start() broadcasts rank 0's model.
 //
-// Checkpoints (sync/state.hpp): the state is the learning rate, shared by every rank. After load() call
+// Checkpoints (state/strategy.hpp): the state is the learning rate, shared by every rank. After load() call
 // start() with the model saved alongside; a loaded strategy's start() does not broadcast.
 #pragma once
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/policy/traits.hpp>
-#include <commsgd/sync/exchange.hpp>
+#include <commsgd/state/strategy.hpp>
+#include <commsgd/sync/dense_exchange.hpp>
 #include <commsgd/sync/reducer_concept.hpp>
 #include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
-#include <commsgd/sync/state.hpp>
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>

@@ -1,0 +1,3 @@
+// deprecated: include <commsgd/sparsify/sparse_exchange.hpp>; kept for one release.
+#pragma once
+#include <commsgd/sparsify/sparse_exchange.hpp>
