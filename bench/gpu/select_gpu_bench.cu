@@ -23,6 +23,7 @@
 #include <cuda/iterator>
 #define COMMSGD_BENCH_HAS_DEVICE_TOPK 1
 #endif
+#include "anchor_kernels.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -37,6 +38,8 @@
 namespace cu = commsgd::cuda;
 
 namespace {
+
+using namespace anchors;
 
 // A counter-based hash (splitmix64) so that every element is drawn independently on the device, with no
 // generator state and the same numbers on any GPU.
@@ -88,45 +91,6 @@ __global__ void generate_kernel(float* x, std::uint64_t n, distribution d, std::
     x[i] = v;
   }
 }
-
-__global__ void keys_kernel(const float* x, std::uint32_t* keys, std::uint64_t n) {
-  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += stride)
-    keys[i] = commsgd::select::magnitude_key(x[i]);
-}
-
-#ifdef COMMSGD_BENCH_HAS_DEVICE_TOPK
-struct magnitude {
-  __host__ __device__ std::uint32_t operator()(float v) const { return commsgd::select::magnitude_key(v); }
-};
-
-__global__ void gather_kernel(const float* x, const int* index, float* value, std::uint64_t k) {
-  for (std::uint64_t j = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; j < k;
-       j += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
-    value[j] = x[index[j]];
-}
-
-// counts[0]: entries whose index is out of range, repeated, or whose key or value disagrees with x;
-// counts[1]: keys above `kth`; counts[2]: keys below it.
-__global__ void check_topk_kernel(const float* x, std::uint64_t n, const std::uint32_t* keys, const int* index,
-                                  const float* value, std::uint64_t k, std::uint32_t kth, std::uint32_t* seen,
-                                  unsigned long long* counts) {
-  for (std::uint64_t j = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; j < k;
-       j += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
-    const int i = index[j];
-    bool bad = i < 0 || static_cast<std::uint64_t>(i) >= n;
-    if (!bad) {
-      const std::uint32_t bit = 1u << (i & 31);
-      bad = (atomicOr(&seen[i >> 5], bit) & bit) != 0 || commsgd::select::magnitude_key(x[i]) != keys[j] ||
-            __float_as_uint(x[i]) != __float_as_uint(value[j]);
-    }
-    if (bad) atomicAdd(&counts[0], 1ull);
-    if (keys[j] > kth) atomicAdd(&counts[1], 1ull);
-    if (keys[j] < kth) atomicAdd(&counts[2], 1ull);
-  }
-}
-#endif
 
 struct record {
   std::string distribution, method;
@@ -299,7 +263,8 @@ int main(int argc, char** argv) {
           std::size_t bytes = 0;
           method.select(nullptr, bytes, x[0].data(), n, k, nullptr);
           std::size_t cbytes = 0;
-          cu::compact<std::uint32_t>(nullptr, cbytes, x[0].data(), n, result.data(), nullptr, nullptr, k, nullptr);
+          cu::compact<std::uint32_t>(nullptr, cbytes, x[0].data(), n, result.data(), nullptr, nullptr, k,
+                                     nullptr);
           cu::device_buffer<char> ws(std::max(bytes, cbytes));
           cu::device_buffer<std::uint32_t> idx(k);
           cu::device_buffer<float> val(k);
@@ -332,15 +297,18 @@ int main(int argc, char** argv) {
           auto in = [&](int b) { return cuda::transform_iterator(x[b].data(), magnitude{}); };
           const auto indices = cuda::counting_iterator<int>(0);
           std::size_t bytes = 0;
-          cu::check(cub::DeviceTopK::MaxPairs(nullptr, bytes, in(0), top_keys.data(), indices, top_index.data(),
-                                              static_cast<int>(n), static_cast<int>(k), env),
+          cu::check(cub::DeviceTopK::MaxPairs(nullptr, bytes, in(0), top_keys.data(), indices,
+                                              top_index.data(), static_cast<int>(n), static_cast<int>(k),
+                                              env),
                     "DeviceTopK::MaxPairs(size)");
           cu::device_buffer<char> ws(bytes);
-          const unsigned gather_blocks = static_cast<unsigned>(std::min<std::uint64_t>((k + 255) / 256, 4096));
+          const unsigned gather_blocks =
+              static_cast<unsigned>(std::min<std::uint64_t>((k + 255) / 256, 4096));
           auto one = [&](int b) {
             std::size_t s = bytes;
-            cu::check(cub::DeviceTopK::MaxPairs(ws.data(), s, in(b), top_keys.data(), indices, top_index.data(),
-                                                static_cast<int>(n), static_cast<int>(k), env),
+            cu::check(cub::DeviceTopK::MaxPairs(ws.data(), s, in(b), top_keys.data(), indices,
+                                                top_index.data(), static_cast<int>(n), static_cast<int>(k),
+                                                env),
                       "DeviceTopK::MaxPairs");
             gather_kernel<<<gather_blocks, 256>>>(x[b].data(), top_index.data(), top_value.data(), k);
           };
@@ -357,14 +325,15 @@ int main(int argc, char** argv) {
           cu::device_buffer<unsigned long long> counts(3);
           cu::check(cudaMemset(seen.data(), 0, seen.size() * sizeof(std::uint32_t)), "cudaMemset");
           cu::check(cudaMemset(counts.data(), 0, 3 * sizeof(unsigned long long)), "cudaMemset");
-          check_topk_kernel<<<gather_blocks, 256>>>(x[0].data(), n, top_keys.data(), top_index.data(),
-                                                    top_value.data(), k, commsgd::select::magnitude_key(t.value),
-                                                    seen.data(), counts.data());
+          check_topk_kernel<<<gather_blocks, 256>>>(
+              x[0].data(), n, top_keys.data(), top_index.data(), top_value.data(), k,
+              commsgd::select::magnitude_key(t.value), seen.data(), counts.data());
           unsigned long long h[3] = {};
           cu::check(cudaMemcpy(h, counts.data(), sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy");
           const bool ok = h[0] == 0 && h[1] == t.above && h[2] == 0 && t.count() == k;
           if (!ok)
-            std::printf("  cub_topk_pairs check: %llu bad entries, %llu above the k-th key (exact: %zu), %llu below\n",
+            std::printf("  cub_topk_pairs check: %llu bad entries, %llu above the k-th key (exact: %zu), "
+                        "%llu below\n",
                         h[0], h[1], t.above, h[2]);
           add("cub_topk_pairs", ms, k, ok);
         }

@@ -19,6 +19,7 @@
 #include <cuda/iterator>
 #define COMMSGD_BENCH_HAS_DEVICE_TOPK 1
 #endif
+#include "anchor_kernels.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -35,6 +36,8 @@
 namespace cu = commsgd::cuda;
 
 namespace {
+
+using namespace anchors;
 
 struct sequence {
   std::string name;
@@ -76,25 +79,6 @@ sequence load(const std::string& dir) {
   }
   return s;
 }
-
-__global__ void keys_kernel(const float* x, std::uint32_t* keys, std::uint64_t n) {
-  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += stride)
-    keys[i] = commsgd::select::magnitude_key(x[i]);
-}
-
-#ifdef COMMSGD_BENCH_HAS_DEVICE_TOPK
-struct magnitude {
-  __host__ __device__ std::uint32_t operator()(float v) const { return commsgd::select::magnitude_key(v); }
-};
-
-__global__ void gather_kernel(const float* x, const int* index, float* value, std::uint64_t k) {
-  for (std::uint64_t j = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; j < k;
-       j += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
-    value[j] = x[index[j]];
-}
-#endif
 
 struct events {
   cudaEvent_t a{}, b{};
@@ -301,11 +285,16 @@ int main(int argc, char** argv) {
       measure(
           label,
           [&] {
-            held h{make(), cu::device_buffer<char>(0), 0, 0, cu::device_buffer<std::uint32_t>(k),
-                   cu::device_buffer<float>(k), cu::device_buffer<unsigned long long>(1)};
+            held h{make(),
+                   cu::device_buffer<char>(0),
+                   0,
+                   0,
+                   cu::device_buffer<std::uint32_t>(k),
+                   cu::device_buffer<float>(k),
+                   cu::device_buffer<unsigned long long>(1)};
             h.sel.select(nullptr, h.bytes, s.steps[0].data(), n, k, nullptr);
-            cu::compact<std::uint32_t>(nullptr, h.cbytes, s.steps[0].data(), n, result.data(), nullptr, nullptr, k,
-                                       nullptr);
+            cu::compact<std::uint32_t>(nullptr, h.cbytes, s.steps[0].data(), n, result.data(), nullptr,
+                                       nullptr, k, nullptr);
             h.ws = cu::device_buffer<char>(std::max(h.bytes, h.cbytes));
             return h;
           },
