@@ -239,6 +239,9 @@ TEST_CASE("a node's traffic taken as a point-to-point load is the same traffic")
   const comm::traffic t = cost::cssgd(6, 2, 1000, 4);
   CHECK(t.messages_sent > 0);
   CHECK(cost::as_point_to_point(t) == t);
+  CHECK(cost::ring_all_reduce_load(6, 1001, 4, 3) == cost::ring_all_reduce(6, 1001, 4, 3));
+  CHECK(cost::unicast_load(6, 1001, 4) == cost::unicast(6, 1001, 4));
+  CHECK(cost::uncoded_shuffle_load(6, 2, 1001, 4, 3) == cost::uncoded_shuffle(6, 2, 1001, 4, 3));
   // Models leave calls at 0; measured() drops what a meter counted of them.
   comm::traffic counted = t;
   counted.calls = 7;

@@ -28,6 +28,7 @@
 namespace commsgd::inline v1::sparsify::detail {
 
 using state::detail::byte_order_mark;
+using state::detail::expect_same;
 using state::detail::fnv1a;
 using state::detail::read_blob;
 using state::detail::state_magic;
@@ -85,13 +86,6 @@ inline std::vector<std::byte> write_top_k_state(std::string_view kind, const top
                            [](std::size_t) { return std::vector<std::byte>{}; });
 }
 
-template <class T, class U>
-void expect_saved(T saved, U mine, const char* what) {
-  if (saved != static_cast<T>(mine))
-    throw corrupt_data(
-        commsgd::detail::concat("saved state: ", what, " is ", saved, ", this sparsifier's is ", mine));
-}
-
 // Parses and checks the whole blob against `layout` before returning, so a caller that replaces its state
 // only afterwards changes nothing on a bad blob. `selector_state(i, bytes)` is called for each selector in
 // order and may throw corrupt_data to refuse its bytes.
@@ -99,17 +93,17 @@ template <class SelectorState>
 top_k_contents read_top_k_state(std::span<const std::byte> blob, std::string_view kind,
                                 const top_k_layout& layout, SelectorState&& selector_state) {
   state_reader r(blob, kind);
-  expect_saved(r.get<std::uint64_t>(), layout.length, "length");
-  expect_saved(r.get<std::uint32_t>(), layout.index_bytes, "index size in bytes");
-  expect_saved(r.get<std::uint32_t>(), layout.momentum ? 1u : 0u, "momentum correction (1 on, 0 off)");
-  expect_saved(r.get<std::uint64_t>(), layout.layers, "layer count");
+  expect_same(r.get<std::uint64_t>(), layout.length, "length");
+  expect_same(r.get<std::uint32_t>(), layout.index_bytes, "index size in bytes");
+  expect_same(r.get<std::uint32_t>(), layout.momentum ? 1u : 0u, "momentum correction (1 on, 0 off)");
+  expect_same(r.get<std::uint64_t>(), layout.layers, "layer count");
   top_k_contents c;
   c.steps = r.get<std::uint64_t>();
   c.residual.resize(layout.length);
   c.momentum.resize(layout.momentum ? layout.length : 0);
   r.get_array(std::span<float>(c.residual), "residual");
   if (layout.momentum) r.get_array(std::span<float>(c.momentum), "momentum");
-  expect_saved(r.get<std::uint64_t>(), layout.selectors, "selector count");
+  expect_same(r.get<std::uint64_t>(), layout.selectors, "selector count");
   for (std::uint64_t i = 0; i < layout.selectors; ++i)
     selector_state(static_cast<std::size_t>(i), r.get_bytes());
   r.expect_end();
