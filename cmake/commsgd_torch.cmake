@@ -1,13 +1,96 @@
 # commsgd::torch (comm::process_group over c10d) and the Python module commsgd_torch, when LibTorch is found.
 #
-# LibTorch comes through its TorchConfig.cmake (Debian's libtorch-dev puts it under the multiarch cmake
-# folder, which find_package searches). The Python module must be built for the interpreter that has torch,
-# which is not necessarily the first python3 on PATH: COMMSGD_TORCH_PYTHON names it (default /usr/bin/python3,
-# the system interpreter Debian's python3-torch installs into) and is handed to FindPython3 as
-# Python3_EXECUTABLE.
+# Supported torch: COMMSGD_TORCH_MIN (inclusive) to COMMSGD_TORCH_BELOW (exclusive), the range python/pyproject.toml
+# states; both ends are tested (Debian's 1.13 in the dev preset, the newest on PyPI in .ci/run).
+#
+# The torch to build against is the one the Python module will run with: COMMSGD_TORCH_PYTHON names that
+# interpreter (default: the one scikit-build-core builds for under pip, else /usr/bin/python3, where Debian's
+# python3-torch lives). Its torch.utils.cmake_prefix_path goes first on CMAKE_PREFIX_PATH, so a pip-installed
+# torch wins over a system LibTorch. pip's isolated build environment hides the installed packages from the
+# interpreter (through PYTHONPATH), so when torch is not importable as is, it is asked again outside it: the
+# extension must match the torch that imports it, not one pip would download for the build.
+set(COMMSGD_TORCH_MIN 1.13)
+set(COMMSGD_TORCH_BELOW 2.16)
+
+if(DEFINED SKBUILD AND DEFINED Python_EXECUTABLE)
+  set(commsgd_default_python "${Python_EXECUTABLE}")
+else()
+  set(commsgd_default_python "/usr/bin/python3")
+endif()
+set(COMMSGD_TORCH_PYTHON "${commsgd_default_python}" CACHE FILEPATH "The Python interpreter that has torch installed")
+
+# A pip build (SKBUILD) exists only for the module, so anything missing there is an error; elsewhere torch is
+# optional and its absence a status line.
+function(commsgd_torch_missing why)
+  if(DEFINED SKBUILD)
+    message(FATAL_ERROR "commsgd_torch: ${why}")
+  endif()
+  message(STATUS "commsgd: ${why}; commsgd::torch and commsgd_torch are not provided")
+endfunction()
+
+set(commsgd_torch_query
+    "import torch, torch.utils; print(torch.__version__); print(torch.utils.cmake_prefix_path); print(torch.version.cuda or '')")
+set(commsgd_torch_py_rc 1)
+if(EXISTS "${COMMSGD_TORCH_PYTHON}")
+  execute_process(COMMAND "${COMMSGD_TORCH_PYTHON}" -c "${commsgd_torch_query}" RESULT_VARIABLE commsgd_torch_py_rc
+                  OUTPUT_VARIABLE commsgd_torch_py_out ERROR_VARIABLE commsgd_torch_py_err
+                  OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT commsgd_torch_py_rc EQUAL 0 AND DEFINED ENV{PYTHONPATH})
+    execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE
+                            "${COMMSGD_TORCH_PYTHON}" -c "${commsgd_torch_query}"
+                    RESULT_VARIABLE commsgd_torch_py_rc OUTPUT_VARIABLE commsgd_torch_py_out
+                    ERROR_VARIABLE commsgd_torch_py_err OUTPUT_STRIP_TRAILING_WHITESPACE)
+  endif()
+endif()
+set(commsgd_torch_py_version "")
+if(commsgd_torch_py_rc EQUAL 0)
+  string(REPLACE "\n" ";" commsgd_torch_py_out "${commsgd_torch_py_out}")
+  list(GET commsgd_torch_py_out 0 commsgd_torch_py_version)
+  list(GET commsgd_torch_py_out 1 commsgd_torch_prefix)
+  list(LENGTH commsgd_torch_py_out n)
+  set(COMMSGD_TORCH_PYTHON_CUDA "")
+  if(n GREATER 2)
+    list(GET commsgd_torch_py_out 2 COMMSGD_TORCH_PYTHON_CUDA)
+  endif()
+  list(PREPEND CMAKE_PREFIX_PATH "${commsgd_torch_prefix}")
+elseif(DEFINED SKBUILD)
+  string(STRIP "${commsgd_torch_py_err}" commsgd_torch_py_err)
+  string(REGEX REPLACE ".*\n" "" commsgd_torch_py_err "${commsgd_torch_py_err}")
+  commsgd_torch_missing("'import torch' fails in ${COMMSGD_TORCH_PYTHON} (${commsgd_torch_py_err}). The extension \
+is compiled against the torch it will run with: install torch ${COMMSGD_TORCH_MIN} or newer (below \
+${COMMSGD_TORCH_BELOW}) into this environment first, e.g. pip install torch")
+  return()
+endif()
+
+# A CUDA torch's config (Caffe2's cuda.cmake) rewrites the CUDA settings of the including scope: its own
+# -gencode list for every architecture it supports in CMAKE_CUDA_FLAGS (some of which a newer nvcc refuses),
+# CMAKE_CUDA_ARCHITECTURES OFF, and CMAKE_CUDA_STANDARD_REQUIRED ON, which turns commsgd's C++20 into a
+# dialect CMake before 3.26 cannot name for nvcc. commsgd's CUDA code needs none of torch's CUDA, so they
+# are put back as they were.
+set(commsgd_cuda_settings CMAKE_CUDA_FLAGS CMAKE_CUDA_ARCHITECTURES CMAKE_CUDA_STANDARD CMAKE_CUDA_STANDARD_REQUIRED)
+foreach(v IN LISTS commsgd_cuda_settings)
+  if(DEFINED ${v})
+    set(commsgd_saved_${v}_defined ON)
+    set(commsgd_saved_${v} "${${v}}")
+  else()
+    set(commsgd_saved_${v}_defined OFF)
+  endif()
+endforeach()
 find_package(Torch QUIET)
+foreach(v IN LISTS commsgd_cuda_settings)
+  if(commsgd_saved_${v}_defined)
+    set(${v} "${commsgd_saved_${v}}")
+  else()
+    unset(${v})
+  endif()
+endforeach()
 if(NOT Torch_FOUND OR NOT TARGET torch)
-  message(STATUS "commsgd: LibTorch not found, commsgd::torch and commsgd_torch are not provided")
+  commsgd_torch_missing("LibTorch (TorchConfig.cmake) not found")
+  return()
+endif()
+if(Torch_VERSION VERSION_LESS COMMSGD_TORCH_MIN OR NOT Torch_VERSION VERSION_LESS COMMSGD_TORCH_BELOW)
+  commsgd_torch_missing("torch ${Torch_VERSION} is outside the supported range [${COMMSGD_TORCH_MIN}, \
+${COMMSGD_TORCH_BELOW})")
   return()
 endif()
 
@@ -18,26 +101,25 @@ set_target_properties(commsgd_torch PROPERTIES EXPORT_NAME torch)
 target_link_libraries(commsgd_torch INTERFACE commsgd torch)
 message(STATUS "commsgd: LibTorch ${Torch_VERSION} found, commsgd::torch provided")
 
-# The Python module needs the interpreter with torch, its headers and pybind11.
-set(COMMSGD_TORCH_PYTHON "/usr/bin/python3" CACHE FILEPATH "The Python interpreter that has torch installed")
+# The Python module needs that interpreter's development files and pybind11's CMake helpers (the headers
+# come from torch where it bundles them; see python/CMakeLists.txt).
 set(COMMSGD_HAS_TORCH_PYTHON OFF)
-if(COMMSGD_BUILD_PYTHON AND EXISTS "${COMMSGD_TORCH_PYTHON}")
-  execute_process(COMMAND "${COMMSGD_TORCH_PYTHON}" -c "import torch; print(torch.__version__)"
-                  RESULT_VARIABLE commsgd_torch_py_rc OUTPUT_VARIABLE commsgd_torch_py_version
-                  OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-  if(commsgd_torch_py_rc EQUAL 0)
-    set(Python3_EXECUTABLE "${COMMSGD_TORCH_PYTHON}")
-    find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
-    find_package(pybind11 CONFIG QUIET)
-    if(Python3_FOUND AND pybind11_FOUND)
-      set(COMMSGD_HAS_TORCH_PYTHON ON)
-      set(COMMSGD_TORCH_PYTHON_EXECUTABLE "${Python3_EXECUTABLE}")
-      message(STATUS "commsgd: building commsgd_torch for ${Python3_EXECUTABLE} (torch ${commsgd_torch_py_version})")
-    endif()
-  endif()
-endif()
 if(NOT COMMSGD_BUILD_PYTHON)
   message(STATUS "commsgd: COMMSGD_BUILD_PYTHON is off, commsgd_torch is not built")
-elseif(NOT COMMSGD_HAS_TORCH_PYTHON)
-  message(STATUS "commsgd: ${COMMSGD_TORCH_PYTHON} with torch and pybind11 not found, commsgd_torch is not built")
+  return()
 endif()
+if(commsgd_torch_py_version STREQUAL "")
+  message(STATUS "commsgd: ${COMMSGD_TORCH_PYTHON} has no torch, commsgd_torch is not built")
+  return()
+endif()
+set(Python3_EXECUTABLE "${COMMSGD_TORCH_PYTHON}")
+find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
+find_package(pybind11 CONFIG QUIET)
+if(NOT Python3_FOUND OR NOT pybind11_FOUND)
+  commsgd_torch_missing("the development files of ${COMMSGD_TORCH_PYTHON} or pybind11's CMake files were not found")
+  return()
+endif()
+set(COMMSGD_HAS_TORCH_PYTHON ON)
+set(COMMSGD_TORCH_PYTHON_EXECUTABLE "${Python3_EXECUTABLE}")
+set(COMMSGD_TORCH_PYTHON_VERSION "${commsgd_torch_py_version}")
+message(STATUS "commsgd: building commsgd_torch for ${Python3_EXECUTABLE} (torch ${commsgd_torch_py_version})")

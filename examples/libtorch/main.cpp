@@ -140,7 +140,7 @@ int gloo_rank(int rank, const args& a, const std::string& dir) {
   auto store = c10::make_intrusive<c10d::FileStore>(dir + "/store", a.ranks);
   auto opt = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(120));
   opt->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  comm::process_group c(c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, a.ranks, opt), store);
+  comm::process_group c(comm::make_gloo_group(store, rank, a.ranks, opt), store);
   const double acc = run(c, a);
   return acc >= a.min_accuracy ? 0 : 1;
 }

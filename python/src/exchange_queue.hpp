@@ -12,10 +12,8 @@
 // queue first, so it never sees a half-done round.
 #pragma once
 
-#include <ATen/core/ivalue.h>
-#include <ATen/core/ivalue_inl.h>
-#include <torch/csrc/jit/python/pybind_utils.h>
-#include <torch/csrc/jit/python/python_ivalue.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <condition_variable>
 #include <cstddef>
@@ -30,8 +28,23 @@
 
 namespace commsgd_torch {
 
-using future_ptr = c10::intrusive_ptr<c10::ivalue::Future>;
-using python_future = std::shared_ptr<torch::jit::PythonFutureWrapper>;
+// A torch.futures.Future. The queue completes it through its Python methods (set_result, set_exception), the
+// interface torch keeps stable; torch's C++ future wrapper lives in JIT headers whose symbols torch 2.x no
+// longer exports to extensions.
+using python_future = pybind11::object;
+
+// Under the GIL: the Python exception that the module's translators make of `error` (commsgd::invalid_argument
+// becomes InvalidArgument, and so on). Calling a throwaway function that rethrows it runs pybind11's own
+// translation, whatever its version.
+inline pybind11::object python_exception(std::exception_ptr error) {
+  try {
+    pybind11::cpp_function([error] { std::rethrow_exception(error); })();
+  } catch (pybind11::error_already_set& raised) {
+    return raised.value();
+  }
+  return pybind11::reinterpret_steal<pybind11::object>(
+      PyObject_CallFunction(PyExc_RuntimeError, "s", "commsgd: an exchange failed without an error"));
+}
 
 class exchange_queue {
 public:
@@ -57,26 +70,31 @@ public:
     }
   }
 
-  // Queues `round`, which returns the bucket's result, and returns its future at once.
-  future_ptr post(std::function<at::Tensor()> round) {
-    auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::PyObjectType::get());
-    {
-      std::lock_guard lock(mutex_);
-      if (!worker_.joinable()) worker_ = std::thread([this] { serve(); });
-      jobs_.push_back([round = std::move(round), fut] {
-        at::Tensor out;
-        try {
-          out = round();
-        } catch (...) {
-          fut->setError(std::current_exception());
-          return;
-        }
-        pybind11::gil_scoped_acquire locked;
-        fut->markCompleted(c10::IValue(c10::ivalue::ConcretePyObjectHolder::create(pybind11::cast(out))));
-      });
-      ++pending_;
-    }
-    wake_.notify_all();
+  // Queues `round`, which returns the bucket's result, and returns its future at once. Called with the GIL.
+  python_future post(std::function<at::Tensor()> round) {
+    pybind11::object fut = pybind11::module_::import("torch.futures").attr("Future")();
+    // The job owns one reference, dropped under the GIL once the future is complete.
+    PyObject* owned = pybind11::object(fut).release().ptr();
+    enqueue([round = std::move(round), owned] {
+      at::Tensor out;
+      std::exception_ptr error;
+      try {
+        out = round();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      pybind11::gil_scoped_acquire locked;
+      auto f = pybind11::reinterpret_steal<pybind11::object>(owned);
+      try {
+        if (error)
+          f.attr("set_exception")(python_exception(error));
+        else
+          f.attr("set_result")(pybind11::cast(out));
+      } catch (pybind11::error_already_set& e) {
+        // A callback chained with then() raised: the future holds that error for whoever waits on the chain.
+        e.discard_as_unraisable("commsgd_torch: completing an exchange's future");
+      }
+    });
     return fut;
   }
 
@@ -93,11 +111,17 @@ public:
 
   // Runs `round` in order after everything posted before it and waits for it; its error is rethrown here.
   at::Tensor run(std::function<at::Tensor()> round) {
-    auto fut = post(std::move(round));
+    auto slot = std::make_shared<std::pair<at::Tensor, std::exception_ptr>>();
+    enqueue([round = std::move(round), slot] {
+      try {
+        slot->first = round();
+      } catch (...) {
+        slot->second = std::current_exception();
+      }
+    });
     drain();
-    const auto v = fut->value(); // rethrows the round's error
-    pybind11::gil_scoped_acquire locked;
-    return pybind11::cast<at::Tensor>(torch::jit::toPyObject(v));
+    if (slot->second) std::rethrow_exception(slot->second);
+    return slot->first;
   }
 
   std::size_t pending() const {
@@ -106,6 +130,16 @@ public:
   }
 
 private:
+  void enqueue(std::function<void()> job) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!worker_.joinable()) worker_ = std::thread([this] { serve(); });
+      jobs_.push_back(std::move(job));
+      ++pending_;
+    }
+    wake_.notify_all();
+  }
+
   void wait_idle() {
     std::unique_lock lock(mutex_);
     idle_.wait(lock, [this] { return pending_ == 0; });
@@ -138,8 +172,9 @@ private:
   std::thread worker_;
 };
 
-inline python_future to_python(future_ptr fut) {
-  return std::make_shared<torch::jit::PythonFutureWrapper>(std::move(fut));
+// The hook's value as the bindings return it.
+inline python_future to_python(python_future fut) {
+  return fut;
 }
 
 } // namespace commsgd_torch

@@ -103,7 +103,7 @@ int run_rank(int rank, int n, const std::string& dir, int argc, char** argv) {
     auto opt = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(
         std::getenv("COMMSGD_TEST_TIMEOUT_S") ? std::atoi(std::getenv("COMMSGD_TEST_TIMEOUT_S")) : 120));
     opt->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, n, opt);
+    auto pg = commsgd::comm::make_gloo_group(store, rank, n, opt);
     world.emplace(pg, store);
     doctest::Context ctx(argc, argv);
     ctx.setCout(&log);

@@ -2,7 +2,7 @@
 // commsgd::torch).
 //
 //   auto store = c10::make_intrusive<c10d::FileStore>(path, world_size);
-//   auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+//   auto pg = commsgd::comm::make_gloo_group(store, rank, world_size, options);   // any supported torch
 //   commsgd::comm::process_group c(pg, store);     // the store is needed only by split()
 //
 // The group is shared, not copied: the caller keeps using it, and commsgd's traffic is ordered with the
@@ -33,7 +33,12 @@
 //
 // split(color, key) creates a new c10d group of the same backend for each colour: ranks rendezvous on the
 // store under a prefix unique to this split, and the group is made by the factory passed at construction,
-// or, for a gloo parent, by a gloo group with the parent's options (devices, timeout, threads).
+// or, for a group whose CPU backend is gloo, by a gloo group with that backend's options (devices, timeout,
+// threads).
+//
+// Torch versions: 1.13 and 2.x. Since 2.0 a c10d::ProcessGroup is a front over one backend per device type
+// (ProcessGroupGloo is a c10d::Backend, no longer a ProcessGroup), so code that makes its own gloo group
+// goes through make_gloo_group(), which returns a ProcessGroup on every supported version.
 //
 // Not thread safe: one thread at a time per communicator (its splits included).
 #pragma once
@@ -45,9 +50,15 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/version.h>
 #ifdef USE_C10D_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
+
+// c10d's ProcessGroup/Backend split (torch 2.0) and the ProcessGroup constructor without options (2.5).
+#define COMMSGD_TORCH_AT_LEAST(major, minor)                                                                 \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+static_assert(COMMSGD_TORCH_AT_LEAST(1, 13), "commsgd's process_group needs torch 1.13 or newer");
 
 #include <algorithm>
 #include <array>
@@ -70,7 +81,50 @@
 
 namespace commsgd::inline v1::comm {
 
+#ifdef USE_C10D_GLOO
+// A gloo process group on `store`, as a c10d::ProcessGroup whatever the torch version (see the note above).
+inline c10::intrusive_ptr<c10d::ProcessGroup>
+make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> options) {
+#if COMMSGD_TORCH_AT_LEAST(2, 0)
+  const auto timeout = options->timeout;
+  auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, std::move(options));
+#if COMMSGD_TORCH_AT_LEAST(2, 5)
+  (void)timeout;
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+#else
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(
+      store, rank, size, c10::make_intrusive<c10d::ProcessGroup::Options>("gloo", timeout));
+#endif
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO,
+                    c10::intrusive_ptr<c10d::Backend>(backend));
+  return group;
+#else
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, std::move(options));
+#endif
+}
+#endif
+
 namespace detail {
+
+#ifdef USE_C10D_GLOO
+// The gloo backend carrying `group`'s CPU traffic, or null.
+inline c10::intrusive_ptr<c10d::ProcessGroupGloo>
+gloo_backend_of(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+#if COMMSGD_TORCH_AT_LEAST(2, 0)
+  c10::intrusive_ptr<c10d::Backend> cpu;
+  try {
+    cpu = group->getBackend(c10::DeviceType::CPU);
+  } catch (const c10::Error&) { // no backend for the CPU
+    return {};
+  }
+  return c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupGloo>(cpu);
+#else
+  return c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupGloo>(group);
+#endif
+}
+#endif
 
 template <class T>
 inline at::ScalarType pg_scalar_type() noexcept {
@@ -435,12 +489,13 @@ private:
 
   group_ptr default_group(const store_ptr& store, int rank, int size) const {
 #ifdef USE_C10D_GLOO
-    if (auto gloo = c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupGloo>(channels_->group))
-      return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo->getOptions());
+    if (auto gloo = detail::gloo_backend_of(channels_->group))
+      return make_gloo_group(store, rank, size, gloo->getOptions());
 #endif
-    throw unsupported(commsgd::detail::concat("split: no group factory was given and backend '",
-                                              group().getBackendName(),
-                                              "' has no default; pass a group_factory to the constructor"));
+    throw unsupported(
+        commsgd::detail::concat("split: no group factory was given and backend '", group().getBackendName(),
+                                "' has no gloo CPU backend to copy; pass a group_factory to the "
+                                "constructor"));
   }
 
   // c10d's all-gather of equal byte blocks; `out` holds size() blocks.
