@@ -33,6 +33,21 @@ namespace commsgd_torch {
 using future_ptr = c10::intrusive_ptr<c10::ivalue::Future>;
 using python_future = std::shared_ptr<torch::jit::PythonFutureWrapper>;
 
+// The one place a hook's future is completed: with what `round` returns, as the Python object DDP's Python
+// hooks must hand back, or with the error `round` threw. No Python callable is involved, so nothing is left
+// for the completing thread to release once DDP has the result (see docs/pytorch.md, Ending a script).
+inline void settle(const future_ptr& fut, const std::function<at::Tensor()>& round) {
+  at::Tensor out;
+  try {
+    out = round();
+  } catch (...) {
+    fut->setError(std::current_exception());
+    return;
+  }
+  pybind11::gil_scoped_acquire locked;
+  fut->markCompleted(c10::IValue(c10::ivalue::ConcretePyObjectHolder::create(pybind11::cast(out))));
+}
+
 class exchange_queue {
 public:
   exchange_queue() = default;
@@ -63,20 +78,17 @@ public:
     {
       std::lock_guard lock(mutex_);
       if (!worker_.joinable()) worker_ = std::thread([this] { serve(); });
-      jobs_.push_back([round = std::move(round), fut] {
-        at::Tensor out;
-        try {
-          out = round();
-        } catch (...) {
-          fut->setError(std::current_exception());
-          return;
-        }
-        pybind11::gil_scoped_acquire locked;
-        fut->markCompleted(c10::IValue(c10::ivalue::ConcretePyObjectHolder::create(pybind11::cast(out))));
-      });
+      jobs_.push_back([round = std::move(round), fut] { settle(fut, round); });
       ++pending_;
     }
     wake_.notify_all();
+    return fut;
+  }
+
+  // A future already holding `value`, for a bucket that needs no exchange (it stays local).
+  static future_ptr ready(const at::Tensor& value) {
+    auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::PyObjectType::get());
+    settle(fut, [&] { return value; });
     return fut;
   }
 

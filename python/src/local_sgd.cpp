@@ -50,8 +50,7 @@ public:
                           .correction = correction_of(correction),
                           .alpha = alpha,
                           .average_on_finish = true}) {
-    commsgd::detail::check_range("warmup_steps", warmup_steps, 0, std::numeric_limits<int>::max(),
-                                 "[0, inf)");
+    commsgd::detail::check_range("start_iter", warmup_steps, 0, std::numeric_limits<int>::max(), "[0, inf)");
   }
 
   bool in_warmup() const { return steps_ < warmup_; }
@@ -62,6 +61,11 @@ public:
   }
   python_future average_async(const at::Tensor& buffer) {
     return to_python(queue_.post([=, this] { return commsgd_torch::average_bucket(comm_, buffer); }));
+  }
+  // The hook's round: averaged during the warm-up, left as it is (local) afterwards.
+  python_future exchange_async(const at::Tensor& buffer) {
+    if (in_warmup()) return average_async(buffer);
+    return to_python(exchange_queue::ready(buffer));
   }
 
   // After the optimizer's step: the strategy's model averaging and correction. Returns true when the
@@ -132,11 +136,12 @@ private:
 void bind_local_sgd(py::module_& m) {
   py::class_<local_sgd_state>(m, "LocalSGD")
       .def(py::init<const group_ptr&, float, int, int, bool, int, const std::string&, float>(),
-           py::arg("process_group"), py::arg("lr"), py::arg("period"), py::arg("warmup_steps"),
+           py::arg("process_group"), py::arg("lr"), py::arg("period"), py::arg("start_iter"),
            py::arg("adaptive"), py::arg("max_period"), py::arg("correction"), py::arg("alpha"))
       .def("in_warmup", &local_sgd_state::in_warmup)
       .def("average", &local_sgd_state::average, py::call_guard<py::gil_scoped_release>())
       .def("average_async", &local_sgd_state::average_async)
+      .def("exchange_async", &local_sgd_state::exchange_async)
       .def("step", &local_sgd_state::step, py::arg("params"), py::arg("loss"), py::arg("lr"))
       .def("finish", &local_sgd_state::finish)
       .def("current_period", &local_sgd_state::current_period)
