@@ -309,7 +309,7 @@ def _bad_options(rank, world):
              (dict(kind="sign", momentum=1.0), "momentum"), (dict(kind="randomk", momentum=-0.1), "momentum")]
     for kwargs, word in cases:
         with pytest.raises(commsgd_torch.InvalidArgument, match=word):
-            commsgd_torch.CompressorState(kind=**kwargs)
+            commsgd_torch.CompressorState(**kwargs)
     return True
 
 
