@@ -40,14 +40,7 @@ using namespace commsgd;
 
 namespace {
 
-using commsgd_torch::average_bucket;
-using commsgd_torch::exchange_queue;
-using commsgd_torch::meter;
-using commsgd_torch::python_future;
-using commsgd_torch::tensor_of;
-using commsgd_torch::to_python;
-using commsgd_torch::values_of;
-using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
+using namespace commsgd_torch;
 using size_list = std::vector<std::int64_t>;
 using any_compressor =
     std::variant<compress::fp16, compress::bf16, compress::sign, compress::qsgd, compress::random_k>;
@@ -182,13 +175,7 @@ public:
   py::dict traffic() { return commsgd_torch::traffic_when_done(queue_, comm_); }
   void reset_traffic() { commsgd_torch::reset_when_done(queue_, comm_); }
 
-  std::vector<std::int64_t> keys() {
-    queue_.drain();
-    std::vector<std::int64_t> k;
-    for (auto& [i, b] : buckets_)
-      k.push_back(i);
-    return k;
-  }
+  std::vector<std::int64_t> keys() { return commsgd_torch::keys_when_done(queue_, buckets_); }
   const bucket& find(std::int64_t index) {
     queue_.drain();
     auto it = buckets_.find(index);
@@ -423,21 +410,14 @@ std::uint64_t wire_cost(const std::string& kind, std::uint64_t length, std::uint
 } // namespace
 
 void bind_compressors(py::module_& m) {
-  py::class_<compressor_state>(m, "Compressor")
+  py::class_<compressor_state> c(m, "Compressor");
+  def_bucket_rounds(c, "sizes")
       .def(py::init<const group_ptr&, const std::string&, bool, const std::string&, std::int64_t, double,
                     std::int64_t, bool, double>(),
            py::arg("process_group"), py::arg("kind"), py::arg("error_feedback"), py::arg("overflow"),
            py::arg("levels"), py::arg("density"), py::arg("seed"), py::arg("layerwise"), py::arg("momentum"))
       .def("has", &compressor_state::has)
-      .def("exchange", &compressor_state::exchange, py::arg("buffer"), py::arg("index"), py::arg("sizes"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("exchange_async", &compressor_state::exchange_async, py::arg("buffer"), py::arg("index"),
-           py::arg("sizes"))
-      .def("average", &compressor_state::average, py::call_guard<py::gil_scoped_release>())
-      .def("average_async", &compressor_state::average_async)
       .def("momentum_buffer", &compressor_state::momentum_buffer)
-      .def("traffic", &compressor_state::traffic)
-      .def("reset_traffic", &compressor_state::reset_traffic)
       .def("keys", &compressor_state::keys)
       .def("residual", &compressor_state::residual)
       .def("residual_low", &compressor_state::residual_low)

@@ -48,11 +48,7 @@ using namespace commsgd;
 
 namespace {
 
-using commsgd_torch::exchange_queue;
-using commsgd_torch::meter;
-using commsgd_torch::python_future;
-using commsgd_torch::to_python;
-using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
+using namespace commsgd_torch;
 
 template <class S>
 using tk = sparsify::top_k<S>;
@@ -191,13 +187,7 @@ public:
     return py::make_tuple(idx, val);
   }
 
-  std::vector<std::string> keys() {
-    queue_.drain();
-    std::vector<std::string> k;
-    for (auto& [key, b] : buckets_)
-      k.push_back(key);
-    return k;
-  }
+  std::vector<std::string> keys() { return commsgd_torch::keys_when_done(queue_, buckets_); }
 
   py::dict state_dict() {
     queue_.drain();
@@ -433,7 +423,8 @@ private:
 } // namespace
 
 void bind_topk(py::module_& m) {
-  py::class_<topk_state>(m, "TopK")
+  py::class_<topk_state> c(m, "TopK");
+  def_metered(c)
       .def(py::init<const group_ptr&, const std::string&, double, double, const std::string&, std::int64_t,
                     std::int64_t, bool, bool>(),
            py::arg("process_group"), py::arg("selector"), py::arg("density"), py::arg("momentum"),
@@ -443,8 +434,6 @@ void bind_topk(py::module_& m) {
            py::arg("last"), py::call_guard<py::gil_scoped_release>())
       .def("exchange_async", &topk_state::exchange_async, py::arg("buffer"), py::arg("params"),
            py::arg("sizes"), py::arg("last"))
-      .def("traffic", &topk_state::traffic)
-      .def("reset_traffic", &topk_state::reset_traffic)
       .def("iteration", &topk_state::iteration)
       .def("compute_seconds", &topk_state::compute_seconds)
       .def("residual", &topk_state::residual)
