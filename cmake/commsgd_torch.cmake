@@ -114,7 +114,26 @@ if(commsgd_torch_py_version STREQUAL "")
 endif()
 set(Python3_EXECUTABLE "${COMMSGD_TORCH_PYTHON}")
 find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
-find_package(pybind11 CONFIG QUIET)
+# The extension must be compiled with the pybind11 headers torch's own bindings were (pybind11 types such as
+# ProcessGroup cross between the two modules only when both agree): pip's torch bundles them in its include
+# folder, Debian's uses the system's. The pybind11 package of exactly that version is preferred (find_package
+# passes over others on CMAKE_PREFIX_PATH, such as the one pip's isolated build brings); failing that, any
+# pybind11 supplies the CMake helpers and python/CMakeLists.txt puts torch's include folder first.
+set(commsgd_torch_pybind11 "")
+foreach(dir IN LISTS TORCH_INCLUDE_DIRS)
+  if(EXISTS "${dir}/pybind11/detail/common.h")
+    file(STRINGS "${dir}/pybind11/detail/common.h" defines REGEX "#define PYBIND11_VERSION_(MAJOR|MINOR|PATCH|MICRO) ")
+    string(REGEX REPLACE ".*MAJOR ([0-9]+).*MINOR ([0-9]+).*(PATCH|MICRO) ([0-9]+).*" "\\1.\\2.\\4" commsgd_torch_pybind11
+                         "${defines}")
+    break()
+  endif()
+endforeach()
+if(commsgd_torch_pybind11)
+  find_package(pybind11 ${commsgd_torch_pybind11} EXACT CONFIG QUIET)
+endif()
+if(NOT pybind11_FOUND)
+  find_package(pybind11 CONFIG QUIET)
+endif()
 if(NOT Python3_FOUND OR NOT pybind11_FOUND)
   commsgd_torch_missing("the development files of ${COMMSGD_TORCH_PYTHON} or pybind11's CMake files were not found")
   return()
@@ -122,4 +141,4 @@ endif()
 set(COMMSGD_HAS_TORCH_PYTHON ON)
 set(COMMSGD_TORCH_PYTHON_EXECUTABLE "${Python3_EXECUTABLE}")
 set(COMMSGD_TORCH_PYTHON_VERSION "${commsgd_torch_py_version}")
-message(STATUS "commsgd: building commsgd_torch for ${Python3_EXECUTABLE} (torch ${commsgd_torch_py_version})")
+message(STATUS "commsgd: building commsgd_torch for ${Python3_EXECUTABLE} (torch ${commsgd_torch_py_version}, pybind11 ${pybind11_VERSION})")

@@ -4,7 +4,8 @@
 # then every tests/torch suite against the installed package (not the build tree). The dev preset
 # (scripts/test.sh) runs the same suites against Debian's torch 1.13, the oldest supported.
 #
-#   bash scripts/test_torch_pypi.sh            # COMMSGD_TORCH_VERSION=2.15.0 by default
+#   bash scripts/test_torch_pypi.sh              # COMMSGD_TORCH_VERSION=2.15.0 by default
+#   bash scripts/test_torch_pypi.sh --prepare    # only the venv and its downloads (CI runs it during a build)
 #
 # COMMSGD_TORCH_VENV names the venv (default build/torch-<version>; kept, so a rerun skips the download).
 # CMAKE_ARGS, CUDAARCHS and CMAKE_BUILD_PARALLEL_LEVEL reach the package's CMake as usual.
@@ -21,9 +22,15 @@ if [ ! -x "$python" ]; then
 fi
 "$python" -m pip install -q "torch==$version" numpy pytest
 installed=$(date +%s)
+if [ "${1:-}" = "--prepare" ]; then
+  echo "torch $version: venv and torch $((installed - start)) s"
+  exit 0
+fi
 "$python" -m pip install -q ./python
 built=$(date +%s)
 echo "torch $version: venv and torch $((installed - start)) s, pip install ./python $((built - installed)) s"
-# No PYTHONPATH: the suites import the package pip just installed.
-env -u PYTHONPATH OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1 "$python" tests/torch/run_pytest.py --all -q
+# No PYTHONPATH: the suites import the package pip just installed, and every_state.py checks they do.
+export OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
+env -u PYTHONPATH "$python" tests/torch/every_state.py --expect-prefix "$venv"
+env -u PYTHONPATH "$python" tests/torch/run_pytest.py --all -q --durations=10
 echo "torch $version: suites $(($(date +%s) - built)) s"

@@ -196,15 +196,15 @@ def attach(ddp, model, opt, a, scheme, variants, world, counter):
         hook_momentum = scheme.startswith(HOOK_MOMENTUM) and "optmom" not in variants
         m = {"momentum": a.momentum} if hook_momentum else {}
         if name.startswith("qsgd"):
-            state = commsgd_torch.CompressorState(None, "qsgd", start_iter=WARMUP, levels=int(name[4:]),
+            state = commsgd_torch.CompressorState(kind="qsgd", start_iter=WARMUP, levels=int(name[4:]),
                                                   seed=a.seed, **m)
         elif name.startswith("randomk"):
-            state = commsgd_torch.CompressorState(None, "randomk", start_iter=WARMUP, density=float(name[7:]),
+            state = commsgd_torch.CompressorState(kind="randomk", start_iter=WARMUP, density=float(name[7:]),
                                                   seed=a.seed, **m)
         elif name in ("fp16", "bf16"):
-            state = commsgd_torch.CompressorState(None, name, start_iter=0)
+            state = commsgd_torch.CompressorState(kind=name, start_iter=0)
         else:
-            state = commsgd_torch.CompressorState(None, name, start_iter=WARMUP, **m)
+            state = commsgd_torch.CompressorState(kind=name, start_iter=WARMUP, **m)
         if hook_momentum:
             for group in opt.param_groups:
                 group["momentum"] = 0.0
@@ -223,8 +223,8 @@ def attach(ddp, model, opt, a, scheme, variants, world, counter):
         dgcwarm = [int(v[len("dgcwarm"):]) for v in variants if v.startswith("dgcwarm")]
         dense = [int(v[len("dense"):]) for v in variants if v.startswith("dense")]
         state = commsgd_torch.TopKState(
-            model, density=float(density), selector=selector, momentum=0.0 if optmom else a.momentum,
-            dense_warmup_steps=dense[0] if dense else WARMUP, dgc_warmup_steps_per_stage=dgcwarm[0] if dgcwarm else 0,
+            model=model, density=float(density), selector=selector, momentum=0.0 if optmom else a.momentum,
+            start_iter=dense[0] if dense else WARMUP, dgc_warmup_steps_per_stage=dgcwarm[0] if dgcwarm else 0,
             momentum_rule="keep" if "keep" in variants else "dgc",
             warmup_momentum="nowm" not in variants,
             layerwise="layer" in variants)
@@ -241,12 +241,12 @@ def attach(ddp, model, opt, a, scheme, variants, world, counter):
         cands = ("dense", rest) if rest else commsgd_torch.auto.DEFAULT_CANDIDATES
         net = (50e-6, 125e3) if rest else tuple(float(v) for v in a.auto_network.split(","))
         # The re-check is off: on a shared machine the measured steps say nothing about the stated network.
-        state = commsgd_torch.AutoState(ddp, opt, network=net, candidates=cands, profile_steps=WARMUP,
+        state = commsgd_torch.AutoState(model=ddp, optimizer=opt, network=net, candidates=cands, profile_steps=WARMUP,
                                         seed=a.seed, recheck_every=0)
         ddp.register_comm_hook(state, commsgd_torch.auto_hook)
     elif scheme.startswith("localsgd"):
         period = int(scheme.split("-h")[1])
-        state = commsgd_torch.LocalSGD(model, lr=a.lr, period=period, warmup_steps=WARMUP, optimizer=opt)
+        state = commsgd_torch.LocalSGDState(model=model, lr=a.lr, period=period, start_iter=WARMUP, optimizer=opt)
         ddp.register_comm_hook(state, commsgd_torch.local_sgd_hook)
     else:
         raise ValueError(f"unknown scheme {scheme}")
@@ -267,7 +267,7 @@ def train(rank, world, a, model_name, scheme):
     state = attach(ddp, model, opt, a, scheme, variants, world, counter)
 
     def traffic():
-        ours = (commsgd_torch.TopKState, commsgd_torch.LocalSGD, commsgd_torch.PowerSGDState,
+        ours = (commsgd_torch.TopKState, commsgd_torch.LocalSGDState, commsgd_torch.PowerSGDState,
                 commsgd_torch.CompressorState)
         if type(state).__name__ == "AutoState" and isinstance(state._inner, commsgd_torch.TopKState):
             t, c = state._inner.traffic(), counter.traffic()
@@ -291,7 +291,7 @@ def train(rank, world, a, model_name, scheme):
             loss = loss_fn(ddp(x[i]), y[i])
             loss.backward()
             opt.step()
-            if isinstance(state, commsgd_torch.LocalSGD):
+            if isinstance(state, commsgd_torch.LocalSGDState):
                 state.step(loss.item())
             step += 1
             now = dict(traffic())

@@ -39,9 +39,9 @@ def model(width, layers):
 
 def make_state(kind, net):
     if kind == "fp16":
-        return commsgd_torch.CompressorState(None, "fp16", start_iter=0), commsgd_torch.compressor_hook
+        return commsgd_torch.CompressorState(kind="fp16", start_iter=0), commsgd_torch.compressor_hook
     if kind == "topk":
-        return (commsgd_torch.TopKState(net, density=0.01, selector="laplace_bisect", momentum=0.9),
+        return (commsgd_torch.TopKState(model=net, density=0.01, selector="laplace_bisect", momentum=0.9),
                 commsgd_torch.topk_hook)
     if kind == "powersgd":
         s = commsgd_torch.PowerSGDState(matrix_approximation_rank=4, start_powerSGD_iter=2)

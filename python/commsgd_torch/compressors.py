@@ -1,6 +1,6 @@
 """commsgd's compressors as a DDP communication hook: fp16, bf16, EF-SignSGD, QSGD and random-k.
 
-    state = commsgd_torch.CompressorState(None, "qsgd", levels=4)
+    state = commsgd_torch.CompressorState(kind="qsgd", levels=4)
     ddp.register_comm_hook(state, commsgd_torch.compressor_hook)
 
 The hook returns a future at once (the round runs on the state's exchange thread, so DDP overlaps it with
@@ -27,10 +27,13 @@ Options by kind (anything else raises InvalidArgument):
                 During the dense warm-up the hook returns momentum SGD's update, and compression starts from
                 that momentum.
 """
+from typing import Any, Dict, List, Optional
+
 import torch
 import torch.distributed as dist
 
 from . import _C
+from ._state import IterCounted, own_group
 
 __all__ = ["CompressorState", "compressor_hook", "KINDS"]
 
@@ -45,10 +48,20 @@ _DEFAULTS = {
 }
 
 
-class CompressorState:
-    """Per-bucket compressors of one kind (one of KINDS) and their settings; see the module's docstring."""
+class CompressorState(IterCounted):
+    r"""State of :func:`compressor_hook`: one compressor of one kind per DDP bucket, and their settings.
 
-    def __init__(self, process_group=None, kind="fp16", start_iter=2, **options):
+    Args:
+        process_group: the group the exchanges run on; ``None`` makes a new gloo group of all ranks (a
+            collective call).
+        kind: one of :data:`KINDS`.
+        start_iter: iterations averaged densely before compression starts (see the module's docstring for
+            the allowed range).
+        options: the kind's options, and ``momentum`` for every kind (see the module's docstring).
+    """
+
+    def __init__(self, process_group: Optional[dist.ProcessGroup] = None, *, kind: str = "fp16",
+                 start_iter: int = 2, **options: Any) -> None:
         if kind not in _DEFAULTS:
             raise _C.InvalidArgument(
                 f"commsgd: argument 'kind' = {kind!r} is not one of {', '.join(KINDS)}")
@@ -69,20 +82,12 @@ class CompressorState:
         self.options = o
         self.start_iter = int(start_iter)
         self.iter = 0
-        group = process_group if process_group is not None else dist.new_group(backend="gloo")
-        self._c = _C.Compressor(group, kind, bool(o.get("error_feedback", False)), str(o.get("overflow", "refuse")),
+        self.process_group = own_group(process_group)
+        self._c = _C.Compressor(self.process_group, kind, bool(o.get("error_feedback", False)), str(o.get("overflow", "refuse")),
                                 int(o.get("levels", 8)), float(o.get("density", 0.01)), int(o.get("seed", 0)),
                                 bool(o.get("layerwise", False)), momentum)
 
-    def maybe_increase_iter(self, bucket):
-        if bucket.is_last():
-            self.iter += 1
-
-    def exchange(self, bucket):
-        """The bucket's round, waiting for it (the hook uses exchange_async)."""
-        return self.exchange_async(bucket).wait()
-
-    def exchange_async(self, bucket):
+    def exchange_async(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """The bucket's round, posted to the state's exchange thread; returns its future at once."""
         buf = bucket.buffer()
         if self.iter < self.start_iter:
@@ -92,45 +97,40 @@ class CompressorState:
         self.maybe_increase_iter(bucket)
         return fut
 
-    def traffic(self):
-        """Bytes and messages this rank sent and received since construction or reset_traffic()."""
-        return self._c.traffic()
-
-    def reset_traffic(self):
-        self._c.reset_traffic()
-
-    def keys(self):
+    def keys(self) -> List[int]:
+        """The buckets holding state, by DDP's bucket index."""
         return self._c.keys()
 
-    def velocity(self, index):
-        """Bucket `index`'s momentum u (empty without the hook's momentum)."""
-        return self._c.velocity(index)
+    def momentum_buffer(self, key: int) -> torch.Tensor:
+        """Bucket `key`'s momentum u (empty without the hook's momentum)."""
+        return self._c.momentum_buffer(key)
 
-    def residual(self, index):
-        """Bucket `index`'s error-feedback residual (empty without error feedback)."""
-        return self._c.residual(index)
+    def residual(self, key: int) -> torch.Tensor:
+        """Bucket `key`'s error-feedback residual (empty without error feedback)."""
+        return self._c.residual(key)
 
-    def residual_low(self, index):
+    def residual_low(self, key: int) -> torch.Tensor:
         """Its low part: residual + residual_low is exactly what the messages held back."""
-        return self._c.residual_low(index)
+        return self._c.residual_low(key)
 
-    def wire_bytes(self, index):
-        """Bytes this rank sent in bucket `index`'s last compressed round (cost/compress.hpp's model)."""
-        return self._c.wire_bytes(index)
+    def wire_bytes(self, key: int) -> int:
+        """Bytes this rank sent in bucket `key`'s last compressed round (cost/compress.hpp's model)."""
+        return self._c.wire_bytes(key)
 
-    def steps(self, index):
-        return self._c.steps(index)
+    def steps(self, key: int) -> int:
+        """Compressed rounds bucket `key` has run."""
+        return self._c.steps(key)
 
-    def indices(self, index):
-        """randomk: the positions bucket `index` sent in its last round, the same on every rank."""
-        return self._c.indices(index)
+    def indices(self, key: int) -> List[int]:
+        """randomk: the positions bucket `key` sent in its last round, the same on every rank."""
+        return self._c.indices(key)
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         c = self._c.state_dict()
         return {"kind": self.kind, "options": dict(self.options), "iter": self.iter,
                 "buckets": c["buckets"], "warmup_velocity": c["warmup_velocity"]}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
         if state.get("kind") != self.kind or state.get("options") != self.options:
             raise _C.InvalidArgument(
                 f"commsgd: the state dict is of kind {state.get('kind')!r} with options {state.get('options')}, "
@@ -140,6 +140,23 @@ class CompressorState:
         self.iter = state["iter"]
 
 
-def compressor_hook(state, bucket):
-    """DDP communication hook: the bucket's compressed round, averaged over ranks (state: CompressorState)."""
+def compressor_hook(state: CompressorState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    r"""Average the bucket over ranks through the state's compressor (fp16, bf16, sign, qsgd or random-k).
+
+    Until ``start_iter`` the bucket is averaged densely; then each rank's compressed message is exchanged
+    and every rank decodes and sums all of them in rank order, so every rank gets the same bits. The round
+    runs on the state's exchange thread and the hook returns at once.
+
+    Args:
+        state (CompressorState): the kind, its options and each bucket's compressor.
+        bucket (dist.GradBucket): the flattened gradients of one DDP bucket.
+
+    Returns:
+        A future of the bucket's average over ranks.
+
+    Example::
+        >>> # xdoctest: +SKIP
+        >>> state = CompressorState(kind="sign", momentum=0.9)
+        >>> ddp_model.register_comm_hook(state, compressor_hook)
+    """
     return state.exchange_async(bucket)

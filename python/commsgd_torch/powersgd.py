@@ -13,17 +13,19 @@ over ranks at once (the round runs on the state's exchange thread, so DDP overla
 are metered (state.traffic()).
 """
 from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from . import _C
+from ._state import IterCounted, own_group
 
 __all__ = ["PowerSGDState", "powersgd_hook", "torch_initial_q"]
 
 
-def _shapes(tensors):
+def _shapes(tensors: Sequence[torch.Tensor]) -> List[Tuple[int, int]]:
     """Each gradient as PyTorch's hook views it: tensor.view(shape[0], -1)."""
     out = []
     for t in tensors:
@@ -32,7 +34,8 @@ def _shapes(tensors):
     return out
 
 
-def torch_initial_q(shapes, rank, min_compression_rate, seed_source):
+def torch_initial_q(shapes: Sequence[Tuple[int, int]], rank: int, min_compression_rate: float,
+                    seed_source: np.random.RandomState) -> torch.Tensor:
     """The initial Q PyTorch's powerSGD_hook draws for a bucket of these shapes, in commsgd's layout.
 
     seed_source: the numpy RandomState of the state (PyTorch draws one torch seed from it per new bucket).
@@ -53,16 +56,38 @@ def torch_initial_q(shapes, rank, min_compression_rate, seed_source):
     return torch.cat([draws[layer].reshape(-1) for layer, _ in layers])
 
 
-class PowerSGDState:
-    """PowerSGD's settings and per-bucket state; the arguments are PyTorch's PowerSGDState's.
+class PowerSGDState(IterCounted):
+    r"""State of :func:`powersgd_hook`: PowerSGD's settings and per-bucket factors and residuals.
 
-    initial_q: "torch" draws the initial Q as PyTorch's hook does (to compare with it); "commsgd" uses the
-    library's own seeded draw.
+    The positional arguments are those of PyTorch's ``PowerSGDState``, in its order, so this class replaces
+    it in existing code. ``start_powerSGD_iter`` keeps PyTorch's name for what commsgd's other states call
+    ``start_iter``.
+
+    Args:
+        process_group: the group the exchanges run on; ``None`` makes a new gloo group of all ranks (a
+            collective call).
+        matrix_approximation_rank: r, the rank of the factors.
+        start_powerSGD_iter: iterations averaged densely before compression starts; >= 2 with error
+            feedback or warm start, since DDP rebuilds its buckets at iteration 1.
+        min_compression_rate: a layer is compressed only when it saves at least this factor.
+        use_error_feedback: keep what compression lost and add it to the next round.
+        warm_start: start each round's power iteration from the last round's Q.
+        orthogonalization_epsilon: added in Gram-Schmidt's norms (0: as PyTorch's default).
+        random_seed: the seed of the initial Q.
+        compression_stats_logging_frequency: accepted for compatibility; commsgd meters its bytes
+            instead (:meth:`traffic`).
+        batch_tensors_with_same_shape: accepted for compatibility; every compressed layer of a bucket
+            travels in one all-reduce anyway.
+        initial_q: ``"torch"`` draws the initial Q as PyTorch's hook does (to compare with it);
+            ``"commsgd"`` takes the library's own seeded draw.
     """
 
-    def __init__(self, process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=1_000,
-                 min_compression_rate=2, use_error_feedback=True, warm_start=True,
-                 orthogonalization_epsilon=0, random_seed=0, initial_q="torch"):
+    def __init__(self, process_group: Optional[dist.ProcessGroup] = None, matrix_approximation_rank: int = 1,
+                 start_powerSGD_iter: int = 1_000, min_compression_rate: float = 2,
+                 use_error_feedback: bool = True, warm_start: bool = True,
+                 orthogonalization_epsilon: float = 0, random_seed: int = 0,
+                 compression_stats_logging_frequency: int = 10_000, batch_tensors_with_same_shape: bool = False,
+                 *, initial_q: str = "torch") -> None:
         if (use_error_feedback or warm_start) and start_powerSGD_iter <= 1:
             raise _C.InvalidArgument(
                 f"commsgd: argument 'start_powerSGD_iter' = {start_powerSGD_iter} is outside the allowed "
@@ -70,26 +95,18 @@ class PowerSGDState:
         if initial_q not in ("torch", "commsgd"):
             raise _C.InvalidArgument(
                 f"commsgd: argument 'initial_q' = {initial_q!r} is not 'torch' or 'commsgd'")
-        group = process_group if process_group is not None else dist.new_group(backend="gloo")
+        self.process_group = own_group(process_group)
         self.matrix_approximation_rank = int(matrix_approximation_rank)
         self.min_compression_rate = float(min_compression_rate)
         self.start_powerSGD_iter = int(start_powerSGD_iter)
         self.initial_q = initial_q
         self.iter = 0
         self.rng = np.random.RandomState(random_seed)
-        self._c = _C.PowerSGD(group, self.matrix_approximation_rank, self.min_compression_rate,
+        self._c = _C.PowerSGD(self.process_group, self.matrix_approximation_rank, self.min_compression_rate,
                               float(orthogonalization_epsilon), int(random_seed), bool(use_error_feedback),
                               bool(warm_start))
 
-    def maybe_increase_iter(self, bucket):
-        if bucket.is_last():
-            self.iter += 1
-
-    def exchange(self, bucket):
-        """The bucket's round, waiting for it (the hook uses exchange_async)."""
-        return self.exchange_async(bucket).wait()
-
-    def exchange_async(self, bucket):
+    def exchange_async(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """The bucket's round, posted to the state's exchange thread; returns its future at once."""
         buf = bucket.buffer()
         if self.iter < self.start_powerSGD_iter:
@@ -108,29 +125,47 @@ class PowerSGDState:
         self.maybe_increase_iter(bucket)
         return fut
 
-    def traffic(self):
-        """Bytes and messages this rank sent and received since construction or reset_traffic()."""
-        return self._c.traffic()
+    def payload(self, key: int) -> Tuple[int, int, int]:
+        """(dense values, P values, Q values) bucket `key` (its index) hands its three all-reduces a round."""
+        return self._c.payload(key)
 
-    def reset_traffic(self):
-        self._c.reset_traffic()
+    def residual(self, key: int) -> torch.Tensor:
+        """Bucket `key`'s error-feedback residual."""
+        return self._c.residual(key)
 
-    def payload(self, index):
-        """(dense values, P values, Q values) bucket `index` hands its three all-reduces per round."""
-        return self._c.payload(index)
+    def state_dict(self) -> Dict[str, Any]:
+        # The numpy generator's state as a tensor and numbers: torch.load's default (weights_only, since torch
+        # 2.6) refuses numpy objects in a checkpoint.
+        _, keys, pos, has_gauss, gauss = self.rng.get_state()
+        rng = {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+               "cached_gaussian": float(gauss)}
+        return {"iter": self.iter, "rng": rng, "buckets": self._c.state_dict()}
 
-    def residual(self, index):
-        return self._c.residual(index)
-
-    def state_dict(self):
-        return {"iter": self.iter, "rng": self.rng.get_state(), "buckets": self._c.state_dict()}
-
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
         self._c.load_state_dict(state["buckets"])
         self.iter = state["iter"]
-        self.rng.set_state(state["rng"])
+        rng = state["rng"]
+        self.rng.set_state(("MT19937", rng["keys"].numpy().astype(np.uint32), rng["pos"], rng["has_gauss"],
+                            rng["cached_gaussian"]))
 
 
-def powersgd_hook(state, bucket):
-    """DDP communication hook: the bucket's PowerSGD round, averaged over ranks (state: PowerSGDState)."""
+def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    r"""Average the bucket over ranks through PowerSGD's rank-r factors, as PyTorch's ``powerSGD_hook``.
+
+    For the first ``start_powerSGD_iter`` iterations the bucket is averaged densely. Then each matrix that
+    compression pays for travels as P = M Q and Q = M^T P (orthogonalised in between), the others densely,
+    in three all-reduces a round on the state's exchange thread; the hook returns at once.
+
+    Args:
+        state (PowerSGDState): the settings and each bucket's factors and residual.
+        bucket (dist.GradBucket): the flattened gradients of one DDP bucket.
+
+    Returns:
+        A future of the bucket's average over ranks (the compressed layers' low-rank approximation).
+
+    Example::
+        >>> # xdoctest: +SKIP
+        >>> state = PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=10)
+        >>> ddp_model.register_comm_hook(state, powersgd_hook)
+    """
     return state.exchange_async(bucket)

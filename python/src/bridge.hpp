@@ -17,12 +17,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace commsgd_torch {
 
 namespace py = pybind11;
 
 using meter = commsgd::comm::metered<commsgd::comm::process_group>;
+using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
 
 // A float32, contiguous CPU tensor's values, or an error naming what is wrong.
 inline std::span<float> values_of(const at::Tensor& t, const char* what) {
@@ -62,6 +64,39 @@ inline py::dict traffic_when_done(exchange_queue& queue, const meter& m) {
 inline void reset_when_done(exchange_queue& queue, meter& m) {
   queue.drain();
   m.reset();
+}
+
+// The keys of a state's per-bucket map, once the rounds it has queued are done.
+template <class Map>
+std::vector<typename Map::key_type> keys_when_done(exchange_queue& queue, const Map& buckets) {
+  queue.drain();
+  std::vector<typename Map::key_type> k;
+  for (const auto& entry : buckets)
+    k.push_back(entry.first);
+  return k;
+}
+
+// The bindings every state shares: its traffic readings and, for the states with a dense phase, the dense
+// rounds (average waits for its round without the GIL; average_async returns the future at once).
+template <class State>
+py::class_<State>& def_metered(py::class_<State>& c) {
+  return c.def("traffic", &State::traffic).def("reset_traffic", &State::reset_traffic);
+}
+template <class State>
+py::class_<State>& def_dense_rounds(py::class_<State>& c) {
+  return def_metered(c)
+      .def("average", &State::average, py::call_guard<py::gil_scoped_release>())
+      .def("average_async", &State::average_async);
+}
+
+// A compressing state's rounds: exchange(buffer, index, <layout>) waits without the GIL, exchange_async
+// returns the future at once; `layout` names the argument that describes the bucket's parameters.
+template <class State>
+py::class_<State>& def_bucket_rounds(py::class_<State>& c, const char* layout) {
+  return def_dense_rounds(c)
+      .def("exchange", &State::exchange, py::arg("buffer"), py::arg("index"), py::arg(layout),
+           py::call_guard<py::gil_scoped_release>())
+      .def("exchange_async", &State::exchange_async, py::arg("buffer"), py::arg("index"), py::arg(layout));
 }
 
 // The bucket's mean over ranks, in place (the iterations before compression starts), returned. Touches no

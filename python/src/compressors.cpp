@@ -18,6 +18,7 @@
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
 #include <commsgd/compress/half.hpp>
+#include <commsgd/compress/momentum.hpp>
 #include <commsgd/compress/qsgd.hpp>
 #include <commsgd/compress/random_k.hpp>
 #include <commsgd/compress/sign.hpp>
@@ -26,6 +27,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <sstream>
@@ -38,14 +40,7 @@ using namespace commsgd;
 
 namespace {
 
-using commsgd_torch::average_bucket;
-using commsgd_torch::exchange_queue;
-using commsgd_torch::meter;
-using commsgd_torch::python_future;
-using commsgd_torch::tensor_of;
-using commsgd_torch::to_python;
-using commsgd_torch::values_of;
-using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
+using namespace commsgd_torch;
 using size_list = std::vector<std::int64_t>;
 using any_compressor =
     std::variant<compress::fp16, compress::bf16, compress::sign, compress::qsgd, compress::random_k>;
@@ -121,7 +116,7 @@ class compressor_state {
   struct bucket {
     any_compressor x;
     size_list sizes;
-    std::vector<float> velocity; // u under the hook's momentum, else empty
+    compress::hook_momentum momentum; // follows the bucket's values under the hook's momentum, else empty
   };
 
 public:
@@ -163,7 +158,7 @@ public:
     return queue_.run([=, this] { return round(buffer, index, sizes); });
   }
   python_future exchange_async(const at::Tensor& buffer, std::int64_t index, const size_list& sizes) {
-    return to_python(queue_.post([=, this] { return round(buffer, index, sizes); }));
+    return queue_.post([=, this] { return round(buffer, index, sizes); });
   }
 
   // Dense averaging for the iterations before compression starts (with the hook's momentum, its update).
@@ -171,22 +166,16 @@ public:
     return queue_.run([=, this] { return warm_round(buffer, index); });
   }
   python_future average_async(const at::Tensor& buffer, std::int64_t index) {
-    return to_python(queue_.post([=, this] { return warm_round(buffer, index); }));
+    return queue_.post([=, this] { return warm_round(buffer, index); });
   }
 
-  // Bucket `index`'s momentum (empty without the hook's momentum).
-  at::Tensor velocity(std::int64_t index) { return tensor_of(find(index).velocity); }
+  // Bucket `index`'s momentum buffer (empty without the hook's momentum).
+  at::Tensor momentum_buffer(std::int64_t index) { return tensor_of(find(index).momentum.buffer()); }
 
   py::dict traffic() { return commsgd_torch::traffic_when_done(queue_, comm_); }
   void reset_traffic() { commsgd_torch::reset_when_done(queue_, comm_); }
 
-  std::vector<std::int64_t> keys() {
-    queue_.drain();
-    std::vector<std::int64_t> k;
-    for (auto& [i, b] : buckets_)
-      k.push_back(i);
-    return k;
-  }
+  std::vector<std::int64_t> keys() { return commsgd_torch::keys_when_done(queue_, buckets_); }
   const bucket& find(std::int64_t index) {
     queue_.drain();
     auto it = buckets_.find(index);
@@ -220,11 +209,11 @@ public:
     for (auto& [i, b] : buckets_) {
       std::ostringstream os;
       std::visit([&](const auto& x) { x.save(os); }, b.x);
-      buckets[py::int_(i)] = py::make_tuple(b.sizes, py::bytes(os.str()), tensor_of(b.velocity));
+      buckets[py::int_(i)] = py::make_tuple(b.sizes, py::bytes(os.str()), tensor_of(b.momentum.buffer()));
     }
     py::dict warm;
-    for (auto& [i, v] : warm_velocity_)
-      warm[py::int_(i)] = tensor_of(v);
+    for (auto& [i, u] : warm_momentum_)
+      warm[py::int_(i)] = tensor_of(u.buffer());
     py::dict d;
     d["buckets"] = buckets;
     d["warmup_velocity"] = warm;
@@ -247,14 +236,17 @@ public:
         throw corrupt_data(commsgd::detail::concat("saved state: bucket ", item.first.cast<std::int64_t>(),
                                                    " holds a momentum of ", v.size(), " values, expected ",
                                                    s_.momentum > 0.0f ? n : 0));
+      compress::hook_momentum u(s_.momentum);
+      u.assign(v);
       loaded.insert_or_assign(item.first.cast<std::int64_t>(),
-                              bucket{std::move(x), std::move(sizes), std::move(v)});
+                              bucket{std::move(x), std::move(sizes), std::move(u)});
     }
-    std::map<std::int64_t, std::vector<float>> warm;
+    std::map<std::int64_t, compress::hook_momentum> warm;
     for (auto item : d["warmup_velocity"].cast<py::dict>())
-      warm.emplace(item.first.cast<std::int64_t>(), vector_of(item.second.cast<at::Tensor>(), "velocity"));
+      warm.emplace(item.first.cast<std::int64_t>(), s_.momentum)
+          .first->second.assign(vector_of(item.second.cast<at::Tensor>(), "velocity"));
     buckets_ = std::move(loaded);
-    warm_velocity_ = std::move(warm);
+    warm_momentum_ = std::move(warm);
   }
 
 private:
@@ -270,10 +262,9 @@ private:
     average_bucket(comm_, buffer);
     if (s_.momentum > 0.0f) {
       auto o = values_of(buffer, "bucket");
-      auto& v = warm_velocity_[index];
-      if (v.size() != o.size()) v.assign(o.size(), 0.0f);
-      for (std::size_t i = 0; i < o.size(); ++i)
-        o[i] = v[i] = s_.momentum * v[i] + o[i];
+      auto& u = warm_momentum_.try_emplace(index, s_.momentum).first->second;
+      u.resize(o.size());
+      u.warm_up(o);
     }
     return buffer;
   }
@@ -281,12 +272,12 @@ private:
   at::Tensor round(const at::Tensor& buffer, std::int64_t index, const size_list& sizes) {
     auto it = buckets_.find(index);
     if (it == buckets_.end()) {
-      bucket fresh{make(s_, sizes), sizes, {}};
+      bucket fresh{make(s_, sizes), sizes, compress::hook_momentum(s_.momentum)};
       if (s_.momentum > 0.0f) {
-        fresh.velocity.assign(offsets_of(sizes).back(), 0.0f);
-        auto w = warm_velocity_.find(index);
-        if (w != warm_velocity_.end() && w->second.size() == fresh.velocity.size())
-          fresh.velocity = w->second;
+        fresh.momentum.resize(offsets_of(sizes).back());
+        auto w = warm_momentum_.find(index);
+        if (w != warm_momentum_.end() && w->second.length() == fresh.momentum.length())
+          fresh.momentum.assign(w->second.buffer());
       }
       it = buckets_.emplace(index, std::move(fresh)).first;
     }
@@ -321,11 +312,9 @@ private:
     if (prescale && !local) buffer.div_(static_cast<double>(comm_.size()));
     // The hook's momentum: the compressor sends u <- m u + g, and u is kept only once the round succeeds.
     std::span<const float> in = g;
-    const bool with_momentum = s_.momentum > 0.0f && !local && g.size() == b.velocity.size();
+    const bool with_momentum = s_.momentum > 0.0f && !local && g.size() == b.momentum.length();
     if (with_momentum) {
-      next_u_.resize(g.size());
-      for (std::size_t i = 0; i < g.size(); ++i)
-        next_u_[i] = s_.momentum * b.velocity[i] + g[i];
+      b.momentum.propose(g, next_u_);
       in = next_u_;
     }
     try {
@@ -336,12 +325,10 @@ private:
     }
     if (local) std::rethrow_exception(local);
     if (with_momentum) {
-      b.velocity.swap(next_u_);
+      b.momentum.commit(next_u_);
       // random-k sends chosen positions, as top-k does, and takes DGC's rule with it: the momentum of a sent
       // position starts again from zero. Without it the residual's bursts, amplified by momentum, diverge.
-      if (const auto* rk = std::get_if<compress::random_k>(&b.x))
-        for (const auto i : rk->indices())
-          b.velocity[static_cast<std::size_t>(i)] = 0.0f;
+      if (const auto* rk = std::get_if<compress::random_k>(&b.x)) b.momentum.restart(rk->indices());
     }
     if (comm_.size() > 1 && !prescale) buffer.div_(static_cast<double>(comm_.size()));
     return buffer;
@@ -350,8 +337,57 @@ private:
   meter comm_;
   settings s_;
   std::map<std::int64_t, bucket> buckets_;
-  std::map<std::int64_t, std::vector<float>> warm_velocity_; // per bucket index, during the dense warm-up
+  std::map<std::int64_t, compress::hook_momentum>
+      warm_momentum_; // per bucket index, during the dense warm-up
   std::vector<float> next_u_;
+  exchange_queue queue_; // last: its thread stops before anything it uses goes
+};
+
+// PyTorch's allreduce and fp16/bf16 compression hooks (default_hooks), the same operations on the same
+// tensors, so the same bits, but completed on a state's exchange thread instead of through a Python callback
+// chained to c10d's future. On torch 1.13 such a callback is released on gloo's worker thread after DDP has its
+// result, taking the GIL; a script that ends meanwhile aborts (CPython stops a thread that asks for the GIL
+// during finalization, and the unwind meets a noexcept destructor). AutoState's dense and 16-bit choices run
+// here. finished() reports when each round was done (the clock of Python's time.monotonic), for the profile.
+class pytorch_allreduce {
+public:
+  explicit pytorch_allreduce(const group_ptr& group) : group_(group) {}
+
+  // allreduce_hook: the bucket divided by the group's size, then summed.
+  python_future dense_async(const at::Tensor& buffer) {
+    return queue_.post([=, this] { return reduce(buffer, buffer); });
+  }
+  // fp16_compress_hook (bf16_compress_hook): cast, divided, summed in 16 bits, copied back.
+  python_future half_async(const at::Tensor& buffer, const std::string& dtype) {
+    if (dtype != "float16" && dtype != "bfloat16")
+      throw invalid_argument(
+          commsgd::detail::concat("argument 'dtype' = '", dtype, "' is not one of float16, bfloat16"));
+    const auto low = dtype == "float16" ? at::kHalf : at::kBFloat16;
+    return queue_.post([=, this] { return reduce(buffer.to(low), buffer); });
+  }
+
+  std::vector<double> finished() {
+    queue_.drain();
+    std::vector<double> out;
+    out.swap(finished_);
+    return out;
+  }
+
+private:
+  at::Tensor reduce(at::Tensor wire, const at::Tensor& buffer) {
+    wire.div_(group_->getSize());
+    std::vector<at::Tensor> t{wire};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    group_->allreduce(t, o)->wait();
+    if (!wire.is_same(buffer)) buffer.copy_(wire);
+    finished_.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+    return buffer;
+  }
+
+  group_ptr group_;
+  std::vector<double> finished_;
   exchange_queue queue_; // last: its thread stops before anything it uses goes
 };
 
@@ -374,21 +410,14 @@ std::uint64_t wire_cost(const std::string& kind, std::uint64_t length, std::uint
 } // namespace
 
 void bind_compressors(py::module_& m) {
-  py::class_<compressor_state>(m, "Compressor")
+  py::class_<compressor_state> c(m, "Compressor");
+  def_bucket_rounds(c, "sizes")
       .def(py::init<const group_ptr&, const std::string&, bool, const std::string&, std::int64_t, double,
                     std::int64_t, bool, double>(),
            py::arg("process_group"), py::arg("kind"), py::arg("error_feedback"), py::arg("overflow"),
            py::arg("levels"), py::arg("density"), py::arg("seed"), py::arg("layerwise"), py::arg("momentum"))
       .def("has", &compressor_state::has)
-      .def("exchange", &compressor_state::exchange, py::arg("buffer"), py::arg("index"), py::arg("sizes"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("exchange_async", &compressor_state::exchange_async, py::arg("buffer"), py::arg("index"),
-           py::arg("sizes"))
-      .def("average", &compressor_state::average, py::call_guard<py::gil_scoped_release>())
-      .def("average_async", &compressor_state::average_async)
-      .def("velocity", &compressor_state::velocity)
-      .def("traffic", &compressor_state::traffic)
-      .def("reset_traffic", &compressor_state::reset_traffic)
+      .def("momentum_buffer", &compressor_state::momentum_buffer)
       .def("keys", &compressor_state::keys)
       .def("residual", &compressor_state::residual)
       .def("residual_low", &compressor_state::residual_low)
@@ -397,6 +426,11 @@ void bind_compressors(py::module_& m) {
       .def("indices", &compressor_state::indices)
       .def("state_dict", &compressor_state::state_dict)
       .def("load_state_dict", &compressor_state::load_state_dict);
+  py::class_<pytorch_allreduce>(m, "PytorchAllreduce")
+      .def(py::init<const group_ptr&>(), py::arg("process_group"))
+      .def("dense_async", &pytorch_allreduce::dense_async, py::arg("buffer"))
+      .def("half_async", &pytorch_allreduce::half_async, py::arg("buffer"), py::arg("dtype"))
+      .def("finished", &pytorch_allreduce::finished);
   m.def("compressor_wire_bytes", &wire_cost, py::arg("kind"), py::arg("length"), py::arg("layers"),
         py::arg("levels"), py::arg("k"), py::arg("world"), py::arg("rank"));
 }

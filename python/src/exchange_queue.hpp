@@ -46,6 +46,36 @@ inline pybind11::object python_exception(std::exception_ptr error) {
       PyObject_CallFunction(PyExc_RuntimeError, "s", "commsgd: an exchange failed without an error"));
 }
 
+// The one place a hook's future is completed: with what `round` returns, as the Python object DDP's Python
+// hooks must hand back, or with the error `round` threw. `fut` is a reference the caller hands over; it is
+// dropped here, under the GIL, so no Python object is left for another thread to release after the
+// interpreter has begun to exit (see docs/pytorch.md, Ending a script).
+inline void settle(PyObject* fut, const std::function<at::Tensor()>& round) {
+  at::Tensor out;
+  std::exception_ptr error;
+  try {
+    out = round();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  pybind11::gil_scoped_acquire locked;
+  auto f = pybind11::reinterpret_steal<pybind11::object>(fut);
+  try {
+    if (error)
+      f.attr("set_exception")(python_exception(error));
+    else
+      f.attr("set_result")(pybind11::cast(out));
+  } catch (pybind11::error_already_set& e) {
+    // A callback chained with then() raised: the chained future holds that error for whoever waits on it.
+    e.discard_as_unraisable("commsgd_torch: completing an exchange's future");
+  }
+}
+
+// A new torch.futures.Future. Called with the GIL.
+inline python_future new_future() {
+  return pybind11::module_::import("torch.futures").attr("Future")();
+}
+
 class exchange_queue {
 public:
   exchange_queue() = default;
@@ -72,29 +102,16 @@ public:
 
   // Queues `round`, which returns the bucket's result, and returns its future at once. Called with the GIL.
   python_future post(std::function<at::Tensor()> round) {
-    pybind11::object fut = pybind11::module_::import("torch.futures").attr("Future")();
-    // The job owns one reference, dropped under the GIL once the future is complete.
-    PyObject* owned = pybind11::object(fut).release().ptr();
-    enqueue([round = std::move(round), owned] {
-      at::Tensor out;
-      std::exception_ptr error;
-      try {
-        out = round();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      pybind11::gil_scoped_acquire locked;
-      auto f = pybind11::reinterpret_steal<pybind11::object>(owned);
-      try {
-        if (error)
-          f.attr("set_exception")(python_exception(error));
-        else
-          f.attr("set_result")(pybind11::cast(out));
-      } catch (pybind11::error_already_set& e) {
-        // A callback chained with then() raised: the future holds that error for whoever waits on the chain.
-        e.discard_as_unraisable("commsgd_torch: completing an exchange's future");
-      }
-    });
+    python_future fut = new_future();
+    PyObject* owned = fut.inc_ref().ptr();
+    enqueue([round = std::move(round), owned] { settle(owned, round); });
+    return fut;
+  }
+
+  // A future already holding `value`, for a bucket that needs no exchange (it stays local). Called with the GIL.
+  static python_future ready(const at::Tensor& value) {
+    python_future fut = new_future();
+    settle(fut.inc_ref().ptr(), [&] { return value; });
     return fut;
   }
 
@@ -171,10 +188,5 @@ private:
   bool stopping_ = false;
   std::thread worker_;
 };
-
-// The hook's value as the bindings return it.
-inline python_future to_python(python_future fut) {
-  return fut;
-}
 
 } // namespace commsgd_torch

@@ -23,11 +23,7 @@ using namespace commsgd;
 
 namespace {
 
-using commsgd_torch::exchange_queue;
-using commsgd_torch::meter;
-using commsgd_torch::python_future;
-using commsgd_torch::to_python;
-using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
+using namespace commsgd_torch;
 
 sync::correction_mode correction_of(const std::string& name) {
   if (name == "none") return sync::correction_mode::none;
@@ -50,8 +46,7 @@ public:
                           .correction = correction_of(correction),
                           .alpha = alpha,
                           .average_on_finish = true}) {
-    commsgd::detail::check_range("warmup_steps", warmup_steps, 0, std::numeric_limits<int>::max(),
-                                 "[0, inf)");
+    commsgd::detail::check_range("start_iter", warmup_steps, 0, std::numeric_limits<int>::max(), "[0, inf)");
   }
 
   bool in_warmup() const { return steps_ < warmup_; }
@@ -61,7 +56,12 @@ public:
     return queue_.run([=, this] { return commsgd_torch::average_bucket(comm_, buffer); });
   }
   python_future average_async(const at::Tensor& buffer) {
-    return to_python(queue_.post([=, this] { return commsgd_torch::average_bucket(comm_, buffer); }));
+    return queue_.post([=, this] { return commsgd_torch::average_bucket(comm_, buffer); });
+  }
+  // The hook's round: averaged during the warm-up, left as it is (local) afterwards.
+  python_future exchange_async(const at::Tensor& buffer) {
+    if (in_warmup()) return average_async(buffer);
+    return exchange_queue::ready(buffer);
   }
 
   // After the optimizer's step: the strategy's model averaging and correction. Returns true when the
@@ -130,17 +130,15 @@ private:
 } // namespace
 
 void bind_local_sgd(py::module_& m) {
-  py::class_<local_sgd_state>(m, "LocalSGD")
+  py::class_<local_sgd_state> c(m, "LocalSGD");
+  def_dense_rounds(c)
       .def(py::init<const group_ptr&, float, int, int, bool, int, const std::string&, float>(),
-           py::arg("process_group"), py::arg("lr"), py::arg("period"), py::arg("warmup_steps"),
+           py::arg("process_group"), py::arg("lr"), py::arg("period"), py::arg("start_iter"),
            py::arg("adaptive"), py::arg("max_period"), py::arg("correction"), py::arg("alpha"))
       .def("in_warmup", &local_sgd_state::in_warmup)
-      .def("average", &local_sgd_state::average, py::call_guard<py::gil_scoped_release>())
-      .def("average_async", &local_sgd_state::average_async)
+      .def("exchange_async", &local_sgd_state::exchange_async)
       .def("step", &local_sgd_state::step, py::arg("params"), py::arg("loss"), py::arg("lr"))
       .def("finish", &local_sgd_state::finish)
       .def("current_period", &local_sgd_state::current_period)
-      .def("steps", &local_sgd_state::steps)
-      .def("traffic", &local_sgd_state::traffic)
-      .def("reset_traffic", &local_sgd_state::reset_traffic);
+      .def("steps", &local_sgd_state::steps);
 }

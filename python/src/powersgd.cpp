@@ -36,14 +36,7 @@ using namespace commsgd;
 
 namespace {
 
-using commsgd_torch::average_bucket;
-using commsgd_torch::exchange_queue;
-using commsgd_torch::meter;
-using commsgd_torch::python_future;
-using commsgd_torch::tensor_of;
-using commsgd_torch::to_python;
-using commsgd_torch::values_of;
-using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
+using namespace commsgd_torch;
 using shape_list = std::vector<std::pair<std::int64_t, std::int64_t>>;
 
 std::vector<compress::layer_shape> to_shapes(const shape_list& s) {
@@ -125,7 +118,7 @@ public:
     return queue_.run([=, this] { return round(buffer, index, shapes); });
   }
   python_future exchange_async(const at::Tensor& buffer, std::int64_t index, const shape_list& shapes) {
-    return to_python(queue_.post([=, this] { return round(buffer, index, shapes); }));
+    return queue_.post([=, this] { return round(buffer, index, shapes); });
   }
 
   // Dense averaging for the iterations before compression starts.
@@ -133,7 +126,7 @@ public:
     return queue_.run([=, this] { return average_bucket(comm_, buffer); });
   }
   python_future average_async(const at::Tensor& buffer) {
-    return to_python(queue_.post([=, this] { return average_bucket(comm_, buffer); }));
+    return queue_.post([=, this] { return average_bucket(comm_, buffer); });
   }
 
   py::dict traffic() { return commsgd_torch::traffic_when_done(queue_, comm_); }
@@ -149,13 +142,7 @@ public:
     queue_.drain();
     return tensor_of(buckets_.at(index).x.residual());
   }
-  std::vector<std::int64_t> keys() {
-    queue_.drain();
-    std::vector<std::int64_t> k;
-    for (auto& [i, b] : buckets_)
-      k.push_back(i);
-    return k;
-  }
+  std::vector<std::int64_t> keys() { return commsgd_torch::keys_when_done(queue_, buckets_); }
 
   py::dict state_dict() {
     queue_.drain();
@@ -304,7 +291,8 @@ double compute_seconds(const at::Tensor& buffer, const shape_list& shapes, std::
 } // namespace
 
 void bind_powersgd(py::module_& m) {
-  py::class_<powersgd_state>(m, "PowerSGD")
+  py::class_<powersgd_state> c(m, "PowerSGD");
+  def_bucket_rounds(c, "shapes")
       .def(py::init<const group_ptr&, std::int64_t, double, double, std::int64_t, bool, bool>(),
            py::arg("process_group"), py::arg("matrix_approximation_rank"), py::arg("min_compression_rate"),
            py::arg("orthogonalization_epsilon"), py::arg("random_seed"), py::arg("use_error_feedback"),
@@ -312,14 +300,6 @@ void bind_powersgd(py::module_& m) {
       .def("has", &powersgd_state::has)
       .def("create", &powersgd_state::create, py::arg("index"), py::arg("shapes"),
            py::arg("initial_q") = std::nullopt)
-      .def("exchange", &powersgd_state::exchange, py::arg("buffer"), py::arg("index"), py::arg("shapes"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("exchange_async", &powersgd_state::exchange_async, py::arg("buffer"), py::arg("index"),
-           py::arg("shapes"))
-      .def("average", &powersgd_state::average, py::call_guard<py::gil_scoped_release>())
-      .def("average_async", &powersgd_state::average_async)
-      .def("traffic", &powersgd_state::traffic)
-      .def("reset_traffic", &powersgd_state::reset_traffic)
       .def("payload", &powersgd_state::payload)
       .def("residual", &powersgd_state::residual)
       .def("keys", &powersgd_state::keys)

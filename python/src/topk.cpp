@@ -23,6 +23,7 @@
 
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
+#include <commsgd/compress/momentum.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/hierarchical.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
@@ -47,11 +48,7 @@ using namespace commsgd;
 
 namespace {
 
-using commsgd_torch::exchange_queue;
-using commsgd_torch::meter;
-using commsgd_torch::python_future;
-using commsgd_torch::to_python;
-using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
+using namespace commsgd_torch;
 
 template <class S>
 using tk = sparsify::top_k<S>;
@@ -116,7 +113,7 @@ public:
       throw invalid_argument(
           commsgd::detail::concat("argument 'momentum_rule' = '", masking, "' is not one of keep, dgc"));
     if (dense_warmup < 0)
-      throw invalid_argument(commsgd::detail::concat("argument 'dense_warmup_steps' = ", dense_warmup,
+      throw invalid_argument(commsgd::detail::concat("argument 'start_iter' = ", dense_warmup,
                                                      " is outside the allowed range [0, inf)"));
     if (dgc_warmup_per_stage < 0)
       throw invalid_argument(
@@ -138,7 +135,7 @@ public:
   // The same round, run after those posted before it; returns its future at once.
   python_future exchange_async(const at::Tensor& buffer, const std::vector<std::int64_t>& params,
                                const std::vector<std::int64_t>& sizes, bool last) {
-    return to_python(queue_.post([=, this] { return round(buffer, params, sizes, last); }));
+    return queue_.post([=, this] { return round(buffer, params, sizes, last); });
   }
 
   py::dict traffic() { return commsgd_torch::traffic_when_done(queue_, comm_); }
@@ -190,13 +187,7 @@ public:
     return py::make_tuple(idx, val);
   }
 
-  std::vector<std::string> keys() {
-    queue_.drain();
-    std::vector<std::string> k;
-    for (auto& [key, b] : buckets_)
-      k.push_back(key);
-    return k;
-  }
+  std::vector<std::string> keys() { return commsgd_torch::keys_when_done(queue_, buckets_); }
 
   py::dict state_dict() {
     queue_.drain();
@@ -212,8 +203,8 @@ public:
     d["iteration"] = iteration_;
     d["buckets"] = buckets;
     py::dict warm;
-    for (auto& [param, v] : warm_velocity_)
-      warm[py::int_(param)] = commsgd_torch::tensor_of(v);
+    for (auto& [param, u] : warm_momentum_)
+      warm[py::int_(param)] = commsgd_torch::tensor_of(u.buffer());
     d["warmup_velocity"] = warm;
     return d;
   }
@@ -238,18 +229,14 @@ public:
       std::visit([&](auto& s) { s.load(std::span<const std::byte>(blob)); }, b.sparsifier);
       loaded.emplace(item.first.cast<std::string>(), std::move(b));
     }
-    auto per_param_dict = [&](const char* key) {
-      std::map<std::int64_t, std::vector<float>> out;
-      if (d.contains(key))
-        for (auto item : d[key].cast<py::dict>()) {
-          const auto v = commsgd_torch::values_of(item.second.cast<at::Tensor>().contiguous(), key);
-          out.emplace(item.first.cast<std::int64_t>(), std::vector<float>(v.begin(), v.end()));
-        }
-      return out;
-    };
-    auto warm = per_param_dict("warmup_velocity");
+    std::map<std::int64_t, compress::hook_momentum> warm;
+    if (d.contains("warmup_velocity"))
+      for (auto item : d["warmup_velocity"].cast<py::dict>())
+        warm.emplace(item.first.cast<std::int64_t>(), static_cast<float>(opt_.momentum))
+            .first->second.assign(
+                commsgd_torch::values_of(item.second.cast<at::Tensor>().contiguous(), "warmup_velocity"));
     buckets_ = std::move(loaded);
-    warm_velocity_ = std::move(warm);
+    warm_momentum_ = std::move(warm);
     owner_.clear();
     for (auto& [key, b] : buckets_)
       for (auto p : b.params)
@@ -311,12 +298,9 @@ private:
     std::size_t off = 0;
     for (std::size_t j = 0; j < params.size(); ++j) {
       const auto count = static_cast<std::size_t>(sizes[j]);
-      auto& v = warm_velocity_[params[j]];
-      if (v.size() != count) v.assign(count, 0.0f);
-      for (std::size_t i = 0; i < count; ++i) {
-        v[i] = m * v[i] + o[off + i];
-        o[off + i] = v[i];
-      }
+      auto& u = warm_momentum_.try_emplace(params[j], m).first->second;
+      u.resize(count);
+      u.warm_up(o.subspan(off, count));
       off += count;
     }
   }
@@ -385,10 +369,9 @@ private:
       auto own = owner_.find(b.params[j]);
       if (own == owner_.end()) {
         // A parameter's first compressed round: its momentum goes on from the dense warm-up's.
-        auto w = warm_velocity_.find(b.params[j]);
-        if (momentum && w != warm_velocity_.end() && w->second.size() == static_cast<std::size_t>(sizes[j]))
-          std::copy(w->second.begin(), w->second.end(),
-                    velocity.begin() + static_cast<std::ptrdiff_t>(b.offsets[j]));
+        auto w = warm_momentum_.find(b.params[j]);
+        if (momentum && w != warm_momentum_.end() && w->second.length() == static_cast<std::size_t>(sizes[j]))
+          std::ranges::copy(w->second.buffer(), velocity.begin() + static_cast<std::ptrdiff_t>(b.offsets[j]));
         continue;
       }
       auto& old = buckets_.at(own->second);
@@ -427,7 +410,7 @@ private:
   bool layerwise_ = true;
   std::int64_t dense_warmup_ = 0;
   std::int64_t iteration_ = 0;
-  std::map<std::int64_t, std::vector<float>> warm_velocity_; // per parameter, during the dense warm-up
+  std::map<std::int64_t, compress::hook_momentum> warm_momentum_; // per parameter, during the dense warm-up
   double compute_ = 0.0;
   std::map<std::string, bucket> buckets_;
   std::map<std::int64_t, std::string> owner_; // parameter index -> key of the bucket holding its residual
@@ -440,22 +423,21 @@ private:
 } // namespace
 
 void bind_topk(py::module_& m) {
-  py::class_<topk_state>(m, "TopK")
+  py::class_<topk_state> c(m, "TopK");
+  def_metered(c)
       .def(py::init<const group_ptr&, const std::string&, double, double, const std::string&, std::int64_t,
                     std::int64_t, bool, bool>(),
            py::arg("process_group"), py::arg("selector"), py::arg("density"), py::arg("momentum"),
-           py::arg("momentum_rule"), py::arg("dense_warmup_steps"), py::arg("dgc_warmup_steps_per_stage"),
+           py::arg("momentum_rule"), py::arg("start_iter"), py::arg("dgc_warmup_steps_per_stage"),
            py::arg("warmup_momentum"), py::arg("layerwise"))
       .def("exchange", &topk_state::exchange, py::arg("buffer"), py::arg("params"), py::arg("sizes"),
            py::arg("last"), py::call_guard<py::gil_scoped_release>())
       .def("exchange_async", &topk_state::exchange_async, py::arg("buffer"), py::arg("params"),
            py::arg("sizes"), py::arg("last"))
-      .def("traffic", &topk_state::traffic)
-      .def("reset_traffic", &topk_state::reset_traffic)
       .def("iteration", &topk_state::iteration)
       .def("compute_seconds", &topk_state::compute_seconds)
       .def("residual", &topk_state::residual)
-      .def("momentum", &topk_state::momentum)
+      .def("momentum_buffer", &topk_state::momentum)
       .def("last_sent", &topk_state::last_sent)
       .def("keys", &topk_state::keys)
       .def("state_dict", &topk_state::state_dict)

@@ -19,11 +19,11 @@ def _grads(rank, step=0):
 
 def _states(model):
     """One state of every kind, each with the hook that drives it, in its compressed phase."""
-    topk = commsgd_torch.TopKState(model, density=0.1, selector="exact", momentum=0.9)
+    topk = commsgd_torch.TopKState(model=model, density=0.1, selector="exact", momentum=0.9)
     ps = commsgd_torch.PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=2)
     ps.iter = 2
-    half = commsgd_torch.CompressorState(None, "fp16", start_iter=0)
-    sign = commsgd_torch.CompressorState(None, "sign", start_iter=2, momentum=0.9)
+    half = commsgd_torch.CompressorState(kind="fp16", start_iter=0)
+    sign = commsgd_torch.CompressorState(kind="sign", start_iter=2, momentum=0.9)
     sign.iter = 2
     return [("topk", topk, commsgd_torch.topk_hook), ("powersgd", ps, commsgd_torch.powersgd_hook),
             ("fp16", half, commsgd_torch.compressor_hook), ("sign", sign, commsgd_torch.compressor_hook)]
@@ -96,15 +96,15 @@ def _train(rank, world, scheme, steps=40):
     ddp = DDP(model, bucket_cap_mb=0.25)  # several buckets, exchanged while backward goes on
     momentum = 0.9
     if scheme == "topk":
-        state = commsgd_torch.TopKState(model, density=0.01, selector="laplace_bisect", momentum=0.9,
-                                        dense_warmup_steps=5)
+        state = commsgd_torch.TopKState(model=model, density=0.01, selector="laplace_bisect", momentum=0.9,
+                                        start_iter=5)
         ddp.register_comm_hook(state, commsgd_torch.topk_hook)
         momentum = 0.0
     elif scheme == "powersgd":
         state = commsgd_torch.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=5, random_seed=4)
         ddp.register_comm_hook(state, commsgd_torch.powersgd_hook)
     else:
-        state = commsgd_torch.CompressorState(None, "qsgd", start_iter=5, levels=4, seed=8, momentum=0.9)
+        state = commsgd_torch.CompressorState(kind="qsgd", start_iter=5, levels=4, seed=8, momentum=0.9)
         ddp.register_comm_hook(state, commsgd_torch.compressor_hook)
         momentum = 0.0
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)

@@ -44,7 +44,7 @@ def _flat(model):
 
 def _auto(network, **kw):
     def hook_of(ddp, opt):
-        state = commsgd_torch.AutoState(ddp, opt, network=network, profile_steps=4, **kw)
+        state = commsgd_torch.AutoState(model=ddp, optimizer=opt, network=network, profile_steps=4, **kw)
         ddp.register_comm_hook(state, commsgd_torch.auto_hook)
         return state
     return hook_of
@@ -119,23 +119,48 @@ def test_dense_choice_is_pytorch_allreduce_bit_for_bit():
     assert run_ranks(_dense_is_allreduce, world=2) == [True, True]
 
 
-def _powersgd_is_pytorch_powersgd(rank, world):
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-
+def _fp16_is_pytorch_fp16(rank, world):
     def plain(ddp, opt):
-        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=4,
-                                   use_error_feedback=True, warm_start=True, random_seed=0)
-        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+
+    def forced(ddp, opt):
+        state = _auto(SLOW, candidates=("dense", "fp16"))(ddp, opt)
+        state.force("fp16")
+        return state
+    a, _, _, la = _train(rank, world, 6, plain)
+    b, _, state, lb = _train(rank, world, 6, forced)
+    assert state.choice() == "fp16"
+    return la == lb and torch.equal(_flat(a.module), _flat(b.module))
+
+
+def test_fp16_choice_is_pytorch_fp16_hook_bit_for_bit():
+    assert run_ranks(_fp16_is_pytorch_fp16, world=2) == [True, True]
+
+
+def _powersgd_is_powersgd_state(rank, world):
+    def plain(ddp, opt):
+        # DDP's allreduce for the profile's 4 iterations, then commsgd's PowerSGD with PyTorch's settings.
+        state = commsgd_torch.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2,
+                                            use_error_feedback=True, warm_start=True, random_seed=0)
+        state.iter = 2
+        done = [0]
+
+        def hook(state, bucket):
+            if done[0] < 4:
+                done[0] += bucket.is_last()
+                return default_hooks.allreduce_hook(None, bucket)
+            return commsgd_torch.powersgd_hook(state, bucket)
+        ddp.register_comm_hook(state, hook)
     a, _, _, la = _train(rank, world, 10, plain)
     b, _, state, lb = _train(rank, world, 10, _auto(SLOW, candidates=("dense", "powersgd-r2")))
     assert state.choice() == "powersgd-r2"
     return la == lb and torch.equal(_flat(a.module), _flat(b.module))
 
 
-def test_powersgd_choice_is_pytorch_powersgd_bit_for_bit():
-    # What the where-compression-pays bench relies on: auto's PowerSGD run is PyTorch's hook started after
-    # the same dense iterations.
-    assert run_ranks(_powersgd_is_pytorch_powersgd, world=2) == [True, True]
+def test_powersgd_choice_is_powersgd_state_bit_for_bit():
+    # Auto's PowerSGD run is commsgd's PowerSGDState (PyTorch's initial Q, error feedback, warm start)
+    # started after the same dense iterations, nothing else.
+    assert run_ranks(_powersgd_is_powersgd_state, world=2) == [True, True]
 
 
 def _checkpoint(rank, world):
@@ -150,11 +175,11 @@ def _checkpoint(rank, world):
     ddp2 = DDP(model2)
     opt2 = torch.optim.SGD(model2.parameters(), lr=0.05, momentum=0.9)
     opt2.load_state_dict(saved_opt)
-    state2 = commsgd_torch.AutoState(ddp2, opt2, network=SLOW, profile_steps=4, candidates=("dense", "topk-0.01"))
+    state2 = commsgd_torch.AutoState(model=ddp2, optimizer=opt2, network=SLOW, profile_steps=4, candidates=("dense", "topk-0.01"))
     state2.load_state_dict(saved)
     ddp2.register_comm_hook(state2, commsgd_torch.auto_hook)
     assert state2.choice() == "topk-0.01" and state2.log() == state.log()
-    assert state2.iteration() == state.iteration()
+    assert state2.iter == state.iter
     x, y = fashion_mnist("train", 64 * 4)
     x, y = x[rank::world], y[rank::world]
     for m, o in ((ddp, opt), (ddp2, opt2)):
@@ -174,7 +199,7 @@ def test_log_and_checkpoint_round_trip():
 
 def _back_to_dense(rank, world, fall_back=True):
     def hook_of(ddp, opt):
-        state = commsgd_torch.AutoState(ddp, opt, network=SLOW, profile_steps=4, recheck_every=3,
+        state = commsgd_torch.AutoState(model=ddp, optimizer=opt, network=SLOW, profile_steps=4, recheck_every=3,
                                         candidates=("dense", "topk-0.01"))
         ddp.register_comm_hook(state, commsgd_torch.auto_hook)
         return state
@@ -219,7 +244,7 @@ def _bad(rank, world, kwargs):
     ddp = DDP(mlp())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     try:
-        commsgd_torch.AutoState(ddp, opt, **kwargs)
+        commsgd_torch.AutoState(model=ddp, optimizer=opt, **kwargs)
     except commsgd_torch.InvalidArgument as e:
         return str(e)
     return None

@@ -100,7 +100,7 @@ def _one_round(state, grads):
 
 
 def _state(kind, **options):
-    s = commsgd_torch.CompressorState(None, kind, **options)
+    s = commsgd_torch.CompressorState(kind=kind, **options)
     s.iter = s.start_iter  # straight to the compressed phase: these buckets never change layout
     return s
 
@@ -309,7 +309,7 @@ def _bad_options(rank, world):
              (dict(kind="sign", momentum=1.0), "momentum"), (dict(kind="randomk", momentum=-0.1), "momentum")]
     for kwargs, word in cases:
         with pytest.raises(commsgd_torch.InvalidArgument, match=word):
-            commsgd_torch.CompressorState(None, **kwargs)
+            commsgd_torch.CompressorState(**kwargs)
     return True
 
 
@@ -364,7 +364,7 @@ def _ddp_train(rank, world, kind, options):
                                 torch.nn.ReLU(), torch.nn.Linear(400, 400), torch.nn.ReLU(),
                                 torch.nn.Linear(400, 10))
     ddp = DDP(model, bucket_cap_mb=0.25)
-    state = commsgd_torch.CompressorState(None, kind, start_iter=3, **options)
+    state = commsgd_torch.CompressorState(kind=kind, start_iter=3, **options)
     ddp.register_comm_hook(state, commsgd_torch.compressor_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(rank)

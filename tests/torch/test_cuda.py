@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commsgd_torch
-from commsgd_torch import cuda_topk
+from commsgd_torch import _cuda_topk as cuda_topk
 import helpers
 from helpers import SIZES, Dot, FakeBucket, mlp
 
@@ -76,7 +76,7 @@ def _density_one(rank, world):
            for n in SIZES] for _ in range(3)]
     ref = _ddp_grads(Dot(SIZES).cuda(), xs, None, allreduce_hook)
     model = Dot(SIZES).cuda()
-    state = commsgd_torch.TopKState(model, density=1.0)
+    state = commsgd_torch.TopKState(model=model, density=1.0)
     got = _ddp_grads(model, xs, state, commsgd_torch.topk_hook)
     for s in range(3):
         for a, b in zip(ref[s], got[s]):
@@ -96,7 +96,7 @@ def _sparse(rank, world):
     torch.manual_seed(0)
     model = mlp().cuda()
     ddp = DDP(model, device_ids=[0])
-    ddp.register_comm_hook(commsgd_torch.TopKState(model, density=0.01), commsgd_torch.topk_hook)
+    ddp.register_comm_hook(commsgd_torch.TopKState(model=model, density=0.01), commsgd_torch.topk_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(11 + rank)
     for _ in range(6):
@@ -107,7 +107,7 @@ def _sparse(rank, world):
     # One step's split, and the average every rank builds from every rank's message.
     torch.manual_seed(7 + rank)
     params = [torch.nn.Parameter(torch.zeros(n, device="cuda")) for n in (300, 1, 77, 2048)]
-    state = commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.05)
+    state = commsgd_torch.TopKState(model=torch.nn.ParameterList(params), density=0.05)
     key = "0,1,2,3"
     for step in range(3):
         grads = [_heavy(p.numel(), None).cuda() for p in params]
@@ -143,8 +143,8 @@ def _against_cpu(rank, world, layerwise):
     cpu = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
     dev = [torch.nn.Parameter(torch.zeros(n, device="cuda")) for n in sizes]
     kw = dict(density=0.03, selector="exact", layerwise=layerwise)
-    s_cpu = commsgd_torch.TopKState(torch.nn.ParameterList(cpu), **kw)
-    s_dev = commsgd_torch.TopKState(torch.nn.ParameterList(dev), **kw)
+    s_cpu = commsgd_torch.TopKState(model=torch.nn.ParameterList(cpu), **kw)
+    s_dev = commsgd_torch.TopKState(model=torch.nn.ParameterList(dev), **kw)
     g = torch.Generator().manual_seed(3)
     key = ",".join(str(i) for i in range(len(sizes)))
     for step in range(4):
@@ -174,7 +174,7 @@ def _half(rank, world, name):
     torch.manual_seed(0)
     model = mlp().cuda().to(dtype)
     ddp = DDP(model, device_ids=[0])
-    state = commsgd_torch.TopKState(model, density=0.05)
+    state = commsgd_torch.TopKState(model=model, density=0.05)
     ddp.register_comm_hook(state, commsgd_torch.topk_hook)
     g = torch.Generator().manual_seed(5 + rank)
     for _ in range(3):
@@ -184,7 +184,7 @@ def _half(rank, world, name):
         for p in model.parameters():
             assert p.grad.dtype == dtype and torch.isfinite(p.grad).all()
     params = [torch.nn.Parameter(torch.zeros(n, device="cuda", dtype=dtype)) for n in (500, 3, 1200)]
-    state = commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.05, momentum=0.0)
+    state = commsgd_torch.TopKState(model=torch.nn.ParameterList(params), density=0.05, momentum=0.0)
     for _ in range(3):
         grads = [torch.randn(p.numel(), generator=g).to(dtype).cuda() for p in params]
         bucket = FakeBucket(params, grads)
@@ -210,7 +210,7 @@ def _nccl(rank, world):
     torch.manual_seed(0)
     model = mlp().cuda()
     ddp = DDP(model, device_ids=[0])
-    state = commsgd_torch.TopKState(model, density=0.02, momentum=0.9, dense_warmup_steps=2,
+    state = commsgd_torch.TopKState(model=model, density=0.02, momentum=0.9, start_iter=2,
                                     process_group=dist.group.WORLD)
     ddp.register_comm_hook(state, commsgd_torch.topk_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -219,12 +219,12 @@ def _nccl(rank, world):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
-    assert state.iteration() == 5
+    assert state.iter == 5
     for p in model.parameters():
         assert torch.isfinite(p).all()
     # On one rank the average is what was sent: sent + new residual == old residual + gradient.
     params = [torch.nn.Parameter(torch.zeros(n, device="cuda")) for n in (100, 900)]
-    s = commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.1, process_group=dist.group.WORLD)
+    s = commsgd_torch.TopKState(model=torch.nn.ParameterList(params), density=0.1, process_group=dist.group.WORLD)
     before = torch.zeros(1000, device="cuda")
     for _ in range(3):
         bucket = FakeBucket(params, [torch.randn(p.numel(), device="cuda") for p in params])
@@ -245,7 +245,7 @@ def test_nccl_process_group():
 
 def _nan(rank, world):
     params = [torch.nn.Parameter(torch.zeros(n, device="cuda")) for n in (100, 20)]
-    state = commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.1)
+    state = commsgd_torch.TopKState(model=torch.nn.ParameterList(params), density=0.1)
     g = torch.Generator().manual_seed(rank)
     good = lambda: [torch.randn(p.numel(), generator=g).cuda() for p in params]  # noqa: E731
     state.exchange(FakeBucket(params, good()))
@@ -279,7 +279,7 @@ def _round_trip(rank, world):
     torch.manual_seed(0)
     model = mlp().cuda()
     kw = dict(density=0.02, momentum=0.5, layerwise=True)
-    state = commsgd_torch.TopKState(model, **kw)
+    state = commsgd_torch.TopKState(model=model, **kw)
     ddp = DDP(model, device_ids=[0])
     ddp.register_comm_hook(state, commsgd_torch.topk_hook)
     g = torch.Generator().manual_seed(11 + rank)
@@ -290,13 +290,13 @@ def _round_trip(rank, world):
     buf = io.BytesIO()
     torch.save(state.state_dict(), buf)
     buf.seek(0)
-    state2 = commsgd_torch.TopKState(model, **kw)
+    state2 = commsgd_torch.TopKState(model=model, **kw)
     state2.load_state_dict(torch.load(buf, weights_only=False))
     assert state2.keys() == state.keys() and state.keys()
     for key in state.keys():
         assert torch.equal(_bits(state.residual(key)), _bits(state2.residual(key))), key
-        assert torch.equal(_bits(state.momentum(key)), _bits(state2.momentum(key))), key
-    assert state2.iteration() == state.iteration() == 3
+        assert torch.equal(_bits(state.momentum_buffer(key)), _bits(state2.momentum_buffer(key))), key
+    assert state2.iter == state.iter == 3
     return True
 
 
@@ -323,8 +323,8 @@ class _StubBucket(FakeBucket):
 
 def _no_device(rank, world):
     params = [torch.nn.Parameter(torch.zeros(10))]
-    commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.1)  # constructing never needs CUDA
-    state = commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.1, dgc_warmup_steps_per_stage=2)
+    commsgd_torch.TopKState(model=torch.nn.ParameterList(params), density=0.1)  # constructing never needs CUDA
+    state = commsgd_torch.TopKState(model=torch.nn.ParameterList(params), density=0.1, dgc_warmup_steps_per_stage=2)
     stub = _StubBucket(params, [torch.zeros(10)])
     if cuda_topk._cuda is not None:
         with pytest.raises(commsgd_torch.Unsupported, match="dgc_warmup_steps_per_stage"):

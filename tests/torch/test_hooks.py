@@ -1,6 +1,10 @@
 """The DDP communication hooks of commsgd_torch, on 2 forked ranks of a gloo group."""
 import copy
 import math
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -8,6 +12,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commsgd_torch
+import commsgd_torch._build
 from helpers import SIZES, Dot, FakeBucket, mlp, run_ranks
 
 
@@ -35,7 +40,7 @@ def _density_one(rank, world, integer):
     ref = _ddp_grads(rank, Dot(SIZES), xs)
     for selector in ("exact", "radix", "laplace_bisect"):
         model = Dot(SIZES)
-        state = commsgd_torch.TopKState(model, density=1.0, selector=selector)
+        state = commsgd_torch.TopKState(model=model, density=1.0, selector=selector)
         got = _ddp_grads(rank, model, xs, state, commsgd_torch.topk_hook)
         for s in range(3):
             for a, b in zip(ref[s], got[s]):
@@ -60,7 +65,7 @@ def _conservation(rank, world, selector, momentum):
     torch.manual_seed(7 + rank)
     params = [torch.nn.Parameter(torch.zeros(n)) for n in (300, 1, 77, 2048)]
     model = torch.nn.ParameterList(params)
-    state = commsgd_torch.TopKState(model, density=0.05, selector=selector, momentum=momentum)
+    state = commsgd_torch.TopKState(model=model, density=0.05, selector=selector, momentum=momentum)
     residual = {i: torch.zeros(p.numel()) for i, p in enumerate(params)}  # per parameter, as expected
     # Bucketings change midway, as DDP's rebuild does: each parameter's residual must follow it.
     layouts = [[[3, 2, 1, 0]], [[3, 2, 1, 0]], [[0, 1], [2, 3]], [[2, 3], [0, 1]], [[1], [3, 0, 2]]]
@@ -122,14 +127,14 @@ def _round_trip(rank, world, selector):
     g = torch.Generator().manual_seed(11 + rank)
     batches = [(torch.rand(32, 784, generator=g), torch.randint(0, 10, (32,), generator=g)) for _ in range(8)]
     kw = dict(density=0.02, selector=selector, momentum=0.5, dgc_warmup_steps_per_stage=1)
-    state = commsgd_torch.TopKState(model, **kw)
+    state = commsgd_torch.TopKState(model=model, **kw)
     opt = _train(rank, model, state, batches[:4])
     saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()), copy.deepcopy(state.state_dict()))
     _train(rank, model, state, batches[4:], opt_state=opt.state_dict())
     # A fresh model, optimizer and hook, loaded from the saved state, continue the same way.
     model2 = mlp()
     model2.load_state_dict(saved[0])
-    state2 = commsgd_torch.TopKState(model2, **kw)
+    state2 = commsgd_torch.TopKState(model=model2, **kw)
     state2.load_state_dict(saved[2])
     _train(rank, model2, state2, batches[4:], opt_state=saved[1])
     for a, b in zip(model.parameters(), model2.parameters()):
@@ -147,15 +152,19 @@ def _bad_construction(rank, world):
     model = mlp()
     for density in (0.0, -0.5, 1.5, float("nan")):
         with pytest.raises(commsgd_torch.InvalidArgument, match="density"):
-            commsgd_torch.TopKState(model, density=density, process_group=dist.group.WORLD)
+            commsgd_torch.TopKState(model=model, density=density, process_group=dist.group.WORLD)
     with pytest.raises(commsgd_torch.InvalidArgument, match="selector.*'fastest'"):
-        commsgd_torch.TopKState(model, selector="fastest", process_group=dist.group.WORLD)
+        commsgd_torch.TopKState(model=model, selector="fastest", process_group=dist.group.WORLD)
     with pytest.raises(commsgd_torch.InvalidArgument, match="momentum"):
-        commsgd_torch.TopKState(model, momentum=1.0, process_group=dist.group.WORLD)
+        commsgd_torch.TopKState(model=model, momentum=1.0, process_group=dist.group.WORLD)
     with pytest.raises(commsgd_torch.InvalidArgument, match="period"):
-        commsgd_torch.LocalSGD(model, period=0, process_group=dist.group.WORLD)
+        commsgd_torch.LocalSGDState(model=model, period=0, process_group=dist.group.WORLD)
     with pytest.raises(commsgd_torch.InvalidArgument, match="correction"):
-        commsgd_torch.LocalSGD(model, correction="sideways", process_group=dist.group.WORLD)
+        commsgd_torch.LocalSGDState(model=model, correction="sideways", process_group=dist.group.WORLD)
+    with pytest.raises(commsgd_torch.InvalidArgument, match="'start_iter' = -1"):
+        commsgd_torch.TopKState(model=model, start_iter=-1, process_group=dist.group.WORLD)
+    with pytest.raises(commsgd_torch.InvalidArgument, match="'start_iter' = -2"):
+        commsgd_torch.LocalSGDState(model=model, start_iter=-2, process_group=dist.group.WORLD)
     assert issubclass(commsgd_torch.InvalidArgument, RuntimeError)
     return True
 
@@ -164,9 +173,46 @@ def test_bad_arguments_raise_with_the_library_message():
     run_ranks(_bad_construction, 2)
 
 
+def _wrong_types(rank, world):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    makers = [lambda **kw: commsgd_torch.TopKState(**kw), lambda **kw: commsgd_torch.LocalSGDState(**kw),
+              lambda **kw: commsgd_torch.AutoState(optimizer=opt, **kw)]
+    for make in makers:
+        # Caught before anything collective runs, so each rank raises alone.
+        with pytest.raises(commsgd_torch.InvalidArgument, match="argument 'model' of .* is a list"):
+            make(model=list(model.parameters()), process_group=dist.group.WORLD)
+        with pytest.raises(commsgd_torch.InvalidArgument, match="argument 'process_group' is a str"):
+            make(model=model, process_group="gloo")
+    for make in (lambda g: commsgd_torch.PowerSGDState(g), lambda g: commsgd_torch.CompressorState(g)):
+        with pytest.raises(commsgd_torch.InvalidArgument, match="argument 'process_group' is a int"):
+            make(3)
+    with pytest.raises(TypeError):  # everything but the group is keyword-only
+        commsgd_torch.TopKState(None, model)
+    return True
+
+
+def test_wrong_types_name_the_argument():
+    run_ranks(_wrong_types, 2)
+
+
+def _wrong_bucket(rank, world):
+    state = commsgd_torch.CompressorState(dist.group.WORLD, kind="sign", start_iter=2)
+    for bad, words in ((torch.zeros(8, dtype=torch.float64), "has dtype Double, the allowed dtype is float32"),
+                       (torch.zeros(16)[::2], "is not contiguous")):
+        # Both ranks hand the same bad bucket: the exchange itself must say which argument is wrong.
+        with pytest.raises(commsgd_torch.InvalidArgument, match=f"argument 'bucket' {words}"):
+            state._c.average(bad, 0)
+    return True
+
+
+def test_bad_bucket_tensors_name_the_argument():
+    run_ranks(_wrong_bucket, 2)
+
+
 def _bad_bucket_on_one_rank(rank, world):
     params = [torch.nn.Parameter(torch.zeros(100)), torch.nn.Parameter(torch.zeros(20))]
-    state = commsgd_torch.TopKState(torch.nn.ParameterList(params), density=0.1, selector="radix")
+    state = commsgd_torch.TopKState(model=torch.nn.ParameterList(params), density=0.1, selector="radix")
     grads = [torch.randn(100), torch.randn(20)]
     # float64 on rank 1 only: rank 1 raises about the dtype, rank 0 learns of it and raises too.
     bad = FakeBucket(params, [g.double() if rank == 1 else g for g in grads])
@@ -195,7 +241,7 @@ def _nan_through_ddp(rank, world):
     torch.manual_seed(0)
     model = mlp()
     ddp = DDP(model)
-    ddp.register_comm_hook(commsgd_torch.TopKState(model, density=0.01), commsgd_torch.topk_hook)
+    ddp.register_comm_hook(commsgd_torch.TopKState(model=model, density=0.01), commsgd_torch.topk_hook)
     x = torch.rand(8, 784)
     if rank == 0:
         x[0, 0] = float("nan")
@@ -213,7 +259,7 @@ def _local_sgd(rank, world, correction):
     model = mlp()
     ddp = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    ls = commsgd_torch.LocalSGD(model, lr=0.05, period=3, warmup_steps=2, correction=correction, optimizer=opt)
+    ls = commsgd_torch.LocalSGDState(model=model, lr=0.05, period=3, start_iter=2, correction=correction, optimizer=opt)
     ddp.register_comm_hook(ls, commsgd_torch.local_sgd_hook)
     g = torch.Generator().manual_seed(5 + rank)
     averaged = []
@@ -249,7 +295,7 @@ def _adaptive(rank, world):
     model = mlp()
     ddp = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    ls = commsgd_torch.LocalSGD(model, lr=0.05, period=2, warmup_steps=1, adaptive=True, max_period=6,
+    ls = commsgd_torch.LocalSGDState(model=model, lr=0.05, period=2, start_iter=1, adaptive=True, max_period=6,
                                 correction="every_step", optimizer=opt)
     ddp.register_comm_hook(ls, commsgd_torch.local_sgd_hook)
     g = torch.Generator().manual_seed(5 + rank)
@@ -277,3 +323,18 @@ def _adaptive(rank, world):
 def test_local_sgd_adaptive_interval_runs_and_refuses_a_nan_loss():
     a, b = run_ranks(_adaptive, 2)
     assert a == b  # every rank computes the same interval from the same averaged loss
+
+
+def test_import_refuses_another_torch(tmp_path):
+    """A package built for one torch release raises ImportError naming both under another (here: a copy whose
+    _build.py claims another release), rather than failing on an undefined symbol."""
+    copy = tmp_path / "commsgd_torch"
+    shutil.copytree(os.path.dirname(commsgd_torch.__file__), copy)
+    build = (copy / "_build.py").read_text()
+    (copy / "_build.py").write_text(build.replace(f'TORCH_VERSION = "{commsgd_torch._build.TORCH_VERSION}"',
+                                                  'TORCH_VERSION = "0.9.1"'))
+    run = subprocess.run([sys.executable, "-c", "import commsgd_torch"], cwd=tmp_path, capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    assert run.returncode != 0
+    assert "ImportError: commsgd_torch" in run.stderr and "built against torch 0.9.1" in run.stderr
+    assert f"torch {torch.__version__} is installed" in run.stderr

@@ -14,7 +14,7 @@ def _train(rank, world, selector):
     x, y = x[mine], y[mine]
     model = mlp()
     ddp = DDP(model)
-    state = commsgd_torch.TopKState(model, density=0.01, selector=selector, momentum=0.9, dense_warmup_steps=5)
+    state = commsgd_torch.TopKState(model=model, density=0.01, selector=selector, momentum=0.9, start_iter=5)
     ddp.register_comm_hook(state, commsgd_torch.topk_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)

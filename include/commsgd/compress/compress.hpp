@@ -7,13 +7,15 @@
 //   compress::qsgd                   QSGD with s levels, stochastic, unbiased        (compress/qsgd.hpp)
 //   compress::powersgd               rank-r factors with error feedback, warm start,
 //                                    three all-reduces per round                     (compress/powersgd.hpp)
-// Their bytes per round are in cost/compress.hpp and cost/powersgd.hpp.
+// Their bytes per round are in cost/compress.hpp and cost/powersgd.hpp. compress::hook_momentum
+// (compress/momentum.hpp) keeps momentum beside any of them, for an optimizer run without it.
 #pragma once
 
 #include <commsgd/compress/compressed_reducer.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/half.hpp>
+#include <commsgd/compress/momentum.hpp>
 #include <commsgd/compress/powersgd.hpp>
 #include <commsgd/compress/qsgd.hpp>
 #include <commsgd/compress/random_k.hpp>

@@ -73,11 +73,11 @@ class _Bucket:
 class CudaTopK:
     """The CUDA half of a TopKState (see TopKState and docs/pytorch.md, CUDA buckets)."""
 
-    def __init__(self, group, density, momentum, momentum_rule, dense_warmup_steps, dgc_warmup_steps_per_stage,
+    def __init__(self, group, density, momentum, momentum_rule, start_iter, dgc_warmup_steps_per_stage,
                  warmup_momentum, layerwise):
         self.group = group
         self.density, self.momentum_factor, self.momentum_rule = density, momentum, momentum_rule
-        self.dense_warmup, self.dgc_warmup = dense_warmup_steps, dgc_warmup_steps_per_stage
+        self.dense_warmup, self.dgc_warmup = start_iter, dgc_warmup_steps_per_stage
         self.warmup_momentum, self.layerwise = warmup_momentum, layerwise
         self.iteration = 0
         self.used = False
@@ -256,7 +256,7 @@ class CudaTopK:
         b = self.buckets.get(key)
         return None if b is None else b.residual()
 
-    def momentum(self, key):
+    def momentum_buffer(self, key):
         b = self.buckets.get(key)
         return None if b is None else b.momentum()
 

@@ -1,0 +1,58 @@
+"""What the states share: the process group they talk over, the model check and their readings."""
+from typing import Any, Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from ._C import InvalidArgument
+
+
+def own_group(process_group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
+    """The group a state talks over: the one given, or a new gloo group of all ranks (so that a state's
+    traffic is its own and counted apart from DDP's). Making one is collective: every rank constructs the
+    state at the same point."""
+    if process_group is None:
+        return dist.new_group(backend="gloo")
+    if not isinstance(process_group, dist.ProcessGroup):
+        raise InvalidArgument(f"commsgd: argument 'process_group' is a {type(process_group).__name__}, "
+                              "expected a torch.distributed ProcessGroup or None")
+    return process_group
+
+
+def check_model(model: object, owner: str) -> torch.nn.Module:
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidArgument(f"commsgd: argument 'model' of {owner} is a {type(model).__name__}, expected "
+                              "a torch.nn.Module")
+    return model
+
+
+class Metered:
+    """The traffic readings of a state whose rounds run in the compiled part (`self._c`)."""
+
+    _c: Any
+
+    def traffic(self) -> Dict[str, int]:
+        """Bytes and messages this rank sent and received in the state's group since construction or
+        reset_traffic(), once the rounds posted so far are done."""
+        return self._c.traffic()
+
+    def reset_traffic(self) -> None:
+        self._c.reset_traffic()
+
+
+class IterCounted(Metered):
+    """A state that counts iterations as PyTorch's states do (`iter`, bumped at each iteration's last bucket)
+    and runs a bucket's round through exchange_async()."""
+
+    iter: int
+
+    def maybe_increase_iter(self, bucket: dist.GradBucket) -> None:
+        if bucket.is_last():
+            self.iter += 1
+
+    def exchange_async(self, bucket: dist.GradBucket) -> "torch.futures.Future[torch.Tensor]":
+        raise NotImplementedError
+
+    def exchange(self, bucket: dist.GradBucket) -> torch.Tensor:
+        """The bucket's round, waited for (the hook itself does not wait)."""
+        return self.exchange_async(bucket).wait()
