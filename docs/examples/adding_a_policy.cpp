@@ -167,7 +167,7 @@ outcome train(const example::options& o, int resume_at = -1, int nan_at = -1) {
       problem.gradient(x, problem.batch(c.rank(), c.size(), t, batch), g);
       if (t == nan_at && c.rank() == 1) g[7] = std::numeric_limits<float>::quiet_NaN();
       dp->step(x, std::span<const float>(g));
-      if constexpr (!policy::is_dense<Compression>) sparse_steps += dp->last_sparse().dense ? 0 : 1;
+      if constexpr (!policy::is_dense<Compression>) sparse_steps += dp->last_exchange().dense ? 0 : 1;
     }
     dp->finish(x);
     if (c.rank() == 0) out = {x, c.counters().total().bytes_sent, sparse_steps};

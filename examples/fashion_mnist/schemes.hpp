@@ -118,7 +118,7 @@ public:
     }
     dp_.step(env.params, commsgd::coding::block_gradients(views_));
     clipped_ += dp_.last_coding().clipped;
-    const auto& sparse = dp_.last_sparse();
+    const auto& sparse = dp_.last_exchange();
     if (!sparse.counts.empty()) sent_ += sparse.counts[static_cast<std::size_t>(env.rank)];
     dense_ += sparse.dense;
     ++steps_;

@@ -36,8 +36,8 @@ public:
   explicit charged_compressor(Compressor x) : Compressor(std::move(x)) {}
 
   template <class C>
-  commsgd::compress::report reduce(C& c, std::span<const float> g, std::span<float> out) {
-    commsgd::compress::report r;
+  commsgd::comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
+    commsgd::comm::exchange_report r;
     if (env_)
       env_->charged([&] { r = Compressor::reduce(c, g, out); });
     else

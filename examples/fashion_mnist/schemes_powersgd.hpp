@@ -45,9 +45,9 @@ public:
   using commsgd::compress::powersgd::powersgd;
 
   template <commsgd::comm::communicator C>
-  commsgd::compress::report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  commsgd::comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     if (!env_) return powersgd::reduce(c, g, out);
-    commsgd::compress::report r;
+    commsgd::comm::exchange_report r;
     env_->charged([&] { r = powersgd::reduce(c, g, out); });
     return r;
   }

@@ -20,9 +20,10 @@
 // combination that makes no sense fails to compile with the static_assert of the policy that refuses it,
 // which says why; README.md tabulates the built-in combinations.
 //
-// Every composition has the same members. compression() exists where the second slot is not policy::dense
-// (sparsifier(), its old name, is kept deprecated for one release); last_coding() and last_sparse() report
-// the last step's exchange and stay at their defaults where the composition has no such exchange. The object owns everything it built and may be moved; `comm` must outlive it.
+// Every composition has the same members. compression() exists where the second slot is not policy::dense;
+// last_coding() and last_exchange() report the last step's exchange and stay at their defaults where the
+// composition has no such exchange. The object owns everything it built and may be moved; `comm` must
+// outlive it.
 #pragma once
 
 #include <commsgd/coding/coding.hpp>
@@ -101,16 +102,6 @@ struct reducer_for<Compression, Scheme, C> {
 
 template <class Coding, class Compression, class Sync, comm::communicator C = comm::local>
 class data_parallel {
-  static_assert(policy::coding_policy<Coding>,
-                "commsgd::data_parallel: Coding is not a coding policy; its header must specialise "
-                "commsgd::policy::coding_traits (policy/traits.hpp)");
-  static_assert(policy::compression_policy<Compression>,
-                "commsgd::data_parallel: Compression is not a compression policy; its header must specialise "
-                "commsgd::policy::compression_traits (policy/traits.hpp)");
-  static_assert(policy::sync_policy<Sync>,
-                "commsgd::data_parallel: Sync is not a sync policy; its header must specialise "
-                "commsgd::policy::sync_traits (policy/traits.hpp)");
-
   using coding_traits = policy::coding_traits<Coding>;
   using compression_traits = policy::compression_traits<Compression>;
   using sync_traits = policy::sync_traits<Sync>;
@@ -157,19 +148,10 @@ public:
   strategy_type& strategy() noexcept { return strategy_; }
   const strategy_type& strategy() const noexcept { return strategy_; }
   // The compression's state: the sparsifier's or compressor's residuals and counters, for checkpoints.
-  auto& compression() noexcept requires(!policy::is_dense<Compression>) { return reducer_.sparsifier(); }
+  auto& compression() noexcept requires(!policy::is_dense<Compression>) { return reducer_.compression(); }
   const auto& compression() const noexcept requires(!policy::is_dense<Compression>) {
-    return reducer_.sparsifier();
+    return reducer_.compression();
   }
-  // Deprecated: use compression(); kept for one release.
-  [[deprecated("use compression()")]] auto& sparsifier() noexcept requires(!policy::is_dense<Compression>) {
-    return compression();
-  }
-  [[deprecated("use compression()")]] const auto& sparsifier() const noexcept
-      requires(!policy::is_dense<Compression>) {
-    return compression();
-  }
-
   void start(std::span<float> params) {
     check_length(params.size());
     strategy_.start(params);
@@ -230,9 +212,10 @@ public:
     else
       return no_coding_;
   }
-  const sparsify::exchange_report& last_sparse() const noexcept {
+  // The last round of the compression's exchange: sparse pairs or a compressor's messages.
+  const comm::exchange_report& last_exchange() const noexcept {
     if constexpr (policy::is_dense<Compression>)
-      return no_sparse_;
+      return no_exchange_;
     else
       return reducer_.last();
   }
@@ -264,7 +247,7 @@ private:
   }
 
   static constexpr coding::exchange_result no_coding_{};
-  static inline const sparsify::exchange_report no_sparse_{};
+  static inline const comm::exchange_report no_exchange_{};
 
   C* comm_;
   std::size_t length_;

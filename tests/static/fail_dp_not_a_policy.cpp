@@ -1,6 +1,6 @@
-// expect: Compression is not a compression policy
-// A type with no compression_traits (or old sparsifier_traits) specialisation is refused by name, before
-// anything is built from it.
+// expect: P is not a compression policy
+// A type with no compression_traits specialisation is refused by the primary template, which names the
+// seam.
 #include <commsgd/data_parallel.hpp>
 
 using namespace commsgd;

@@ -36,7 +36,7 @@ std::vector<std::vector<float>> train(int n, const options& o, std::size_t d) {
         g[i] = static_cast<float>((static_cast<int>(i * 7) + c.rank() * 3 + t) % 11 - 5) * 0.125f;
       trainer.step(x, g);
       if constexpr (!policy::is_dense<Policy>) {
-        CHECK(trainer.last_sparse().counts.size() == static_cast<std::size_t>(n));
+        CHECK(trainer.last_exchange().counts.size() == static_cast<std::size_t>(n));
         CHECK(trainer.compression().steps() == static_cast<std::uint64_t>(t + 1));
       }
     }

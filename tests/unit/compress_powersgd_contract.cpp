@@ -222,7 +222,7 @@ TEST_CASE("policy::powersgd composes through data_parallel") {
         trainer.step(x, gradient(c.rank(), t));
       trainer.finish(x);
       CHECK(trainer.compression().steps() == 4);
-      CHECK(trainer.last_sparse().dense);
+      CHECK(trainer.last_exchange().dense);
       finals[static_cast<std::size_t>(c.rank())] = x;
     });
     for (int w = 1; w < n; ++w)

@@ -222,7 +222,7 @@ concept full_member_set = requires(Dp& dp, const Dp& cdp, std::span<float> x, st
   { dp.step(x, blocks, sync::step_info{}) } -> std::same_as<sync::step_result>;
   dp.finish(x);
   { cdp.last_coding() } -> std::same_as<const coding::exchange_result&>;
-  { cdp.last_sparse() } -> std::same_as<const sparsify::exchange_report&>;
+  { cdp.last_exchange() } -> std::same_as<const comm::exchange_report&>;
 };
 template <class Dp>
 concept has_compression = requires(Dp& dp) {
@@ -323,8 +323,8 @@ TEST_CASE("top_k with 64-bit indices exchanges 64-bit pairs and trains exactly a
     dp.start(x);
     problem.gradient(x, problem.batch(c.rank(), c.size(), 0, 40), g);
     dp.step(x, std::span<const float>(g));
-    CHECK_FALSE(dp.last_sparse().dense);
-    CHECK(dp.last_sparse().counts == std::vector<std::uint64_t>{5, 5, 5});
+    CHECK_FALSE(dp.last_exchange().dense);
+    CHECK(dp.last_exchange().counts == std::vector<std::uint64_t>{5, 5, 5});
     CHECK(dp.compression().last().size() == 5);
   });
 }

@@ -148,15 +148,15 @@ public:
   }
   std::size_t block_count() const { return scheme_.block_count(); }
   const Scheme& scheme() const noexcept { return scheme_; }
-  threshold_sparsifier& sparsifier() noexcept { return sparsifier_; }
-  const threshold_sparsifier& sparsifier() const noexcept { return sparsifier_; }
-  const sparsify::exchange_report& last() const noexcept { return last_; }
+  threshold_sparsifier& compression() noexcept { return sparsifier_; }
+  const threshold_sparsifier& compression() const noexcept { return sparsifier_; }
+  const comm::exchange_report& last() const noexcept { return last_; }
 
 private:
   C* comm_;
   Scheme scheme_;
   threshold_sparsifier sparsifier_;
-  sparsify::exchange_report last_{};
+  comm::exchange_report last_{};
 };
 
 } // namespace user

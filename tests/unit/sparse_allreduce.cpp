@@ -406,10 +406,10 @@ TEST_CASE("allreduce_reducer: the error-feedback invariant holds bit for bit on 
             auto& pp = p[tt][r];
             pp.resize(d);
             for (std::size_t i = 0; i < d; ++i)
-              pp[i] = g[i] + red.sparsifier().residual()[i];
+              pp[i] = g[i] + red.compression().residual()[i];
             const std::span<const float> blocks[1] = {g};
             red.reduce(blocks, out);
-            e_new[tt][r].assign(red.sparsifier().residual().begin(), red.sparsifier().residual().end());
+            e_new[tt][r].assign(red.compression().residual().begin(), red.compression().residual().end());
             outs[tt][r] = out;
           }
         });
@@ -467,7 +467,7 @@ TEST_CASE("data_parallel composes top_k_allreduce; every rank ends with the same
       for (int t = 0; t < 6; ++t) {
         const auto g = gradient(d, static_cast<std::uint64_t>(c.rank() * 100 + t));
         trainer.step(x, std::span<const float>(g));
-        CHECK(trainer.last_sparse().total > 0);
+        CHECK(trainer.last_exchange().total > 0);
         CHECK(trainer.compression().steps() == static_cast<std::uint64_t>(t + 1));
       }
       trainer.finish(x);
@@ -498,7 +498,7 @@ TEST_CASE("allreduce_reducer: a gradient refused on one rank raises on every ran
       g[7] = 0.0f;
       red.reduce(blocks, out);
       // A rank that went through the failed step kept its whole message in the residual: nothing lost.
-      CHECK(red.sparsifier().steps() == (bad ? 1u : 2u));
+      CHECK(red.compression().steps() == (bad ? 1u : 2u));
       CHECK(red.exchange().history() == 1);
     });
   }

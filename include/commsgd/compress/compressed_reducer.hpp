@@ -29,7 +29,7 @@ public:
   reducer(C& comm, Scheme scheme, Compressor x)
       : comm_(&comm), scheme_(std::move(scheme)), x_(std::move(x)) {}
 
-  const report& reduce(std::span<const std::span<const float>> blocks, std::span<float> out) {
+  const comm::exchange_report& reduce(std::span<const std::span<const float>> blocks, std::span<float> out) {
     if (blocks.size() != 1)
       throw size_mismatch(commsgd::detail::concat("argument 'blocks' holds ", blocks.size(),
                                                   " block gradients; a compressor takes one per rank"));
@@ -41,15 +41,15 @@ public:
   Scheme& scheme() noexcept { return scheme_; }
   const Scheme& scheme() const noexcept { return scheme_; }
   // data_parallel::compression() reaches the compressor's state through this name.
-  Compressor& sparsifier() noexcept { return x_; }
-  const Compressor& sparsifier() const noexcept { return x_; }
-  const report& last() const noexcept { return last_; }
+  Compressor& compression() noexcept { return x_; }
+  const Compressor& compression() const noexcept { return x_; }
+  const comm::exchange_report& last() const noexcept { return last_; }
 
 private:
   C* comm_;
   Scheme scheme_;
   Compressor x_;
-  report last_{};
+  comm::exchange_report last_{};
 };
 
 } // namespace commsgd::inline v1::compress

@@ -157,7 +157,7 @@ public:
   const half_options& options() const noexcept { return opt_; }
 
   template <comm::communicator C>
-  report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     auto v = detail::take_input(g, out.size(), length_, ef_, p_);
     if (v.problem == detail::input_problem::none) v = encode();
     const bool first = !agreed_;

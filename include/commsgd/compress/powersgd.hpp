@@ -188,7 +188,7 @@ public:
   std::span<const float> p() const noexcept { return p_; }
 
   template <comm::communicator C>
-  report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     std::exception_ptr local;
     try {
       if (g.size() != length())
@@ -269,7 +269,7 @@ public:
     q_.swap(qn_);
     ++steps_;
     wire_bytes_ = cost::powersgd_traffic(plan_, n, c.rank()).sent;
-    report r;
+    comm::exchange_report r;
     r.dense = true;
     r.total = (static_cast<std::uint64_t>(plan_.dense_size) + plan_.p_size + plan_.q_size) *
               static_cast<std::uint64_t>(n);

@@ -64,7 +64,7 @@ public:
   std::uint32_t levels() const noexcept { return opt_.levels; }
 
   template <comm::communicator C>
-  report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     auto v = detail::take_input(g, out.size(), length_, ef_, p_);
     if (v.problem == detail::input_problem::none) v = norms();
     detail::agree(c, "compress::qsgd", length_, config(), v, verdicts_,

@@ -74,7 +74,7 @@ public:
   std::span<const std::size_t> indices() const noexcept { return idx_; }
 
   template <comm::communicator C>
-  report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     const auto v = detail::take_input(g, out.size(), length_, ef_, p_);
     detail::agree(c, "compress::random_k", length_, config(), v, verdicts_);
     random_k_indices(opt_.seed, steps_, length_, k_, idx_, marks_);

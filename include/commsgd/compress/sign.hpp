@@ -49,7 +49,7 @@ public:
   std::size_t layers() const noexcept { return bounds_.size() - 1; }
 
   template <comm::communicator C>
-  report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     const auto v = detail::take_input(g, out.size(), length_, ef_, p_);
     detail::agree(c, "compress::sign", length_, config(), v, verdicts_);
     encode();

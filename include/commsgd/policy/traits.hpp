@@ -24,15 +24,10 @@
 //                         template <class C> static reducer<Scheme, C> make_reducer(C&, Scheme,
 //                                                                 std::size_t length, const Options&);
 //                         such a reducer also offers sparsifier() (its state, for checkpoints) and
-//                         last() (a const sparsify::exchange_report&), as sparsify::sparse_reducer does
+//                         last() (a const comm::exchange_report&), as sparsify::sparse_reducer does
 //   sync_traits<P>        template <class C> using type = <a sync::sync_strategy over C>;
 //                         static type<C> make(C&, std::size_t length, const Options&);
 //                         template <class Coding, class Compression> static consteval bool accepts();
-//
-// Renamed in this release, the old names kept for one: compression_traits was sparsifier_traits, and
-// compression_policy was sparsifier_policy. A policy written against the old name (a specialisation of
-// sparsifier_traits) still works: the primary compression_traits<P> derives from sparsifier_traits<P>, so
-// it is that specialisation; the library's own policies specialise compression_traits.
 //
 // Options is data_parallel_options, or a struct derived from it that adds the settings of a policy written
 // outside the library; it is a template parameter so that a policy's header need not include every other
@@ -50,49 +45,34 @@
 
 #include <type_traits>
 
-namespace commsgd::inline v1::detail {
-// The base of the primary policy::sparsifier_traits: P is not a compression policy.
-struct not_a_compression_policy {};
-} // namespace commsgd::inline v1::detail
-
 namespace commsgd::inline v1::policy {
 
+// What the primary templates assert on: false, but only once P is known, so that merely declaring them is fine.
 template <class P>
-struct coding_traits;
-template <class P>
-struct sync_traits;
+inline constexpr bool never_specialised = false;
 
-// Deprecated: specialise compression_traits; kept for one release. Still specialisable: a specialisation
-// for P is what the primary compression_traits<P> derives from. (Not an alias of compression_traits, which
-// could not be specialised; not [[deprecated]], since the primary compression_traits names it for every
-// type that is not one of the library's policies.)
+// The primary templates are never used: a type reaches them only when no header specialised its traits, and
+// then the assertion names the seam instead of a missing member three levels down.
 template <class P>
-struct sparsifier_traits : commsgd::detail::not_a_compression_policy {};
-
-// The traits of a compression policy (the second slot of data_parallel). The primary template is whatever
-// sparsifier_traits<P> says, so a policy written against the old name keeps working; every policy of the
-// library specialises this one.
-template <class P>
-struct compression_traits : sparsifier_traits<P> {};
-
-template <class P>
-concept coding_policy = requires {
-  sizeof(coding_traits<P>);
+struct coding_traits {
+  static_assert(never_specialised<P>,
+                "commsgd::policy::coding_traits<P>: P is not a coding policy; its header "
+                "must specialise commsgd::policy::coding_traits (policy/traits.hpp)");
 };
 template <class P>
-concept compression_policy =
-    !std::is_base_of_v<commsgd::detail::not_a_compression_policy, compression_traits<P>>;
-// Deprecated: use compression_policy; kept for one release. (A concept cannot carry [[deprecated]], so
-// naming it does not warn.)
+struct compression_traits {
+  static_assert(never_specialised<P>,
+                "commsgd::policy::compression_traits<P>: P is not a compression policy; its header must "
+                "specialise commsgd::policy::compression_traits (policy/traits.hpp)");
+};
 template <class P>
-concept sparsifier_policy = compression_policy<P>;
-template <class P>
-concept sync_policy = requires {
-  sizeof(sync_traits<P>);
+struct sync_traits {
+  static_assert(never_specialised<P>, "commsgd::policy::sync_traits<P>: P is not a sync policy; its header "
+                                      "must specialise commsgd::policy::sync_traits (policy/traits.hpp)");
 };
 
 // Whether a compression policy leaves the block gradients dense (nothing between them and the coding scheme).
-template <compression_policy P>
+template <class P>
 inline constexpr bool is_dense = compression_traits<P>::dense_blocks;
 
 // Whether a compression policy builds its own reducer over a coding scheme and a communicator, instead of
@@ -102,13 +82,13 @@ inline constexpr bool is_dense = compression_traits<P>::dense_blocks;
 template <class Traits, class Scheme, class C>
 using reducer_of = typename Traits::template reducer<Scheme, C>;
 template <class P, class Scheme, class C>
-concept builds_reducer = compression_policy<P> && requires {
+concept builds_reducer = requires {
   typename reducer_of<compression_traits<P>, Scheme, C>;
 };
 
 // Whether a coding policy is one block per rank summed by the communicator's all-reduce, which is what a
 // strategy that exchanges by itself does anyway.
-template <coding_policy P>
+template <class P>
 inline constexpr bool is_plain = coding_traits<P>::plain;
 
 // The accepts() of a sync strategy that exchanges models or partitions itself: it takes this rank's whole
