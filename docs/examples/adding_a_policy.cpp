@@ -19,6 +19,7 @@
 #include <ostream>
 #include <span>
 #include <sstream>
+#include <string>
 #include <vector>
 
 // [object]
@@ -34,8 +35,8 @@ public:
   threshold_sparsifier(std::size_t length, float threshold)
       : length_(length), threshold_(threshold), residual_(length, 0.0f) {
     if (!(threshold > 0.0f) || !std::isfinite(threshold))
-      throw commsgd::invalid_argument(commsgd::detail::concat("argument 'threshold' = ", threshold,
-                                                              " is outside the allowed range (0, inf)"));
+      throw commsgd::invalid_argument("argument 'threshold' = " + std::to_string(threshold) +
+                                      " is outside the allowed range (0, inf)");
   }
 
   std::size_t length() const noexcept { return length_; }
@@ -45,8 +46,8 @@ public:
   // gradient leaves the state as it was.
   message_type step(std::span<const float> g) {
     if (g.size() != length_)
-      throw commsgd::size_mismatch(commsgd::detail::concat(
-          "argument 'gradient' has ", g.size(), " elements, the sparsifier's length is ", length_));
+      throw commsgd::size_mismatch("argument 'gradient' has " + std::to_string(g.size()) +
+                                   " elements, the sparsifier's length is " + std::to_string(length_));
     next_.resize(length_);
     indices_.clear();
     values_.clear();
@@ -71,18 +72,18 @@ public:
   // Checkpoints use the frame every commsgd state shares (magic, version, byte order, size, kind, checksum),
   // so a damaged or foreign stream is refused with corrupt_data before anything changes.
   void save(std::ostream& os) const {
-    commsgd::state::detail::state_writer w(name);
+    commsgd::state::writer w(name);
     w.put<std::uint64_t>(length_);
     w.put<float>(threshold_);
     w.put<std::uint64_t>(steps_);
     w.put_array(std::span<const float>(residual_));
-    commsgd::state::detail::write_blob(os, std::move(w).finish());
+    commsgd::state::write_frame(os, std::move(w).finish());
   }
   void load(std::istream& is) {
-    const auto blob = commsgd::state::detail::read_blob(is);
-    commsgd::state::detail::state_reader r(blob, name);
-    commsgd::state::detail::expect_same(r.get<std::uint64_t>(), length_, "length");
-    commsgd::state::detail::expect_same(r.get<float>(), threshold_, "threshold");
+    const auto blob = commsgd::state::read_frame(is);
+    commsgd::state::reader r(blob, name);
+    commsgd::state::expect_same(r.get<std::uint64_t>(), length_, "length");
+    commsgd::state::expect_same(r.get<float>(), threshold_, "threshold");
     const auto steps = r.get<std::uint64_t>();
     std::vector<float> residual(length_);
     r.get_array(std::span<float>(residual), "residual");

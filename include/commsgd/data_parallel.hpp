@@ -193,15 +193,15 @@ public:
   // strategy's and the step count; the model is the trainer's. Every rank saves part::all, or rank 0
   // part::shared and every rank part::local. After load, start(params) with the saved model goes on.
   void save(std::ostream& os, state::part p = state::part::all) const {
-    checkpoint::detail::save<Coding, Compression, Sync>(*this, os, p, comm_->size(), comm_->rank(), steps_);
+    state::detail::save<Coding, Compression, Sync>(*this, os, p, comm_->size(), comm_->rank(), steps_);
   }
   void load(std::istream& is) {
-    steps_ = checkpoint::detail::load<Coding, Compression, Sync>(*this, is, comm_->size(), comm_->rank());
+    steps_ = state::detail::load<Coding, Compression, Sync>(*this, is, comm_->size(), comm_->rank());
     guard_.resume(steps_);
   }
   void load(std::istream& shared, std::istream& local) {
-    steps_ = checkpoint::detail::load<Coding, Compression, Sync>(*this, shared, local, comm_->size(),
-                                                                 comm_->rank());
+    steps_ =
+        state::detail::load<Coding, Compression, Sync>(*this, shared, local, comm_->size(), comm_->rank());
     guard_.resume(steps_);
   }
 

@@ -144,8 +144,8 @@ data_parallel_options top_k_options() {
 // Rebuilds a data_parallel stream with its strategy's shared part replaced (the frame repaired), so that
 // every identity check passes and only the strategy refuses.
 ckpt::bytes with_strategy_shared(const ckpt::bytes& good, const ckpt::bytes& strategy_shared) {
-  state::detail::state_reader r(good, "data_parallel");
-  state::detail::state_writer w("data_parallel");
+  state::reader r(good, "data_parallel");
+  state::writer w("data_parallel");
   const auto part = r.get<std::uint32_t>();
   w.put<std::uint32_t>(part);
   w.put<std::uint32_t>(r.get<std::uint32_t>());

@@ -279,19 +279,19 @@ public:
   // Body: u64 length | u64 rank | f64 min_compression_rate | f32 epsilon | u64 seed | u32 error feedback |
   // u32 warm start | layers as an array of (rows, cols) u64 pairs | u64 steps | residual | Q.
   void save(std::ostream& os) const {
-    state::detail::state_writer w(name);
+    state::writer w(name);
     put_layout(w);
     w.put<std::uint64_t>(steps_);
     w.put_array(std::span<const float>(e_));
     w.put_array(std::span<const float>(q_));
-    state::detail::write_blob(os, std::move(w).finish());
+    state::write_frame(os, std::move(w).finish());
   }
 
   // A stream from a PowerSGD of another layout raises corrupt_data and changes nothing.
   void load(std::istream& is) {
-    const auto blob = state::detail::read_blob(is);
-    state::detail::state_reader r(blob, name);
-    state::detail::state_writer mine(name);
+    const auto blob = state::read_frame(is);
+    state::reader r(blob, name);
+    state::writer mine(name);
     put_layout(mine);
     const auto expect = std::move(mine).finish();
     // The layout is the writer's fields after the frame's kind: compare them byte for byte.
@@ -314,7 +314,7 @@ public:
   }
 
 private:
-  void put_layout(state::detail::state_writer& w) const {
+  void put_layout(state::writer& w) const {
     w.put<std::uint64_t>(plan_.length);
     w.put<std::uint64_t>(opt_.rank);
     w.put<double>(opt_.min_compression_rate);

@@ -41,7 +41,7 @@ struct synchronous_options {
 };
 
 template <comm::communicator C, exchange E = all_reduce_exchange<C>>
-class synchronous : public detail::checkpointed<synchronous<C, E>> {
+class synchronous : public state::checkpointed<synchronous<C, E>> {
 public:
   using options = synchronous_options;
 
@@ -85,16 +85,16 @@ public:
   }
 
 private:
-  friend struct detail::state_access;
+  friend struct state::access;
   static constexpr const char* state_kind = "sync::synchronous";
   struct saved {
     float lr = 0.0f;
   };
-  void save_section(state::detail::state_writer& w, state::part which) const {
+  void save_section(state::writer& w, state::part which) const {
     if (which == state::part::shared) w.put<float>(opt_.lr);
   }
-  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
-    if (which == state::part::shared) t.lr = detail::saved_learning_rate(r);
+  void parse_section(state::reader& r, state::part which, saved& t) const {
+    if (which == state::part::shared) t.lr = state::read_learning_rate(r);
   }
   void commit(saved&& t) noexcept {
     opt_.lr = t.lr;
