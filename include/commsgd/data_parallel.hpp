@@ -31,6 +31,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/compress/compress.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/policy/traits.hpp>
 #include <commsgd/sparsify/sparsify.hpp>
 #include <commsgd/state/data_parallel.hpp>

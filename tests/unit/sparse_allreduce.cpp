@@ -17,10 +17,10 @@
 #include <commsgd/comm/simulated.hpp>
 #include <commsgd/cost/sparse_allreduce.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/top_k_allreduce.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/key.hpp>
 #include <commsgd/sparsify/allreduce.hpp>
-#include <commsgd/sparsify/allreduce_policy.hpp>
 #include <commsgd/sparsify/allreduce_reducer.hpp>
 #include <commsgd/sparsify/top_k.hpp>
 

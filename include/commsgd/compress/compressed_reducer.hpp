@@ -10,7 +10,6 @@
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 
 #include <cstddef>
 #include <span>
@@ -53,23 +52,3 @@ private:
 };
 
 } // namespace commsgd::inline v1::compress
-
-namespace commsgd::inline v1::policy {
-
-// What a compressor policy's compression_traits inherit (CRTP): Derived supplies
-//   template <class Options> static Compressor make(std::size_t length, const Options&);
-// and the round runs through compress::reducer. One block per rank, so only policy::uncoded<> pairs.
-template <class Derived, class Compressor>
-struct compressor_traits {
-  static constexpr bool dense_blocks = false;
-
-  template <class Scheme, comm::communicator C>
-  using reducer = compress::reducer<Compressor, Scheme, C>;
-
-  template <comm::communicator C, class Scheme, class Options>
-  static reducer<Scheme, C> make_reducer(C& c, Scheme scheme, std::size_t length, const Options& o) {
-    return reducer<Scheme, C>(c, std::move(scheme), Derived::make(length, o));
-  }
-};
-
-} // namespace commsgd::inline v1::policy

@@ -46,7 +46,6 @@
 #include <commsgd/cost/powersgd.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/mix.hpp>
-#include <commsgd/policy/traits.hpp>
 #include <commsgd/select/validate.hpp>
 #include <commsgd/state/stream.hpp>
 
@@ -418,19 +417,3 @@ private:
 static_assert(compressor<powersgd, comm::archetype>);
 
 } // namespace commsgd::inline v1::compress
-
-namespace commsgd::inline v1::policy {
-
-// PowerSGD as data_parallel's compressor. Its settings come from the options' `powersgd` member
-// (data_parallel_options::powersgd: rank and layer shapes).
-struct powersgd {};
-
-template <>
-struct compression_traits<powersgd> : compressor_traits<compression_traits<powersgd>, compress::powersgd> {
-  template <class Options>
-  static compress::powersgd make(std::size_t length, const Options& o) {
-    return compress::powersgd(length, o.powersgd);
-  }
-};
-
-} // namespace commsgd::inline v1::policy

@@ -26,7 +26,6 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 
 #include <algorithm>
 #include <array>
@@ -180,18 +179,3 @@ private:
 static_assert(compressor<qsgd, comm::archetype>);
 
 } // namespace commsgd::inline v1::compress
-
-namespace commsgd::inline v1::policy {
-
-// QSGD as data_parallel's compressor, with data_parallel_options::qsgd.
-struct qsgd {};
-
-template <>
-struct compression_traits<qsgd> : compressor_traits<compression_traits<qsgd>, compress::qsgd> {
-  template <class Options>
-  static compress::qsgd make(std::size_t length, const Options& o) {
-    return compress::qsgd(length, o.qsgd);
-  }
-};
-
-} // namespace commsgd::inline v1::policy

@@ -21,7 +21,6 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 
 #include <algorithm>
 #include <array>
@@ -129,18 +128,3 @@ private:
 static_assert(compressor<random_k, comm::archetype>);
 
 } // namespace commsgd::inline v1::compress
-
-namespace commsgd::inline v1::policy {
-
-// random-k as data_parallel's compressor, with data_parallel_options::random_k.
-struct random_k {};
-
-template <>
-struct compression_traits<random_k> : compressor_traits<compression_traits<random_k>, compress::random_k> {
-  template <class Options>
-  static compress::random_k make(std::size_t length, const Options& o) {
-    return compress::random_k(length, o.random_k);
-  }
-};
-
-} // namespace commsgd::inline v1::policy

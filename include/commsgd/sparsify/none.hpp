@@ -91,15 +91,3 @@ private:
 static_assert(sparsifier<none>);
 
 } // namespace commsgd::inline v1::sparsify
-
-namespace commsgd::inline v1::policy {
-
-// No sparsifier: every coding scheme sums the dense block gradients.
-struct dense {};
-
-template <>
-struct compression_traits<dense> {
-  static constexpr bool dense_blocks = true;
-};
-
-} // namespace commsgd::inline v1::policy

@@ -45,7 +45,6 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/replica_promise.hpp>
@@ -673,22 +672,3 @@ struct replica_promise<async_ps<C>> {
 };
 
 } // namespace commsgd::inline v1::sync
-
-namespace commsgd::inline v1::policy {
-
-// A parameter server on one rank; it exchanges by itself.
-struct async_ps {};
-
-template <>
-struct sync_traits<async_ps> : exchanges_by_itself {
-  template <comm::communicator C>
-  using type = sync::async_ps<C>;
-
-  // Options::async_ps with its lr replaced by Options::lr.
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, with_lr(o.async_ps, o.lr));
-  }
-};
-
-} // namespace commsgd::inline v1::policy

@@ -31,7 +31,6 @@
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/dense_exchange.hpp>
 #include <commsgd/sync/replica_promise.hpp>
@@ -326,22 +325,3 @@ struct replica_promise<local_sgd<C, E>> {
 };
 
 } // namespace commsgd::inline v1::sync
-
-namespace commsgd::inline v1::policy {
-
-// Averages models now and then; it exchanges by itself.
-struct local_sgd {};
-
-template <>
-struct sync_traits<local_sgd> : exchanges_by_itself {
-  template <comm::communicator C>
-  using type = sync::local_sgd<C>;
-
-  // Options::local_sgd with its lr replaced by Options::lr.
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, with_lr(o.local_sgd, o.lr));
-  }
-};
-
-} // namespace commsgd::inline v1::policy

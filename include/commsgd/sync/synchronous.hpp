@@ -17,7 +17,6 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
-#include <commsgd/policy/traits.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/dense_exchange.hpp>
 #include <commsgd/sync/reducer_concept.hpp>
@@ -119,26 +118,3 @@ struct replica_promise<synchronous<C, E>> {
 };
 
 } // namespace commsgd::inline v1::sync
-
-namespace commsgd::inline v1::policy {
-
-// Sums block gradients every step, so it takes any coding scheme and any sparsifier.
-struct synchronous {};
-
-template <>
-struct sync_traits<synchronous> {
-  template <comm::communicator C>
-  using type = sync::synchronous<C>;
-
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, sync::synchronous_options{.lr = o.lr});
-  }
-
-  template <class Coding, class Compression>
-  static consteval bool accepts() {
-    return true;
-  }
-};
-
-} // namespace commsgd::inline v1::policy

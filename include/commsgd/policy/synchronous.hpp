@@ -1,0 +1,32 @@
+// policy::synchronous: sync::synchronous (an exchange every step) in the sync slot.
+#pragma once
+
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/policy/traits.hpp>
+#include <commsgd/sync/synchronous.hpp>
+
+#include <cstddef>
+#include <utility>
+
+namespace commsgd::inline v1::policy {
+
+// Sums block gradients every step, so it takes any coding scheme and any sparsifier.
+struct synchronous {};
+
+template <>
+struct sync_traits<synchronous> {
+  template <comm::communicator C>
+  using type = sync::synchronous<C>;
+
+  template <comm::communicator C, class Options>
+  static type<C> make(C& c, std::size_t, const Options& o) {
+    return type<C>(c, sync::synchronous_options{.lr = o.lr});
+  }
+
+  template <class Coding, class Compression>
+  static consteval bool accepts() {
+    return true;
+  }
+};
+
+} // namespace commsgd::inline v1::policy
