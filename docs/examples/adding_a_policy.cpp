@@ -6,6 +6,9 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/dense.hpp>
+#include <commsgd/policy/synchronous.hpp>
+#include <commsgd/policy/uncoded.hpp>
 #include <commsgd/state/stream.hpp>
 #include <support/least_squares.hpp>
 
@@ -104,11 +107,11 @@ static_assert(commsgd::sparsify::sparsifier<threshold_sparsifier>);
 // [object]
 
 // [tag]
-// The tag data_parallel is instantiated with, and the options it reads: a struct derived from
-// data_parallel_options reaches every policy's traits whole.
+// The tag data_parallel is instantiated with, and the options its traits name: they become the compression
+// field of data_parallel's options.
 struct threshold {};
 
-struct options : commsgd::data_parallel_options {
+struct threshold_options {
   float threshold = 0.05f;
 };
 
@@ -118,9 +121,10 @@ struct options : commsgd::data_parallel_options {
 // exchange, which is why it pairs with policy::uncoded<> only.
 template <>
 struct commsgd::policy::compression_traits<example::threshold> {
+  using options = example::threshold_options;
   static constexpr bool dense_blocks = false;
   using type = example::threshold_sparsifier;
-  static type make(std::size_t length, const example::options& o) { return type(length, o.threshold); }
+  static type make(std::size_t length, const options& o) { return type(length, o.threshold); }
 };
 // [tag]
 
@@ -149,7 +153,7 @@ struct outcome {
 // Trains every rank for `steps` steps from zero. With `resume_at` >= 0 every rank saves its trainer at that
 // step, a fresh trainer loads the stream and finishes the run. `nan_at` puts a NaN into rank 1's gradient.
 template <class Compression>
-outcome train(const example::options& o, int resume_at = -1, int nan_at = -1) {
+outcome train(const typename trainer<Compression>::options& o, int resume_at = -1, int nan_at = -1) {
   outcome out;
   comm::local_group{ranks}.run([&](comm::local& base) {
     metered c(base);
@@ -190,13 +194,12 @@ void expect(bool ok, const char* what) {
 } // namespace
 
 int main() {
-  example::options o;
-  o.lr = 0.5f;
-  o.threshold = 0.05f;
+  const float lr = 0.5f;
+  const example::threshold_options t{.threshold = 0.05f};
 
   const double start = problem.loss(std::vector<float>(problem.dim(), 0.0f));
-  const outcome dense = train<policy::dense>(o);
-  const outcome sparse = train<example::threshold>(o);
+  const outcome dense = train<policy::dense>({.lr = lr});
+  const outcome sparse = train<example::threshold>({.lr = lr, .compression = t});
   const double dense_loss = problem.loss(dense.model), sparse_loss = problem.loss(sparse.model);
   std::printf("initial loss %.3e; after %d steps: dense %.3e, threshold %.3e\n", start, steps, dense_loss,
               sparse_loss);
@@ -211,12 +214,12 @@ int main() {
   expect(sparse_loss < 1e-4 * start, "the threshold policy trains the toy to 1e-4 of its initial loss");
   expect(sparse.bytes_sent * 2 < dense.bytes_sent, "and sends less than half the dense exchange's bytes");
 
-  const outcome resumed = train<example::threshold>(o, steps / 2);
+  const outcome resumed = train<example::threshold>({.lr = lr, .compression = t}, steps / 2);
   expect(same_bits(resumed.model, sparse.model), "a run saved and loaded halfway ends with the same bits");
 
   bool refused = false;
   try {
-    train<example::threshold>(o, -1, 5);
+    train<example::threshold>({.lr = lr, .compression = t}, -1, 5);
   } catch (const non_finite& e) {
     // Rank 1 refuses its gradient; comm::local aborts the group, so the other ranks, blocked in the
     // exchange, raise comm_aborted, and run() rethrows the first error: rank 1's.

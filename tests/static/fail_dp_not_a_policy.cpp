@@ -2,6 +2,7 @@
 // A type with no compression_traits specialisation is refused by the primary template, which names the
 // seam.
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 
 using namespace commsgd;
 struct no_traits {};

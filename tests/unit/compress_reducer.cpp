@@ -3,6 +3,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/compress/compress.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 
 #include <doctest/doctest.h>
 
@@ -53,10 +54,8 @@ struct scaled_sum_policy {};
 template <>
 struct commsgd::policy::compression_traits<user::scaled_sum_policy>
     : policy::compressor_traits<compression_traits<user::scaled_sum_policy>, user::scaled_sum> {
-  template <class Options>
-  static user::scaled_sum make(std::size_t length, const Options&) {
-    return user::scaled_sum(length);
-  }
+  using options = policy::no_options;
+  static user::scaled_sum make(std::size_t length, const options&) { return user::scaled_sum(length); }
 };
 
 static_assert(compress::compressor<user::scaled_sum, comm::local>);

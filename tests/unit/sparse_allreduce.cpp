@@ -17,6 +17,7 @@
 #include <commsgd/comm/simulated.hpp>
 #include <commsgd/cost/sparse_allreduce.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/policy/top_k_allreduce.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/key.hpp>
@@ -458,9 +459,9 @@ TEST_CASE("data_parallel composes top_k_allreduce; every rank ends with the same
     const std::size_t d = 300;
     std::vector<std::vector<float>> finals(static_cast<std::size_t>(n));
     cm::local_group(n).run([&](cm::local& c) {
-      commsgd::data_parallel_options o;
+      dp::options o;
       o.lr = 0.1f;
-      o.top_k.density = 0.05;
+      o.compression.top_k.density = 0.05;
       dp trainer(c, d, o);
       std::vector<float> x(d, 0.0f);
       trainer.start(x);

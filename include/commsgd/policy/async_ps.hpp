@@ -18,10 +18,11 @@ struct sync_traits<async_ps> : exchanges_by_itself {
   template <comm::communicator C>
   using type = sync::async_ps<C>;
 
-  // Options::async_ps with its lr replaced by Options::lr.
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, with_lr(o.async_ps, o.lr));
+  using options = sync::async_ps_options; // its lr is replaced by the composition's
+
+  template <comm::communicator C>
+  static type<C> make(C& c, std::size_t, const options& o, float lr) {
+    return type<C>(c, with_lr(o, lr));
   }
 };
 

@@ -11,7 +11,7 @@
 namespace commsgd::inline v1::policy {
 
 // What a compressor policy's compression_traits inherit (CRTP): Derived supplies
-//   template <class Options> static Compressor make(std::size_t length, const Options&);
+//   using options = <the compressor's settings>; static Compressor make(std::size_t length, const options&);
 // and the round runs through compress::reducer. One block per rank, so only policy::uncoded<> pairs.
 template <class Derived, class Compressor>
 struct compressor_traits {

@@ -10,7 +10,7 @@
 
 namespace commsgd::inline v1::policy {
 
-// Redundancy r (data_parallel_options::redundancy), coded multicasts in (r+1)-groups (coding/cssgd.hpp).
+// Redundancy r (options::redundancy), coded multicasts in (r+1)-groups (coding/cssgd.hpp).
 template <coding::combiner Combiner = coding::xor_bits>
 struct cssgd {};
 
@@ -19,8 +19,8 @@ struct coding_traits<cssgd<Combiner>> : codes_dense_blocks {
   template <comm::communicator C>
   using type = coding::cssgd<Combiner, C>;
 
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
+  template <comm::communicator C>
+  static type<C> make(C& c, std::size_t, const options& o) {
     return type<C>(c, o.redundancy);
   }
 };

@@ -15,6 +15,7 @@ struct dense {};
 
 template <>
 struct compression_traits<dense> {
+  using options = no_options;
   static constexpr bool dense_blocks = true;
 };
 

@@ -12,7 +12,7 @@
 namespace commsgd::inline v1::policy {
 
 // Proceeds with the first n - s answers of a gradient code (sync/first_arrivals.hpp); options in
-// data_parallel_options::first_arrivals, learning rate from data_parallel_options::lr.
+// sync::first_arrivals_options, learning rate from the composition.
 struct first_arrivals {};
 
 template <class P>
@@ -25,9 +25,11 @@ struct sync_traits<first_arrivals> {
   template <comm::communicator C>
   using type = sync::first_arrivals<C>;
 
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t length, const Options& o) {
-    return type<C>(c, length, with_lr(o.first_arrivals, o.lr));
+  using options = sync::first_arrivals_options; // its lr is replaced by the composition's
+
+  template <comm::communicator C>
+  static type<C> make(C& c, std::size_t length, const options& o, float lr) {
+    return type<C>(c, length, with_lr(o, lr));
   }
 
   template <class Coding, class Compression>

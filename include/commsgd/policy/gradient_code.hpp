@@ -10,7 +10,7 @@
 
 namespace commsgd::inline v1::policy {
 
-// A gradient code of redundancy r (data_parallel_options::redundancy): fractional_repetition, cyclic, or the
+// A gradient code of redundancy r (options::redundancy): fractional_repetition, cyclic, or the
 // uncoded backup_workers baseline that waits for n - r + 1 answers (coding/gradient_code.hpp).
 template <coding::gradient_code_kind Kind = coding::fractional_repetition>
 struct gradient_code {};
@@ -20,8 +20,10 @@ struct coding_traits<gradient_code<Kind>> {
   template <comm::communicator C>
   using type = coding::gradient_coding<Kind, C>;
 
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
+  using options = redundancy_options;
+
+  template <comm::communicator C>
+  static type<C> make(C& c, std::size_t, const options& o) {
     return type<C>(c, o.redundancy);
   }
 

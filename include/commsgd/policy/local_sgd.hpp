@@ -18,10 +18,11 @@ struct sync_traits<local_sgd> : exchanges_by_itself {
   template <comm::communicator C>
   using type = sync::local_sgd<C>;
 
-  // Options::local_sgd with its lr replaced by Options::lr.
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, with_lr(o.local_sgd, o.lr));
+  using options = sync::local_sgd_options; // its lr is replaced by the composition's
+
+  template <comm::communicator C>
+  static type<C> make(C& c, std::size_t, const options& o, float lr) {
+    return type<C>(c, with_lr(o, lr));
   }
 };
 

@@ -12,14 +12,15 @@
 namespace commsgd::inline v1::policy {
 
 // PowerSGD as data_parallel's compressor. Its settings come from the options' `powersgd` member
-// (data_parallel_options::powersgd: rank and layer shapes).
+// (its options, compress::powersgd_options: rank and layer shapes).
 struct powersgd {};
 
 template <>
 struct compression_traits<powersgd> : compressor_traits<compression_traits<powersgd>, compress::powersgd> {
-  template <class Options>
-  static compress::powersgd make(std::size_t length, const Options& o) {
-    return compress::powersgd(length, o.powersgd);
+  using options = compress::powersgd_options;
+
+  static compress::powersgd make(std::size_t length, const options& o) {
+    return compress::powersgd(length, o);
   }
 };
 

@@ -11,15 +11,14 @@
 
 namespace commsgd::inline v1::policy {
 
-// QSGD as data_parallel's compressor, with data_parallel_options::qsgd.
+// QSGD as data_parallel's compressor; its options are compress::qsgd_options.
 struct qsgd {};
 
 template <>
 struct compression_traits<qsgd> : compressor_traits<compression_traits<qsgd>, compress::qsgd> {
-  template <class Options>
-  static compress::qsgd make(std::size_t length, const Options& o) {
-    return compress::qsgd(length, o.qsgd);
-  }
+  using options = compress::qsgd_options;
+
+  static compress::qsgd make(std::size_t length, const options& o) { return compress::qsgd(length, o); }
 };
 
 } // namespace commsgd::inline v1::policy

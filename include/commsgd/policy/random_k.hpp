@@ -11,14 +11,15 @@
 
 namespace commsgd::inline v1::policy {
 
-// random-k as data_parallel's compressor, with data_parallel_options::random_k.
+// random-k as data_parallel's compressor; its options are compress::random_k_options.
 struct random_k {};
 
 template <>
 struct compression_traits<random_k> : compressor_traits<compression_traits<random_k>, compress::random_k> {
-  template <class Options>
-  static compress::random_k make(std::size_t length, const Options& o) {
-    return compress::random_k(length, o.random_k);
+  using options = compress::random_k_options;
+
+  static compress::random_k make(std::size_t length, const options& o) {
+    return compress::random_k(length, o);
   }
 };
 

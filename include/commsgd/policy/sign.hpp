@@ -11,15 +11,14 @@
 
 namespace commsgd::inline v1::policy {
 
-// EF-SignSGD as data_parallel's compressor, with data_parallel_options::sign.
+// EF-SignSGD as data_parallel's compressor; its options are compress::sign_options.
 struct sign {};
 
 template <>
 struct compression_traits<sign> : compressor_traits<compression_traits<sign>, compress::sign> {
-  template <class Options>
-  static compress::sign make(std::size_t length, const Options& o) {
-    return compress::sign(length, o.sign);
-  }
+  using options = compress::sign_options;
+
+  static compress::sign make(std::size_t length, const options& o) { return compress::sign(length, o); }
 };
 
 } // namespace commsgd::inline v1::policy

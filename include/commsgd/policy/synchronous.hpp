@@ -18,9 +18,11 @@ struct sync_traits<synchronous> {
   template <comm::communicator C>
   using type = sync::synchronous<C>;
 
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, sync::synchronous_options{.lr = o.lr});
+  using options = no_options;
+
+  template <comm::communicator C>
+  static type<C> make(C& c, std::size_t, const options&, float lr) {
+    return type<C>(c, sync::synchronous_options{.lr = lr});
   }
 
   template <class Coding, class Compression>

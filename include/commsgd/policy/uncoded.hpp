@@ -19,8 +19,10 @@ struct coding_traits<uncoded<Exchange>> {
   template <comm::communicator C>
   using type = coding::uncoded<C, Exchange>;
 
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options&) {
+  using options = no_options;
+
+  template <comm::communicator C>
+  static type<C> make(C& c, std::size_t, const options&) {
     return type<C>(c);
   }
 

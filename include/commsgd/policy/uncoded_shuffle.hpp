@@ -18,8 +18,8 @@ struct coding_traits<uncoded_shuffle> : codes_dense_blocks {
   template <comm::communicator C>
   using type = coding::uncoded_shuffle<C>;
 
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
+  template <comm::communicator C>
+  static type<C> make(C& c, std::size_t, const options& o) {
     return type<C>(c, o.redundancy);
   }
 };
