@@ -6,6 +6,9 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/dense.hpp>
+#include <commsgd/policy/synchronous.hpp>
+#include <commsgd/policy/uncoded.hpp>
 #include <commsgd/state/stream.hpp>
 #include <support/least_squares.hpp>
 
@@ -19,6 +22,7 @@
 #include <ostream>
 #include <span>
 #include <sstream>
+#include <string>
 #include <vector>
 
 // [object]
@@ -34,8 +38,8 @@ public:
   threshold_sparsifier(std::size_t length, float threshold)
       : length_(length), threshold_(threshold), residual_(length, 0.0f) {
     if (!(threshold > 0.0f) || !std::isfinite(threshold))
-      throw commsgd::invalid_argument(commsgd::detail::concat("argument 'threshold' = ", threshold,
-                                                              " is outside the allowed range (0, inf)"));
+      throw commsgd::invalid_argument("argument 'threshold' = " + std::to_string(threshold) +
+                                      " is outside the allowed range (0, inf)");
   }
 
   std::size_t length() const noexcept { return length_; }
@@ -45,8 +49,8 @@ public:
   // gradient leaves the state as it was.
   message_type step(std::span<const float> g) {
     if (g.size() != length_)
-      throw commsgd::size_mismatch(commsgd::detail::concat(
-          "argument 'gradient' has ", g.size(), " elements, the sparsifier's length is ", length_));
+      throw commsgd::size_mismatch("argument 'gradient' has " + std::to_string(g.size()) +
+                                   " elements, the sparsifier's length is " + std::to_string(length_));
     next_.resize(length_);
     indices_.clear();
     values_.clear();
@@ -71,18 +75,18 @@ public:
   // Checkpoints use the frame every commsgd state shares (magic, version, byte order, size, kind, checksum),
   // so a damaged or foreign stream is refused with corrupt_data before anything changes.
   void save(std::ostream& os) const {
-    commsgd::state::detail::state_writer w(name);
+    commsgd::state::writer w(name);
     w.put<std::uint64_t>(length_);
     w.put<float>(threshold_);
     w.put<std::uint64_t>(steps_);
     w.put_array(std::span<const float>(residual_));
-    commsgd::state::detail::write_blob(os, std::move(w).finish());
+    commsgd::state::write_frame(os, std::move(w).finish());
   }
   void load(std::istream& is) {
-    const auto blob = commsgd::state::detail::read_blob(is);
-    commsgd::state::detail::state_reader r(blob, name);
-    commsgd::state::detail::expect_same(r.get<std::uint64_t>(), length_, "length");
-    commsgd::state::detail::expect_same(r.get<float>(), threshold_, "threshold");
+    const auto blob = commsgd::state::read_frame(is);
+    commsgd::state::reader r(blob, name);
+    commsgd::state::expect_same(r.get<std::uint64_t>(), length_, "length");
+    commsgd::state::expect_same(r.get<float>(), threshold_, "threshold");
     const auto steps = r.get<std::uint64_t>();
     std::vector<float> residual(length_);
     r.get_array(std::span<float>(residual), "residual");
@@ -103,11 +107,11 @@ static_assert(commsgd::sparsify::sparsifier<threshold_sparsifier>);
 // [object]
 
 // [tag]
-// The tag data_parallel is instantiated with, and the options it reads: a struct derived from
-// data_parallel_options reaches every policy's traits whole.
+// The tag data_parallel is instantiated with, and the options its traits name: they become the compression
+// field of data_parallel's options.
 struct threshold {};
 
-struct options : commsgd::data_parallel_options {
+struct threshold_options {
   float threshold = 0.05f;
 };
 
@@ -117,9 +121,10 @@ struct options : commsgd::data_parallel_options {
 // exchange, which is why it pairs with policy::uncoded<> only.
 template <>
 struct commsgd::policy::compression_traits<example::threshold> {
+  using options = example::threshold_options;
   static constexpr bool dense_blocks = false;
   using type = example::threshold_sparsifier;
-  static type make(std::size_t length, const example::options& o) { return type(length, o.threshold); }
+  static type make(std::size_t length, const options& o) { return type(length, o.threshold); }
 };
 // [tag]
 
@@ -148,7 +153,7 @@ struct outcome {
 // Trains every rank for `steps` steps from zero. With `resume_at` >= 0 every rank saves its trainer at that
 // step, a fresh trainer loads the stream and finishes the run. `nan_at` puts a NaN into rank 1's gradient.
 template <class Compression>
-outcome train(const example::options& o, int resume_at = -1, int nan_at = -1) {
+outcome train(const typename trainer<Compression>::options& o, int resume_at = -1, int nan_at = -1) {
   outcome out;
   comm::local_group{ranks}.run([&](comm::local& base) {
     metered c(base);
@@ -167,7 +172,7 @@ outcome train(const example::options& o, int resume_at = -1, int nan_at = -1) {
       problem.gradient(x, problem.batch(c.rank(), c.size(), t, batch), g);
       if (t == nan_at && c.rank() == 1) g[7] = std::numeric_limits<float>::quiet_NaN();
       dp->step(x, std::span<const float>(g));
-      if constexpr (!policy::is_dense<Compression>) sparse_steps += dp->last_sparse().dense ? 0 : 1;
+      if constexpr (!policy::is_dense<Compression>) sparse_steps += dp->last_exchange().dense ? 0 : 1;
     }
     dp->finish(x);
     if (c.rank() == 0) out = {x, c.counters().total().bytes_sent, sparse_steps};
@@ -189,13 +194,12 @@ void expect(bool ok, const char* what) {
 } // namespace
 
 int main() {
-  example::options o;
-  o.lr = 0.5f;
-  o.threshold = 0.05f;
+  const float lr = 0.5f;
+  const example::threshold_options t{.threshold = 0.05f};
 
   const double start = problem.loss(std::vector<float>(problem.dim(), 0.0f));
-  const outcome dense = train<policy::dense>(o);
-  const outcome sparse = train<example::threshold>(o);
+  const outcome dense = train<policy::dense>({.lr = lr});
+  const outcome sparse = train<example::threshold>({.lr = lr, .compression = t});
   const double dense_loss = problem.loss(dense.model), sparse_loss = problem.loss(sparse.model);
   std::printf("initial loss %.3e; after %d steps: dense %.3e, threshold %.3e\n", start, steps, dense_loss,
               sparse_loss);
@@ -210,12 +214,12 @@ int main() {
   expect(sparse_loss < 1e-4 * start, "the threshold policy trains the toy to 1e-4 of its initial loss");
   expect(sparse.bytes_sent * 2 < dense.bytes_sent, "and sends less than half the dense exchange's bytes");
 
-  const outcome resumed = train<example::threshold>(o, steps / 2);
+  const outcome resumed = train<example::threshold>({.lr = lr, .compression = t}, steps / 2);
   expect(same_bits(resumed.model, sparse.model), "a run saved and loaded halfway ends with the same bits");
 
   bool refused = false;
   try {
-    train<example::threshold>(o, -1, 5);
+    train<example::threshold>({.lr = lr, .compression = t}, -1, 5);
   } catch (const non_finite& e) {
     // Rank 1 refuses its gradient; comm::local aborts the group, so the other ranks, blocked in the
     // exchange, raise comm_aborted, and run() rethrows the first error: rank 1's.

@@ -28,6 +28,7 @@
 
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/select.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/partitioned.hpp>
@@ -94,8 +95,7 @@ private:
 template <class Comm, class Dp>
 class composed final : public scheme<Comm> {
 public:
-  composed(Comm& comm, std::size_t length, commsgd::data_parallel_options o)
-      : dp_(comm, length, std::move(o)) {}
+  composed(Comm& comm, std::size_t length, typename Dp::options o) : dp_(comm, length, std::move(o)) {}
 
   // data_parallel::start() is not called: every rank builds the same initial model from the seed, and for
   // these synchronous compositions start() would only broadcast it once more, traffic that the exchanges
@@ -118,7 +118,7 @@ public:
     }
     dp_.step(env.params, commsgd::coding::block_gradients(views_));
     clipped_ += dp_.last_coding().clipped;
-    const auto& sparse = dp_.last_sparse();
+    const auto& sparse = dp_.last_exchange();
     if (!sparse.counts.empty()) sent_ += sparse.counts[static_cast<std::size_t>(env.rank)];
     dense_ += sparse.dense;
     ++steps_;
@@ -196,11 +196,11 @@ Selector one_thread_selector() {
 
 template <class Selector>
 struct commsgd::policy::compression_traits<fmnist::charged_top_k<Selector>> {
+  using options = commsgd::policy::top_k_settings;
   static constexpr bool dense_blocks = false;
   using type = fmnist::charged_sparsifier<commsgd::sparsify::top_k<Selector>>;
 
-  template <class Options>
-  static type make(std::size_t length, const Options& o) {
+  static type make(std::size_t length, const options& o) {
     return type(length, o.top_k, fmnist::one_thread_selector<Selector>());
   }
 };
@@ -333,20 +333,20 @@ scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr,
         comm, commsgd::sync::synchronous_options{.lr = lr});
   using commsgd::data_parallel;
   namespace policy = commsgd::policy;
-  const commsgd::data_parallel_options base{.lr = lr};
   const std::size_t length = std::accumulate(layer_sizes.begin(), layer_sizes.end(), std::size_t{0});
-  if (p[0] == "allgather")
-    return std::make_unique<composed<Comm, data_parallel<policy::uncoded<commsgd::coding::by_all_gather>,
-                                                         policy::dense, policy::synchronous, Comm>>>(
-        comm, length, base);
+  if (p[0] == "allgather") {
+    using dp = data_parallel<policy::uncoded<commsgd::coding::by_all_gather>, policy::dense,
+                             policy::synchronous, Comm>;
+    return std::make_unique<composed<Comm, dp>>(comm, length, typename dp::options{.lr = lr});
+  }
   if (p[0] == "topk") {
     const std::string method = arg(1, "exact");
     const double density = std::stod(arg(2, "0.01"));
-    auto o = base;
-    o.top_k.density = density;
+    const policy::top_k_settings s{.top_k = {.density = density}};
     auto make = [&]<class Selector>() -> scheme_ptr<Comm> {
       using dp = data_parallel<policy::uncoded<>, charged_top_k<Selector>, policy::synchronous, Comm>;
-      return std::make_unique<composed<Comm, dp>>(comm, length, o);
+      return std::make_unique<composed<Comm, dp>>(comm, length,
+                                                  typename dp::options{.lr = lr, .compression = s});
     };
     if (method == "exact") return make.template operator()<commsgd::select::exact>();
     if (method == "radix") return make.template operator()<commsgd::select::radix>();
@@ -359,11 +359,10 @@ scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr,
   if (p[0] == "cssgd") {
     const int r = std::stoi(arg(1, "2"));
     const std::string combiner = arg(2, "xor");
-    auto o = base;
-    o.redundancy = r;
     auto make = [&]<class Combiner>() -> scheme_ptr<Comm> {
       using dp = data_parallel<policy::cssgd<Combiner>, policy::dense, policy::synchronous, Comm>;
-      return std::make_unique<composed<Comm, dp>>(comm, length, o);
+      return std::make_unique<composed<Comm, dp>>(
+          comm, length, typename dp::options{.lr = lr, .coding = {.redundancy = r}});
     };
     if (combiner == "xor") return make.template operator()<commsgd::coding::xor_bits>();
     if (combiner == "int32") return make.template operator()<commsgd::coding::int32_sum>();

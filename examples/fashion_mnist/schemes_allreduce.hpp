@@ -14,6 +14,7 @@
 
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/select.hpp>
 #include <commsgd/sparsify/allreduce_reducer.hpp>
 #include <commsgd/sparsify/top_k.hpp>
@@ -35,17 +36,17 @@ struct charged_top_k_allreduce {};
 
 template <class Selector>
 struct commsgd::policy::compression_traits<fmnist::charged_top_k_allreduce<Selector>> {
+  using options = commsgd::policy::top_k_allreduce_settings;
   static constexpr bool dense_blocks = false;
   using sparsifier_type = fmnist::charged_sparsifier<commsgd::sparsify::top_k<Selector>>;
   template <class Scheme, class C>
   using reducer = commsgd::sparsify::allreduce_reducer<sparsifier_type, Scheme, C>;
 
-  template <class C, class Scheme, class Options>
-  static reducer<Scheme, C> make_reducer(C& c, Scheme scheme, std::size_t length, const Options& o) {
-    commsgd::sparsify::allreduce_options ao;
-    ao.path = o.sparse_exchange.path;
+  template <class C, class Scheme>
+  static reducer<Scheme, C> make_reducer(C& c, Scheme scheme, std::size_t length, const options& o) {
     return reducer<Scheme, C>(c, std::move(scheme),
-                              sparsifier_type(length, o.top_k, fmnist::one_thread_selector<Selector>()), ao);
+                              sparsifier_type(length, o.top_k, fmnist::one_thread_selector<Selector>()),
+                              o.allreduce);
   }
 };
 
@@ -57,13 +58,14 @@ scheme_ptr<Comm> try_make_allreduce(const std::vector<std::string>& parts, const
                                     Comm& comm, float lr, const std::vector<std::size_t>& layer_sizes) {
   if (parts.empty() || parts[0] != "topk_ar") return nullptr;
   const std::string method = parts.size() > 1 ? parts[1] : "exact";
-  commsgd::data_parallel_options o{.lr = lr};
-  o.top_k.density = std::stod(parts.size() > 2 ? parts[2] : "0.01");
+  commsgd::policy::top_k_allreduce_settings s;
+  s.top_k.density = std::stod(parts.size() > 2 ? parts[2] : "0.01");
   const std::size_t length = std::accumulate(layer_sizes.begin(), layer_sizes.end(), std::size_t{0});
   auto make = [&]<class Selector>() -> scheme_ptr<Comm> {
     using dp = commsgd::data_parallel<commsgd::policy::uncoded<>, charged_top_k_allreduce<Selector>,
                                       commsgd::policy::synchronous, Comm>;
-    return std::make_unique<composed<Comm, dp>>(comm, length, o);
+    return std::make_unique<composed<Comm, dp>>(comm, length,
+                                                typename dp::options{.lr = lr, .compression = s});
   };
   if (method == "exact") return make.template operator()<commsgd::select::exact>();
   if (method == "radix") return make.template operator()<commsgd::select::radix>();

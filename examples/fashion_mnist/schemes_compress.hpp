@@ -17,6 +17,7 @@
 #include <commsgd/compress/compress.hpp>
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/policy/policy.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -36,8 +37,8 @@ public:
   explicit charged_compressor(Compressor x) : Compressor(std::move(x)) {}
 
   template <class C>
-  commsgd::compress::report reduce(C& c, std::span<const float> g, std::span<float> out) {
-    commsgd::compress::report r;
+  commsgd::comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
+    commsgd::comm::exchange_report r;
     if (env_)
       env_->charged([&] { r = Compressor::reduce(c, g, out); });
     else
@@ -55,7 +56,7 @@ private:
 template <class Compressor>
 struct charged {};
 
-struct compress_options : commsgd::data_parallel_options {
+struct compress_options {
   commsgd::compress::half_options half{};
   commsgd::compress::random_k_options random_k{};
   commsgd::compress::sign_options sign{};
@@ -81,7 +82,8 @@ template <class Compressor>
 struct commsgd::policy::compression_traits<fmnist::charged<Compressor>>
     : commsgd::policy::compressor_traits<compression_traits<fmnist::charged<Compressor>>,
                                          fmnist::charged_compressor<Compressor>> {
-  static fmnist::charged_compressor<Compressor> make(std::size_t length, const fmnist::compress_options& o) {
+  using options = fmnist::compress_options;
+  static fmnist::charged_compressor<Compressor> make(std::size_t length, const options& o) {
     return fmnist::charged_compressor<Compressor>(fmnist::make_compressor<Compressor>(length, o));
   }
 };
@@ -94,7 +96,7 @@ namespace fmnist {
 template <class Comm, class Dp>
 class compressed final : public scheme<Comm> {
 public:
-  compressed(Comm& comm, std::size_t length, const compress_options& o) : dp_(comm, length, o) {}
+  compressed(Comm& comm, std::size_t length, const typename Dp::options& o) : dp_(comm, length, o) {}
 
   void step(Comm&, step_env& env) override {
     dp_.compression().charge_to(&env);
@@ -138,7 +140,6 @@ scheme_ptr<Comm> try_make_compress(const std::vector<std::string>& parts, const 
   for (auto s : layer_sizes)
     offsets.push_back(offsets.back() + s);
   compress_options o;
-  o.lr = lr;
   auto flag_ef = [&](std::size_t at) {
     if (parts.size() <= at) return false;
     if (parts[at] == "ef") return true;
@@ -147,7 +148,8 @@ scheme_ptr<Comm> try_make_compress(const std::vector<std::string>& parts, const 
   auto make = [&]<class Compressor>() -> scheme_ptr<Comm> {
     using dp = commsgd::data_parallel<commsgd::policy::uncoded<>, charged<Compressor>,
                                       commsgd::policy::synchronous, Comm>;
-    return std::make_unique<compressed<Comm, dp>>(comm, length, o);
+    return std::make_unique<compressed<Comm, dp>>(comm, length,
+                                                  typename dp::options{.lr = lr, .compression = o});
   };
   if (name == "fp16" || name == "bf16") {
     o.half.error_feedback = flag_ef(1);

@@ -12,6 +12,7 @@
 #include <commsgd/compress/powersgd.hpp>
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/policy/policy.hpp>
 
 #include <cstddef>
 #include <numeric>
@@ -45,9 +46,9 @@ public:
   using commsgd::compress::powersgd::powersgd;
 
   template <commsgd::comm::communicator C>
-  commsgd::compress::report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  commsgd::comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     if (!env_) return powersgd::reduce(c, g, out);
-    commsgd::compress::report r;
+    commsgd::comm::exchange_report r;
     env_->charged([&] { r = powersgd::reduce(c, g, out); });
     return r;
   }
@@ -59,10 +60,13 @@ private:
   const step_env* env_ = nullptr;
 };
 
-// The rank is a template argument so that the policy builds from data_parallel_options alone (layer_sizes
-// carries the shapes).
+// The rank is a template argument; the options carry the layer sizes, from which the shapes follow.
 template <std::size_t Rank>
 struct charged_powersgd {};
+
+struct powersgd_layers {
+  std::vector<std::size_t> layer_sizes;
+};
 
 } // namespace fmnist
 
@@ -70,8 +74,8 @@ template <std::size_t Rank>
 struct commsgd::policy::compression_traits<fmnist::charged_powersgd<Rank>>
     : commsgd::policy::compressor_traits<compression_traits<fmnist::charged_powersgd<Rank>>,
                                          fmnist::charged_powersgd_compressor> {
-  template <class Options>
-  static fmnist::charged_powersgd_compressor make(std::size_t length, const Options& o) {
+  using options = fmnist::powersgd_layers;
+  static fmnist::charged_powersgd_compressor make(std::size_t length, const options& o) {
     commsgd::compress::powersgd_options p;
     p.rank = Rank;
     p.layers = fmnist::mlp_layer_shapes(o.layer_sizes);
@@ -86,13 +90,13 @@ scheme_ptr<Comm> try_make_powersgd(const std::vector<std::string>& parts, const 
                                    float lr, const std::vector<std::size_t>& layer_sizes) {
   if (parts.empty() || parts[0] != "powersgd") return nullptr;
   const int r = parts.size() > 1 ? std::stoi(parts[1]) : 1;
-  commsgd::data_parallel_options o{.lr = lr};
-  o.layer_sizes = layer_sizes;
+  const powersgd_layers o{layer_sizes};
   const std::size_t length = std::accumulate(layer_sizes.begin(), layer_sizes.end(), std::size_t{0});
   auto make = [&]<std::size_t R>() -> scheme_ptr<Comm> {
     using dp = commsgd::data_parallel<commsgd::policy::uncoded<>, charged_powersgd<R>,
                                       commsgd::policy::synchronous, Comm>;
-    return std::make_unique<composed<Comm, dp>>(comm, length, o);
+    return std::make_unique<composed<Comm, dp>>(comm, length,
+                                                typename dp::options{.lr = lr, .compression = o});
   };
   switch (r) {
   case 1:

@@ -20,6 +20,7 @@
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/simulated.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/sync/first_arrivals.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 
@@ -104,7 +105,7 @@ commsgd::sync::delay_model delay_of(const options& o) {
 // node (the delay is charged before the exchange and clocks align after it).
 template <class Dp>
 void train_scheme(comm_t& comm, const options& o, const fmnist::dataset& train, const fmnist::dataset& test,
-                  commsgd::data_parallel_options dpo, bool first_arrivals, result* out) {
+                  typename Dp::options dpo, bool first_arrivals, result* out) {
   auto& sim = comm.inner();
   auto& plain = sim.inner();
   const int rank = comm.rank(), n = comm.size();
@@ -113,7 +114,7 @@ void train_scheme(comm_t& comm, const options& o, const fmnist::dataset& train, 
   net.initialise(params, o.seed);
   const auto model = delay_of(o);
   dpo.lr = o.lr;
-  dpo.first_arrivals.delays = model;
+  if constexpr (requires { dpo.sync.delays; }) dpo.sync.delays = model;
   Dp dp(comm, params.size(), dpo);
   sim.reset();
   const auto bytes0 = comm.counters().total();
@@ -207,25 +208,27 @@ void run_scheme(const std::string& name, const options& o, const fmnist::dataset
   const commsgd::comm::network_model net{o.latency_us * 1e-6, o.gbps * 1e9 / 8};
   commsgd::comm::local_group{o.ranks}.run([&](base_t& base) {
     comm_t comm(sim_t(base, net));
-    commsgd::data_parallel_options dpo;
-    dpo.redundancy = o.r;
-    dpo.first_arrivals.timeout_s = 600;
+    const policy::redundancy_options coded{.redundancy = o.r};
+    commsgd::sync::first_arrivals_options arrivals;
+    arrivals.timeout_s = 600;
     if (name == "ring")
       train_scheme<commsgd::data_parallel<policy::uncoded<>, policy::dense, policy::synchronous, comm_t>>(
-          comm, o, train, test, dpo, false, out);
+          comm, o, train, test, {}, false, out);
     else if (name == "backup")
-      train_scheme<gc_dp<coding::backup_workers>>(comm, o, train, test, dpo, true, out);
+      train_scheme<gc_dp<coding::backup_workers>>(comm, o, train, test, {.coding = coded, .sync = arrivals},
+                                                  true, out);
     else if (name == "gc_fr")
-      train_scheme<gc_dp<coding::fractional_repetition>>(comm, o, train, test, dpo, true, out);
+      train_scheme<gc_dp<coding::fractional_repetition>>(comm, o, train, test,
+                                                         {.coding = coded, .sync = arrivals}, true, out);
     else if (name == "gc_cyclic")
-      train_scheme<gc_dp<coding::cyclic>>(comm, o, train, test, dpo, true, out);
-    else if (name == "local4") {
-      dpo.local_sgd.period = 4;
+      train_scheme<gc_dp<coding::cyclic>>(comm, o, train, test, {.coding = coded, .sync = arrivals}, true,
+                                          out);
+    else if (name == "local4")
       train_scheme<commsgd::data_parallel<policy::uncoded<>, policy::dense, policy::local_sgd, comm_t>>(
-          comm, o, train, test, dpo, false, out);
-    } else if (name == "cssgd")
+          comm, o, train, test, {.sync = {.period = 4}}, false, out);
+    else if (name == "cssgd")
       train_scheme<commsgd::data_parallel<policy::cssgd<coding::xor_bits>, policy::dense, policy::synchronous,
-                                          comm_t>>(comm, o, train, test, dpo, false, out);
+                                          comm_t>>(comm, o, train, test, {.coding = coded}, false, out);
     else
       throw commsgd::invalid_argument("unknown scheme '" + name + "'");
   });

@@ -10,6 +10,7 @@
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #ifdef COMMSGD_LIBTORCH_HAS_MPI
 #include <boost/mpi/environment.hpp>
@@ -78,8 +79,10 @@ double train(C& base, const args& a) {
   auto params = net.parameters();
   std::vector<float> flat, grad, update;
   flatten(params, flat);
-  data_parallel<policy::uncoded<>, Compression, policy::synchronous, comm::metered<C>> dp(
-      comm, flat.size(), {.lr = 1.0f, .top_k = {.density = a.density}});
+  using dp_t = data_parallel<policy::uncoded<>, Compression, policy::synchronous, comm::metered<C>>;
+  typename dp_t::options o{.lr = 1.0f};
+  if constexpr (requires { o.compression.top_k; }) o.compression.top_k.density = a.density;
+  dp_t dp(comm, flat.size(), o);
   dp.start(flat); // rank 0's initial model everywhere
   unflatten(flat, params, 1.0f);
   torch::optim::SGD opt(params, torch::optim::SGDOptions(a.lr).momentum(0.9));

@@ -19,6 +19,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #include <support/least_squares.hpp>
@@ -101,7 +102,7 @@ toy::rows block_rows(const std::vector<std::size_t>& sizes, std::size_t q, std::
 
 // Synchronous compositions: every step sums block gradients (coded, uncoded or sparsified).
 template <class Dp>
-result train_synchronous(std::string name, const data_parallel_options& o) {
+result train_synchronous(std::string name, const typename Dp::options& o) {
   shared_state s;
   const auto t0 = std::chrono::steady_clock::now();
   comm::local_group(ranks).run([&](comm::local& base) {
@@ -128,8 +129,9 @@ result train_synchronous(std::string name, const data_parallel_options& o) {
 
 // local_sgd, async_ps and partitioned: one gradient per rank, of its own shard's mini-batch.
 template <class Sync>
-result train_model_exchange(std::string name, const data_parallel_options& o) {
+result train_model_exchange(std::string name, const typename policy::sync_traits<Sync>::options& so) {
   using Dp = data_parallel<policy::uncoded<>, policy::dense, Sync, metered_local>;
+  const typename Dp::options o{.lr = lr, .sync = so};
   constexpr bool server_based = std::is_same_v<Sync, policy::async_ps>;
   shared_state s;
   s.in_updates = server_based;
@@ -181,56 +183,53 @@ int main(int argc, char** argv) {
   }
 
   std::vector<result> rows;
-  const data_parallel_options base{.lr = lr};
-
-  rows.push_back(train_synchronous<sync_dp<policy::uncoded<>>>("synchronous, uncoded ring all-reduce", base));
+  rows.push_back(
+      train_synchronous<sync_dp<policy::uncoded<>>>("synchronous, uncoded ring all-reduce", {.lr = lr}));
   rows.push_back(train_synchronous<sync_dp<policy::uncoded<coding::by_all_gather>>>(
-      "synchronous, uncoded all-gather", base));
-  rows.push_back(
-      train_synchronous<sync_dp<policy::uncoded<coding::by_unicast>>>("synchronous, uncoded unicast", base));
+      "synchronous, uncoded all-gather", {.lr = lr}));
+  rows.push_back(train_synchronous<sync_dp<policy::uncoded<coding::by_unicast>>>(
+      "synchronous, uncoded unicast", {.lr = lr}));
 
-  data_parallel_options coded = base;
-  coded.redundancy = 2;
-  rows.push_back(
-      train_synchronous<sync_dp<policy::cssgd<coding::xor_bits>>>("synchronous, cssgd xor_bits r=2", coded));
+  const policy::redundancy_options coded{.redundancy = 2};
+  rows.push_back(train_synchronous<sync_dp<policy::cssgd<coding::xor_bits>>>(
+      "synchronous, cssgd xor_bits r=2", {.lr = lr, .coding = coded}));
   rows.push_back(train_synchronous<sync_dp<policy::cssgd<coding::int32_sum>>>(
-      "synchronous, cssgd int32_sum r=2", coded));
-  rows.push_back(
-      train_synchronous<sync_dp<policy::uncoded_shuffle>>("synchronous, uncoded_shuffle r=2", coded));
+      "synchronous, cssgd int32_sum r=2", {.lr = lr, .coding = coded}));
+  rows.push_back(train_synchronous<sync_dp<policy::uncoded_shuffle>>("synchronous, uncoded_shuffle r=2",
+                                                                     {.lr = lr, .coding = coded}));
 
-  data_parallel_options sparse = base;
-  sparse.top_k.density = 0.25;
+  policy::top_k_settings sparse{.top_k = {.density = 0.25}};
   rows.push_back(train_synchronous<sync_dp<policy::uncoded<>, policy::top_k<select::exact>>>(
-      "synchronous, top_k exact, density 0.25", sparse));
+      "synchronous, top_k exact, density 0.25", {.lr = lr, .compression = sparse}));
   rows.push_back(train_synchronous<sync_dp<policy::uncoded<>, policy::top_k<select::laplace_bisect>>>(
-      "synchronous, top_k laplace_bisect, density 0.25", sparse));
+      "synchronous, top_k laplace_bisect, density 0.25", {.lr = lr, .compression = sparse}));
   sparse.top_k.density = 0.1;
   rows.push_back(train_synchronous<sync_dp<policy::uncoded<>, policy::top_k<select::exact>>>(
-      "synchronous, top_k exact, density 0.1", sparse));
+      "synchronous, top_k exact, density 0.1", {.lr = lr, .compression = sparse}));
 
-  data_parallel_options local = base;
-  local.local_sgd.period = 4;
+  sync::local_sgd_options local;
+  local.period = 4;
   rows.push_back(train_model_exchange<policy::local_sgd>("local_sgd, fixed H=4", local));
-  local.local_sgd.adaptive = true;
-  local.local_sgd.max_period = 16;
-  local.local_sgd.correction = sync::correction_mode::every_step;
-  local.local_sgd.alpha = 0.1f;
+  local.adaptive = true;
+  local.max_period = 16;
+  local.correction = sync::correction_mode::every_step;
+  local.alpha = 0.1f;
   rows.push_back(train_model_exchange<policy::local_sgd>(
       "local_sgd, adaptive H0=4 (max 16), every-step alpha=0.1", local));
 
-  data_parallel_options ps = base; // server = rank 0, workers 1..3
-  ps.async_ps.keep_log = false;
+  sync::async_ps_options ps; // server = rank 0, workers 1..3
+  ps.keep_log = false;
   rows.push_back(train_model_exchange<policy::async_ps>("async_ps, j=1", ps));
-  ps.async_ps.staleness_scaling = true;
+  ps.staleness_scaling = true;
   rows.push_back(train_model_exchange<policy::async_ps>("async_ps, j=1, staleness scaling", ps));
-  ps.async_ps.apply_after = 3;
+  ps.apply_after = 3;
   rows.push_back(train_model_exchange<policy::async_ps>("async_ps, j=3, staleness scaling", ps));
-  ps.async_ps.apply_after = 1;
-  ps.async_ps.staleness_scaling = false;
-  ps.async_ps.staleness_bound = 1;
+  ps.apply_after = 1;
+  ps.staleness_scaling = false;
+  ps.staleness_bound = 1;
   rows.push_back(train_model_exchange<policy::async_ps>("async_ps, j=1, staleness bound s=1", ps));
 
-  data_parallel_options part = base;
+  policy::partitioned_settings part;
   part.layer_sizes = {16, 48}; // two "layers", exchanged last layer first as backward would produce them
   part.partitioned.partition_elements = 16;
   part.partitioned.credit_bytes = 2 * 16 * sizeof(float); // two partitions in flight

@@ -9,7 +9,7 @@
 #include <commsgd/cost/cost.hpp>
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/fit.hpp>
 #include <commsgd/select/select.hpp>
 #include <commsgd/sparsify/sparsify.hpp>

@@ -1,8 +1,9 @@
 // data_parallel<Coding, Compression, Sync, C>: the composition a trainer uses.
 //
+//   #include <commsgd/policy/cssgd.hpp>   (and dense.hpp, synchronous.hpp: the policies it names)
 //   using dp = commsgd::data_parallel<policy::cssgd<coding::xor_bits>, policy::dense, policy::synchronous,
 //                                     comm::local>;
-//   dp trainer(comm, params.size(), {.lr = 0.1f, .redundancy = 2});
+//   dp trainer(comm, params.size(), {.lr = 0.1f, .coding = {.redundancy = 2}});
 //   trainer.start(params);
 //   for (step) {
 //     if (!trainer.computes_gradients()) break;          // a parameter server rank serves in finish()
@@ -13,30 +14,33 @@
 //   trainer.finish(params);
 //
 // Each policy is a small tag type in namespace commsgd::policy, declared in its own header together with
-// the traits that say how to build its part and which partners it takes (policy/traits.hpp). data_parallel
-// names none of them: it builds the coding scheme, the compression if there is one (a sparsifier such as
+// the traits that say how to build its part, which options it takes and which partners it accepts
+// (policy/traits.hpp). data_parallel names and includes none of them, so a translation unit compiles only
+// the policies it includes; options (policy::options) has one field per slot, of that policy's type: it builds the coding scheme, the compression if there is one (a sparsifier such as
 // top_k, or a compressor such as qsgd or powersgd), and the strategy from their traits, and puts scheme and
 // compression behind one reducer (sync/reducer_concept.hpp) that the strategy is handed on every step. A
 // combination that makes no sense fails to compile with the static_assert of the policy that refuses it,
 // which says why; README.md tabulates the built-in combinations.
 //
-// Every composition has the same members. compression() exists where the second slot is not policy::dense
-// (sparsifier(), its old name, is kept deprecated for one release); last_coding() and last_sparse() report
-// the last step's exchange and stay at their defaults where the composition has no such exchange. The object owns everything it built and may be moved; `comm` must outlive it.
+// Every composition has the same members. compression() exists where the second slot is not policy::dense;
+// last_coding() and last_exchange() report the last step's exchange and stay at their defaults where the
+// composition has no such exchange. The object owns everything it built and may be moved; `comm` must
+// outlive it.
 #pragma once
 
-#include <commsgd/coding/coding.hpp>
+#include <commsgd/coding/block_reducer.hpp>
+#include <commsgd/coding/scheme.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/exchange_report.hpp>
 #include <commsgd/comm/local.hpp>
-#include <commsgd/compress/compress.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/policy/traits.hpp>
-#include <commsgd/sparsify/sparsify.hpp>
+#include <commsgd/sparsify/sparse_reducer.hpp>
 #include <commsgd/state/data_parallel.hpp>
+#include <commsgd/sync/reducer_concept.hpp>
 #include <commsgd/sync/replica_guard.hpp>
-#include <commsgd/sync/sync.hpp>
+#include <commsgd/sync/strategy.hpp>
 
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <istream>
@@ -48,37 +52,16 @@
 
 namespace commsgd::inline v1 {
 
-// Options of the built-in policies; each field says which policies read it. A policy's traits receive the
-// whole struct (or a struct derived from it that adds the settings of a policy written elsewhere).
-struct data_parallel_options {
-  float lr = 0.01f;                               // every strategy: (0, inf)
-  int redundancy = 1;                             // cssgd, uncoded_shuffle: [1, n]
-  sparsify::top_k_options top_k{};                // top_k
-  sparsify::exchange_options sparse_exchange{};   // every sparsifier: how its messages are summed
-  sparsify::allreduce_options sparse_allreduce{}; // top_k_allreduce: threshold refresh and path
-  compress::half_options half{};                  // fp16, bf16
-  compress::random_k_options random_k{};          // random_k
-  compress::sign_options sign{};                  // sign
-  compress::qsgd_options qsgd{};                  // qsgd
-  compress::powersgd_options powersgd{};          // powersgd (rank, layer shapes)
-  sync::local_sgd_options local_sgd{};            // local_sgd (its lr is replaced by `lr`)
-  sync::async_ps_options async_ps{};              // async_ps (its lr is replaced by `lr`)
-  sync::partitioned_options partitioned{};        // partitioned (its lr is replaced by `lr`)
-  std::vector<std::size_t> layer_sizes;           // partitioned: sizes of the layers in forward order
-
-  // first_arrivals (its lr is replaced by `lr`); gradient_code reads `redundancy` as cssgd does.
-  sync::first_arrivals_options first_arrivals{};
-
-  // Every strategy: check every this many steps that replicas which should be identical are, 0 = off
-  // (sync/replica_guard.hpp).
-  std::int64_t replica_check_every = 0;
-};
-
 namespace detail {
 
+// How a sparsifier's messages are summed: the exchange settings its options carry, or the defaults.
 template <class O>
-concept extended_options =
-    std::derived_from<O, data_parallel_options> && !std::same_as<O, data_parallel_options>;
+sparsify::exchange_options exchange_options_of(const O& o) {
+  if constexpr (requires { o.exchange; })
+    return o.exchange;
+  else
+    return {};
+}
 
 // The reducer of a composition: the coding scheme's exchange on dense blocks, the reducer a compression
 // policy builds itself (policy::builds_reducer), or the sparsifier's messages summed by the sparse exchange.
@@ -101,16 +84,6 @@ struct reducer_for<Compression, Scheme, C> {
 
 template <class Coding, class Compression, class Sync, comm::communicator C = comm::local>
 class data_parallel {
-  static_assert(policy::coding_policy<Coding>,
-                "commsgd::data_parallel: Coding is not a coding policy; its header must specialise "
-                "commsgd::policy::coding_traits (policy/traits.hpp)");
-  static_assert(policy::compression_policy<Compression>,
-                "commsgd::data_parallel: Compression is not a compression policy; its header must specialise "
-                "commsgd::policy::compression_traits (policy/traits.hpp)");
-  static_assert(policy::sync_policy<Sync>,
-                "commsgd::data_parallel: Sync is not a sync policy; its header must specialise "
-                "commsgd::policy::sync_traits (policy/traits.hpp)");
-
   using coding_traits = policy::coding_traits<Coding>;
   using compression_traits = policy::compression_traits<Compression>;
   using sync_traits = policy::sync_traits<Sync>;
@@ -123,7 +96,8 @@ class data_parallel {
 
 public:
   using communicator_type = C;
-  using options = data_parallel_options;
+  // One field per slot, each its policy's own options type (policy/traits.hpp).
+  using options = policy::options<Coding, Compression, Sync>;
   using coding_type = typename coding_traits::template type<C>;
   using strategy_type = typename sync_traits::template type<C>;
   using reducer_type = typename detail::reducer_for<Compression, coding_type, C>::type;
@@ -139,12 +113,10 @@ public:
                 "composes only with policy::uncoded<> and policy::dense");
 
   // Collective (a coded scheme splits its exchange groups here).
-  data_parallel(C& comm, std::size_t length, const options& o) : data_parallel(comm, length, o, built{}) {}
-
-  // A policy written outside the library takes settings of its own through a struct derived from
-  // data_parallel_options: every policy's traits receive it whole.
-  template <detail::extended_options Options>
-  data_parallel(C& comm, std::size_t length, const Options& o) : data_parallel(comm, length, o, built{}) {}
+  data_parallel(C& comm, std::size_t length, const options& o)
+      : comm_(&comm), length_(length), reducer_(make_reducer(comm, length, o)),
+        strategy_(sync_traits::template make<C>(comm, length, o.sync, o.lr)),
+        guard_(comm, o.replica_check_every) {}
 
   std::size_t length() const noexcept { return length_; }
   std::size_t block_count() const noexcept { return coding().block_count(); }
@@ -157,19 +129,10 @@ public:
   strategy_type& strategy() noexcept { return strategy_; }
   const strategy_type& strategy() const noexcept { return strategy_; }
   // The compression's state: the sparsifier's or compressor's residuals and counters, for checkpoints.
-  auto& compression() noexcept requires(!policy::is_dense<Compression>) { return reducer_.sparsifier(); }
+  auto& compression() noexcept requires(!policy::is_dense<Compression>) { return reducer_.compression(); }
   const auto& compression() const noexcept requires(!policy::is_dense<Compression>) {
-    return reducer_.sparsifier();
+    return reducer_.compression();
   }
-  // Deprecated: use compression(); kept for one release.
-  [[deprecated("use compression()")]] auto& sparsifier() noexcept requires(!policy::is_dense<Compression>) {
-    return compression();
-  }
-  [[deprecated("use compression()")]] const auto& sparsifier() const noexcept
-      requires(!policy::is_dense<Compression>) {
-    return compression();
-  }
-
   void start(std::span<float> params) {
     check_length(params.size());
     strategy_.start(params);
@@ -211,15 +174,15 @@ public:
   // strategy's and the step count; the model is the trainer's. Every rank saves part::all, or rank 0
   // part::shared and every rank part::local. After load, start(params) with the saved model goes on.
   void save(std::ostream& os, state::part p = state::part::all) const {
-    checkpoint::detail::save<Coding, Compression, Sync>(*this, os, p, comm_->size(), comm_->rank(), steps_);
+    state::detail::save<Coding, Compression, Sync>(*this, os, p, comm_->size(), comm_->rank(), steps_);
   }
   void load(std::istream& is) {
-    steps_ = checkpoint::detail::load<Coding, Compression, Sync>(*this, is, comm_->size(), comm_->rank());
+    steps_ = state::detail::load<Coding, Compression, Sync>(*this, is, comm_->size(), comm_->rank());
     guard_.resume(steps_);
   }
   void load(std::istream& shared, std::istream& local) {
-    steps_ = checkpoint::detail::load<Coding, Compression, Sync>(*this, shared, local, comm_->size(),
-                                                                 comm_->rank());
+    steps_ =
+        state::detail::load<Coding, Compression, Sync>(*this, shared, local, comm_->size(), comm_->rank());
     guard_.resume(steps_);
   }
 
@@ -230,31 +193,25 @@ public:
     else
       return no_coding_;
   }
-  const sparsify::exchange_report& last_sparse() const noexcept {
+  // The last round of the compression's exchange: sparse pairs or a compressor's messages.
+  const comm::exchange_report& last_exchange() const noexcept {
     if constexpr (policy::is_dense<Compression>)
-      return no_sparse_;
+      return no_exchange_;
     else
       return reducer_.last();
   }
 
 private:
-  struct built {};
-
-  template <class Options>
-  data_parallel(C& comm, std::size_t length, const Options& o, built)
-      : comm_(&comm), length_(length), reducer_(make_reducer(comm, length, o)),
-        strategy_(sync_traits::template make<C>(comm, length, o)), guard_(comm, o.replica_check_every) {}
-
-  template <class Options>
-  static reducer_type make_reducer(C& comm, std::size_t length, const Options& o) {
+  static reducer_type make_reducer(C& comm, std::size_t length, const options& o) {
     if constexpr (policy::is_dense<Compression>)
-      return reducer_type(coding_traits::template make<C>(comm, length, o));
+      return reducer_type(coding_traits::template make<C>(comm, length, o.coding));
     else if constexpr (policy::builds_reducer<Compression, coding_type, C>)
       return compression_traits::template make_reducer<C>(
-          comm, coding_traits::template make<C>(comm, length, o), length, o);
+          comm, coding_traits::template make<C>(comm, length, o.coding), length, o.compression);
     else
-      return reducer_type(comm, coding_traits::template make<C>(comm, length, o),
-                          compression_traits::make(length, o), o.sparse_exchange);
+      return reducer_type(comm, coding_traits::template make<C>(comm, length, o.coding),
+                          compression_traits::make(length, o.compression),
+                          detail::exchange_options_of(o.compression));
   }
 
   void check_length(std::size_t got) const {
@@ -264,7 +221,7 @@ private:
   }
 
   static constexpr coding::exchange_result no_coding_{};
-  static inline const sparsify::exchange_report no_sparse_{};
+  static inline const comm::exchange_report no_exchange_{};
 
   C* comm_;
   std::size_t length_;

@@ -223,7 +223,7 @@ public:
       const std::string bytes = t[2].cast<std::string>();
       std::vector<std::byte> blob(bytes.size());
       std::memcpy(blob.data(), bytes.data(), bytes.size());
-      sparsify::detail::state_reader r(blob, "top_k"); // reads the length before the sparsifier exists
+      commsgd::state::reader r(blob, "top_k"); // reads the length before the sparsifier exists
       const auto n = r.get<std::uint64_t>();
       bucket b{make_top_k(selector_, n, options_for(offsets, n)), std::move(params), std::move(offsets)};
       std::visit([&](auto& s) { s.load(std::span<const std::byte>(blob)); }, b.sparsifier);

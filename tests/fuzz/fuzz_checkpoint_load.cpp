@@ -14,6 +14,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/state/stream.hpp>
 #include <commsgd/sync/async_ps.hpp>
@@ -161,8 +162,8 @@ void data_parallel_case(byte_source& in) {
                              commsgd::policy::synchronous>;
   const unsigned steps = in.u8() % 4;
   commsgd::comm::local_group(1).run([&](local& c) {
-    commsgd::data_parallel_options o{.lr = 0.25f};
-    o.top_k.density = 0.3;
+    dp::options o{.lr = 0.25f};
+    o.compression.top_k.density = 0.3;
     dp trained(c, dim, o);
     std::vector<float> x(dim, 0.5f);
     trained.start(x);

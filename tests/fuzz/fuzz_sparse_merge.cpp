@@ -119,7 +119,7 @@ struct rank_outcome {
   std::string what;
   std::size_t nf_count = 0, nf_first = 0;
   std::vector<float> out;
-  sp::exchange_report report;
+  commsgd::comm::exchange_report report;
 };
 
 template <class Index>

@@ -79,7 +79,7 @@ void try_load(S& s, std::span<const std::byte> blob) {
 
   // load(istream) reads exactly the `total` bytes its header claims, so it must accept or refuse as
   // load(span) does on that prefix, and leave whatever follows unread.
-  if (blob.size() < sp::detail::state_prefix_bytes) {
+  if (blob.size() < commsgd::state::detail::state_prefix_bytes) {
     std::string bytes(reinterpret_cast<const char*>(blob.data()), blob.size());
     std::istringstream is(bytes, std::ios::binary);
     expect_stream_refused(s, is, before, last_size);
@@ -90,7 +90,7 @@ void try_load(S& s, std::span<const std::byte> blob) {
   std::string bytes(reinterpret_cast<const char*>(blob.data()), blob.size());
   bytes += "TAIL";
   std::istringstream is(bytes, std::ios::binary);
-  if (claimed > blob.size() || claimed < sp::detail::state_prefix_bytes) {
+  if (claimed > blob.size() || claimed < commsgd::state::detail::state_prefix_bytes) {
     expect_stream_refused(s, is, before, last_size);
     return;
   }
@@ -121,10 +121,11 @@ void try_load(S& s, std::span<const std::byte> blob) {
 }
 
 void patch_frame(std::vector<std::byte>& blob) {
-  if (blob.size() < sp::detail::state_prefix_bytes + 8) return;
+  if (blob.size() < commsgd::state::detail::state_prefix_bytes + 8) return;
   const std::uint64_t total = blob.size();
   std::memcpy(blob.data() + 16, &total, sizeof total);
-  const std::uint64_t sum = sp::detail::fnv1a(std::span<const std::byte>(blob).first(blob.size() - 8));
+  const std::uint64_t sum =
+      commsgd::state::detail::fnv1a(std::span<const std::byte>(blob).first(blob.size() - 8));
   std::memcpy(blob.data() + blob.size() - 8, &sum, sizeof sum);
 }
 

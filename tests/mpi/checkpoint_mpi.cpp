@@ -8,6 +8,7 @@
 
 #include <commsgd/comm/mpi.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #include <commsgd/sync/async_ps.hpp>
 #include <commsgd/sync/local_sgd.hpp>
@@ -129,8 +130,8 @@ void round_trips(mpi& c, Make make, unsigned seed) {
   }
 }
 
-data_parallel_options top_k_options() {
-  data_parallel_options o{.lr = 0.2f};
+policy::top_k_settings top_k_options() {
+  policy::top_k_settings o;
   o.top_k.density = 0.3;
   o.top_k.momentum = 0.5;
   return o;
@@ -175,22 +176,21 @@ TEST_CASE("data_parallel resumes bit for bit over MPI: uncoded, cssgd, top_k, lo
       c,
       [](mpi& w) {
         return data_parallel<policy::cssgd<coding::xor_bits>, policy::dense, policy::synchronous, mpi>(
-            w, problem.dim(), {.lr = 0.2f, .redundancy = 2});
+            w, problem.dim(), {.lr = 0.2f, .coding = {.redundancy = 2}});
       },
       5);
   round_trips(
       c,
       [](mpi& w) {
         return data_parallel<policy::uncoded<>, policy::top_k<select::laplace_bisect>, policy::synchronous,
-                             mpi>(w, problem.dim(), top_k_options());
+                             mpi>(w, problem.dim(), {.lr = 0.2f, .compression = top_k_options()});
       },
       6);
   round_trips(
       c,
       [](mpi& w) {
-        data_parallel_options o{.lr = 0.2f};
-        o.local_sgd = {.period = 3};
-        return data_parallel<policy::uncoded<>, policy::dense, policy::local_sgd, mpi>(w, problem.dim(), o);
+        return data_parallel<policy::uncoded<>, policy::dense, policy::local_sgd, mpi>(
+            w, problem.dim(), {.lr = 0.2f, .sync = {.period = 3}});
       },
       7);
 }
@@ -251,13 +251,13 @@ TEST_CASE("damaged data_parallel streams are refused over MPI with the state unt
   auto c = mpi::world();
   using dp =
       data_parallel<policy::uncoded<>, policy::top_k<select::laplace_bisect>, policy::synchronous, mpi>;
-  dp trained(c, problem.dim(), top_k_options());
+  dp trained(c, problem.dim(), {.lr = 0.2f, .compression = top_k_options()});
   auto x = initial_model(c.rank());
   trained.start(x);
   for (int t = 0; t < 4; ++t)
     step(trained, c, x, t);
   const auto good = ckpt::save_bytes(trained);
-  dp fresh(c, problem.dim(), top_k_options());
+  dp fresh(c, problem.dim(), {.lr = 0.2f, .compression = top_k_options()});
   auto f = ckpt::check_damage(fresh, good);
   if (f.empty()) f = ckpt::check_repaired_edits(fresh, good, 31u + static_cast<unsigned>(c.rank()), 200);
   CHECK_MESSAGE(f.empty(), f);

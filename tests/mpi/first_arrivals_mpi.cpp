@@ -6,6 +6,7 @@
 #include <commsgd/coding/coding.hpp>
 #include <commsgd/comm/mpi.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/sync/first_arrivals.hpp>
 
 #include <bit>
@@ -135,11 +136,11 @@ TEST_CASE("first_arrivals over MPI: a stopped rank beyond s raises on every rank
 TEST_CASE("first_arrivals over MPI through data_parallel: a checkpoint resumes bit for bit") {
   auto c = mpi::world();
   const int n = c.size();
-  data_parallel_options o{.lr = 0.05f, .redundancy = n % 2 == 0 ? 2 : n};
-  o.first_arrivals.delays = {.kind = sync::delay_kind::shifted_exponential, .mean = 1.0, .seed = 3};
-  o.first_arrivals.unit_s = 2e-4;
   using dp_t = data_parallel<policy::gradient_code<coding::fractional_repetition>, policy::dense,
                              policy::first_arrivals, mpi>;
+  dp_t::options o{.lr = 0.05f, .coding = {.redundancy = n % 2 == 0 ? 2 : n}};
+  o.sync.delays = {.kind = sync::delay_kind::shifted_exponential, .mean = 1.0, .seed = 3};
+  o.sync.unit_s = 2e-4;
   auto train = [&](int steps, std::vector<float> x, const std::string* from, std::string* to) {
     dp_t dp(c, x.size(), o);
     if (from) {

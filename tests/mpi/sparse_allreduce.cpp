@@ -74,12 +74,12 @@ TEST_CASE("sparse all-reduce over MPI: the error-feedback invariant, sums, same 
         const auto g =
             gradient(d, 1000 * static_cast<std::uint64_t>(c.rank()) + static_cast<std::uint64_t>(t));
         for (std::size_t i = 0; i < d; ++i)
-          p[i] = g[i] + red.sparsifier().residual()[i];
+          p[i] = g[i] + red.compression().residual()[i];
         const std::span<const float> blocks[1] = {g};
         c.reset();
         const auto& rep = red.reduce(blocks, out);
         CHECK(metered_equals_model(c, rep, d));
-        const std::vector<float> e(red.sparsifier().residual().begin(), red.sparsifier().residual().end());
+        const std::vector<float> e(red.compression().residual().begin(), red.compression().residual().end());
         const auto ps = gather_all(side, p), es = gather_all(side, e), outs = gather_all(side, out);
         std::vector<float> want(d, 0.0f);
         std::size_t broken = 0;
@@ -173,6 +173,6 @@ TEST_CASE("a gradient the sparsifier refuses on one rank raises on every rank ov
   g[7] = 0.0f;
   red.reduce(blocks, out);
   // A rank that went through the failed step kept its whole message in the residual: nothing lost.
-  CHECK(red.sparsifier().steps() == (c.rank() == c.size() - 1 ? 1u : 2u));
+  CHECK(red.compression().steps() == (c.rank() == c.size() - 1 ? 1u : 2u));
   CHECK(red.exchange().history() == 1);
 }

@@ -14,6 +14,7 @@
 // COMMSGD_SOAK_STEPS overrides the steps per strategy (default 20000). The figures of each run are printed.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/exact.hpp>
 
 #include <doctest/doctest.h>
@@ -90,7 +91,7 @@ void print(const figures& f) {
 // Runs one composition; grad(rank, step, x, g) fills the gradient. Returns every rank's final model.
 // `reader` is the rank that reads the memory figure after warm-up: one that steps.
 template <class Dp, class Grad>
-std::vector<std::vector<float>> soak(figures& f, data_parallel_options o, Grad grad, int reader = 0,
+std::vector<std::vector<float>> soak(figures& f, typename Dp::options o, Grad grad, int reader = 0,
                                      std::vector<std::int64_t>* pushes = nullptr) {
   f.steps = steps_per_strategy();
   o.lr = lr;
@@ -162,8 +163,8 @@ TEST_CASE("soak: synchronous") {
 
 TEST_CASE("soak: synchronous with CSSGD (r = 2, int32 sums)") {
   figures f{.name = "synchronous, cssgd r = 2"};
-  data_parallel_options o;
-  o.redundancy = 2;
+  data_parallel<policy::cssgd<coding::int32_sum>, policy::dense, policy::synchronous>::options o;
+  o.coding.redundancy = 2;
   const auto finals =
       soak<data_parallel<policy::cssgd<coding::int32_sum>, policy::dense, policy::synchronous>>(
           f, o, smooth_gradient);
@@ -173,8 +174,8 @@ TEST_CASE("soak: synchronous with CSSGD (r = 2, int32 sums)") {
 
 TEST_CASE("soak: synchronous with top-k and error feedback") {
   figures f{.name = "synchronous, top_k 10 %"};
-  data_parallel_options o;
-  o.top_k.density = 0.1;
+  data_parallel<policy::uncoded<>, policy::top_k<select::exact>, policy::synchronous>::options o;
+  o.compression.top_k.density = 0.1;
   const auto finals =
       soak<data_parallel<policy::uncoded<>, policy::top_k<select::exact>, policy::synchronous>>(
           f, o, smooth_gradient);
@@ -184,9 +185,9 @@ TEST_CASE("soak: synchronous with top-k and error feedback") {
 
 TEST_CASE("soak: partitioned") {
   figures f{.name = "partitioned"};
-  data_parallel_options o;
-  o.layer_sizes = {24, 8, 32};
-  o.partitioned = {.partition_elements = 8, .credit_bytes = 64};
+  data_parallel<policy::uncoded<>, policy::dense, policy::partitioned>::options o;
+  o.sync.layer_sizes = {24, 8, 32};
+  o.sync.partitioned = {.partition_elements = 8, .credit_bytes = 64};
   const auto finals =
       soak<data_parallel<policy::uncoded<>, policy::dense, policy::partitioned>>(f, o, smooth_gradient);
   identical(finals);
@@ -195,8 +196,8 @@ TEST_CASE("soak: partitioned") {
 
 TEST_CASE("soak: local_sgd") {
   figures f{.name = "local_sgd"};
-  data_parallel_options o;
-  o.local_sgd = {.period = 8, .warmup_steps = 100};
+  data_parallel<policy::uncoded<>, policy::dense, policy::local_sgd>::options o;
+  o.sync = {.period = 8, .warmup_steps = 100};
   const auto finals =
       soak<data_parallel<policy::uncoded<>, policy::dense, policy::local_sgd>>(f, o, smooth_gradient);
   identical(finals);
@@ -205,8 +206,8 @@ TEST_CASE("soak: local_sgd") {
 
 TEST_CASE("soak: local_sgd, adaptive interval") {
   figures f{.name = "local_sgd adaptive"};
-  data_parallel_options o;
-  o.local_sgd = {.period = 4, .warmup_steps = 10, .adaptive = true, .max_period = 16};
+  data_parallel<policy::uncoded<>, policy::dense, policy::local_sgd>::options o;
+  o.sync = {.period = 4, .warmup_steps = 10, .adaptive = true, .max_period = 16};
   const auto finals =
       soak<data_parallel<policy::uncoded<>, policy::dense, policy::local_sgd>>(f, o, smooth_gradient);
   identical(finals);
@@ -214,8 +215,8 @@ TEST_CASE("soak: local_sgd, adaptive interval") {
 
 TEST_CASE("soak: async_ps, every update applied exactly once") {
   figures f{.name = "async_ps"};
-  data_parallel_options o;
-  o.async_ps = {.apply_after = 1, .staleness_bound = 4, .keep_log = false};
+  data_parallel<policy::uncoded<>, policy::dense, policy::async_ps>::options o;
+  o.sync = {.apply_after = 1, .staleness_bound = 4, .keep_log = false};
   std::vector<std::int64_t> pushes(ranks, 0);
   // Slot w counts worker w's gradients; the rest of the model moves as in the other runs.
   auto grad = [](int rank, int t, std::span<const float> x, std::span<float> g) {

@@ -1,6 +1,7 @@
 // expect: brings its own sparse exchange
 // A sparsifier sums its messages itself, so only the default uncoded<> assignment goes with it.
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/exact.hpp>
 
 using namespace commsgd;

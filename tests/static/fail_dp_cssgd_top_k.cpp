@@ -1,6 +1,7 @@
 // expect: nothing to code together
 // CSSGD codes dense block gradients; top_k leaves each rank a different sparse set.
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/exact.hpp>
 
 using namespace commsgd;

@@ -1,7 +1,8 @@
-// expect: Compression is not a compression policy
-// A type with no compression_traits (or old sparsifier_traits) specialisation is refused by name, before
-// anything is built from it.
+// expect: P is not a compression policy
+// A type with no compression_traits specialisation is refused by the primary template, which names the
+// seam.
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 
 using namespace commsgd;
 struct no_traits {};

@@ -1,6 +1,7 @@
 // The supported compositions all instantiate.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/radix.hpp>
 
 using namespace commsgd;

@@ -6,6 +6,7 @@
 
 #include <commsgd/comm/local.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #include <support/least_squares.hpp>
@@ -64,7 +65,7 @@ ckpt::bytes from_rank0(local& c, ckpt::bytes b) {
 }
 
 template <class Dp>
-void round_trip(int n, const data_parallel_options& o, int total, int at, bool split) {
+void round_trip(int n, const typename Dp::options& o, int total, int at, bool split) {
   CAPTURE(n);
   CAPTURE(at);
   CAPTURE(split);
@@ -116,7 +117,7 @@ void round_trip(int n, const data_parallel_options& o, int total, int at, bool s
 }
 
 template <class Dp>
-void round_trips(int min_n, const data_parallel_options& o, unsigned seed) {
+void round_trips(int min_n, const typename Dp::options& o, unsigned seed) {
   std::mt19937 rng(seed);
   for (int n = min_n; n <= 4; ++n)
     for (int k = 0; k < 3; ++k) {
@@ -134,18 +135,19 @@ using local_dp = data_parallel<policy::uncoded<>, policy::dense, policy::local_s
 using parts_dp = data_parallel<policy::uncoded<>, policy::dense, policy::partitioned>;
 using server_dp = data_parallel<policy::uncoded<>, policy::dense, policy::async_ps>;
 
-data_parallel_options top_k_options() {
-  data_parallel_options o{.lr = 0.2f};
-  o.top_k.density = 0.3;
-  o.top_k.momentum = 0.5;
+template <class Dp>
+typename Dp::options top_k_options() {
+  typename Dp::options o{.lr = 0.2f};
+  o.compression.top_k.density = 0.3;
+  o.compression.top_k.momentum = 0.5;
   return o;
 }
 
 // Rebuilds a data_parallel stream with its strategy's shared part replaced (the frame repaired), so that
 // every identity check passes and only the strategy refuses.
 ckpt::bytes with_strategy_shared(const ckpt::bytes& good, const ckpt::bytes& strategy_shared) {
-  state::detail::state_reader r(good, "data_parallel");
-  state::detail::state_writer w("data_parallel");
+  state::reader r(good, "data_parallel");
+  state::writer w("data_parallel");
   const auto part = r.get<std::uint32_t>();
   w.put<std::uint32_t>(part);
   w.put<std::uint32_t>(r.get<std::uint32_t>());
@@ -173,22 +175,22 @@ TEST_CASE("data_parallel resumes bit for bit: uncoded, cssgd, top_k, local_sgd, 
     round_trips<plain_dp>(1, {.lr = 0.2f}, 1);
   }
   SUBCASE("cssgd(xor_bits), redundancy 2") {
-    round_trips<cssgd_dp>(2, {.lr = 0.2f, .redundancy = 2}, 2);
+    round_trips<cssgd_dp>(2, {.lr = 0.2f, .coding = {.redundancy = 2}}, 2);
   }
   SUBCASE("top_k(exact) with momentum") {
-    round_trips<top_k_dp>(1, top_k_options(), 3);
+    round_trips<top_k_dp>(1, top_k_options<top_k_dp>(), 3);
   }
   SUBCASE("top_k(laplace_bisect), warm-start state") {
-    round_trips<warm_top_k_dp>(1, top_k_options(), 4);
+    round_trips<warm_top_k_dp>(1, top_k_options<warm_top_k_dp>(), 4);
   }
   SUBCASE("local_sgd, adaptive") {
-    data_parallel_options o{.lr = 0.2f};
-    o.local_sgd = {.period = 3, .adaptive = true, .max_period = 6};
+    local_dp::options o{.lr = 0.2f};
+    o.sync = {.period = 3, .adaptive = true, .max_period = 6};
     round_trips<local_dp>(1, o, 5);
   }
   SUBCASE("partitioned") {
-    data_parallel_options o{.lr = 0.2f, .layer_sizes = {4, 6}};
-    o.partitioned = {.partition_elements = 3, .credit_bytes = 12};
+    parts_dp::options o{.lr = 0.2f, .sync = {.layer_sizes = {4, 6}}};
+    o.sync.partitioned = {.partition_elements = 3, .credit_bytes = 12};
     round_trips<parts_dp>(1, o, 6);
   }
 }
@@ -200,7 +202,7 @@ TEST_CASE(
     std::vector<sync::applied_update> log;
     std::mutex mu;
     local_group(2).run([&](local& c) {
-      const data_parallel_options o{.lr = 0.1f};
+      const server_dp::options o{.lr = 0.1f};
       server_dp first(c, problem().dim(), o);
       auto x = initial_model(0);
       auto session = [&](server_dp& dp, int from, int to) {
@@ -240,13 +242,13 @@ TEST_CASE("data_parallel streams: damage refused, state untouched") {
   local_group(2).run([&](local& c) {
     ckpt::bytes good;
     {
-      warm_top_k_dp dp(c, problem().dim(), top_k_options());
+      warm_top_k_dp dp(c, problem().dim(), top_k_options<warm_top_k_dp>());
       auto x = initial_model(c.rank());
       dp.start(x);
       train(dp, x, 0, 5, nullptr);
       good = ckpt::save_bytes(dp);
     }
-    warm_top_k_dp fresh(c, problem().dim(), top_k_options());
+    warm_top_k_dp fresh(c, problem().dim(), top_k_options<warm_top_k_dp>());
     std::string f = ckpt::check_damage(fresh, good);
     if (f.empty()) f = ckpt::check_repaired_edits(fresh, good, 21u + static_cast<unsigned>(c.rank()), 300);
     if (!f.empty()) {
@@ -266,8 +268,8 @@ TEST_CASE("data_parallel streams of another composition, length, redundancy or g
   });
   local_group(2).run([&](local& c) {
     plain_dp a(c, problem().dim(), {.lr = 0.2f});
-    top_k_dp b(c, problem().dim(), top_k_options());
-    cssgd_dp d(c, problem().dim(), {.lr = 0.2f, .redundancy = 2});
+    top_k_dp b(c, problem().dim(), top_k_options<top_k_dp>());
+    cssgd_dp d(c, problem().dim(), {.lr = 0.2f, .coding = {.redundancy = 2}});
     auto x = initial_model(0);
     b.start(x);
     train(b, x, 0, 3, nullptr);
@@ -286,9 +288,9 @@ TEST_CASE("data_parallel streams of another composition, length, redundancy or g
   local_group(2).run([&](local& c) {
     // Built on every rank (a coded scheme's construction is collective); rank 0 alone loads.
     plain_dp a(c, problem().dim(), {.lr = 0.2f});
-    top_k_dp b(c, problem().dim(), top_k_options());
-    warm_top_k_dp w(c, problem().dim(), top_k_options());
-    cssgd_dp d1(c, problem().dim(), {.lr = 0.2f, .redundancy = 1});
+    top_k_dp b(c, problem().dim(), top_k_options<top_k_dp>());
+    warm_top_k_dp w(c, problem().dim(), top_k_options<warm_top_k_dp>());
+    cssgd_dp d1(c, problem().dim(), {.lr = 0.2f, .coding = {.redundancy = 1}});
     plain_dp longer(c, problem().dim() + 1, {.lr = 0.2f});
     if (c.rank() != 0) return;
     refused(a, top_k2, "the sparsifier policy is");

@@ -5,6 +5,7 @@
 #include <commsgd/compress/compress.hpp>
 #include <commsgd/cost/powersgd.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 
 #include <doctest/doctest.h>
 
@@ -197,14 +198,6 @@ TEST_CASE("a non-finite gradient or a wrong size on one rank raises on every ran
       }
 }
 
-namespace {
-
-struct options_with_powersgd : data_parallel_options {
-  compress::powersgd_options powersgd;
-};
-
-} // namespace
-
 TEST_CASE("policy::powersgd composes through data_parallel") {
   using dp = data_parallel<policy::uncoded<>, policy::powersgd, policy::synchronous>;
   static_assert(std::is_same_v<dp::reducer_type::compressor_type, compress::powersgd>);
@@ -212,17 +205,14 @@ TEST_CASE("policy::powersgd composes through data_parallel") {
     CAPTURE(n);
     std::vector<std::vector<float>> finals(static_cast<std::size_t>(n));
     comm::local_group(n).run([&](comm::local& c) {
-      options_with_powersgd o;
-      o.lr = 0.05f;
-      o.powersgd = options(2);
-      dp trainer(c, length, o);
+      dp trainer(c, length, {.lr = 0.05f, .compression = options(2)});
       std::vector<float> x(length, 0.5f);
       trainer.start(x);
       for (int t = 0; t < 4; ++t)
         trainer.step(x, gradient(c.rank(), t));
       trainer.finish(x);
       CHECK(trainer.compression().steps() == 4);
-      CHECK(trainer.last_sparse().dense);
+      CHECK(trainer.last_exchange().dense);
       finals[static_cast<std::size_t>(c.rank())] = x;
     });
     for (int w = 1; w < n; ++w)

@@ -3,6 +3,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/compress/compress.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 
 #include <doctest/doctest.h>
 
@@ -27,12 +28,12 @@ public:
   std::uint64_t steps() const noexcept { return steps_; }
   std::uint64_t wire_bytes() const noexcept { return steps_ ? length_ * sizeof(float) : 0; }
   template <comm::communicator C>
-  compress::report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     std::transform(g.begin(), g.end(), buf_.begin(), [](float x) { return x * 4.0f; });
     c.all_reduce_sum(std::span<float>(buf_));
     std::transform(buf_.begin(), buf_.end(), out.begin(), [](float x) { return x * 0.25f; });
     ++steps_;
-    compress::report r;
+    comm::exchange_report r;
     r.dense = true;
     r.total = length_ * static_cast<std::uint64_t>(c.size());
     return r;
@@ -53,10 +54,8 @@ struct scaled_sum_policy {};
 template <>
 struct commsgd::policy::compression_traits<user::scaled_sum_policy>
     : policy::compressor_traits<compression_traits<user::scaled_sum_policy>, user::scaled_sum> {
-  template <class Options>
-  static user::scaled_sum make(std::size_t length, const Options&) {
-    return user::scaled_sum(length);
-  }
+  using options = policy::no_options;
+  static user::scaled_sum make(std::size_t length, const options&) { return user::scaled_sum(length); }
 };
 
 static_assert(compress::compressor<user::scaled_sum, comm::local>);
@@ -84,8 +83,8 @@ TEST_CASE("a compressor composes through data_parallel and equals the dense all-
         trainer.finish(x);
         if constexpr (requires { trainer.compression(); }) {
           CHECK(trainer.compression().steps() == 5);
-          CHECK(trainer.last_sparse().dense);
-          CHECK(trainer.last_sparse().total == d * static_cast<std::uint64_t>(n));
+          CHECK(trainer.last_exchange().dense);
+          CHECK(trainer.last_exchange().total == d * static_cast<std::uint64_t>(n));
         }
         finals[static_cast<std::size_t>(c.rank())] = x;
       });

@@ -2,6 +2,7 @@
 // compositions that must agree bit for bit do.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #include <commsgd/sync/sgd.hpp>
@@ -34,7 +35,7 @@ toy::rows block_rows(const std::vector<std::size_t>& sizes, std::size_t q, std::
 
 // Runs `steps` steps of a block-gradient composition on every rank and returns rank 0's final model.
 template <class Dp>
-std::vector<float> train_blocks(int n, data_parallel_options o, int steps) {
+std::vector<float> train_blocks(int n, typename Dp::options o, int steps) {
   std::vector<float> result;
   std::mutex mu;
   local_group(n).run([&](local& c) {
@@ -91,39 +92,38 @@ TEST_CASE("cssgd with xor_bits trains exactly as the uncoded shuffle of the same
     for (int r = 1; r <= n; ++r) {
       CAPTURE(n);
       CAPTURE(r);
-      const data_parallel_options o{.lr = 0.5f, .redundancy = r};
       const auto coded =
           train_blocks<data_parallel<policy::cssgd<coding::xor_bits>, policy::dense, policy::synchronous>>(
-              n, o, 25);
+              n, {.lr = 0.5f, .coding = {.redundancy = r}}, 25);
       const auto shuffled =
-          train_blocks<data_parallel<policy::uncoded_shuffle, policy::dense, policy::synchronous>>(n, o, 25);
+          train_blocks<data_parallel<policy::uncoded_shuffle, policy::dense, policy::synchronous>>(
+              n, {.lr = 0.5f, .coding = {.redundancy = r}}, 25);
       CHECK(same_bits(coded, shuffled));
       CHECK(problem.loss(coded) < 0.1 * problem.loss(std::vector<float>(problem.dim(), 0.0f)));
     }
 }
 
 TEST_CASE("cssgd with int32_sum stays within its quantisation error of the exact scheme") {
-  const data_parallel_options o{.lr = 0.05f, .redundancy = 2};
+  const policy::redundancy_options o{.redundancy = 2};
   const auto exact =
-      train_blocks<data_parallel<policy::cssgd<coding::xor_bits>, policy::dense, policy::synchronous>>(4, o,
-                                                                                                       10);
+      train_blocks<data_parallel<policy::cssgd<coding::xor_bits>, policy::dense, policy::synchronous>>(
+          4, {.lr = 0.05f, .coding = o}, 10);
   const auto quantised =
-      train_blocks<data_parallel<policy::cssgd<coding::int32_sum>, policy::dense, policy::synchronous>>(4, o,
-                                                                                                        10);
+      train_blocks<data_parallel<policy::cssgd<coding::int32_sum>, policy::dense, policy::synchronous>>(
+          4, {.lr = 0.05f, .coding = o}, 10);
   for (std::size_t i = 0; i < exact.size(); ++i)
     CHECK(std::abs(exact[i] - quantised[i]) < 1e-5f);
 }
 
 TEST_CASE("every uncoded exchange variant gives the same model") {
-  const data_parallel_options o{.lr = 0.05f};
-  const auto ring =
-      train_blocks<data_parallel<policy::uncoded<>, policy::dense, policy::synchronous>>(3, o, 20);
+  const auto ring = train_blocks<data_parallel<policy::uncoded<>, policy::dense, policy::synchronous>>(
+      3, {.lr = 0.05f}, 20);
   const auto gather =
       train_blocks<data_parallel<policy::uncoded<coding::by_all_gather>, policy::dense, policy::synchronous>>(
-          3, o, 20);
+          3, {.lr = 0.05f}, 20);
   const auto unicast =
       train_blocks<data_parallel<policy::uncoded<coding::by_unicast>, policy::dense, policy::synchronous>>(
-          3, o, 20);
+          3, {.lr = 0.05f}, 20);
   // All three sum in rank order here; the all-gather and unicast variants start from -0, the ring from
   // rank 0's value, which only differs in the sign of an exact zero.
   for (std::size_t i = 0; i < ring.size(); ++i) {
@@ -134,26 +134,24 @@ TEST_CASE("every uncoded exchange variant gives the same model") {
 
 TEST_CASE("top_k at density 1 is the dense exchange; at low density error feedback still converges") {
   using exact_top_k = data_parallel<policy::uncoded<>, policy::top_k<select::exact>, policy::synchronous>;
-  data_parallel_options full{.lr = 0.05f};
-  full.top_k.density = 1.0;
-  const auto dense =
-      train_blocks<data_parallel<policy::uncoded<>, policy::dense, policy::synchronous>>(3, full, 20);
-  const auto sparse = train_blocks<exact_top_k>(3, full, 20);
+  const auto dense = train_blocks<data_parallel<policy::uncoded<>, policy::dense, policy::synchronous>>(
+      3, {.lr = 0.05f}, 20);
+  const auto sparse =
+      train_blocks<exact_top_k>(3, {.lr = 0.05f, .compression = {.top_k = {.density = 1.0}}}, 20);
   for (std::size_t i = 0; i < dense.size(); ++i)
     CHECK(dense[i] == doctest::Approx(sparse[i]).epsilon(1e-6));
 
-  data_parallel_options thin{.lr = 0.05f};
-  thin.top_k.density = 0.25;
+  const policy::top_k_settings thin{.top_k = {.density = 0.25}};
   const double start = problem.loss(std::vector<float>(problem.dim(), 0.0f));
-  CHECK(problem.loss(train_blocks<exact_top_k>(3, thin, 200)) < 0.05 * start);
+  CHECK(problem.loss(train_blocks<exact_top_k>(3, {.lr = 0.05f, .compression = thin}, 200)) < 0.05 * start);
   using laplace_top_k =
       data_parallel<policy::uncoded<>, policy::top_k<select::laplace_bisect>, policy::synchronous>;
-  CHECK(problem.loss(train_blocks<laplace_top_k>(3, thin, 200)) < 0.05 * start);
+  CHECK(problem.loss(train_blocks<laplace_top_k>(3, {.lr = 0.05f, .compression = thin}, 200)) < 0.05 * start);
 }
 
 TEST_CASE("local_sgd, async_ps and partitioned compose with uncoded dense exchange and converge") {
   const double start = problem.loss(std::vector<float>(problem.dim(), 0.0f));
-  auto run = [&]<class Dp>(int n, data_parallel_options o) {
+  auto run = [&]<class Dp>(int n, typename Dp::options o) {
     std::vector<std::vector<float>> finals(static_cast<std::size_t>(n));
     local_group(n).run([&](local& c) {
       Dp dp(c, problem.dim(), o);
@@ -168,20 +166,22 @@ TEST_CASE("local_sgd, async_ps and partitioned compose with uncoded dense exchan
     });
     return finals;
   };
-  data_parallel_options o{.lr = 0.05f};
-  o.local_sgd.period = 4;
+  sync::local_sgd_options local;
+  local.period = 4;
   for (const auto& x :
-       run.template operator()<data_parallel<policy::uncoded<>, policy::dense, policy::local_sgd>>(3, o))
+       run.template operator()<data_parallel<policy::uncoded<>, policy::dense, policy::local_sgd>>(
+           3, {.lr = 0.05f, .sync = local}))
     CHECK(problem.loss(x) < 0.05 * start);
-  o.layer_sizes = {5, 7};
-  o.partitioned.partition_elements = 3;
-  o.partitioned.credit_bytes = 24;
+  policy::partitioned_settings part{.layer_sizes = {5, 7}};
+  part.partitioned.partition_elements = 3;
+  part.partitioned.credit_bytes = 24;
   for (const auto& x :
-       run.template operator()<data_parallel<policy::uncoded<>, policy::dense, policy::partitioned>>(3, o))
+       run.template operator()<data_parallel<policy::uncoded<>, policy::dense, policy::partitioned>>(
+           3, {.lr = 0.05f, .sync = part}))
     CHECK(problem.loss(x) < 0.05 * start);
   // The server (rank 0) holds the model the workers trained.
-  const auto ps =
-      run.template operator()<data_parallel<policy::uncoded<>, policy::dense, policy::async_ps>>(3, o);
+  const auto ps = run.template operator()<data_parallel<policy::uncoded<>, policy::dense, policy::async_ps>>(
+      3, {.lr = 0.05f});
   CHECK(problem.loss(ps[0]) < 0.05 * start);
 }
 
@@ -195,7 +195,8 @@ TEST_CASE("bad input is refused with the argument named") {
     CHECK_THROWS_AS(dp.step(x4, std::span<const float>(g3)), size_mismatch);
   });
   CHECK_THROWS_AS(local_group(3).run([](local& c) {
-    data_parallel<policy::cssgd<>, policy::dense, policy::synchronous> dp(c, 4, {.redundancy = 4});
+    data_parallel<policy::cssgd<>, policy::dense, policy::synchronous> dp(c, 4,
+                                                                          {.coding = {.redundancy = 4}});
   }),
                   invalid_argument);
   CHECK_THROWS_AS(local_group(2).run([](local& c) {
@@ -222,7 +223,7 @@ concept full_member_set = requires(Dp& dp, const Dp& cdp, std::span<float> x, st
   { dp.step(x, blocks, sync::step_info{}) } -> std::same_as<sync::step_result>;
   dp.finish(x);
   { cdp.last_coding() } -> std::same_as<const coding::exchange_result&>;
-  { cdp.last_sparse() } -> std::same_as<const sparsify::exchange_report&>;
+  { cdp.last_exchange() } -> std::same_as<const comm::exchange_report&>;
 };
 template <class Dp>
 concept has_compression = requires(Dp& dp) {
@@ -251,7 +252,7 @@ static_assert(std::is_move_assignable_v<coded> && std::is_move_assignable_v<top_
 // Trains `steps` steps, moving the object into a new one after `move_at` steps and back into the moved-from
 // original after `back_at`; returns rank 0's model.
 template <class Dp>
-std::vector<float> train_moving(int n, data_parallel_options o, int steps, int move_at, int back_at) {
+std::vector<float> train_moving(int n, typename Dp::options o, int steps, int move_at, int back_at) {
   std::vector<float> result;
   std::mutex mu;
   local_group(n).run([&](comm::local& c) {
@@ -289,11 +290,12 @@ std::vector<float> train_moving(int n, data_parallel_options o, int steps, int m
 
 TEST_CASE(
     "a data_parallel moved mid-training, and moved back into the moved-from one, trains on bit for bit") {
-  data_parallel_options o{.lr = 0.05f, .redundancy = 2};
-  o.top_k.density = 0.25;
-  CHECK(same_bits(train_moving<coded>(4, o, 30, 10, 20), train_blocks<coded>(4, o, 30)));
-  CHECK(same_bits(train_moving<top_k32>(3, o, 30, 10, 20), train_blocks<top_k32>(3, o, 30)));
-  CHECK(same_bits(train_moving<dense_ring>(3, o, 30, 5, 6), train_blocks<dense_ring>(3, o, 30)));
+  const coded::options co{.lr = 0.05f, .coding = {.redundancy = 2}};
+  CHECK(same_bits(train_moving<coded>(4, co, 30, 10, 20), train_blocks<coded>(4, co, 30)));
+  const top_k32::options to{.lr = 0.05f, .compression = {.top_k = {.density = 0.25}}};
+  CHECK(same_bits(train_moving<top_k32>(3, to, 30, 10, 20), train_blocks<top_k32>(3, to, 30)));
+  CHECK(same_bits(train_moving<dense_ring>(3, {.lr = 0.05f}, 30, 5, 6),
+                  train_blocks<dense_ring>(3, {.lr = 0.05f}, 30)));
 }
 
 TEST_CASE("top_k with 64-bit indices exchanges 64-bit pairs and trains exactly as with 32-bit ones") {
@@ -306,25 +308,23 @@ TEST_CASE("top_k with 64-bit indices exchanges 64-bit pairs and trains exactly a
         CAPTURE(n);
         CAPTURE(density);
         CAPTURE(static_cast<int>(path));
-        data_parallel_options o{.lr = 0.05f};
-        o.top_k.density = density;
-        o.sparse_exchange.path = path;
-        const auto wide = train_blocks<top_k64>(n, o, 40);
-        CHECK(same_bits(wide, train_blocks<top_k32>(n, o, 40)));
+        const policy::top_k_settings s{.top_k = {.density = density}, .exchange = {.path = path}};
+        const auto wide = train_blocks<top_k64>(n, {.lr = 0.05f, .compression = s}, 40);
+        CHECK(same_bits(wide, train_blocks<top_k32>(n, {.lr = 0.05f, .compression = s}, 40)));
         CHECK(problem.loss(wide) < problem.loss(std::vector<float>(problem.dim(), 0.0f)));
       }
   // The pairs travel as 64-bit entries: each rank's count is what the sparsifier sent, on every path.
   local_group(3).run([](comm::local& c) {
-    data_parallel_options o{.lr = 0.05f};
-    o.top_k.k = 5;
-    o.sparse_exchange.path = cost::sparse_path::sparse;
+    top_k64::options o{.lr = 0.05f};
+    o.compression.top_k.k = 5;
+    o.compression.exchange.path = cost::sparse_path::sparse;
     top_k64 dp(c, problem.dim(), o);
     std::vector<float> x(problem.dim(), 0.0f), g(problem.dim());
     dp.start(x);
     problem.gradient(x, problem.batch(c.rank(), c.size(), 0, 40), g);
     dp.step(x, std::span<const float>(g));
-    CHECK_FALSE(dp.last_sparse().dense);
-    CHECK(dp.last_sparse().counts == std::vector<std::uint64_t>{5, 5, 5});
+    CHECK_FALSE(dp.last_exchange().dense);
+    CHECK(dp.last_exchange().counts == std::vector<std::uint64_t>{5, 5, 5});
     CHECK(dp.compression().last().size() == 5);
   });
 }

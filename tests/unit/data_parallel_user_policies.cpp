@@ -3,6 +3,7 @@
 // is checked bit for bit against a single-process replay of the same float operations.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <support/least_squares.hpp>
@@ -119,12 +120,15 @@ private:
 constexpr float threshold = 0.05f;
 constexpr float mu = 0.5f;
 
-// The policy tags, as a user's own header would declare them, and their settings: data_parallel hands a
-// struct derived from data_parallel_options to every policy's traits whole.
+// The policy tags, as a user's own header would declare them, and their settings: each traits names its
+// options type, and data_parallel's options hold one per slot.
 struct threshold_policy {};
 struct heavy_ball_policy {};
-struct options : data_parallel_options {
+struct threshold_options {
   float threshold = user::threshold;
+  sparsify::exchange_options exchange{}; // how sparsify::exchanger sums the messages
+};
+struct heavy_ball_options {
   float mu = user::mu;
 };
 
@@ -148,44 +152,47 @@ public:
   }
   std::size_t block_count() const { return scheme_.block_count(); }
   const Scheme& scheme() const noexcept { return scheme_; }
-  threshold_sparsifier& sparsifier() noexcept { return sparsifier_; }
-  const threshold_sparsifier& sparsifier() const noexcept { return sparsifier_; }
-  const sparsify::exchange_report& last() const noexcept { return last_; }
+  threshold_sparsifier& compression() noexcept { return sparsifier_; }
+  const threshold_sparsifier& compression() const noexcept { return sparsifier_; }
+  const comm::exchange_report& last() const noexcept { return last_; }
 
 private:
   C* comm_;
   Scheme scheme_;
   threshold_sparsifier sparsifier_;
-  sparsify::exchange_report last_{};
+  comm::exchange_report last_{};
 };
 
 } // namespace user
 
 template <>
 struct commsgd::policy::compression_traits<user::dense_threshold_policy> {
+  using options = user::threshold_options;
   static constexpr bool dense_blocks = false;
   template <class Scheme, comm::communicator C>
   using reducer = user::dense_threshold_reducer<Scheme, C>;
   template <comm::communicator C, class Scheme>
-  static reducer<Scheme, C> make_reducer(C& c, Scheme scheme, std::size_t length, const user::options& o) {
+  static reducer<Scheme, C> make_reducer(C& c, Scheme scheme, std::size_t length, const options& o) {
     return reducer<Scheme, C>(c, std::move(scheme), user::threshold_sparsifier(length, o.threshold));
   }
 };
 
 template <>
 struct commsgd::policy::compression_traits<user::threshold_policy> {
+  using options = user::threshold_options;
   static constexpr bool dense_blocks = false;
   using type = user::threshold_sparsifier;
-  static type make(std::size_t length, const user::options& o) { return type(length, o.threshold); }
+  static type make(std::size_t length, const options& o) { return type(length, o.threshold); }
 };
 
 template <>
 struct commsgd::policy::sync_traits<user::heavy_ball_policy> {
+  using options = user::heavy_ball_options;
   template <comm::communicator C>
   using type = user::heavy_ball<C>;
   template <comm::communicator C>
-  static type<C> make(C& c, std::size_t, const user::options& o) {
-    return type<C>(c, o.lr, o.mu);
+  static type<C> make(C& c, std::size_t, const options& o, float lr) {
+    return type<C>(c, lr, o.mu);
   }
   template <class Coding, class Compression>
   static consteval bool accepts() {
@@ -209,7 +216,7 @@ toy::rows block_rows(const std::vector<std::size_t>& sizes, std::size_t q, int t
 // Trains every rank through Dp; returns every rank's final model and rank 0's count of sparsifier steps
 // where there is a sparsifier.
 template <class Dp>
-std::vector<std::vector<float>> train(int n, const user::options& o) {
+std::vector<std::vector<float>> train(int n, const typename Dp::options& o) {
   std::vector<std::vector<float>> finals(static_cast<std::size_t>(n));
   local_group(n).run([&](local& c) {
     Dp dp(c, problem.dim(), o);
@@ -270,17 +277,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-user::options with_lr(float lr) {
-  user::options o;
-  o.lr = lr;
-  return o;
-}
-
-user::options sparse_options(float lr) {
-  user::options o = with_lr(lr);
-  o.sparse_exchange.path = cost::sparse_path::sparse; // the replay sums pairs, as the sparse path does
-  return o;
-}
+// The replay sums pairs, as the sparse path does.
+constexpr sparsify::exchange_options sparse_path{.path = cost::sparse_path::sparse};
+constexpr user::threshold_options sparse_pairs{.exchange = sparse_path};
 
 } // namespace
 
@@ -290,7 +289,7 @@ TEST_CASE("a user sparsifier composes with uncoded<> and synchronous, bit for bi
                                user::threshold_sparsifier>);
   for (int n : {1, 2, 3, 4}) {
     CAPTURE(n);
-    const auto got = train<dp>(n, sparse_options(0.05f));
+    const auto got = train<dp>(n, {.lr = 0.05f, .compression = sparse_pairs});
     const auto want = replay(n, 0.05f, true, false);
     for (const auto& x : got)
       CHECK(same_bits(x, want));
@@ -303,26 +302,24 @@ TEST_CASE("a user sync strategy composes with every coding scheme and with top_k
     for (int n : {1, 3}) {
       CAPTURE(n);
       const auto got =
-          train<data_parallel<policy::uncoded<>, policy::dense, user::heavy_ball_policy>>(n, with_lr(0.02f));
+          train<data_parallel<policy::uncoded<>, policy::dense, user::heavy_ball_policy>>(n, {.lr = 0.02f});
       for (const auto& x : got)
         CHECK(same_bits(x, replay(n, 0.02f, false, true)));
     }
     // The strategy's own setting travels in the derived options: no momentum is plain SGD.
-    user::options no_momentum = with_lr(0.02f);
-    no_momentum.mu = 0.0f;
-    const auto sgd =
-        train<data_parallel<policy::uncoded<>, policy::dense, user::heavy_ball_policy>>(3, no_momentum);
+    const auto sgd = train<data_parallel<policy::uncoded<>, policy::dense, user::heavy_ball_policy>>(
+        3, {.lr = 0.02f, .sync = {.mu = 0.0f}});
     const auto want = replay(3, 0.02f, false, false);
     for (std::size_t i = 0; i < want.size(); ++i)
       CHECK(sgd[0][i] == want[i]);
   }
   SUBCASE("cssgd and the uncoded shuffle of the same assignment agree bit for bit, and both converge") {
-    user::options o = with_lr(0.05f);
-    o.redundancy = 2;
     const auto coded =
-        train<data_parallel<policy::cssgd<coding::xor_bits>, policy::dense, user::heavy_ball_policy>>(4, o);
+        train<data_parallel<policy::cssgd<coding::xor_bits>, policy::dense, user::heavy_ball_policy>>(
+            4, {.lr = 0.05f, .coding = {.redundancy = 2}});
     const auto shuffled =
-        train<data_parallel<policy::uncoded_shuffle, policy::dense, user::heavy_ball_policy>>(4, o);
+        train<data_parallel<policy::uncoded_shuffle, policy::dense, user::heavy_ball_policy>>(
+            4, {.lr = 0.05f, .coding = {.redundancy = 2}});
     for (std::size_t r = 0; r < coded.size(); ++r) {
       CHECK(same_bits(coded[r], shuffled[r]));
       CHECK(same_bits(coded[r], coded[0]));
@@ -330,12 +327,11 @@ TEST_CASE("a user sync strategy composes with every coding scheme and with top_k
     CHECK(problem.loss(coded[0]) < 0.1 * start);
   }
   SUBCASE("top_k at density 1 sends everything, so it equals the dense composition's update") {
-    user::options o = sparse_options(0.02f);
-    o.top_k.density = 1.0;
     const auto sparse =
-        train<data_parallel<policy::uncoded<>, policy::top_k<select::exact>, user::heavy_ball_policy>>(3, o);
+        train<data_parallel<policy::uncoded<>, policy::top_k<select::exact>, user::heavy_ball_policy>>(
+            3, {.lr = 0.02f, .compression = {.top_k = {.density = 1.0}, .exchange = sparse_path}});
     const auto dense =
-        train<data_parallel<policy::uncoded<>, policy::dense, user::heavy_ball_policy>>(3, with_lr(0.02f));
+        train<data_parallel<policy::uncoded<>, policy::dense, user::heavy_ball_policy>>(3, {.lr = 0.02f});
     // The sparse sum starts from +0, the ring from rank 0's value: equal up to the sign of an exact zero.
     for (std::size_t i = 0; i < dense[0].size(); ++i)
       CHECK(sparse[0][i] == dense[0][i]);
@@ -346,7 +342,7 @@ TEST_CASE("a user sparsifier and a user sync strategy compose with each other") 
   using dp = data_parallel<policy::uncoded<>, user::threshold_policy, user::heavy_ball_policy>;
   for (int n : {2, 4}) {
     CAPTURE(n);
-    const auto got = train<dp>(n, sparse_options(0.02f));
+    const auto got = train<dp>(n, {.lr = 0.02f, .compression = sparse_pairs});
     const auto want = replay(n, 0.02f, true, true);
     for (const auto& x : got)
       CHECK(same_bits(x, want));
@@ -359,7 +355,7 @@ TEST_CASE("a user sparsifier policy that builds its own reducer composes, equal 
   static_assert(std::is_same_v<dp::reducer_type, user::dense_threshold_reducer<dp::coding_type, local>>);
   for (int n : {1, 3, 4}) {
     CAPTURE(n);
-    const auto got = train<dp>(n, with_lr(0.05f));
+    const auto got = train<dp>(n, {.lr = 0.05f});
     const auto want = replay(n, 0.05f, true, false);
     // The all-reduce folds from rank 0's value, the replay from +0: equal up to the sign of an exact zero.
     for (const auto& x : got)

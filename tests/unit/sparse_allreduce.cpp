@@ -17,10 +17,11 @@
 #include <commsgd/comm/simulated.hpp>
 #include <commsgd/cost/sparse_allreduce.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
+#include <commsgd/policy/top_k_allreduce.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/key.hpp>
 #include <commsgd/sparsify/allreduce.hpp>
-#include <commsgd/sparsify/allreduce_policy.hpp>
 #include <commsgd/sparsify/allreduce_reducer.hpp>
 #include <commsgd/sparsify/top_k.hpp>
 
@@ -406,10 +407,10 @@ TEST_CASE("allreduce_reducer: the error-feedback invariant holds bit for bit on 
             auto& pp = p[tt][r];
             pp.resize(d);
             for (std::size_t i = 0; i < d; ++i)
-              pp[i] = g[i] + red.sparsifier().residual()[i];
+              pp[i] = g[i] + red.compression().residual()[i];
             const std::span<const float> blocks[1] = {g};
             red.reduce(blocks, out);
-            e_new[tt][r].assign(red.sparsifier().residual().begin(), red.sparsifier().residual().end());
+            e_new[tt][r].assign(red.compression().residual().begin(), red.compression().residual().end());
             outs[tt][r] = out;
           }
         });
@@ -458,16 +459,16 @@ TEST_CASE("data_parallel composes top_k_allreduce; every rank ends with the same
     const std::size_t d = 300;
     std::vector<std::vector<float>> finals(static_cast<std::size_t>(n));
     cm::local_group(n).run([&](cm::local& c) {
-      commsgd::data_parallel_options o;
+      dp::options o;
       o.lr = 0.1f;
-      o.top_k.density = 0.05;
+      o.compression.top_k.density = 0.05;
       dp trainer(c, d, o);
       std::vector<float> x(d, 0.0f);
       trainer.start(x);
       for (int t = 0; t < 6; ++t) {
         const auto g = gradient(d, static_cast<std::uint64_t>(c.rank() * 100 + t));
         trainer.step(x, std::span<const float>(g));
-        CHECK(trainer.last_sparse().total > 0);
+        CHECK(trainer.last_exchange().total > 0);
         CHECK(trainer.compression().steps() == static_cast<std::uint64_t>(t + 1));
       }
       trainer.finish(x);
@@ -498,7 +499,7 @@ TEST_CASE("allreduce_reducer: a gradient refused on one rank raises on every ran
       g[7] = 0.0f;
       red.reduce(blocks, out);
       // A rank that went through the failed step kept its whole message in the residual: nothing lost.
-      CHECK(red.sparsifier().steps() == (bad ? 1u : 2u));
+      CHECK(red.compression().steps() == (bad ? 1u : 2u));
       CHECK(red.exchange().history() == 1);
     });
   }

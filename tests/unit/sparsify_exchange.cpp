@@ -69,8 +69,8 @@ TEST_CASE("sums equal the reference from what each rank sent, and bytes equal th
       std::vector<sent_log> logs(steps, sent_log(n));
       std::vector<std::vector<std::vector<float>>> sums(
           steps, std::vector<std::vector<float>>(static_cast<std::size_t>(n)));
-      std::vector<std::vector<sp::exchange_report>> reps(
-          steps, std::vector<sp::exchange_report>(static_cast<std::size_t>(n)));
+      std::vector<std::vector<commsgd::comm::exchange_report>> reps(
+          steps, std::vector<commsgd::comm::exchange_report>(static_cast<std::size_t>(n)));
       std::vector<std::vector<cost::sparse_traffic>> bytes(
           steps, std::vector<cost::sparse_traffic>(static_cast<std::size_t>(n)));
       cm::local_group{n}.run([&](cm::local& raw) {
@@ -119,7 +119,8 @@ TEST_CASE("the dense fallback gives the same sum as the sparse path") {
     CAPTURE(n);
     std::vector<std::vector<float>> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
     std::vector<cost::sparse_traffic> ba(static_cast<std::size_t>(n)), bb(static_cast<std::size_t>(n));
-    std::vector<sp::exchange_report> ra(static_cast<std::size_t>(n)), rb(static_cast<std::size_t>(n));
+    std::vector<commsgd::comm::exchange_report> ra(static_cast<std::size_t>(n)),
+        rb(static_cast<std::size_t>(n));
     cm::local_group{n}.run([&](cm::local& raw) {
       cm::metered<cm::local> c(raw);
       const auto r = static_cast<std::size_t>(c.rank());
@@ -154,7 +155,7 @@ TEST_CASE("empty selections on some or all ranks take part without hanging") {
       CAPTURE(pattern);
       std::vector<std::vector<float>> sums(static_cast<std::size_t>(n));
       std::vector<cost::sparse_traffic> bytes(static_cast<std::size_t>(n));
-      std::vector<sp::exchange_report> reps(static_cast<std::size_t>(n));
+      std::vector<commsgd::comm::exchange_report> reps(static_cast<std::size_t>(n));
       sent_log log(n);
       cm::local_group{n}.run([&](cm::local& raw) {
         cm::metered<cm::local> c(raw);

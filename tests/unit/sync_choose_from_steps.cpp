@@ -4,6 +4,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/cost/candidate.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/sync/choose_from_steps.hpp>
 #include <commsgd/sync/exchange_chooser.hpp>
@@ -39,16 +40,16 @@ using topk_dp = data_parallel<policy::uncoded<>, policy::top_k<select::exact>, p
 using any_trainer = std::variant<dense_dp, fp16_dp, topk_dp>;
 
 // The composition a candidate names; its type is fixed at compile time, so the choice picks a variant.
-any_trainer make_trainer(local& c, const std::string& name, data_parallel_options o) {
+any_trainer make_trainer(local& c, const std::string& name, float lr) {
   const auto k = cost::parse_candidate(name);
   switch (k.kind) {
   case cost::candidate_kind::dense:
-    return any_trainer(std::in_place_type<dense_dp>, c, problem.dim(), o);
+    return any_trainer(std::in_place_type<dense_dp>, c, problem.dim(), dense_dp::options{.lr = lr});
   case cost::candidate_kind::fp16:
-    return any_trainer(std::in_place_type<fp16_dp>, c, problem.dim(), o);
+    return any_trainer(std::in_place_type<fp16_dp>, c, problem.dim(), fp16_dp::options{.lr = lr});
   case cost::candidate_kind::topk:
-    o.top_k.density = k.density;
-    return any_trainer(std::in_place_type<topk_dp>, c, problem.dim(), o);
+    return any_trainer(std::in_place_type<topk_dp>, c, problem.dim(),
+                       topk_dp::options{.lr = lr, .compression = {.top_k = {.density = k.density}}});
   default:
     throw invalid_argument("this trainer offers dense, fp16 and topk-<density>");
   }
@@ -78,8 +79,8 @@ struct outcome {
 
 // Profiles dense, chooses among `plans` for `net`, switches and trains `after` more steps.
 outcome run(local& c, const std::vector<cost::candidate_plan>& plans, const comm::network_model& net) {
-  const data_parallel_options o{.lr = 0.1f};
-  dense_dp warm(c, problem.dim(), o);
+  const float lr = 0.1f;
+  dense_dp warm(c, problem.dim(), {.lr = lr});
   sync::step_timer timer;
   std::vector<float> x(problem.dim(), 0.0f), g(problem.dim());
   profile(c, warm, timer, x, g);
@@ -90,7 +91,7 @@ outcome run(local& c, const std::vector<cost::candidate_plan>& plans, const comm
   const auto choice = sync::choose_from_steps(c, timer, g, sync::buckets_of(problem.dim()), plans, net);
   outcome out{choice.name, choice.predicted, problem.loss(x), 0, {}};
 
-  auto next = make_trainer(c, choice.name, o);
+  auto next = make_trainer(c, choice.name, lr);
   std::visit(
       [&](auto& dp) {
         std::stringstream s(std::ios::in | std::ios::out | std::ios::binary);
@@ -237,7 +238,7 @@ TEST_CASE("exchange_chooser: a resumed run rebuilds the chosen trainer and goes 
   // Decide from measured steps, take a few compressed steps, checkpoint (chooser on rank 0, trainer and
   // model on every rank), then compare an uninterrupted run with one resumed from the checkpoint.
   const int n = 2;
-  const data_parallel_options o{.lr = 0.1f};
+  const float lr = 0.1f;
   const std::vector<cost::candidate_plan> plans{{.name = "fp16"}, {.name = "topk-0.1"}};
   std::string chooser_saved;
   std::vector<std::string> trainer_saved(n);
@@ -255,7 +256,7 @@ TEST_CASE("exchange_chooser: a resumed run rebuilds the chosen trainer and goes 
   };
   local_group(n).run([&](local& c) {
     const auto r = static_cast<std::size_t>(c.rank());
-    dense_dp warm(c, problem.dim(), o);
+    dense_dp warm(c, problem.dim(), {.lr = lr});
     sync::step_timer timer;
     std::vector<float> x(problem.dim(), 0.0f), g(problem.dim());
     profile(c, warm, timer, x, g);
@@ -263,7 +264,7 @@ TEST_CASE("exchange_chooser: a resumed run rebuilds the chosen trainer and goes 
     const auto in = sync::measure_choice_inputs(timer, g, sync::buckets_of(problem.dim()), plans);
     const auto& rec = chooser.decide(c, in.profile, in.plans, profiled);
     CHECK(rec.choice != "dense");
-    auto tr = make_trainer(c, chooser.current(), o);
+    auto tr = make_trainer(c, chooser.current(), lr);
     std::visit(
         [&](auto& dp) {
           std::stringstream s(std::ios::in | std::ios::out | std::ios::binary);
@@ -292,7 +293,7 @@ TEST_CASE("exchange_chooser: a resumed run rebuilds the chosen trainer and goes 
     chooser.load(cs);
     REQUIRE(chooser.log().size() == 1);
     CHECK(chooser.log()[0].step == profiled);
-    auto tr = make_trainer(c, chooser.current(), o);
+    auto tr = make_trainer(c, chooser.current(), lr);
     auto x = x_saved[r];
     std::visit(
         [&](auto& dp) {

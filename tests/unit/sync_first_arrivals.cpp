@@ -8,6 +8,7 @@
 #include <commsgd/comm/simulated.hpp>
 #include <commsgd/cost/gradient_code.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/sync/first_arrivals.hpp>
 
 #include "support/checkpoint.hpp"
@@ -374,7 +375,7 @@ using dp_t = commsgd::data_parallel<policy::gradient_code<Kind>, policy::dense, 
 
 // Trains `steps` steps from `from` (a loaded trainer, or a fresh one when `from` is empty); returns params.
 template <class Kind, class C>
-std::vector<float> train(C& c, const commsgd::data_parallel_options& o, int steps, std::vector<float> x,
+std::vector<float> train(C& c, const typename dp_t<Kind, C>::options& o, int steps, std::vector<float> x,
                          const ckpt::bytes* from, ckpt::bytes* save_to) {
   dp_t<Kind, C> dp(c, x.size(), o);
   if (from) {
@@ -406,8 +407,9 @@ TEST_CASE(
   // virtual clock (its responders are deterministic).
   for (int n : {2, 3, 4}) {
     comm::local_group{n}.run([&](comm::local& c) {
-      commsgd::data_parallel_options o{.lr = 0.05f, .redundancy = n == 3 ? 3 : 2};
-      o.first_arrivals.delays = {.kind = csync::delay_kind::shifted_exponential, .mean = 1.0, .seed = 9};
+      dp_t<coding::fractional_repetition, comm::local>::options o{.lr = 0.05f,
+                                                                  .coding = {.redundancy = n == 3 ? 3 : 2}};
+      o.sync.delays = {.kind = csync::delay_kind::shifted_exponential, .mean = 1.0, .seed = 9};
       std::vector<float> x0(11, 0.5f);
       const auto whole = train<coding::fractional_repetition>(c, o, 6, x0, nullptr, nullptr);
       ckpt::bytes saved;
@@ -415,7 +417,7 @@ TEST_CASE(
       const auto resumed = train<coding::fractional_repetition>(c, o, 3, half, &saved, nullptr);
       CHECK(same_bits(whole, resumed));
       auto other = o;
-      other.first_arrivals.delays.seed = 10;
+      other.sync.delays.seed = 10;
       dp_t<coding::fractional_repetition, comm::local> dp(c, 11, other);
       auto is = ckpt::stream_of(saved);
       CHECK_THROWS_WITH_AS(dp.load(is), doctest::Contains("delay model"), commsgd::corrupt_data);
@@ -423,8 +425,8 @@ TEST_CASE(
     comm::local_group{n}.run([&](comm::local& base) {
       using sim_t = comm::simulated<comm::local>;
       sim_t c(base, comm::network_model::gigabit());
-      commsgd::data_parallel_options o{.lr = 0.05f, .redundancy = 2};
-      o.first_arrivals.delays = {.kind = csync::delay_kind::pareto, .mean = 1.0, .shape = 1.5, .seed = 4};
+      dp_t<coding::cyclic, sim_t>::options o{.lr = 0.05f, .coding = {.redundancy = 2}};
+      o.sync.delays = {.kind = csync::delay_kind::pareto, .mean = 1.0, .shape = 1.5, .seed = 4};
       std::vector<float> x0(11, 0.5f);
       const auto whole = train<coding::cyclic>(c, o, 6, x0, nullptr, nullptr);
       ckpt::bytes saved;
@@ -439,7 +441,7 @@ TEST_CASE("gradient_code under policy::synchronous, and bad options") {
   comm::local_group{4}.run([&](comm::local& c) {
     commsgd::data_parallel<policy::gradient_code<coding::fractional_repetition>, policy::dense,
                            policy::synchronous>
-        dp(c, 5, {.lr = 0.1f, .redundancy = 2});
+        dp(c, 5, {.lr = 0.1f, .coding = {.redundancy = 2}});
     CHECK(dp.block_count() == 4);
     CHECK(dp.my_blocks().size() == 2);
     std::vector<float> x(5, 0.0f);

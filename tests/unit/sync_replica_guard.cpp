@@ -2,6 +2,7 @@
 // catching a rank that drifts, with the same error on every rank.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/sync/replica_guard.hpp>
 
 #include <doctest/doctest.h>
@@ -124,7 +125,7 @@ struct outcome {
 };
 
 template <class Dp>
-outcome<Dp> train(int n, data_parallel_options o, int steps, int drifter, int drift_after) {
+outcome<Dp> train(int n, typename Dp::options o, int steps, int drifter, int drift_after) {
   outcome<Dp> out;
   out.errors.resize(static_cast<std::size_t>(n));
   out.checks.resize(static_cast<std::size_t>(n));
@@ -208,8 +209,7 @@ TEST_CASE("data_parallel's guard stays silent on identical replicas and is off b
 }
 
 TEST_CASE("local_sgd: checks only where models are averaged; drift between averages is healed") {
-  data_parallel_options o{.lr = 0.1f, .replica_check_every = 1};
-  o.local_sgd = {.period = 4, .warmup_steps = 2};
+  local_dp::options o{.lr = 0.1f, .sync = {.period = 4, .warmup_steps = 2}, .replica_check_every = 1};
   // Sync points at steps 3, 7, 11 (1-based: warm-up steps 1 and 2 are synchronous, then t = 2, 6, 10).
   // A drift inside a local phase is averaged away; the guard does not fire.
   const auto healed = train<local_dp>(3, o, 11, 2, 5);
@@ -218,19 +218,18 @@ TEST_CASE("local_sgd: checks only where models are averaged; drift between avera
     CHECK(healed.checks[r] == 2 + 3 + 1); // two warm-up steps, three averages, finish
   }
   // At_sync correction promises nothing after averages (and so nothing at finish).
-  o.local_sgd.correction = sync::correction_mode::at_sync;
+  o.sync.correction = sync::correction_mode::at_sync;
   const auto pulled = train<local_dp>(3, o, 11, 2, 5);
   for (std::size_t r = 0; r < 3; ++r)
     CHECK(pulled.checks[r] == 2);
   // A drift during warm-up is caught at the next warm-up step.
-  o.local_sgd.correction = sync::correction_mode::none;
+  o.sync.correction = sync::correction_mode::none;
   const auto warm = train<local_dp>(3, o, 11, 0, 1);
   same_error_everywhere(warm, "after step 2", {0});
 }
 
 TEST_CASE("async_ps: checked at finish only, where every rank holds the final model") {
-  data_parallel_options o{.lr = 0.1f, .replica_check_every = 1};
-  const auto fine = train<async_dp>(3, o, 6, -1, 0);
+  const auto fine = train<async_dp>(3, {.lr = 0.1f, .replica_check_every = 1}, 6, -1, 0);
   for (std::size_t r = 0; r < 3; ++r) {
     CHECK(fine.errors[r].empty());
     CHECK(fine.checks[r] == 1);

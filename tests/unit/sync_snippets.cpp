@@ -3,6 +3,7 @@
 // promises.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/data_parallel.hpp>
+#include <commsgd/policy/policy.hpp>
 #include <commsgd/sync/sync.hpp>
 #include <support/least_squares.hpp>
 
@@ -127,7 +128,7 @@ TEST_CASE("data_parallel.hpp: the block loop of its opening comment") {
     using dp = commsgd::data_parallel<policy::cssgd<coding::xor_bits>, policy::dense, policy::synchronous,
                                       comm::local>;
     std::vector<float> params(problem.dim(), 0.0f);
-    dp trainer(comm, params.size(), {.lr = 0.1f, .redundancy = 2});
+    dp trainer(comm, params.size(), {.lr = 0.1f, .coding = {.redundancy = 2}});
     trainer.start(params);
     std::vector<std::vector<float>> grads(trainer.my_blocks().size(), std::vector<float>(params.size()));
     std::vector<std::span<const float>> views(grads.begin(), grads.end());

@@ -27,7 +27,6 @@
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -158,22 +157,3 @@ static_assert(coding_scheme<cssgd<xor_bits, comm::archetype>>);
 static_assert(coding_scheme<cssgd<int32_sum, comm::archetype>>);
 
 } // namespace commsgd::inline v1::coding
-
-namespace commsgd::inline v1::policy {
-
-// Redundancy r (data_parallel_options::redundancy), coded multicasts in (r+1)-groups (coding/cssgd.hpp).
-template <coding::combiner Combiner = coding::xor_bits>
-struct cssgd {};
-
-template <class Combiner>
-struct coding_traits<cssgd<Combiner>> : codes_dense_blocks {
-  template <comm::communicator C>
-  using type = coding::cssgd<Combiner, C>;
-
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, o.redundancy);
-  }
-};
-
-} // namespace commsgd::inline v1::policy

@@ -24,7 +24,12 @@
 //                          decoding vector's residual max_j |sum_k a_k B[k][j] - 1|:
 //                            |out[e] - S[e]| <= 2^-23 (|S[e]| + sum_k |a_k| |c_k[e]|)
 //                                               + (rho + 2^-46 max_k |a_k|) sum_j |G_j[e]|
-//                          (error_bound() evaluates it; tests/unit/coding_gradient_code.cpp checks it).
+//                                               + 2^-149 (1 + sum_k |a_k|)
+//                          The last term is underflow: a float rounding is relative only down to the
+//                          normal range; below it (subnormal c_k or out) each rounding may be off by half
+//                          the subnormal spacing 2^-149 whatever the value, once per c_k (scaled by |a_k|
+//                          in the decoding) and once for out. (error_bound() evaluates it;
+//                          tests/unit/coding_gradient_code.cpp checks it, subnormal blocks included.)
 //   backup_workers         the uncoded baseline: r is only how many answers it waits for (n - r + 1);
 //                          node i holds block i alone. The decoder sums the gradients that arrived, in rank
 //                          order, and scales by n / (number summed): an estimate of the full sum that drops
@@ -368,17 +373,18 @@ public:
     const auto& a = decoding_vector(responders);
     const node_set u = used(responders);
     const auto who = members(responders);
-    double weighted = 0, amax = 0;
+    double weighted = 0, amax = 0, asum = 0;
     std::size_t used_k = 0;
     for (std::size_t k = 0; k < who.size(); ++k) {
       if (!contains(u, who[k])) continue;
       const double w = std::abs(a[used_k++]);
       weighted += w * std::abs(coded_e[k]);
       amax = std::max(amax, w);
+      asum += w;
     }
     const double rho = cache_.at(u).residual;
     return std::ldexp(1.0, -23) * (std::abs(exact_sum) + weighted) +
-           (rho + std::ldexp(1.0, -46) * amax) * abs_block_sum;
+           (rho + std::ldexp(1.0, -46) * amax) * abs_block_sum + std::ldexp(1.0, -149) * (1.0 + asum);
   }
 
 private:

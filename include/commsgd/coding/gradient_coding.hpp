@@ -12,7 +12,6 @@
 #include <commsgd/coding/scheme.hpp>
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
-#include <commsgd/policy/traits.hpp>
 
 #include <cstddef>
 #include <span>
@@ -63,34 +62,3 @@ static_assert(coding_scheme<gradient_coding<cyclic, comm::archetype>>);
 static_assert(coding_scheme<gradient_coding<backup_workers, comm::archetype>>);
 
 } // namespace commsgd::inline v1::coding
-
-namespace commsgd::inline v1::policy {
-
-// A gradient code of redundancy r (data_parallel_options::redundancy): fractional_repetition, cyclic, or the
-// uncoded backup_workers baseline that waits for n - r + 1 answers (coding/gradient_code.hpp).
-template <coding::gradient_code_kind Kind = coding::fractional_repetition>
-struct gradient_code {};
-
-template <class Kind>
-struct coding_traits<gradient_code<Kind>> {
-  template <comm::communicator C>
-  using type = coding::gradient_coding<Kind, C>;
-
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, o.redundancy);
-  }
-
-  static constexpr bool plain = false;
-
-  template <class Compression>
-  static consteval bool accepts() {
-    static_assert(is_dense<Compression>,
-                  "commsgd::data_parallel<gradient_code, Compression, Sync>: a gradient code decodes the sum "
-                  "from fixed linear combinations of dense block gradients, which a sparsifier's per-rank "
-                  "selections would break; use policy::dense");
-    return true;
-  }
-};
-
-} // namespace commsgd::inline v1::policy

@@ -12,7 +12,6 @@
 #include <commsgd/coding/scheme.hpp>
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
-#include <commsgd/policy/traits.hpp>
 
 #include <cstddef>
 #include <limits>
@@ -100,21 +99,3 @@ private:
 static_assert(coding_scheme<uncoded_shuffle<comm::archetype>>);
 
 } // namespace commsgd::inline v1::coding
-
-namespace commsgd::inline v1::policy {
-
-// CSSGD's redundant assignment without the coding (coding/uncoded_shuffle.hpp).
-struct uncoded_shuffle {};
-
-template <>
-struct coding_traits<uncoded_shuffle> : codes_dense_blocks {
-  template <comm::communicator C>
-  using type = coding::uncoded_shuffle<C>;
-
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, o.redundancy);
-  }
-};
-
-} // namespace commsgd::inline v1::policy

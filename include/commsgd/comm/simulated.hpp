@@ -66,10 +66,6 @@ struct network_model {
   }
 };
 
-// The name of comm::traffic before this release, when the simulator had its own struct (its tx_messages,
-// tx_bytes, rx_messages, rx_bytes are now messages_sent, bytes_sent, messages_received, bytes_received).
-using link_load [[deprecated("use comm::traffic")]] = traffic;
-
 // Seconds a load keeps a node busy: its transmitter and receiver work in parallel.
 inline double busy_seconds(const traffic& l, const network_model& net) noexcept {
   return std::max(net.seconds(l.messages_sent, l.bytes_sent),

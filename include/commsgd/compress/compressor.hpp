@@ -8,7 +8,7 @@
 // Contract every model keeps:
 // - x.reduce(c, g, out) is collective: g is this rank's gradient (exactly length() values), out (length()
 //   values) receives the sum over ranks of what each rank's message decodes to, the same bits on every
-//   rank; the report says what went on the wire (dense: carried by an all-reduce; total and counts: values
+//   rank; the comm::exchange_report says what went on the wire (dense: carried by an all-reduce; total and counts: values
 //   or pairs over all ranks and per rank).
 // - Error feedback, where the model has it: what a message does not carry stays in the rank's state.
 // - Bad input (wrong sizes, non-finite values) raises a commsgd::error on every rank, never a hang.
@@ -31,8 +31,6 @@
 
 namespace commsgd::inline v1::compress {
 
-using report = comm::exchange_report;
-
 template <class X, class C>
 concept compressor = std::movable<X> && comm::communicator<C> &&
     requires(X& x, const X& cx, C& c, std::span<const float> g, std::span<float> out, std::ostream& os,
@@ -41,7 +39,7 @@ concept compressor = std::movable<X> && comm::communicator<C> &&
   { cx.length() } -> std::same_as<std::size_t>;
   { cx.steps() } -> std::same_as<std::uint64_t>;
   { cx.wire_bytes() } -> std::same_as<std::uint64_t>;
-  { x.reduce(c, g, out) } -> std::same_as<report>;
+  { x.reduce(c, g, out) } -> std::same_as<comm::exchange_report>;
   cx.save(os);
   x.load(is);
 };
@@ -55,7 +53,7 @@ struct compressor_archetype {
   std::uint64_t steps() const noexcept { return 0; }
   std::uint64_t wire_bytes() const noexcept { return 0; }
   template <comm::communicator C>
-  report reduce(C&, std::span<const float>, std::span<float>) {
+  comm::exchange_report reduce(C&, std::span<const float>, std::span<float>) {
     return {};
   }
   void save(std::ostream&) const {}

@@ -90,7 +90,7 @@ namespace detail {
 // Parameters are what a state only loads into a compressor that agrees on (length, s, seed, ...).
 inline void save_state(std::ostream& os, std::string_view kind, std::span<const std::uint64_t> params,
                        std::uint64_t steps, const error_feedback& ef) {
-  state::detail::state_writer w(kind);
+  state::writer w(kind);
   w.put<std::uint64_t>(params.size());
   for (auto v : params)
     w.put<std::uint64_t>(v);
@@ -100,7 +100,7 @@ inline void save_state(std::ostream& os, std::string_view kind, std::span<const 
     w.put_array(ef.residual());
     w.put_array(ef.residual_low());
   }
-  state::detail::write_blob(os, std::move(w).finish());
+  state::write_frame(os, std::move(w).finish());
 }
 
 // Reads and checks a whole state, then replaces `steps` and the residual of `ef`: nothing is assigned before
@@ -109,13 +109,13 @@ inline void save_state(std::ostream& os, std::string_view kind, std::span<const 
 inline void load_state(std::istream& is, std::string_view kind, std::span<const std::uint64_t> params,
                        std::span<const char* const> names, std::size_t length, std::uint64_t& steps,
                        error_feedback& ef) {
-  const auto blob = state::detail::read_blob(is);
-  state::detail::state_reader r(blob, kind);
-  state::detail::expect_same(r.get<std::uint64_t>(), params.size(), "parameter count");
+  const auto blob = state::read_frame(is);
+  state::reader r(blob, kind);
+  state::expect_same(r.get<std::uint64_t>(), params.size(), "parameter count");
   for (std::size_t i = 0; i < params.size(); ++i)
-    state::detail::expect_same(r.get<std::uint64_t>(), params[i], names[i]);
+    state::expect_same(r.get<std::uint64_t>(), params[i], names[i]);
   const auto saved_steps = r.get<std::uint64_t>();
-  state::detail::expect_same(r.get<std::uint32_t>(), ef.on() ? 1u : 0u, "error feedback (1 on, 0 off)");
+  state::expect_same(r.get<std::uint32_t>(), ef.on() ? 1u : 0u, "error feedback (1 on, 0 off)");
   std::vector<float> residual, residual_low;
   if (ef.on()) {
     residual.resize(length);

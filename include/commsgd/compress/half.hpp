@@ -33,7 +33,6 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 
 #include <algorithm>
 #include <array>
@@ -157,7 +156,7 @@ public:
   const half_options& options() const noexcept { return opt_; }
 
   template <comm::communicator C>
-  report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     auto v = detail::take_input(g, out.size(), length_, ef_, p_);
     if (v.problem == detail::input_problem::none) v = encode();
     const bool first = !agreed_;
@@ -248,30 +247,6 @@ using fp16 = half_compressor<fp16_format>;
 using bf16 = half_compressor<bf16_format>;
 
 } // namespace commsgd::inline v1::compress
-
-namespace commsgd::inline v1::policy {
-
-// fp16 / bf16 as data_parallel's compressor, with data_parallel_options::half.
-struct fp16 {};
-struct bf16 {};
-
-template <>
-struct compression_traits<fp16> : compressor_traits<compression_traits<fp16>, compress::fp16> {
-  template <class Options>
-  static compress::fp16 make(std::size_t length, const Options& o) {
-    return compress::fp16(length, o.half);
-  }
-};
-
-template <>
-struct compression_traits<bf16> : compressor_traits<compression_traits<bf16>, compress::bf16> {
-  template <class Options>
-  static compress::bf16 make(std::size_t length, const Options& o) {
-    return compress::bf16(length, o.half);
-  }
-};
-
-} // namespace commsgd::inline v1::policy
 
 namespace commsgd::inline v1::compress {
 static_assert(compressor<fp16, comm::archetype>);

@@ -46,7 +46,6 @@
 #include <commsgd/cost/powersgd.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/mix.hpp>
-#include <commsgd/policy/traits.hpp>
 #include <commsgd/select/validate.hpp>
 #include <commsgd/state/stream.hpp>
 
@@ -188,7 +187,7 @@ public:
   std::span<const float> p() const noexcept { return p_; }
 
   template <comm::communicator C>
-  report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     std::exception_ptr local;
     try {
       if (g.size() != length())
@@ -269,7 +268,7 @@ public:
     q_.swap(qn_);
     ++steps_;
     wire_bytes_ = cost::powersgd_traffic(plan_, n, c.rank()).sent;
-    report r;
+    comm::exchange_report r;
     r.dense = true;
     r.total = (static_cast<std::uint64_t>(plan_.dense_size) + plan_.p_size + plan_.q_size) *
               static_cast<std::uint64_t>(n);
@@ -279,19 +278,19 @@ public:
   // Body: u64 length | u64 rank | f64 min_compression_rate | f32 epsilon | u64 seed | u32 error feedback |
   // u32 warm start | layers as an array of (rows, cols) u64 pairs | u64 steps | residual | Q.
   void save(std::ostream& os) const {
-    state::detail::state_writer w(name);
+    state::writer w(name);
     put_layout(w);
     w.put<std::uint64_t>(steps_);
     w.put_array(std::span<const float>(e_));
     w.put_array(std::span<const float>(q_));
-    state::detail::write_blob(os, std::move(w).finish());
+    state::write_frame(os, std::move(w).finish());
   }
 
   // A stream from a PowerSGD of another layout raises corrupt_data and changes nothing.
   void load(std::istream& is) {
-    const auto blob = state::detail::read_blob(is);
-    state::detail::state_reader r(blob, name);
-    state::detail::state_writer mine(name);
+    const auto blob = state::read_frame(is);
+    state::reader r(blob, name);
+    state::writer mine(name);
     put_layout(mine);
     const auto expect = std::move(mine).finish();
     // The layout is the writer's fields after the frame's kind: compare them byte for byte.
@@ -314,7 +313,7 @@ public:
   }
 
 private:
-  void put_layout(state::detail::state_writer& w) const {
+  void put_layout(state::writer& w) const {
     w.put<std::uint64_t>(plan_.length);
     w.put<std::uint64_t>(opt_.rank);
     w.put<double>(opt_.min_compression_rate);
@@ -418,19 +417,3 @@ private:
 static_assert(compressor<powersgd, comm::archetype>);
 
 } // namespace commsgd::inline v1::compress
-
-namespace commsgd::inline v1::policy {
-
-// PowerSGD as data_parallel's compressor. Its settings come from the options' `powersgd` member
-// (data_parallel_options::powersgd: rank and layer shapes).
-struct powersgd {};
-
-template <>
-struct compression_traits<powersgd> : compressor_traits<compression_traits<powersgd>, compress::powersgd> {
-  template <class Options>
-  static compress::powersgd make(std::size_t length, const Options& o) {
-    return compress::powersgd(length, o.powersgd);
-  }
-};
-
-} // namespace commsgd::inline v1::policy

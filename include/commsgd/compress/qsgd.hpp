@@ -26,7 +26,6 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 
 #include <algorithm>
 #include <array>
@@ -64,7 +63,7 @@ public:
   std::uint32_t levels() const noexcept { return opt_.levels; }
 
   template <comm::communicator C>
-  report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     auto v = detail::take_input(g, out.size(), length_, ef_, p_);
     if (v.problem == detail::input_problem::none) v = norms();
     detail::agree(c, "compress::qsgd", length_, config(), v, verdicts_,
@@ -180,18 +179,3 @@ private:
 static_assert(compressor<qsgd, comm::archetype>);
 
 } // namespace commsgd::inline v1::compress
-
-namespace commsgd::inline v1::policy {
-
-// QSGD as data_parallel's compressor, with data_parallel_options::qsgd.
-struct qsgd {};
-
-template <>
-struct compression_traits<qsgd> : compressor_traits<compression_traits<qsgd>, compress::qsgd> {
-  template <class Options>
-  static compress::qsgd make(std::size_t length, const Options& o) {
-    return compress::qsgd(length, o.qsgd);
-  }
-};
-
-} // namespace commsgd::inline v1::policy

@@ -21,7 +21,6 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 
 #include <algorithm>
 #include <array>
@@ -74,7 +73,7 @@ public:
   std::span<const std::size_t> indices() const noexcept { return idx_; }
 
   template <comm::communicator C>
-  report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     const auto v = detail::take_input(g, out.size(), length_, ef_, p_);
     detail::agree(c, "compress::random_k", length_, config(), v, verdicts_);
     random_k_indices(opt_.seed, steps_, length_, k_, idx_, marks_);
@@ -129,18 +128,3 @@ private:
 static_assert(compressor<random_k, comm::archetype>);
 
 } // namespace commsgd::inline v1::compress
-
-namespace commsgd::inline v1::policy {
-
-// random-k as data_parallel's compressor, with data_parallel_options::random_k.
-struct random_k {};
-
-template <>
-struct compression_traits<random_k> : compressor_traits<compression_traits<random_k>, compress::random_k> {
-  template <class Options>
-  static compress::random_k make(std::size_t length, const Options& o) {
-    return compress::random_k(length, o.random_k);
-  }
-};
-
-} // namespace commsgd::inline v1::policy

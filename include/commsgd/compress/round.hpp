@@ -71,13 +71,14 @@ void gather_and_sum(C& c, std::span<const std::byte> msg, std::vector<std::byte>
   decode(msg, [&](std::size_t i, float x) { d[i] = x; });
 }
 
-// Closes a round that has succeeded on every rank: (e, r) <- p - d, one more step, and the report of n
+// Closes a round that has succeeded on every rank: (e, r) <- p - d, one more step, and the comm::exchange_report of n
 // ranks that each put `each` values on the wire (`dense`: summed by an all-reduce rather than gathered).
-inline report finish_round(error_feedback& ef, std::span<const float> p, std::span<const float> d,
-                           std::uint64_t& steps, std::size_t n, std::uint64_t each, bool dense) {
+inline comm::exchange_report finish_round(error_feedback& ef, std::span<const float> p,
+                                          std::span<const float> d, std::uint64_t& steps, std::size_t n,
+                                          std::uint64_t each, bool dense) {
   ef.commit(p, d);
   ++steps;
-  report rep;
+  comm::exchange_report rep;
   rep.dense = dense;
   rep.total = each * n;
   rep.counts.assign(n, each);

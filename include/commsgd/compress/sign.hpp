@@ -17,7 +17,6 @@
 #include <commsgd/compress/round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
-#include <commsgd/policy/traits.hpp>
 
 #include <algorithm>
 #include <array>
@@ -49,7 +48,7 @@ public:
   std::size_t layers() const noexcept { return bounds_.size() - 1; }
 
   template <comm::communicator C>
-  report reduce(C& c, std::span<const float> g, std::span<float> out) {
+  comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     const auto v = detail::take_input(g, out.size(), length_, ef_, p_);
     detail::agree(c, "compress::sign", length_, config(), v, verdicts_);
     encode();
@@ -108,18 +107,3 @@ private:
 static_assert(compressor<sign, comm::archetype>);
 
 } // namespace commsgd::inline v1::compress
-
-namespace commsgd::inline v1::policy {
-
-// EF-SignSGD as data_parallel's compressor, with data_parallel_options::sign.
-struct sign {};
-
-template <>
-struct compression_traits<sign> : compressor_traits<compression_traits<sign>, compress::sign> {
-  template <class Options>
-  static compress::sign make(std::size_t length, const Options& o) {
-    return compress::sign(length, o.sign);
-  }
-};
-
-} // namespace commsgd::inline v1::policy

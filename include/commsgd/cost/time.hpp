@@ -20,33 +20,10 @@
 
 namespace commsgd::inline v1::cost {
 
-// A node's traffic is already its point-to-point load; kept for one release.
-[[deprecated("a node's comm::traffic is its load as it is")]] inline comm::traffic
-as_point_to_point(const comm::traffic& t) noexcept {
-  return t;
-}
-
-// The ring, the unicasts and the uncoded shuffle load a node exactly as cost/traffic.hpp counts them; these
-// names are kept for one release.
-[[deprecated("use cost::ring_all_reduce")]] inline comm::traffic
-ring_all_reduce_load(int n, std::uint64_t d, std::size_t element_size, int rank) {
-  return ring_all_reduce(n, d, element_size, rank);
-}
-
 inline comm::traffic all_gather_load(int n, std::uint64_t d, std::size_t element_size,
                                      const comm::network_model& net) {
   commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
   return comm::load::all_gather(d * element_size, n, net.medium);
-}
-
-[[deprecated("use cost::unicast")]] inline comm::traffic unicast_load(int n, std::uint64_t d,
-                                                                      std::size_t element_size) {
-  return unicast(n, d, element_size);
-}
-
-[[deprecated("use cost::uncoded_shuffle")]] inline comm::traffic
-uncoded_shuffle_load(int n, int r, std::uint64_t d, std::size_t element_size, int rank) {
-  return uncoded_shuffle(n, r, d, element_size, rank);
 }
 
 // By enumeration of this node's groups, so that binomial-tree broadcasts (whose load depends on where a node

@@ -22,9 +22,6 @@
 
 namespace commsgd::inline v1::cost {
 
-// The name of comm::traffic before this release.
-using node_traffic [[deprecated("use comm::traffic")]] = comm::traffic;
-
 // What a meter counted, as a model states it: models do not count calls.
 inline comm::traffic measured(comm::traffic t) noexcept {
   t.calls = 0;

@@ -270,16 +270,14 @@ public:
 
   // The host top_k's format, one layer per tensor. Waits for `stream`.
   void save(std::vector<std::byte>& out, cudaStream_t stream = nullptr) const {
-    out = sparsify::detail::write_top_k_state(name, saved_layout(), host_ctl_.data()->committed,
-                                              residual_to_host(stream), momentum_to_host(stream));
+    out = state::detail::write_top_k_state(name, saved_layout(), host_ctl_.data()->committed,
+                                           residual_to_host(stream), momentum_to_host(stream));
   }
-  void save(std::ostream& os, cudaStream_t stream = nullptr) const {
-    sparsify::detail::write_saved(os, *this, stream);
-  }
+  void save(std::ostream& os, cudaStream_t stream = nullptr) const { state::write_saved(os, *this, stream); }
   // Everything is parsed and checked before anything changes, so a bad blob changes nothing. Waits for
   // `stream`; the warm start begins again.
   void load(std::span<const std::byte> blob, cudaStream_t stream = nullptr) {
-    const sparsify::detail::top_k_contents c = sparsify::detail::read_top_k_state(blob, name, saved_layout());
+    const state::detail::top_k_contents c = state::detail::read_top_k_state(blob, name, saved_layout());
     reset(stream);
     copy_in(e_[0], c.residual, stream);
     if (has_momentum()) copy_in(u_[0], c.momentum, stream);
@@ -289,9 +287,7 @@ public:
           "cudaMemcpyAsync(control)");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   }
-  void load(std::istream& is, cudaStream_t stream = nullptr) {
-    load(sparsify::detail::read_blob(is), stream);
-  }
+  void load(std::istream& is, cudaStream_t stream = nullptr) { load(state::read_frame(is), stream); }
 
 private:
   const detail::batched::segment& segment(std::size_t t) const {
@@ -301,7 +297,7 @@ private:
     return layout_.segments[t];
   }
 
-  sparsify::detail::top_k_layout saved_layout() const noexcept {
+  state::detail::top_k_layout saved_layout() const noexcept {
     return {layout_.length, sizeof(std::uint32_t), has_momentum(), tensors(), tensors()};
   }
 

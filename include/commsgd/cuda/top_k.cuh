@@ -313,18 +313,16 @@ public:
   // The host sparsifier's format (sparsify::top_k::save with one layer). Synchronises `stream`.
   void save(std::vector<std::byte>& out, cudaStream_t stream = nullptr) const {
     // Device selectors' warm-start memory is not saved.
-    out = sparsify::detail::write_top_k_state(name, layout(), steps_, residual_to_host(stream),
-                                              momentum_to_host(stream));
+    out = state::detail::write_top_k_state(name, layout(), steps_, residual_to_host(stream),
+                                           momentum_to_host(stream));
   }
-  void save(std::ostream& os, cudaStream_t stream = nullptr) const {
-    sparsify::detail::write_saved(os, *this, stream);
-  }
+  void save(std::ostream& os, cudaStream_t stream = nullptr) const { state::write_saved(os, *this, stream); }
 
   // Everything is parsed and checked before anything is replaced, so a bad blob changes nothing.
   // Synchronises `stream`. The selector restarts cold (see the top).
   void load(std::span<const std::byte> blob, cudaStream_t stream = nullptr) {
     // A host selector's state (if any) means nothing to a device selector.
-    const sparsify::detail::top_k_contents c = sparsify::detail::read_top_k_state(blob, name, layout());
+    const state::detail::top_k_contents c = state::detail::read_top_k_state(blob, name, layout());
     // Into the scratch buffers first, so a failing copy leaves the state as it was.
     if (length_ > 0) {
       check(cudaMemcpyAsync(work_.data(), c.residual.data(), length_ * sizeof(float), cudaMemcpyHostToDevice,
@@ -342,9 +340,7 @@ public:
     sent_ = 0;
     if constexpr (requires { selector_.reset(); }) selector_.reset();
   }
-  void load(std::istream& is, cudaStream_t stream = nullptr) {
-    load(sparsify::detail::read_blob(is), stream);
-  }
+  void load(std::istream& is, cudaStream_t stream = nullptr) { load(state::read_frame(is), stream); }
 
 private:
   // A message staged in pinned memory.
@@ -354,7 +350,7 @@ private:
   };
 
   // What the saved state must agree on: the host top_k's layout with one layer and one selector.
-  sparsify::detail::top_k_layout layout() const noexcept {
+  state::detail::top_k_layout layout() const noexcept {
     return {length_, sizeof(Index), has_momentum(), 1, 1};
   }
 

@@ -68,9 +68,9 @@ inline void validate(const allreduce_options& o) {
         commsgd::detail::concat("argument 'drift' = ", o.drift, " is outside the allowed range [1, inf]"));
 }
 
-// exchange_report's fields (dense, the total and the per-rank counts of announced pairs) and what this
+// comm::exchange_report's fields (dense, the total and the per-rank counts of announced pairs) and what this
 // exchange adds.
-struct allreduce_report : exchange_report {
+struct allreduce_report : comm::exchange_report {
   bool refreshed = false;                   // the threshold histogram was all-reduced this exchange
   std::uint32_t threshold_key = 0;          // t as a magnitude key (select/key.hpp)
   std::uint64_t selected_total = 0;         // G, pairs applied over all ranks

@@ -74,8 +74,8 @@ public:
 
   Scheme& scheme() noexcept { return scheme_; }
   const Scheme& scheme() const noexcept { return scheme_; }
-  Sparsifier& sparsifier() noexcept { return sparsifier_; }
-  const Sparsifier& sparsifier() const noexcept { return sparsifier_; }
+  Sparsifier& compression() noexcept { return sparsifier_; }
+  const Sparsifier& compression() const noexcept { return sparsifier_; }
   const allreducer<index_type>& exchange() const noexcept { return exchange_; }
   const allreduce_report& last() const noexcept { return exchange_.last(); }
 

@@ -58,7 +58,7 @@ public:
   }
 
   void save(std::vector<std::byte>& out) const {
-    detail::state_writer w(name);
+    state::writer w(name);
     w.put<std::uint64_t>(length_);
     w.put<std::uint64_t>(steps_);
     out = std::move(w).finish();
@@ -66,11 +66,11 @@ public:
   void save(std::ostream& os) const {
     std::vector<std::byte> blob;
     save(blob);
-    detail::write_blob(os, blob);
+    state::write_frame(os, blob);
   }
 
   void load(std::span<const std::byte> blob) {
-    detail::state_reader r(blob, name);
+    state::reader r(blob, name);
     const auto len = r.get<std::uint64_t>();
     if (len != length_)
       throw corrupt_data(
@@ -79,7 +79,7 @@ public:
     r.expect_end();
     steps_ = steps;
   }
-  void load(std::istream& is) { load(detail::read_blob(is)); }
+  void load(std::istream& is) { load(state::read_frame(is)); }
 
 private:
   std::size_t length_;
@@ -91,15 +91,3 @@ private:
 static_assert(sparsifier<none>);
 
 } // namespace commsgd::inline v1::sparsify
-
-namespace commsgd::inline v1::policy {
-
-// No sparsifier: every coding scheme sums the dense block gradients.
-struct dense {};
-
-template <>
-struct compression_traits<dense> {
-  static constexpr bool dense_blocks = true;
-};
-
-} // namespace commsgd::inline v1::policy

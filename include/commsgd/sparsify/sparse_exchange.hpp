@@ -43,8 +43,6 @@ struct exchange_options {
   cost::sparse_path path = cost::sparse_path::automatic;
 };
 
-using comm::exchange_report;
-
 namespace detail {
 
 enum class message_problem : std::uint64_t {
@@ -116,14 +114,14 @@ public:
 
   // out <- sum over ranks of each rank's `mine`, densified; identical bits on every rank.
   template <comm::communicator C>
-  exchange_report sum(C& c, sparse_view<Index> mine, std::span<float> out) {
+  comm::exchange_report sum(C& c, sparse_view<Index> mine, std::span<float> out) {
     const int n = c.size();
     const auto problem = detail::inspect_message(mine, out, where_);
     std::array<std::uint64_t, cost::sparse_header_fields> header{mine.size(), mine.length,
                                                                  static_cast<std::uint64_t>(problem), where_};
     headers_.resize(header.size() * static_cast<std::size_t>(n));
     c.all_gather(std::span<const std::uint64_t>(header), std::span<std::uint64_t>(headers_));
-    exchange_report rep;
+    comm::exchange_report rep;
     rep.counts.resize(static_cast<std::size_t>(n));
     const std::uint64_t length = headers_[1];
     for (int r = 0; r < n; ++r) {
@@ -166,7 +164,7 @@ public:
 
   // A dense message is already what a ring all-reduce wants.
   template <comm::communicator C>
-  exchange_report sum(C& c, dense_view mine, std::span<float> out) {
+  comm::exchange_report sum(C& c, dense_view mine, std::span<float> out) {
     if (out.size() != mine.length())
       throw size_mismatch(commsgd::detail::concat("argument 'out' has ", out.size(),
                                                   " elements, the message's length is ", mine.length()));
@@ -184,12 +182,13 @@ private:
 
 // One-off forms; a training loop keeps an exchanger so its buffers are reused.
 template <comm::communicator C, sparse_index Index>
-exchange_report all_sum(C& c, sparse_view<Index> mine, std::span<float> out, exchange_options opt = {}) {
+comm::exchange_report all_sum(C& c, sparse_view<Index> mine, std::span<float> out,
+                              exchange_options opt = {}) {
   return exchanger<Index>(opt).sum(c, mine, out);
 }
 
 template <comm::communicator C>
-exchange_report all_sum(C& c, dense_view mine, std::span<float> out) {
+comm::exchange_report all_sum(C& c, dense_view mine, std::span<float> out) {
   return exchanger<>().sum(c, mine, out);
 }
 

@@ -46,7 +46,7 @@ public:
   sparse_reducer(C& comm, Scheme scheme, Sparsifier sparsifier, exchange_options o = {})
       : comm_(&comm), scheme_(std::move(scheme)), sparsifier_(std::move(sparsifier)), exchanger_(o) {}
 
-  const exchange_report& reduce(std::span<const std::span<const float>> blocks, std::span<float> out) {
+  const comm::exchange_report& reduce(std::span<const std::span<const float>> blocks, std::span<float> out) {
     if (blocks.size() != 1)
       throw size_mismatch(commsgd::detail::concat("argument 'blocks' holds ", blocks.size(),
                                                   " block gradients; a sparsifier takes one per rank"));
@@ -57,17 +57,17 @@ public:
 
   Scheme& scheme() noexcept { return scheme_; }
   const Scheme& scheme() const noexcept { return scheme_; }
-  Sparsifier& sparsifier() noexcept { return sparsifier_; }
-  const Sparsifier& sparsifier() const noexcept { return sparsifier_; }
+  Sparsifier& compression() noexcept { return sparsifier_; }
+  const Sparsifier& compression() const noexcept { return sparsifier_; }
   const exchanger<index_type>& exchange() const noexcept { return exchanger_; }
-  const exchange_report& last() const noexcept { return last_; }
+  const comm::exchange_report& last() const noexcept { return last_; }
 
 private:
   C* comm_;
   Scheme scheme_;
   Sparsifier sparsifier_;
   exchanger<index_type> exchanger_;
-  exchange_report last_{};
+  comm::exchange_report last_{};
 };
 
 } // namespace commsgd::inline v1::sparsify

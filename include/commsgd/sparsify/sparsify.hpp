@@ -3,7 +3,6 @@
 #pragma once
 
 #include <commsgd/sparsify/allreduce.hpp>
-#include <commsgd/sparsify/allreduce_policy.hpp>
 #include <commsgd/sparsify/allreduce_reducer.hpp>
 #include <commsgd/sparsify/finite.hpp>
 #include <commsgd/sparsify/none.hpp>
@@ -12,5 +11,4 @@
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/sparsifier.hpp>
 #include <commsgd/sparsify/top_k.hpp>
-#include <commsgd/sparsify/top_k_policy.hpp>
 #include <commsgd/state/top_k.hpp>

@@ -226,7 +226,7 @@ public:
   }
 
   void save(std::vector<std::byte>& out) const {
-    out = detail::write_top_k_state(name, layout(), steps_, residual_, momentum_, [&](std::size_t i) {
+    out = state::detail::write_top_k_state(name, layout(), steps_, residual_, momentum_, [&](std::size_t i) {
       std::vector<std::byte> bytes;
       const Selector& s = selectors_[i];
       if constexpr (selector_with_value_state<Selector>) {
@@ -243,13 +243,13 @@ public:
       return bytes;
     });
   }
-  void save(std::ostream& os) const { detail::write_saved(os, *this); }
+  void save(std::ostream& os) const { state::write_saved(os, *this); }
 
   // Everything is parsed and checked before anything is replaced, so a bad stream changes nothing.
   void load(std::span<const std::byte> blob) {
     std::vector<Selector> selectors = selectors_;
-    detail::top_k_contents c =
-        detail::read_top_k_state(blob, name, layout(), [&](std::size_t i, std::span<const std::byte> bytes) {
+    state::detail::top_k_contents c = state::detail::read_top_k_state(
+        blob, name, layout(), [&](std::size_t i, std::span<const std::byte> bytes) {
           Selector& s = selectors[i];
           if constexpr (selector_with_value_state<Selector>) {
             using state_t = decltype(s.saved_state());
@@ -279,7 +279,7 @@ public:
     steps_ = c.steps;
     sent_.clear();
   }
-  void load(std::istream& is) { load(detail::read_blob(is)); }
+  void load(std::istream& is) { load(state::read_frame(is)); }
 
 private:
   void validate() {
@@ -319,7 +319,7 @@ private:
   }
 
   // What the saved state must agree on.
-  detail::top_k_layout layout() const noexcept {
+  state::detail::top_k_layout layout() const noexcept {
     return {length_, sizeof(Index), has_momentum(), layer_count(), selectors_.size()};
   }
 

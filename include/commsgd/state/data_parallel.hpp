@@ -43,7 +43,7 @@
 #include <typeinfo>
 #include <vector>
 
-namespace commsgd::inline v1::checkpoint::detail {
+namespace commsgd::inline v1::state::detail {
 
 inline constexpr const char* kind = "data_parallel";
 
@@ -93,7 +93,7 @@ void save(const DP& dp, std::ostream& os, state::part p, int size, int rank, std
     throw invalid_argument(commsgd::detail::concat("argument 'part' = ", bits,
                                                    " is outside the allowed range {shared, local, all}"));
   const identity id = identity_of<Coding, Compression, Sync>(dp, size, rank);
-  state::detail::state_writer w(kind);
+  state::writer w(kind);
   w.put<std::uint32_t>(bits);
   w.put<std::uint32_t>(id.size);
   w.put<std::int32_t>(state::holds(p, state::part::local) ? id.rank : -1);
@@ -104,7 +104,7 @@ void save(const DP& dp, std::ostream& os, state::part p, int size, int rank, std
   w.put<std::uint64_t>(id.blocks);
   if (state::holds(p, state::part::shared)) {
     w.put<std::uint64_t>(steps);
-    w.put_bytes(state::detail::to_bytes(dp.strategy(), state::part::shared));
+    w.put_bytes(state::to_bytes(dp.strategy(), state::part::shared));
   }
   if (state::holds(p, state::part::local)) {
     const auto mine = dp.my_blocks();
@@ -118,9 +118,9 @@ void save(const DP& dp, std::ostream& os, state::part p, int size, int rank, std
       w.put<std::uint32_t>(0u);
       w.put_bytes({});
     }
-    w.put_bytes(state::detail::to_bytes(dp.strategy(), state::part::local));
+    w.put_bytes(state::to_bytes(dp.strategy(), state::part::local));
   }
-  state::detail::write_blob(os, std::move(w).finish());
+  state::write_frame(os, std::move(w).finish());
 }
 
 // What one stream holds once its frame and identity are checked; spans point into the caller's blob.
@@ -139,24 +139,23 @@ inline void expect_name(std::string_view saved, const std::string& mine, const c
 template <class DP>
 void parse(const DP& dp, const identity& id, std::span<const std::byte> blob, state::part expected,
            parsed& out) {
-  using state::detail::expect_same;
-  state::detail::state_reader r(blob, kind);
+  state::reader r(blob, kind);
   const auto p = r.get<std::uint32_t>();
   if (p != static_cast<std::uint32_t>(expected))
     throw corrupt_data(commsgd::detail::concat(
         "saved state: the stream holds the ", state::part_name(p), " part of the state where the ",
         state::part_name(static_cast<std::uint32_t>(expected)), " part is expected"));
-  expect_same(r.get<std::uint32_t>(), id.size, "group size");
+  state::expect_same(r.get<std::uint32_t>(), id.size, "group size");
   const auto rank = r.get<std::int32_t>();
   if (state::holds(expected, state::part::local))
-    expect_same(rank, id.rank, "rank (the local part belongs to the rank that saved it)");
+    state::expect_same(rank, id.rank, "rank (the local part belongs to the rank that saved it)");
   else
-    expect_same(rank, -1, "rank of a shared part (none: -1)");
+    state::expect_same(rank, -1, "rank of a shared part (none: -1)");
   expect_name(r.get_string(), id.coding, "coding");
   expect_name(r.get_string(), id.sparsifier, "sparsifier");
   expect_name(r.get_string(), id.sync, "sync");
-  expect_same(r.get<std::uint64_t>(), id.length, "length");
-  expect_same(r.get<std::uint64_t>(), id.blocks, "block count");
+  state::expect_same(r.get<std::uint64_t>(), id.length, "length");
+  state::expect_same(r.get<std::uint64_t>(), id.blocks, "block count");
   if (state::holds(expected, state::part::shared)) {
     out.steps = r.get<std::uint64_t>();
     out.strategy_shared = r.get_bytes();
@@ -187,12 +186,12 @@ void commit(DP& dp, const parsed& t) {
     std::ostringstream backup(std::ios::binary);
     dp.compression().save(backup);
     {
-      auto is = state::detail::from_bytes(t.sparsifier);
+      auto is = state::from_bytes(t.sparsifier);
       dp.compression().load(is);
     }
     try {
-      auto shared = state::detail::from_bytes(t.strategy_shared);
-      auto local = state::detail::from_bytes(t.strategy_local);
+      auto shared = state::from_bytes(t.strategy_shared);
+      auto local = state::from_bytes(t.strategy_local);
       dp.strategy().load(shared, local);
     } catch (...) {
       std::istringstream is(std::move(backup).str(), std::ios::binary);
@@ -200,8 +199,8 @@ void commit(DP& dp, const parsed& t) {
       throw;
     }
   } else {
-    auto shared = state::detail::from_bytes(t.strategy_shared);
-    auto local = state::detail::from_bytes(t.strategy_local);
+    auto shared = state::from_bytes(t.strategy_shared);
+    auto local = state::from_bytes(t.strategy_local);
     dp.strategy().load(shared, local);
   }
 }
@@ -210,7 +209,7 @@ void commit(DP& dp, const parsed& t) {
 template <class Coding, class Compression, class Sync, class DP>
 std::uint64_t load(DP& dp, std::istream& is, int size, int rank) {
   const identity id = identity_of<Coding, Compression, Sync>(dp, size, rank);
-  const auto blob = state::detail::read_blob(is);
+  const auto blob = state::read_frame(is);
   parsed t;
   parse(dp, id, blob, state::part::all, t);
   commit(dp, t);
@@ -221,8 +220,8 @@ std::uint64_t load(DP& dp, std::istream& is, int size, int rank) {
 template <class Coding, class Compression, class Sync, class DP>
 std::uint64_t load(DP& dp, std::istream& shared, std::istream& local, int size, int rank) {
   const identity id = identity_of<Coding, Compression, Sync>(dp, size, rank);
-  const auto a = state::detail::read_blob(shared);
-  const auto b = state::detail::read_blob(local);
+  const auto a = state::read_frame(shared);
+  const auto b = state::read_frame(local);
   parsed t;
   parse(dp, id, a, state::part::shared, t);
   parse(dp, id, b, state::part::local, t);
@@ -230,4 +229,4 @@ std::uint64_t load(DP& dp, std::istream& shared, std::istream& local, int size, 
   return t.steps;
 }
 
-} // namespace commsgd::inline v1::checkpoint::detail
+} // namespace commsgd::inline v1::state::detail

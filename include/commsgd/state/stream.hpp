@@ -79,12 +79,21 @@ inline std::uint64_t fnv1a(std::span<const std::byte> bytes) noexcept {
   return h;
 }
 
-class state_writer {
+} // namespace commsgd::inline v1::state::detail
+
+namespace commsgd::inline v1::state {
+
+// The kit a saved state is written and read with; a policy written outside the library uses it to get the
+// frame's checks for its own state.
+
+// Builds one frame: the prefix, the kind, then the fields put in order; finish() closes it with the size and
+// the checksum.
+class writer {
 public:
-  explicit state_writer(std::string_view kind) {
-    raw(state_magic, sizeof state_magic);
-    put<std::uint32_t>(state_version);
-    put<std::uint32_t>(byte_order_mark);
+  explicit writer(std::string_view kind) {
+    raw(detail::state_magic, sizeof detail::state_magic);
+    put<std::uint32_t>(detail::state_version);
+    put<std::uint32_t>(detail::byte_order_mark);
     put<std::uint64_t>(0); // total, patched in finish()
     put<std::uint32_t>(static_cast<std::uint32_t>(kind.size()));
     raw(kind.data(), kind.size());
@@ -109,7 +118,7 @@ public:
   std::vector<std::byte> finish() && {
     const std::uint64_t total = buf_.size() + sizeof(std::uint64_t);
     std::memcpy(buf_.data() + 16, &total, sizeof total);
-    put<std::uint64_t>(fnv1a(buf_));
+    put<std::uint64_t>(detail::fnv1a(buf_));
     return std::move(buf_);
   }
 
@@ -123,20 +132,21 @@ private:
 
 // Checks the frame (magic, version, mark, size, checksum, kind) on construction, then hands out fields;
 // every read is bounds-checked so that no corrupt length can run past the buffer.
-class state_reader {
+class reader {
 public:
-  state_reader(std::span<const std::byte> blob, std::string_view kind) : blob_(blob) {
-    if (blob.size() < state_prefix_bytes + 4 + 8)
+  reader(std::span<const std::byte> blob, std::string_view kind) : blob_(blob) {
+    if (blob.size() < detail::state_prefix_bytes + 4 + 8)
       throw corrupt_data(commsgd::detail::concat("saved state: ", blob.size(),
                                                  " bytes is too short to be a commsgd saved state"));
-    if (std::memcmp(blob.data(), state_magic, sizeof state_magic) != 0)
+    if (std::memcmp(blob.data(), detail::state_magic, sizeof detail::state_magic) != 0)
       throw corrupt_data("saved state: not a commsgd saved state (magic bytes differ)");
-    pos_ = sizeof state_magic;
+    pos_ = sizeof detail::state_magic;
     const auto version = get<std::uint32_t>();
-    if (version != state_version)
+    if (version != detail::state_version)
       throw corrupt_data(commsgd::detail::concat("saved state: format version ", version,
-                                                 " is not supported (this build reads ", state_version, ")"));
-    if (get<std::uint32_t>() != byte_order_mark)
+                                                 " is not supported (this build reads ",
+                                                 detail::state_version, ")"));
+    if (get<std::uint32_t>() != detail::byte_order_mark)
       throw corrupt_data("saved state: written on a machine of another byte order");
     const auto total = get<std::uint64_t>();
     if (total != blob.size())
@@ -145,7 +155,7 @@ public:
                                                  " (truncated or padded)"));
     std::uint64_t stored;
     std::memcpy(&stored, blob.data() + blob.size() - 8, 8);
-    if (stored != fnv1a(blob.first(blob.size() - 8)))
+    if (stored != detail::fnv1a(blob.first(blob.size() - 8)))
       throw corrupt_data("saved state: checksum mismatch (the stream is damaged)");
     end_ = blob.size() - 8;
     const auto kind_len = get<std::uint32_t>();
@@ -222,7 +232,7 @@ private:
   std::size_t end_ = 0;
 };
 
-inline void write_blob(std::ostream& os, std::span<const std::byte> blob) {
+inline void write_frame(std::ostream& os, std::span<const std::byte> blob) {
   os.write(reinterpret_cast<const char*>(blob.data()), static_cast<std::streamsize>(blob.size()));
   if (!os) throw error("saving state: the output stream failed");
 }
@@ -232,21 +242,21 @@ template <class S, class... Args>
 void write_saved(std::ostream& os, const S& s, Args&&... args) {
   std::vector<std::byte> blob;
   s.save(blob, std::forward<Args>(args)...);
-  write_blob(os, blob);
+  write_frame(os, blob);
 }
 
 // Reads exactly one blob, using the total in its prefix, so several states can follow each other in
 // one stream.
-inline std::vector<std::byte> read_blob(std::istream& is) {
-  std::vector<std::byte> blob(state_prefix_bytes);
+inline std::vector<std::byte> read_frame(std::istream& is) {
+  std::vector<std::byte> blob(detail::state_prefix_bytes);
   is.read(reinterpret_cast<char*>(blob.data()), static_cast<std::streamsize>(blob.size()));
   if (is.gcount() != static_cast<std::streamsize>(blob.size()))
     throw corrupt_data("saved state: the stream ends inside the header (truncated)");
-  if (std::memcmp(blob.data(), state_magic, sizeof state_magic) != 0)
+  if (std::memcmp(blob.data(), detail::state_magic, sizeof detail::state_magic) != 0)
     throw corrupt_data("saved state: not a commsgd saved state (magic bytes differ)");
   std::uint64_t total;
   std::memcpy(&total, blob.data() + 16, sizeof total);
-  if (total < state_prefix_bytes + 12 || total > state_max_bytes)
+  if (total < detail::state_prefix_bytes + 12 || total > detail::state_max_bytes)
     throw corrupt_data(
         commsgd::detail::concat("saved state: header claims an impossible size of ", total, " bytes"));
   // The header's size is not trusted with memory: the blob grows only as bytes actually arrive, so a
@@ -288,4 +298,4 @@ inline std::istringstream from_bytes(std::span<const std::byte> b) {
   return std::istringstream(std::string(reinterpret_cast<const char*>(b.data()), b.size()), std::ios::binary);
 }
 
-} // namespace commsgd::inline v1::state::detail
+} // namespace commsgd::inline v1::state

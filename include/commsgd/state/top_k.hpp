@@ -1,5 +1,5 @@
-// The byte format of saved sparsifier state: the frame of every commsgd saved state (state/stream.hpp,
-// whose names this header brings into sparsify::detail), with the body below.
+// The byte format of saved sparsifier state: the frame of every commsgd saved state (state/stream.hpp), with
+// the body below.
 //
 // The body of a top_k sparsifier's state (write_top_k_state, read_top_k_state: host sparsify::top_k and
 // cuda::top_k share them, so a checkpoint moves between the two) is
@@ -25,20 +25,7 @@
 #include <utility>
 #include <vector>
 
-namespace commsgd::inline v1::sparsify::detail {
-
-using state::detail::byte_order_mark;
-using state::detail::expect_same;
-using state::detail::fnv1a;
-using state::detail::read_blob;
-using state::detail::state_magic;
-using state::detail::state_max_bytes;
-using state::detail::state_prefix_bytes;
-using state::detail::state_reader;
-using state::detail::state_version;
-using state::detail::state_writer;
-using state::detail::write_blob;
-using state::detail::write_saved;
+namespace commsgd::inline v1::state::detail {
 
 // What a top_k sparsifier is, as far as its saved state goes: a state loads only into a sparsifier that
 // agrees on all of it.
@@ -62,7 +49,7 @@ template <class SelectorState>
 std::vector<std::byte> write_top_k_state(std::string_view kind, const top_k_layout& layout,
                                          std::uint64_t steps, std::span<const float> residual,
                                          std::span<const float> momentum, SelectorState&& selector_state) {
-  state_writer w(kind);
+  state::writer w(kind);
   w.put<std::uint64_t>(layout.length);
   w.put<std::uint32_t>(layout.index_bytes);
   w.put<std::uint32_t>(layout.momentum ? 1u : 0u);
@@ -92,18 +79,18 @@ inline std::vector<std::byte> write_top_k_state(std::string_view kind, const top
 template <class SelectorState>
 top_k_contents read_top_k_state(std::span<const std::byte> blob, std::string_view kind,
                                 const top_k_layout& layout, SelectorState&& selector_state) {
-  state_reader r(blob, kind);
-  expect_same(r.get<std::uint64_t>(), layout.length, "length");
-  expect_same(r.get<std::uint32_t>(), layout.index_bytes, "index size in bytes");
-  expect_same(r.get<std::uint32_t>(), layout.momentum ? 1u : 0u, "momentum correction (1 on, 0 off)");
-  expect_same(r.get<std::uint64_t>(), layout.layers, "layer count");
+  state::reader r(blob, kind);
+  state::expect_same(r.get<std::uint64_t>(), layout.length, "length");
+  state::expect_same(r.get<std::uint32_t>(), layout.index_bytes, "index size in bytes");
+  state::expect_same(r.get<std::uint32_t>(), layout.momentum ? 1u : 0u, "momentum correction (1 on, 0 off)");
+  state::expect_same(r.get<std::uint64_t>(), layout.layers, "layer count");
   top_k_contents c;
   c.steps = r.get<std::uint64_t>();
   c.residual.resize(layout.length);
   c.momentum.resize(layout.momentum ? layout.length : 0);
   r.get_array(std::span<float>(c.residual), "residual");
   if (layout.momentum) r.get_array(std::span<float>(c.momentum), "momentum");
-  expect_same(r.get<std::uint64_t>(), layout.selectors, "selector count");
+  state::expect_same(r.get<std::uint64_t>(), layout.selectors, "selector count");
   for (std::uint64_t i = 0; i < layout.selectors; ++i)
     selector_state(static_cast<std::size_t>(i), r.get_bytes());
   r.expect_end();
@@ -117,4 +104,4 @@ inline top_k_contents read_top_k_state(std::span<const std::byte> blob, std::str
   return read_top_k_state(blob, kind, layout, [](std::size_t, std::span<const std::byte>) {});
 }
 
-} // namespace commsgd::inline v1::sparsify::detail
+} // namespace commsgd::inline v1::state::detail

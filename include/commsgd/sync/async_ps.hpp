@@ -45,7 +45,6 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/replica_promise.hpp>
@@ -156,27 +155,26 @@ protected:
   static constexpr const char* state_kind = "sync::async_ps";
 
   // The shared part: the options that decide the trajectory (tag_base and keep_log do not).
-  void save_shared(state::detail::state_writer& w) const {
+  void save_shared(state::writer& w) const {
     w.put<float>(opt_.lr);
     w.put<std::int32_t>(opt_.server);
     w.put<std::int32_t>(opt_.apply_after);
     w.put<std::uint32_t>(opt_.staleness_scaling ? 1u : 0u);
     w.put<std::int32_t>(opt_.staleness_bound);
   }
-  void parse_shared(state::detail::state_reader& r) const {
-    using state::detail::expect_same;
+  void parse_shared(state::reader& r) const {
     const float lr = r.get<float>();
     if (std::bit_cast<std::uint32_t>(lr) != std::bit_cast<std::uint32_t>(opt_.lr))
       throw corrupt_data(
           commsgd::detail::concat("saved state: option 'lr' is ", lr, ", this one's is ", opt_.lr));
-    expect_same(r.get<std::int32_t>(), opt_.server, "option 'server'");
-    expect_same(r.get<std::int32_t>(), opt_.apply_after, "option 'apply_after'");
-    expect_same(r.get<std::uint32_t>(), opt_.staleness_scaling ? 1u : 0u,
-                "option 'staleness_scaling' (1 on, 0 off)");
-    expect_same(r.get<std::int32_t>(), opt_.staleness_bound, "option 'staleness_bound'");
+    state::expect_same(r.get<std::int32_t>(), opt_.server, "option 'server'");
+    state::expect_same(r.get<std::int32_t>(), opt_.apply_after, "option 'apply_after'");
+    state::expect_same(r.get<std::uint32_t>(), opt_.staleness_scaling ? 1u : 0u,
+                       "option 'staleness_scaling' (1 on, 0 off)");
+    state::expect_same(r.get<std::int32_t>(), opt_.staleness_bound, "option 'staleness_bound'");
   }
   // The start of the local part: which role saved it.
-  bool parse_role(state::detail::state_reader& r, bool server) const {
+  bool parse_role(state::reader& r, bool server) const {
     const auto role = r.get<std::uint32_t>();
     if (role > 1)
       throw corrupt_data(
@@ -207,7 +205,7 @@ inline invalid_argument not_a_worker(const char* what, int rank) {
 
 // The worker role: pushes gradients and pulls models; any rank but options::server.
 template <comm::communicator C>
-class async_ps_worker : public detail::async_ps_wire<C>, public detail::checkpointed<async_ps_worker<C>> {
+class async_ps_worker : public detail::async_ps_wire<C>, public state::checkpointed<async_ps_worker<C>> {
   using base = detail::async_ps_wire<C>;
   using base::comm_, base::opt_, base::started_, base::version_;
   using typename base::header;
@@ -270,13 +268,13 @@ public:
   // applied).
 
 private:
-  friend struct detail::state_access;
+  friend struct state::access;
   template <comm::communicator>
   friend class async_ps;
   using typename base::saved;
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
-  void save_section(state::detail::state_writer& w, state::part which) const {
+  void save_section(state::writer& w, state::part which) const {
     if (which == state::part::shared) return this->save_shared(w);
     if (unpulled_push_)
       throw invalid_argument("async_ps::save: a push is waiting for its pull; save after step() or finish()");
@@ -285,7 +283,7 @@ private:
     w.put<std::int64_t>(version_);
     w.put<std::uint64_t>(dim_);
   }
-  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
+  void parse_section(state::reader& r, state::part which, saved& t) const {
     if (which == state::part::shared) return this->parse_shared(r);
     t.server = false;
     t.started = this->parse_role(r, false);
@@ -319,7 +317,7 @@ private:
 
 // The server role: holds the model and serves every worker inside finish(); rank options::server only.
 template <comm::communicator C>
-class async_ps_server : public detail::async_ps_wire<C>, public detail::checkpointed<async_ps_server<C>> {
+class async_ps_server : public detail::async_ps_wire<C>, public state::checkpointed<async_ps_server<C>> {
   using base = detail::async_ps_wire<C>;
   using base::comm_, base::opt_, base::started_, base::version_;
   using typename base::header;
@@ -371,12 +369,12 @@ public:
   // finish()).
 
 private:
-  friend struct detail::state_access;
+  friend struct state::access;
   template <comm::communicator>
   friend class async_ps;
   using typename base::saved;
 
-  void save_section(state::detail::state_writer& w, state::part which) const {
+  void save_section(state::writer& w, state::part which) const {
     if (which == state::part::shared) return this->save_shared(w);
     w.put<std::uint32_t>(1u);
     w.put<std::uint32_t>(started_ ? 1u : 0u);
@@ -395,7 +393,7 @@ private:
       w.put<float>(u.factor);
     }
   }
-  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
+  void parse_section(state::reader& r, state::part which, saved& t) const {
     if (which == state::part::shared) return this->parse_shared(r);
     t.server = true;
     t.started = this->parse_role(r, true);
@@ -590,7 +588,7 @@ private:
 
 // This rank's role, chosen by options::server: the form data_parallel<..., policy::async_ps> holds.
 template <comm::communicator C>
-class async_ps : public detail::checkpointed<async_ps<C>> {
+class async_ps : public state::checkpointed<async_ps<C>> {
 public:
   using options = async_ps_options;
   using server_type = async_ps_server<C>;
@@ -638,16 +636,16 @@ private:
     return worker_type(c, o);
   }
 
-  friend struct detail::state_access;
+  friend struct state::access;
   using saved = typename server_type::saved;
   static constexpr const char* state_kind = server_type::state_kind;
-  detail::state_place state_place() const {
-    return std::visit([](const auto& r) { return detail::state_access::place(r); }, role_);
+  state::place state_place() const {
+    return std::visit([](const auto& r) { return state::access::place(r); }, role_);
   }
-  void save_section(state::detail::state_writer& w, state::part which) const {
+  void save_section(state::writer& w, state::part which) const {
     std::visit([&](const auto& r) { r.save_section(w, which); }, role_);
   }
-  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
+  void parse_section(state::reader& r, state::part which, saved& t) const {
     std::visit([&](const auto& x) { x.parse_section(r, which, t); }, role_);
   }
   void commit(saved&& t) noexcept {
@@ -674,22 +672,3 @@ struct replica_promise<async_ps<C>> {
 };
 
 } // namespace commsgd::inline v1::sync
-
-namespace commsgd::inline v1::policy {
-
-// A parameter server on one rank; it exchanges by itself.
-struct async_ps {};
-
-template <>
-struct sync_traits<async_ps> : exchanges_by_itself {
-  template <comm::communicator C>
-  using type = sync::async_ps<C>;
-
-  // Options::async_ps with its lr replaced by Options::lr.
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, with_lr(o.async_ps, o.lr));
-  }
-};
-
-} // namespace commsgd::inline v1::policy

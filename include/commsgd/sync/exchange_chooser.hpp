@@ -66,7 +66,7 @@ public:
 
   // The choice and the log are the same on every rank, so this is shared state: rank 0 alone may save it.
   void save(std::ostream& os) const {
-    state::detail::state_writer w(kind);
+    state::writer w(kind);
     w.put<double>(opt_.network.latency_s);
     w.put<double>(opt_.network.bandwidth_bytes_per_s);
     w.put<double>(opt_.margin);
@@ -81,14 +81,14 @@ public:
       w.put_array(std::span<const double>(r.predicted));
       w.put_string(r.reason);
     }
-    state::detail::write_blob(os, std::move(w).finish());
+    state::write_frame(os, std::move(w).finish());
   }
 
   // Restores the choice and the log. The settings stay this object's own (a resumed run may plan for
   // another network), but a saved choice must still be a known exchange.
   void load(std::istream& is) {
-    const auto blob = state::detail::read_blob(is);
-    state::detail::state_reader rd(blob, kind);
+    const auto blob = state::read_frame(is);
+    state::reader rd(blob, kind);
     rd.get<double>(); // the saved network and margin, kept for a reader of the stream
     rd.get<double>();
     rd.get<double>();

@@ -47,7 +47,6 @@
 #include <commsgd/comm/simulated.hpp>
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/delays.hpp>
 #include <commsgd/sync/reducer_concept.hpp>
@@ -140,7 +139,7 @@ inline arrival_header get_header(std::span<const std::uint32_t> msg) noexcept {
 } // namespace detail
 
 template <comm::communicator C>
-class first_arrivals : public detail::checkpointed<first_arrivals<C>> {
+class first_arrivals : public state::checkpointed<first_arrivals<C>> {
 public:
   using options = first_arrivals_options;
   static constexpr bool virtual_clock = detail::virtual_time<C>::value;
@@ -258,13 +257,13 @@ public:
   const options& settings() const noexcept { return opt_; }
 
 private:
-  friend struct detail::state_access;
+  friend struct state::access;
   static constexpr const char* state_kind = "sync::first_arrivals";
   struct saved {
     float lr = 0.0f;
     std::uint64_t step = 0;
   };
-  void save_section(state::detail::state_writer& w, state::part which) const {
+  void save_section(state::writer& w, state::part which) const {
     if (which != state::part::shared) return;
     w.put<float>(opt_.lr);
     w.put<std::uint64_t>(step_);
@@ -278,9 +277,9 @@ private:
     w.put<std::uint64_t>(m.seed);
     w.put<std::int32_t>(opt_.root);
   }
-  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
+  void parse_section(state::reader& r, state::part which, saved& t) const {
     if (which != state::part::shared) return;
-    t.lr = detail::saved_learning_rate(r);
+    t.lr = state::read_learning_rate(r);
     t.step = r.get<std::uint64_t>();
     delay_model m;
     m.kind = static_cast<delay_kind>(r.get<std::uint32_t>());
@@ -296,7 +295,7 @@ private:
                                                  ", seed ", m.seed, ") differs from this strategy's (",
                                                  delay_kind_name(opt_.delays.kind), ", seed ",
                                                  opt_.delays.seed, ")"));
-    state::detail::expect_same(root, opt_.root, "root");
+    state::expect_same(root, opt_.root, "root");
   }
   void commit(saved&& t) noexcept {
     opt_.lr = t.lr;
@@ -630,37 +629,3 @@ struct replica_promise<first_arrivals<C>> {
 };
 
 } // namespace commsgd::inline v1::sync
-
-namespace commsgd::inline v1::policy {
-
-// Proceeds with the first n - s answers of a gradient code (sync/first_arrivals.hpp); options in
-// data_parallel_options::first_arrivals, learning rate from data_parallel_options::lr.
-struct first_arrivals {};
-
-template <class P>
-inline constexpr bool is_gradient_code = false;
-template <class K>
-inline constexpr bool is_gradient_code<gradient_code<K>> = true;
-
-template <>
-struct sync_traits<first_arrivals> {
-  template <comm::communicator C>
-  using type = sync::first_arrivals<C>;
-
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t length, const Options& o) {
-    return type<C>(c, length, with_lr(o.first_arrivals, o.lr));
-  }
-
-  template <class Coding, class Compression>
-  static consteval bool accepts() {
-    static_assert(
-        is_gradient_code<Coding> && is_dense<Compression>,
-        "commsgd::data_parallel<Coding, Compression, first_arrivals>: proceeding with the first n - s "
-        "answers needs a code that decodes the sum from any n - s ranks; use "
-        "policy::gradient_code<fractional_repetition | cyclic | backup_workers> with policy::dense");
-    return true;
-  }
-};
-
-} // namespace commsgd::inline v1::policy

@@ -31,7 +31,6 @@
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/dense_exchange.hpp>
 #include <commsgd/sync/replica_promise.hpp>
@@ -66,7 +65,7 @@ struct local_sgd_options {
 };
 
 template <comm::communicator C, exchange E = all_reduce_exchange<C>>
-class local_sgd : public detail::checkpointed<local_sgd<C, E>> {
+class local_sgd : public state::checkpointed<local_sgd<C, E>> {
 public:
   using options = local_sgd_options;
 
@@ -160,7 +159,7 @@ public:
   }
 
 private:
-  friend struct detail::state_access;
+  friend struct state::access;
   static constexpr const char* state_kind = "sync::local_sgd";
   struct saved {
     float lr = 0.0f;
@@ -173,7 +172,7 @@ private:
     std::vector<float> global;
   };
 
-  void save_section(state::detail::state_writer& w, state::part which) const {
+  void save_section(state::writer& w, state::part which) const {
     if (which != state::part::shared) return;
     w.put<std::int32_t>(opt_.period);
     w.put<std::int32_t>(opt_.warmup_steps);
@@ -194,29 +193,28 @@ private:
     w.put_array(std::span<const float>(global_));
   }
 
-  static bool saved_flag(state::detail::state_reader& r, const char* what) {
+  static bool saved_flag(state::reader& r, const char* what) {
     const auto v = r.get<std::uint32_t>();
     if (v > 1)
       throw corrupt_data(commsgd::detail::concat("saved state: ", what, " = ", v, " is neither 0 nor 1"));
     return v == 1;
   }
 
-  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
-    using state::detail::expect_same;
+  void parse_section(state::reader& r, state::part which, saved& t) const {
     if (which != state::part::shared) return;
-    expect_same(r.get<std::int32_t>(), opt_.period, "option 'period'");
-    expect_same(r.get<std::int32_t>(), opt_.warmup_steps, "option 'warmup_steps'");
-    expect_same(saved_flag(r, "option 'adaptive'"), opt_.adaptive, "option 'adaptive'");
-    expect_same(r.get<std::int32_t>(), opt_.max_period, "option 'max_period'");
-    expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(opt_.correction),
-                "option 'correction' (0 none, 1 at_sync, 2 every_step)");
+    state::expect_same(r.get<std::int32_t>(), opt_.period, "option 'period'");
+    state::expect_same(r.get<std::int32_t>(), opt_.warmup_steps, "option 'warmup_steps'");
+    state::expect_same(saved_flag(r, "option 'adaptive'"), opt_.adaptive, "option 'adaptive'");
+    state::expect_same(r.get<std::int32_t>(), opt_.max_period, "option 'max_period'");
+    state::expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(opt_.correction),
+                       "option 'correction' (0 none, 1 at_sync, 2 every_step)");
     const float alpha = r.get<float>();
     if (std::bit_cast<std::uint32_t>(alpha) != std::bit_cast<std::uint32_t>(opt_.alpha))
       throw corrupt_data(
           commsgd::detail::concat("saved state: option 'alpha' is ", alpha, ", this one's is ", opt_.alpha));
-    expect_same(saved_flag(r, "option 'average_on_finish'"), opt_.average_on_finish,
-                "option 'average_on_finish'");
-    t.lr = detail::saved_learning_rate(r);
+    state::expect_same(saved_flag(r, "option 'average_on_finish'"), opt_.average_on_finish,
+                       "option 'average_on_finish'");
+    t.lr = state::read_learning_rate(r);
     t.step = r.get<std::int64_t>();
     t.next_sync = r.get<std::int64_t>();
     t.period = r.get<std::int32_t>();
@@ -327,22 +325,3 @@ struct replica_promise<local_sgd<C, E>> {
 };
 
 } // namespace commsgd::inline v1::sync
-
-namespace commsgd::inline v1::policy {
-
-// Averages models now and then; it exchanges by itself.
-struct local_sgd {};
-
-template <>
-struct sync_traits<local_sgd> : exchanges_by_itself {
-  template <comm::communicator C>
-  using type = sync::local_sgd<C>;
-
-  // Options::local_sgd with its lr replaced by Options::lr.
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, with_lr(o.local_sgd, o.lr));
-  }
-};
-
-} // namespace commsgd::inline v1::policy

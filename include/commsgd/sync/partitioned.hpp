@@ -41,7 +41,6 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/replica_promise.hpp>
@@ -89,7 +88,7 @@ struct partition_event {
 };
 
 template <comm::communicator C>
-class partitioned : public detail::checkpointed<partitioned<C>> {
+class partitioned : public state::checkpointed<partitioned<C>> {
 public:
   using options = partitioned_options;
 
@@ -246,13 +245,13 @@ public:
   std::int64_t steps() const { return step_; }
 
 private:
-  friend struct detail::state_access;
+  friend struct state::access;
   static constexpr const char* state_kind = "sync::partitioned";
   struct saved {
     float lr = 0.0f;
     std::int64_t step = 0;
   };
-  void save_section(state::detail::state_writer& w, state::part which) const {
+  void save_section(state::writer& w, state::part which) const {
     if (in_step_) throw invalid_argument("partitioned::save: a step is open; save after finish_step");
     if (which != state::part::shared) return;
     w.put_array(std::span<const std::size_t>(layers_));
@@ -260,16 +259,15 @@ private:
     w.put<float>(opt_.lr);
     w.put<std::int64_t>(step_);
   }
-  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
+  void parse_section(state::reader& r, state::part which, saved& t) const {
     if (which != state::part::shared) return;
     const auto layers = r.get_vector<std::size_t>();
     if (layers != layers_)
       throw corrupt_data(commsgd::detail::concat("saved state: ", layers.size(),
                                                  " layers of other sizes than this strategy's ",
                                                  layers_.size(), " layers"));
-    state::detail::expect_same(r.get<std::uint64_t>(), opt_.partition_elements,
-                               "option 'partition_elements'");
-    t.lr = detail::saved_learning_rate(r);
+    state::expect_same(r.get<std::uint64_t>(), opt_.partition_elements, "option 'partition_elements'");
+    t.lr = state::read_learning_rate(r);
     t.step = r.get<std::int64_t>();
     if (t.step < 0) throw corrupt_data(commsgd::detail::concat("saved state: step ", t.step, " is negative"));
   }
@@ -424,23 +422,3 @@ struct replica_promise<partitioned<C>> {
 };
 
 } // namespace commsgd::inline v1::sync
-
-namespace commsgd::inline v1::policy {
-
-// Exchanges partitions as backward produces them; it exchanges by itself.
-struct partitioned {};
-
-template <>
-struct sync_traits<partitioned> : exchanges_by_itself {
-  template <comm::communicator C>
-  using type = sync::partitioned<C>;
-
-  // Options::partitioned with its lr replaced by Options::lr; Options::layer_sizes, or one layer.
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t length, const Options& o) {
-    return type<C>(c, o.layer_sizes.empty() ? std::vector<std::size_t>{length} : o.layer_sizes,
-                   with_lr(o.partitioned, o.lr));
-  }
-};
-
-} // namespace commsgd::inline v1::policy

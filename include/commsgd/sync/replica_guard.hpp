@@ -4,7 +4,7 @@
 //   loop { r = s.step(x, grad, info); guard.after_step(s, x, r); }
 //   s.finish(x); guard.after_finish(s, x);
 //
-// data_parallel does exactly this when data_parallel_options::replica_check_every is set.
+// data_parallel does exactly this when options::replica_check_every is set.
 //
 // A check hashes the model (model_hash: 64 bits over the bit patterns) and gathers one 64-bit word per rank,
 // so it costs one pass over the model plus the smallest collective there is. Every rank receives the same

@@ -17,7 +17,6 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
-#include <commsgd/policy/traits.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/dense_exchange.hpp>
 #include <commsgd/sync/reducer_concept.hpp>
@@ -41,7 +40,7 @@ struct synchronous_options {
 };
 
 template <comm::communicator C, exchange E = all_reduce_exchange<C>>
-class synchronous : public detail::checkpointed<synchronous<C, E>> {
+class synchronous : public state::checkpointed<synchronous<C, E>> {
 public:
   using options = synchronous_options;
 
@@ -85,16 +84,16 @@ public:
   }
 
 private:
-  friend struct detail::state_access;
+  friend struct state::access;
   static constexpr const char* state_kind = "sync::synchronous";
   struct saved {
     float lr = 0.0f;
   };
-  void save_section(state::detail::state_writer& w, state::part which) const {
+  void save_section(state::writer& w, state::part which) const {
     if (which == state::part::shared) w.put<float>(opt_.lr);
   }
-  void parse_section(state::detail::state_reader& r, state::part which, saved& t) const {
-    if (which == state::part::shared) t.lr = detail::saved_learning_rate(r);
+  void parse_section(state::reader& r, state::part which, saved& t) const {
+    if (which == state::part::shared) t.lr = state::read_learning_rate(r);
   }
   void commit(saved&& t) noexcept {
     opt_.lr = t.lr;
@@ -119,26 +118,3 @@ struct replica_promise<synchronous<C, E>> {
 };
 
 } // namespace commsgd::inline v1::sync
-
-namespace commsgd::inline v1::policy {
-
-// Sums block gradients every step, so it takes any coding scheme and any sparsifier.
-struct synchronous {};
-
-template <>
-struct sync_traits<synchronous> {
-  template <comm::communicator C>
-  using type = sync::synchronous<C>;
-
-  template <comm::communicator C, class Options>
-  static type<C> make(C& c, std::size_t, const Options& o) {
-    return type<C>(c, sync::synchronous_options{.lr = o.lr});
-  }
-
-  template <class Coding, class Compression>
-  static consteval bool accepts() {
-    return true;
-  }
-};
-
-} // namespace commsgd::inline v1::policy

@@ -2,9 +2,8 @@
 // (sparsify/allreduce.hpp) instead of the all-gather exchange, as data_parallel's sparsifier.
 //
 // It builds its own reducer (policy::builds_reducer), since the exchange hands values back to the
-// sparsifier. It reads data_parallel_options::top_k, the path of data_parallel_options::sparse_exchange
-// (sparse, dense or automatic) and data_parallel_options::sparse_allreduce (the threshold's refresh period
-// and drift bound). Like policy::top_k it pairs with policy::uncoded<> only.
+// sparsifier. Its options are top_k_allreduce_settings. Like policy::top_k it pairs with policy::uncoded<>
+// only.
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
@@ -24,18 +23,24 @@ namespace commsgd::inline v1::policy {
 template <select::selector Selector, sparsify::sparse_index Index = std::uint32_t>
 struct top_k_allreduce {};
 
+// What policy::top_k_allreduce reads: the sparsifier's settings and the sparse all-reduce's (its path:
+// sparse, dense or automatic; the threshold's refresh period and drift bound).
+struct top_k_allreduce_settings {
+  sparsify::top_k_options top_k{};
+  sparsify::allreduce_options allreduce{};
+};
+
 template <class Selector, class Index>
 struct compression_traits<top_k_allreduce<Selector, Index>> {
+  using options = top_k_allreduce_settings;
   static constexpr bool dense_blocks = false;
   using sparsifier_type = sparsify::top_k<Selector, Index>;
   template <class Scheme, comm::communicator C>
   using reducer = sparsify::allreduce_reducer<sparsifier_type, Scheme, C>;
 
-  template <comm::communicator C, class Scheme, class Options>
-  static reducer<Scheme, C> make_reducer(C& c, Scheme scheme, std::size_t length, const Options& o) {
-    sparsify::allreduce_options ao = o.sparse_allreduce;
-    ao.path = o.sparse_exchange.path;
-    return reducer<Scheme, C>(c, std::move(scheme), sparsifier_type(length, o.top_k), ao);
+  template <comm::communicator C, class Scheme>
+  static reducer<Scheme, C> make_reducer(C& c, Scheme scheme, std::size_t length, const options& o) {
+    return reducer<Scheme, C>(c, std::move(scheme), sparsifier_type(length, o.top_k), o.allreduce);
   }
 };
 

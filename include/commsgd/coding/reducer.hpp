@@ -1,3 +1,0 @@
-// deprecated: include <commsgd/coding/block_reducer.hpp>; kept for one release.
-#pragma once
-#include <commsgd/coding/block_reducer.hpp>
