@@ -14,6 +14,12 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR < 2
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/jit/python/python_ivalue.h>
+#endif
 
 #include <condition_variable>
 #include <cstddef>
@@ -60,6 +66,17 @@ inline void settle(PyObject* fut, const std::function<at::Tensor()>& round) {
   }
   pybind11::gil_scoped_acquire locked;
   auto f = pybind11::reinterpret_steal<pybind11::object>(fut);
+#if TORCH_VERSION_MAJOR < 2
+  // torch 1.x's set_result lets go of the GIL while the future's callbacks run and takes it back after: by
+  // then DDP's waiter may have let the script end, and a thread that asks for the GIL while the interpreter
+  // exits is ended by CPython mid-call (an abort, seen in the endings suite). So the future underneath is
+  // completed here, the GIL held throughout, and this thread never asks for it again.
+  const auto underlying = f.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>()->fut;
+  if (error)
+    underlying->setError(error);
+  else
+    underlying->markCompleted(c10::IValue(c10::ivalue::ConcretePyObjectHolder::create(pybind11::cast(out))));
+#else
   try {
     if (error)
       f.attr("set_exception")(python_exception(error));
@@ -69,6 +86,7 @@ inline void settle(PyObject* fut, const std::function<at::Tensor()>& round) {
     // A callback chained with then() raised: the chained future holds that error for whoever waits on it.
     e.discard_as_unraisable("commsgd_torch: completing an exchange's future");
   }
+#endif
 }
 
 // A new torch.futures.Future. Called with the GIL.

@@ -50,7 +50,7 @@ def main():
                CMAKE_ARGS="-DCOMMSGD_ENABLE_CUDA=OFF")  # no __pycache__ written into the source tree
     env.pop("PYTHONPATH", None)
     t1 = time.monotonic()
-    run([python, "-m", "pip", "install", "--no-deps", "-C", f"build-dir={work}-build", source], env=env, cwd=work)
+    run([python, "-m", "pip", "install", "--no-deps", f"--config-settings=build-dir={work}-build", source], env=env, cwd=work)
     t2 = time.monotonic()
     outside = os.path.join(work, "elsewhere")
     os.makedirs(outside)
