@@ -9,7 +9,7 @@ build tree, so a rerun only compiles what changed. pip's isolated build fetches 
 from the package index: without one the test is skipped (exit 77). The CUDA part is left out (the dev preset
 compiles it already); scripts/test_torch_pypi.sh builds it against the newest torch. The check runs from a
 directory outside the source tree with a clean PYTHONPATH, so only the venv can provide commsgd_torch: 2 gloo
-ranks train under every state (every_state.py).
+ranks train under every state (every_state.py). It runs only with COMMSGD_TEST_PIP_INSTALL=1 (skipped otherwise).
 """
 import os
 import shutil
@@ -38,6 +38,11 @@ def index_reachable():
 
 def main():
     work, source = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    if os.environ.get("COMMSGD_TEST_PIP_INSTALL") != "1":
+        # Two and a half minutes of compiling on two cores, for what the dev build's own extension already
+        # tests on this torch; CI's install check is scripts/test_torch_pypi.sh on the newest torch.
+        print("pip_install: opt-in, set COMMSGD_TEST_PIP_INSTALL=1 to run it; skipped", flush=True)
+        return 77
     if not index_reachable():
         return 77
     shutil.rmtree(work, ignore_errors=True)
