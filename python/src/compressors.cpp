@@ -54,7 +54,7 @@ std::size_t kind_of(const std::string& kind) {
                                                  "' is not one of fp16, bf16, sign, qsgd, randomk"));
 }
 
-struct settings {
+struct compressor_settings {
   std::size_t kind;
   bool error_feedback, layerwise;
   compress::half_overflow overflow;
@@ -76,14 +76,14 @@ std::vector<std::size_t> offsets_of(const size_list& sizes) {
 }
 
 // A bucket of fp16 or bf16 without error feedback or momentum holds nothing between rounds.
-bool stateless(const settings& s) {
+bool stateless(const compressor_settings& s) {
   return s.kind <= 1 && !s.error_feedback && s.momentum == 0.0f;
 }
 
 // Bucket sizes are the parameters' value counts in bucket order; the per-layer kinds (sign, qsgd) keep one
 // scale per parameter when layerwise, else one for the whole bucket. `verify` false skips the 16-bit
 // kinds' first-round check of the peers (a bucket DDP rebuilt, the same way on every rank).
-any_compressor make(const settings& s, const size_list& sizes, bool verify = true) {
+any_compressor make(const compressor_settings& s, const size_list& sizes, bool verify = true) {
   auto off = offsets_of(sizes);
   const std::size_t n = off.back();
   if (!s.layerwise || off.size() < 2) off.clear();
@@ -335,7 +335,7 @@ private:
   }
 
   meter comm_;
-  settings s_;
+  compressor_settings s_;
   std::map<std::int64_t, bucket> buckets_;
   std::map<std::int64_t, compress::hook_momentum>
       warm_momentum_; // per bucket index, during the dense warm-up

@@ -57,7 +57,7 @@ std::size_t total(const std::vector<compress::layer_shape>& s) {
   return t;
 }
 
-struct settings {
+struct powersgd_settings {
   std::size_t rank;
   double min_compression_rate;
   float epsilon;
@@ -65,7 +65,7 @@ struct settings {
   bool error_feedback, warm_start;
 };
 
-compress::powersgd_options options_of(const settings& s, const shape_list& shapes) {
+compress::powersgd_options options_of(const powersgd_settings& s, const shape_list& shapes) {
   compress::powersgd_options o;
   o.rank = s.rank;
   o.layers = to_shapes(shapes);
@@ -204,7 +204,7 @@ private:
     shape_list shapes;
   };
   meter comm_;
-  settings s_;
+  powersgd_settings s_;
   std::map<std::int64_t, bucket> buckets_;
   exchange_queue queue_; // last: its thread stops before anything it uses goes
 };
