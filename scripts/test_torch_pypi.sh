@@ -6,6 +6,8 @@
 #
 #   bash scripts/test_torch_pypi.sh              # COMMSGD_TORCH_VERSION=2.15.0 by default
 #   bash scripts/test_torch_pypi.sh --prepare    # only the venv and its downloads (CI runs it during a build)
+#   bash scripts/test_torch_pypi.sh --install    # the venv and pip install ./python, no tests
+#   bash scripts/test_torch_pypi.sh --tests      # only the tests, against what --install installed
 #
 # COMMSGD_TORCH_VENV names the venv (default build/torch-<version>; kept, so a rerun skips the download).
 # CMAKE_ARGS, CUDAARCHS and CMAKE_BUILD_PARALLEL_LEVEL reach the package's CMake as usual.
@@ -16,21 +18,32 @@ version=${COMMSGD_TORCH_VERSION:-2.15.0}
 venv=${COMMSGD_TORCH_VENV:-build/torch-$version}
 python=$venv/bin/python
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-start=$(date +%s)
-if [ ! -x "$python" ]; then
-  /usr/bin/python3 -m venv "$venv"
-fi
-"$python" -m pip install -q "torch==$version" numpy pytest
-installed=$(date +%s)
-if [ "${1:-}" = "--prepare" ]; then
-  echo "torch $version: venv and torch $((installed - start)) s"
-  exit 0
-fi
-"$python" -m pip install -q ./python
-built=$(date +%s)
-echo "torch $version: venv and torch $((installed - start)) s, pip install ./python $((built - installed)) s"
-# No PYTHONPATH: the suites import the package pip just installed, and every_state.py checks they do.
-export OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
-env -u PYTHONPATH "$python" tests/torch/every_state.py --expect-prefix "$venv"
-env -u PYTHONPATH "$python" tests/torch/run_pytest.py --all -q --durations=10
-echo "torch $version: suites $(($(date +%s) - built)) s"
+mode=${1:-}
+case "$mode" in "" | --prepare | --install | --tests) ;; *)
+  echo "test_torch_pypi: unknown argument '$mode' (expected --prepare, --install, --tests or nothing)" >&2
+  exit 2 ;;
+esac
+prepare() {
+  [ -x "$python" ] || /usr/bin/python3 -m venv "$venv"
+  "$python" -m pip install -q "torch==$version" numpy pytest
+}
+install() {
+  "$python" -m pip install -q ./python
+}
+tests() {
+  # No PYTHONPATH: the suites import the package pip installed, and every_state.py checks they do.
+  export OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
+  env -u PYTHONPATH "$python" tests/torch/every_state.py --expect-prefix "$venv"
+  env -u PYTHONPATH "$python" tests/torch/run_pytest.py --all --jobs 2 -q --durations=5
+}
+timed() {
+  local t0=$SECONDS
+  "$1"
+  echo "torch $version: $2 $((SECONDS - t0)) s"
+}
+case "$mode" in
+  --prepare) timed prepare "venv and torch" ;;
+  --install) timed prepare "venv and torch" && timed install "pip install ./python" ;;
+  --tests) timed tests "tests" ;;
+  "") timed prepare "venv and torch" && timed install "pip install ./python" && timed tests "tests" ;;
+esac

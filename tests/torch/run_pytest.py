@@ -1,7 +1,10 @@
 """Runs the commsgd_torch test suites, and is the one list of them (ctest reads it with --list).
 
     run_pytest.py SUITE [pytest-args...]   tests/torch/test_SUITE.py (what ctest's torch.pytest.SUITE runs)
-    run_pytest.py --all [pytest-args...]   every suite in one pytest run (scripts/test_torch_pypi.sh)
+    run_pytest.py --all [pytest-args...]   every suite in one pytest run
+    run_pytest.py --all --jobs N [...]     every suite, N suites at a time, each in its own pytest run
+                                           (scripts/test_torch_pypi.sh: the ranks of one test wait on each
+                                           other's sockets often enough that two suites share two cores well)
     run_pytest.py --list                   the suite names, ';'-separated, for CMake
 
 A suite fails when fewer of its tests ran than SUITES says (pytest's "no tests collected" included), so a
@@ -9,7 +12,10 @@ test file that silently stops collecting is noticed instead of passing. A skippe
 CUDA suite skips all but one test without a GPU.
 """
 import os
+import subprocess
 import sys
+import tempfile
+import time
 
 # suite -> the least number of tests that must run (pass or skip) in tests/torch/test_<suite>.py
 SUITES = {"hooks": 19, "train": 1, "powersgd": 9, "compressors": 14, "async": 5, "auto": 17, "cuda": 1, "endings": 24}
@@ -28,6 +34,37 @@ class Count:
                 self.ran[suite] += 1
 
 
+def run_parallel(jobs, args):
+    """Runs every suite in its own process, `jobs` at a time; prints each one's output whole when it ends."""
+    pending = list(SUITES)
+    # The longest suites first, so the last one to start is a short one.
+    pending.sort(key=lambda s: -SUITES[s])
+    running, failed = [], []
+    while pending or running:
+        while pending and len(running) < jobs:
+            suite = pending.pop(0)
+            log = tempfile.TemporaryFile("w+")  # a pipe would fill and stall the suite while others run
+            proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), suite] + args,
+                                    stdout=log, stderr=subprocess.STDOUT, text=True)
+            running.append((suite, proc, log, time.monotonic()))
+        for entry in list(running):
+            suite, proc, log, t0 = entry
+            if proc.poll() is None:
+                continue
+            running.remove(entry)
+            log.seek(0)
+            out = log.read()
+            log.close()
+            print(f"==== {suite}: exit {proc.returncode}, {time.monotonic() - t0:.0f} s\n{out}", flush=True)
+            if proc.returncode != 0:
+                failed.append(suite)
+        time.sleep(0.2)
+    if failed:
+        print(f"run_pytest: failed suites: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv):
     if argv[:1] == ["--list"]:
         print(";".join(SUITES), end="")
@@ -36,6 +73,11 @@ def main(argv):
         print(f"run_pytest: the first argument must be --all, --list or one of {', '.join(SUITES)}",
               file=sys.stderr)
         return 2
+    if argv[:2] == ["--all", "--jobs"]:
+        if len(argv) < 3 or not argv[2].isdigit() or int(argv[2]) < 1:
+            print(f"run_pytest: --jobs takes a whole number >= 1, got {argv[2:3]}", file=sys.stderr)
+            return 2
+        return run_parallel(int(argv[2]), argv[3:])
     import pytest
 
     suites = list(SUITES) if argv[0] == "--all" else [argv[0]]
