@@ -71,3 +71,22 @@ TEST_CASE("broadcast load by algorithm and medium") {
   CHECK(comm::load::broadcast(100, 8, 2, 5, net) == comm::traffic{0, 0, 1, 100});
   CHECK_THROWS_AS(comm::network_model({0, 0}).validate(), commsgd::invalid_argument);
 }
+
+TEST_CASE("network_model::tcp_link: TCP's share of a framed link, and its arguments checked") {
+  const auto veth = comm::network_model::tcp_link(100e6);
+  CHECK(veth.bandwidth_bytes_per_s == doctest::Approx(100e6 / 8 * 1448.0 / 1514.0).epsilon(1e-12));
+  CHECK(veth.latency_s == 50e-6);
+  const auto wire = comm::network_model::tcp_link(10e9, 5e-6, 1500, 38);
+  CHECK(wire.bandwidth_bytes_per_s == doctest::Approx(10e9 / 8 * 1448.0 / 1538.0).epsilon(1e-12));
+  CHECK(wire.latency_s == 5e-6);
+  // Jumbo frames waste less.
+  CHECK(comm::network_model::tcp_link(1e9, 0, 9000).bandwidth_bytes_per_s >
+        comm::network_model::tcp_link(1e9, 0, 1500).bandwidth_bytes_per_s);
+  CHECK_THROWS_WITH_AS(comm::network_model::tcp_link(1e9, 0, 52), doctest::Contains("'mtu' = 52"),
+                       commsgd::invalid_argument);
+  CHECK_THROWS_WITH_AS(comm::network_model::tcp_link(1e9, 0, 1500, -1), doctest::Contains("'framing' = -1"),
+                       commsgd::invalid_argument);
+  CHECK_THROWS_WITH_AS(comm::network_model::tcp_link(0), doctest::Contains("'bandwidth_bytes_per_s'"),
+                       commsgd::invalid_argument);
+  CHECK_THROWS_AS(comm::network_model::tcp_link(1e9, -1), commsgd::invalid_argument);
+}
