@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The emulated cluster end to end (ctest label netcluster): two ranks at 100 Mbit/s, one TCP stream measured
+# within 10 % of the rate, a comm::mpi all-reduce and a commsgd_torch DDP step across the namespaces (each
+# checked to have crossed the shaped port), then `down`, after which nothing of the cluster may be left.
+#
+#   netcluster_test.sh --tool PATH [--mpi-program PATH] [--torch-python PATH]
+#
+# The MPI part runs when --mpi-program names comm_mpi's test program; the torch part when --torch-python names
+# an interpreter that imports torch and commsgd_torch (PYTHONPATH comes from ctest's environment). Where the
+# machine cannot host a cluster (not root, no namespaces) it exits 77, which ctest reports as skipped.
+set -uo pipefail
+
+readonly skip=77
+tool="" mpi_program="" torch_python=""
+while (($#)); do
+  case $1 in
+    --tool) tool=$2; shift 2 ;;
+    --mpi-program) mpi_program=$2; shift 2 ;;
+    --torch-python) torch_python=$2; shift 2 ;;
+    *) echo "netcluster_test: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+[[ -x $tool ]] || { echo "netcluster_test: --tool $tool: not an executable" >&2; exit 2; }
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+if ((EUID != 0)); then
+  echo "skipped: the emulated cluster needs root (network namespaces, veth and tc)"
+  exit "$skip"
+fi
+
+# A name no user would pick, so the test never meets (or removes) someone's own cluster.
+name="ctest$$"
+up=0
+fail() {
+  echo "FAILED: $*" >&2
+  exit 1
+}
+cleanup() {
+  local rc=$?
+  if ((up)); then
+    "$tool" down --name "$name" >/dev/null 2>&1 || echo "cleanup: netcluster down --name $name failed" >&2
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+root_links() { ip -o link show | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }' | sort; }
+links_before=$(root_links)
+
+# Bytes the switch has sent out of rank K's port (what rank K received), frames included.
+port_bytes() {
+  tc -n "netcluster-$name-switch" -s qdisc show dev "p$1" | awk '/Sent/ { print $2; exit }'
+}
+
+t0=$SECONDS
+out=$("$tool" up -n 2 --rate 100mbit --name "$name" 2>&1)
+rc=$?
+if ((rc == skip)); then
+  echo "skipped: $out"
+  exit "$skip"
+fi
+up=1 # also after a failed up: down removes whatever its state file lists
+((rc == 0)) || fail "netcluster up: $out"
+echo "$out"
+
+# 1. One TCP stream from rank 0 to rank 1 carries 100 Mbit/s within 10 % (payload; about 95.6 % is expected,
+#    the Ethernet, IP and TCP headers of each 1514-byte frame take the rest).
+out=$("$tool" measure --name "$name" --from 0 --to 1 --seconds 3 2>&1)
+rc=$?
+((rc != skip)) || { echo "skipped: $out"; exit "$skip"; }
+((rc == 0)) || fail "netcluster measure: $out"
+echo "$out" | grep -v '^result '
+mbit=$(sed -n 's/^result .*"mbit_per_s": \([0-9.]*\).*/\1/p' <<<"$out")
+[[ -n $mbit ]] || fail "no rate in measure's output"
+awk -v m="$mbit" 'BEGIN { exit !(m >= 90 && m <= 110) }' || fail "measured $mbit Mbit/s, not within 10 % of 100"
+
+# 2. comm::mpi across the namespaces: an all-reduce (8 KB of doubles) and a split, rank k in namespace k.
+if [[ -n $mpi_program ]]; then
+  before=$(port_bytes 1)
+  out=$(timeout 120 "$tool" mpirun --name "$name" -- -np 2 "$mpi_program" \
+    '--test-case=mpi/verify_sizes(false) still reduces correctly' 2>&1)
+  rc=$?
+  echo "$out" | grep -E 'test cases|passed on'
+  ((rc == 0)) || fail "comm::mpi all-reduce across namespaces exited with $rc: $out"
+  grep -q '| 1 passed' <<<"$out" || fail "the comm::mpi test case did not run (renamed?): $out"
+  moved=$(($(port_bytes 1) - before))
+  ((moved >= 8000)) || fail "rank 1's port carried $moved bytes during the all-reduce; the ranks talked some other way"
+  echo "comm::mpi all-reduce across namespaces: ok ($moved bytes into rank 1's port)"
+else
+  echo "comm::mpi part skipped: no MPI test program (commsgd::mpi not built)"
+fi
+
+# 3. Two DDP steps with commsgd_torch's top-k hook over gloo, one rank per namespace.
+if [[ -z $torch_python ]]; then
+  echo "torch part skipped: commsgd_torch is not built in this tree"
+elif ! why=$("$torch_python" -c 'import torch, commsgd_torch' 2>&1); then
+  echo "torch part skipped: $torch_python cannot import torch and commsgd_torch: ${why##*$'\n'}"
+else
+  before=$(port_bytes 1)
+  timeout 120 "$tool" run --name "$name" -- "$torch_python" "$here/torch_step.py" ||
+    fail "the torch step across namespaces failed"
+  moved=$(($(port_bytes 1) - before))
+  ((moved > 0)) || fail "rank 1's port carried nothing during the torch step"
+  echo "torch DDP step across namespaces: ok ($moved bytes into rank 1's port)"
+fi
+
+# 4. down leaves nothing: no namespace, no state, no new link in this namespace.
+"$tool" down --name "$name" || fail "netcluster down"
+up=0
+left=$(ip netns list | awk -v p="netcluster-$name-" 'index($1, p) == 1 { print $1 }')
+[[ -z $left ]] || fail "namespaces left after down: $left"
+[[ ! -e /run/commsgd-netcluster/$name ]] || fail "state left after down: /run/commsgd-netcluster/$name"
+new_links=$(comm -13 <(echo "$links_before") <(root_links) | grep -E '^(p[0-9]+|br0|eth0)$' || true)
+[[ -z $new_links ]] || fail "links left in this namespace after down: $new_links"
+echo "netcluster: all parts passed in $((SECONDS - t0)) s; nothing left behind"
