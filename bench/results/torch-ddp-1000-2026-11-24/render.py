@@ -46,14 +46,24 @@ def main():
         summary = rows(path)
         ddp = {r["model"]: int(r["steps_to_ddp_minus_2pt"]) for r in summary if r["scheme"] == "ddp"}
         print(f"### {name}\n\n{table(summary, ddp)}\n")
-    explo = []
+    explo, explo_ddp = [], {}
     for path in sorted(glob.glob(os.path.join(HERE, "exploration", "run*-summary.csv"))):
         run = os.path.basename(path).split("-")[0]
         for r in rows(path):
+            if r["scheme"] == "ddp":
+                # DDP's steps to its own 2-point target, the ratio's denominator; every run trains the same
+                # deterministic DDP, so its runs must agree.
+                steps = int(r["steps_to_ddp_minus_2pt"])
+                if explo_ddp.setdefault(r["model"], steps) != steps:
+                    raise SystemExit(f"{path}: DDP took {steps} steps to its 2-point target, "
+                                     f"another exploration run {explo_ddp[r['model']]}")
             if r["scheme"] != "ddp" or run == "run1":
                 r["scheme"] = f"{r['scheme']} ({run})"
                 explo.append(r)
-    print("### exploration\n\n" + table(explo, {"mlp": 250}) + "\n")
+    missing = sorted({r["model"] for r in explo} - set(explo_ddp))
+    if missing:
+        raise SystemExit(f"exploration: no DDP run for {', '.join(missing)}, so no steps to divide by")
+    print("### exploration\n\n" + table(explo, explo_ddp) + "\n")
 
 
 if __name__ == "__main__":
