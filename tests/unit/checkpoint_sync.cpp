@@ -4,6 +4,7 @@
 #include "support/checkpoint.hpp"
 
 #include <commsgd/comm/local.hpp>
+#include <commsgd/compress/half.hpp>
 #include <commsgd/sparsify/none.hpp>
 #include <commsgd/sync/async_ps.hpp>
 #include <commsgd/sync/local_sgd.hpp>
@@ -227,6 +228,44 @@ TEST_CASE("local_sgd resumes bit for bit: periodic, adaptive, and both correctio
                                 .alpha = 0.5f}),
                 5);
   }
+}
+
+TEST_CASE("DiLoCo resumes bit for bit: outer momentum, the common model, compressor residuals") {
+  SUBCASE("Nesterov outer step") {
+    round_trips(1, make_local_sgd({.lr = 0.3f, .period = 3, .warmup_steps = 2, .outer = {}}), 6);
+  }
+  SUBCASE("outer step with every_step correction and the adaptive interval") {
+    round_trips(1,
+                make_local_sgd({.lr = 0.3f,
+                                .period = 2,
+                                .adaptive = true,
+                                .max_period = 6,
+                                .correction = sync::correction_mode::every_step,
+                                .alpha = 0.25f,
+                                .outer = {.lr = 0.5f, .momentum = 0.6f}}),
+                7);
+  }
+  SUBCASE("bf16 pseudo-gradients with error feedback (the residual in the local part)") {
+    round_trips(
+        1,
+        [](local& c) {
+          return sync::diloco<local, compress::bf16>(
+              c, {.lr = 0.3f, .period = 3, .outer = {}},
+              compress::bf16(problem().dim(), {.error_feedback = true}));
+        },
+        8);
+  }
+}
+
+TEST_CASE("DiLoCo's damaged streams and other outer options are refused and change nothing") {
+  damage(2, make_local_sgd({.lr = 0.3f, .period = 3, .outer = {}}));
+  with_trained(2, 7, make_local_sgd({.lr = 0.3f, .period = 3, .outer = {}}), [](auto& s, local& c) {
+    const auto good = ckpt::save_bytes(s);
+    auto other = sync::diloco<local>(c, {.lr = 0.3f, .period = 3, .outer = {.lr = 0.7f, .momentum = 0.5f}});
+    refused(other, good, "option 'outer.momentum'");
+    auto plain = sync::local_sgd<local>(c, {.lr = 0.3f, .period = 3});
+    refused(plain, good, "option 'outer.lr'");
+  });
 }
 
 TEST_CASE("partitioned resumes bit for bit from a checkpoint at any step") {

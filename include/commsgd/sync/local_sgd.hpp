@@ -20,6 +20,25 @@
 //   every_step  after every local step x <- x - alpha (x - x_global), x_global the last common model; at
 //               sync points x <- x_avg as usual.
 //
+// Outer optimizer (DiLoCo; sync/outer_optimizer.hpp, where the sign convention lives): with
+// options.outer other than plain_average (lr 1, momentum 0, the default), a sync point is a round of DiLoCo:
+// each rank's pseudo-gradient theta_global - theta_r is summed over ranks, the outer step moves the common
+// model theta_global with the mean, and every rank restarts from it (at_sync correction: is pulled toward it
+// by alpha; every_step correction pulls toward it after every local step). theta_global is the model every
+// rank started the round from; the trainer's own inner optimizer (AdamW...) passes a zero gradient to step(),
+// as commsgd_torch's local SGD does, and keeps its own state: only the models travel.
+//
+// Compressed pseudo-gradients: X, any compress::compressor (fp16, bf16, int8_block, e3m0, top_k_ef, ...),
+// carries each rank's pseudo-gradient, keeps what its message did not carry in its own residual, and sums
+// the decoded messages in float; with X = uncompressed (the default) the exchange E sums floats. The
+// ADACOMM loss rides in the float sum, or, compressed, in one extra float all-reduce.
+//
+// Refusal: a pseudo-gradient (or, plain, a model) with NaN or inf raises commsgd::non_finite on every rank,
+// before anything the strategy keeps has changed (counter, schedule, common model, momentum, residual):
+// uncompressed, the bad values ride in the sum, so every rank sees them (and the rank they came from says
+// so); compressed, the compressor's verdicts agree on it (compress/agree.hpp). `params` is this rank's local
+// model after the step's local update.
+//
 // Checkpoints (state/strategy.hpp): everything that decides the trajectory is shared by every rank (the step
 // counter, the current interval and the next sync point, ADACOMM's F_0 and lr_0, the learning rate, the last
 // common model of every_step correction); the options are saved too and a stream saved under other options
@@ -30,9 +49,11 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/compress/compressor.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/dense_exchange.hpp>
+#include <commsgd/sync/outer_optimizer.hpp>
 #include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/strategy.hpp>
@@ -44,6 +65,7 @@
 #include <cstdint>
 #include <istream>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <span>
 #include <utility>
@@ -60,18 +82,28 @@ struct local_sgd_options {
   bool adaptive = false; // ADACOMM interval; needs step_info::loss at sync points
   int max_period = 64;   // H_max: [1, inf)
   correction_mode correction = correction_mode::none;
-  float alpha = 0.5f;            // pull strength: [0, 1]
-  bool average_on_finish = true; // finish() averages local steps taken since the last sync
+  float alpha = 0.5f;                      // pull strength: [0, 1]
+  bool average_on_finish = true;           // finish() averages local steps taken since the last sync
+  outer_sgd_options outer = plain_average; // {} for DiLoCo's lr 0.7, momentum 0.9
 };
 
-template <comm::communicator C, exchange E = all_reduce_exchange<C>>
-class local_sgd : public state::checkpointed<local_sgd<C, E>> {
+// The pseudo-gradient slot of local_sgd left empty: the exchange sums floats.
+struct uncompressed {};
+
+template <comm::communicator C, exchange E = all_reduce_exchange<C>, class X = uncompressed>
+requires std::same_as<X, uncompressed> || compress::compressor<X, C>
+class local_sgd : public state::checkpointed<local_sgd<C, E, X>> {
 public:
   using options = local_sgd_options;
+  static constexpr bool compressed = !std::same_as<X, uncompressed>;
 
-  local_sgd(C& c, options o) requires std::constructible_from<E, C&> : local_sgd(c, o, E(c)) {}
+  local_sgd(C& c, options o) requires std::constructible_from<E, C&> &&(!compressed)
+      : local_sgd(c, o, E(c)) {}
+  local_sgd(C& c, options o, X x) requires std::constructible_from<E, C&> && compressed
+      : local_sgd(c, o, E(c), std::move(x)) {}
 
-  local_sgd(C& c, options o, E ex) : comm_(&c), opt_(o), exchange_(std::move(ex)) {
+  local_sgd(C& c, options o, E ex, X x = {})
+      : comm_(&c), opt_(o), exchange_(std::move(ex)), outer_(opt_.outer), x_(std::move(x)) {
     detail::check_learning_rate("lr", opt_.lr);
     commsgd::detail::check_range("warmup_steps", opt_.warmup_steps, 0, std::numeric_limits<int>::max(),
                                  "[0, inf)");
@@ -101,42 +133,45 @@ public:
 
   void start(std::span<float> params) {
     // A state saved before start() holds no common model yet: that start still has to agree on one.
-    if (std::exchange(resumed_, false) &&
-        !(opt_.correction == correction_mode::every_step && global_.empty())) {
-      if (opt_.correction == correction_mode::every_step)
-        detail::check_same_size("params", params.size(), global_.size());
+    if constexpr (compressed) detail::check_same_size("params", params.size(), x_.length());
+    if (std::exchange(resumed_, false) && !(keeps_global() && global_.empty())) {
+      if (keeps_global()) detail::check_same_size("params", params.size(), global_.size());
       return;
     }
     comm_->broadcast(params, 0);
-    if (opt_.correction == correction_mode::every_step) global_.assign(params.begin(), params.end());
+    if (keeps_global()) global_.assign(params.begin(), params.end());
   }
 
   step_result step(std::span<float> params, std::span<const float> grad, const step_info& info = {}) {
     detail::check_same_size("grad", grad.size(), params.size());
     detail::require_finite("gradient", grad);
-    const std::int64_t t = step_++;
+    // The counter moves only once the step has succeeded, so that a refused round changes nothing.
+    const std::int64_t t = step_;
     if (t < opt_.warmup_steps) {
       buffer_.assign(grad.begin(), grad.end());
       exchange_.sum(std::span<float>(buffer_));
       apply_mean_sum(params, buffer_, exchange_.size(), opt_.lr);
-      if (opt_.correction == correction_mode::every_step) global_.assign(params.begin(), params.end());
+      if (keeps_global()) global_.assign(params.begin(), params.end());
+      step_ = t + 1;
       return {.exchanged = true, .averaged = false};
     }
 
     for (std::size_t i = 0; i < params.size(); ++i)
       params[i] = params[i] - opt_.lr * grad[i];
     if (t != next_sync_) {
+      step_ = t + 1;
       local_steps_ = true;
       if (opt_.correction == correction_mode::every_step) pull_toward(params, global_);
       return {};
     }
-    average(params, info.loss, true);
+    average(params, info.loss, true, t);
+    step_ = t + 1;
     next_sync_ = t + period_;
     return {.exchanged = true, .averaged = true};
   }
 
   void finish(std::span<float> params) {
-    if (opt_.average_on_finish && local_steps_) average(params, 0.0, false);
+    if (opt_.average_on_finish && local_steps_) average(params, 0.0, false, step_);
   }
 
   // Steps taken so far, the gap to the next sync point, and where that is (for schedules and tests).
@@ -145,6 +180,14 @@ public:
   std::int64_t next_sync_step() const { return next_sync_; }
   // Mean loss over ranks at the last sync point (adaptive only; NaN before the first).
   double last_mean_loss() const { return last_loss_; }
+
+  // The common model every rank started this round from (DiLoCo's theta_global; every_step correction's
+  // target); empty when neither is on.
+  std::span<const float> global_model() const noexcept { return global_; }
+  // The outer optimizer, its options and momentum.
+  const outer_sgd& outer() const noexcept { return outer_; }
+  // The pseudo-gradient compressor (X = uncompressed: an empty tag).
+  const X& compressor() const noexcept { return x_; }
 
   float learning_rate() const { return opt_.lr; }
   void set_learning_rate(float lr) {
@@ -162,6 +205,8 @@ private:
   friend struct state::access;
   static constexpr const char* state_kind = "sync::local_sgd";
   struct saved {
+    std::vector<float> velocity;
+    std::optional<X> x; // the compressor, loaded aside
     float lr = 0.0f;
     std::int64_t step = 0, next_sync = 0;
     int period = 1;
@@ -173,7 +218,11 @@ private:
   };
 
   void save_section(state::writer& w, state::part which) const {
-    if (which != state::part::shared) return;
+    if (which == state::part::local) {
+      // The compressor's residual is this rank's own; its frame nests here.
+      if constexpr (compressed) w.put_array(std::span<const std::byte>(state::to_bytes(x_)));
+      return;
+    }
     w.put<std::int32_t>(opt_.period);
     w.put<std::int32_t>(opt_.warmup_steps);
     w.put<std::uint32_t>(opt_.adaptive ? 1u : 0u);
@@ -191,6 +240,9 @@ private:
     w.put<float>(first_lr_);
     w.put<double>(last_loss_);
     w.put_array(std::span<const float>(global_));
+    w.put<float>(outer_.opts().lr);
+    w.put<float>(outer_.opts().momentum);
+    w.put_array(outer_.velocity());
   }
 
   static bool saved_flag(state::reader& r, const char* what) {
@@ -200,18 +252,29 @@ private:
     return v == 1;
   }
 
+  static void expect_same_bits(float saved, float mine, const char* what) {
+    if (std::bit_cast<std::uint32_t>(saved) != std::bit_cast<std::uint32_t>(mine))
+      throw corrupt_data(
+          commsgd::detail::concat("saved state: option '", what, "' is ", saved, ", this one's is ", mine));
+  }
+
   void parse_section(state::reader& r, state::part which, saved& t) const {
-    if (which != state::part::shared) return;
+    if (which == state::part::local) {
+      if constexpr (compressed) {
+        const auto bytes = r.get_bytes();
+        auto is = state::from_bytes(bytes);
+        t.x.emplace(x_);
+        t.x->load(is);
+      }
+      return;
+    }
     state::expect_same(r.get<std::int32_t>(), opt_.period, "option 'period'");
     state::expect_same(r.get<std::int32_t>(), opt_.warmup_steps, "option 'warmup_steps'");
     state::expect_same(saved_flag(r, "option 'adaptive'"), opt_.adaptive, "option 'adaptive'");
     state::expect_same(r.get<std::int32_t>(), opt_.max_period, "option 'max_period'");
     state::expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(opt_.correction),
                        "option 'correction' (0 none, 1 at_sync, 2 every_step)");
-    const float alpha = r.get<float>();
-    if (std::bit_cast<std::uint32_t>(alpha) != std::bit_cast<std::uint32_t>(opt_.alpha))
-      throw corrupt_data(
-          commsgd::detail::concat("saved state: option 'alpha' is ", alpha, ", this one's is ", opt_.alpha));
+    expect_same_bits(r.get<float>(), opt_.alpha, "alpha");
     state::expect_same(saved_flag(r, "option 'average_on_finish'"), opt_.average_on_finish,
                        "option 'average_on_finish'");
     t.lr = state::read_learning_rate(r);
@@ -234,9 +297,17 @@ private:
     if (t.have_first && (!std::isfinite(t.first_loss) || !(t.first_lr > 0.0f) || !std::isfinite(t.first_lr)))
       throw corrupt_data(commsgd::detail::concat("saved state: the first sync point's loss ", t.first_loss,
                                                  " and learning rate ", t.first_lr, " are not usable"));
-    if (opt_.correction != correction_mode::every_step && !t.global.empty())
+    expect_same_bits(r.get<float>(), outer_.opts().lr, "outer.lr");
+    expect_same_bits(r.get<float>(), outer_.opts().momentum, "outer.momentum");
+    t.velocity = r.get_vector<float>();
+    if (!keeps_global() && !t.global.empty())
       throw corrupt_data(commsgd::detail::concat("saved state: holds a common model of ", t.global.size(),
-                                                 " values, which only every_step correction keeps"));
+                                                 " values, which only every_step correction and an outer "
+                                                 "optimizer other than plain averaging keep"));
+    if (!t.velocity.empty() && (!outer_.has_momentum() || t.velocity.size() != t.global.size()))
+      throw corrupt_data(commsgd::detail::concat(
+          "saved state: holds an outer momentum of ", t.velocity.size(), " values beside a common model of ",
+          t.global.size(), " (momentum ", outer_.opts().momentum, ")"));
   }
 
   void commit(saved&& t) noexcept {
@@ -250,6 +321,9 @@ private:
     first_lr_ = t.first_lr;
     last_loss_ = t.last_loss;
     global_ = std::move(t.global);
+    outer_.replace_velocity(std::move(t.velocity));
+    if constexpr (compressed)
+      if (t.x) x_ = std::move(*t.x);
     resumed_ = true;
   }
 
@@ -257,25 +331,82 @@ private:
     pull_toward(x, target, opt_.alpha);
   }
 
-  void average(std::span<float> params, double loss, bool adapt) {
+  // DiLoCo's common model is kept beside the local one; so is every_step correction's target.
+  bool averages_models() const noexcept { return !compressed && outer_.plain(); }
+  bool keeps_global() const noexcept {
+    return opt_.correction == correction_mode::every_step || !averages_models();
+  }
+
+  // The sum in buffer_[0, d) holds NaN or inf: every rank holds the same sum, so every rank raises.
+  void refuse_non_finite_sum(std::size_t d, const char* what) const {
+    const auto bad = select::find_non_finite(std::span<const float>(buffer_.data(), d));
+    if (bad.count > 0) throw non_finite(what, bad.count, bad.first);
+  }
+
+  // A sync point (step t): the ranks' models averaged, or an outer step on their pseudo-gradients. Throws
+  // before anything this object keeps has changed.
+  void average(std::span<float> params, double loss, bool adapt, std::int64_t t) {
     const bool with_loss = adapt && opt_.adaptive;
     if (with_loss && !std::isfinite(loss))
       throw invalid_argument(commsgd::detail::concat(
-          "step_info::loss = ", loss, " at sync step ", step_ - 1,
+          "step_info::loss = ", loss, " at sync step ", t,
           " is outside the allowed range (finite); the adaptive interval needs the mini-batch loss"));
-    buffer_.assign(params.begin(), params.end());
-    if (with_loss) buffer_.push_back(static_cast<float>(loss));
-    exchange_.sum(std::span<float>(buffer_));
-    const float n = static_cast<float>(exchange_.size());
     const std::size_t d = params.size();
+    if (averages_models()) {
+      buffer_.assign(params.begin(), params.end());
+      if (with_loss) buffer_.push_back(static_cast<float>(loss));
+      exchange_.sum(std::span<float>(buffer_));
+      refuse_non_finite_sum(d,
+                            "sync::local_sgd: the sum of the ranks' models (some rank's model, or the sum)");
+    } else {
+      detail::check_same_size("params", d, global_.size());
+      delta_.resize(d);
+      pseudo_gradient(global_, params, delta_);
+      buffer_.resize(d + (with_loss ? 1 : 0));
+      if constexpr (compressed) {
+        // The loss first: the compressor commits its residual in reduce, which must be the last call
+        // that can fail.
+        if (with_loss) {
+          buffer_[d] = static_cast<float>(loss);
+          comm_->all_reduce_sum(std::span<float>(buffer_).subspan(d, 1));
+        }
+        try {
+          x_.reduce(*comm_, std::span<const float>(delta_), std::span<float>(buffer_.data(), d));
+        } catch (const non_finite& e) {
+          throw non_finite(commsgd::detail::concat("sync::local_sgd: the pseudo-gradients (theta_global - "
+                                                   "theta_local) compressed by ",
+                                                   X::name, " (", e.what(), ")"),
+                           e.count(), e.first_index());
+        }
+      } else {
+        std::copy(delta_.begin(), delta_.end(), buffer_.begin());
+        if (with_loss) buffer_[d] = static_cast<float>(loss);
+        // A rank whose pseudo-gradient is not finite still takes part: its NaN or inf reaches the sum on
+        // every rank, and every rank refuses the round (this one naming itself).
+        exchange_.sum(std::span<float>(buffer_));
+        detail::require_finite("sync::local_sgd: this rank's pseudo-gradient (theta_global - theta_local)",
+                               delta_);
+      }
+      refuse_non_finite_sum(d, "sync::local_sgd: the sum of the ranks' pseudo-gradients (theta_global - "
+                               "theta_local; some rank's model, or the sum)");
+    }
+    const float n = static_cast<float>(compressed ? comm_->size() : exchange_.size());
     for (std::size_t i = 0; i < d; ++i)
       buffer_[i] = buffer_[i] / n;
-    const std::span<const float> avg(buffer_.data(), d);
-    if (opt_.correction == correction_mode::at_sync)
-      pull_toward(params, avg);
-    else
-      std::copy(avg.begin(), avg.end(), params.begin());
-    if (opt_.correction == correction_mode::every_step) global_.assign(avg.begin(), avg.end());
+    const std::span<const float> mean(buffer_.data(), d);
+    if (averages_models()) {
+      if (opt_.correction == correction_mode::at_sync)
+        pull_toward(params, mean);
+      else
+        std::copy(mean.begin(), mean.end(), params.begin());
+      if (keeps_global()) global_.assign(mean.begin(), mean.end());
+    } else {
+      outer_.step(global_, mean);
+      if (opt_.correction == correction_mode::at_sync)
+        pull_toward(params, global_);
+      else
+        std::copy(global_.begin(), global_.end(), params.begin());
+    }
     local_steps_ = false;
     if (with_loss) adapt_period(static_cast<double>(buffer_[d] / n));
   }
@@ -302,7 +433,9 @@ private:
   C* comm_;
   options opt_;
   E exchange_;
-  std::vector<float> buffer_;
+  outer_sgd outer_;
+  [[no_unique_address]] X x_;
+  std::vector<float> buffer_, delta_;
   std::vector<float> global_;
   std::int64_t step_ = 0;
   std::int64_t next_sync_ = 0;
@@ -318,10 +451,17 @@ private:
 static_assert(sync_strategy<local_sgd<comm::archetype>>);
 
 // What replica_guard may check (sync/replica_promise.hpp).
-template <class C, class E>
-struct replica_promise<local_sgd<C, E>> {
-  static bool after_step(const local_sgd<C, E>& s, const step_result& r) { return s.replicas_identical(r); }
-  static bool after_finish(const local_sgd<C, E>& s) { return s.replicas_identical_after_finish(); }
+template <class C, class E, class X>
+struct replica_promise<local_sgd<C, E, X>> {
+  static bool after_step(const local_sgd<C, E, X>& s, const step_result& r) {
+    return s.replicas_identical(r);
+  }
+  static bool after_finish(const local_sgd<C, E, X>& s) { return s.replicas_identical_after_finish(); }
 };
+
+// DiLoCo: local_sgd with an outer optimizer (options.outer, {} for lr 0.7, momentum 0.9) and X the
+// pseudo-gradients' compressor.
+template <comm::communicator C, class X = uncompressed>
+using diloco = local_sgd<C, all_reduce_exchange<C>, X>;
 
 } // namespace commsgd::inline v1::sync

@@ -1,0 +1,100 @@
+// The outer optimizer of local SGD (DiLoCo, Douillard et al. 2023): what turns the ranks' local progress
+// over a round into the next common model.
+//
+// The sign convention, the one place it is written (pseudo_gradient below; every other line uses it):
+//   delta_r = theta_global - theta_r      old minus new, so delta acts as a gradient: an outer step with
+//                                         positive lr moves theta_global toward the ranks' models
+// The outer step, SGD with Nesterov momentum as PyTorch's SGD(nesterov=True) writes it, on the mean delta
+// over ranks:
+//   v            <- mu v + delta
+//   theta_global <- theta_global - lr (delta + mu v)
+// lr = 1, mu = 0 is plain model averaging: theta_global - (theta_global - mean theta_r) = mean theta_r.
+// Computed that way the mean would be rounded twice, so sync::local_sgd recognises plain() and averages the
+// models themselves, which is today's local_sgd bit for bit.
+//
+// Models of the concept: outer_sgd (below). Its state (v) is shared: every rank applies the same mean to the
+// same v, so every rank holds the same bits.
+#pragma once
+
+#include <commsgd/config.hpp>
+#include <commsgd/error.hpp>
+
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace commsgd::inline v1::sync {
+
+// out <- global - local: the pseudo-gradient of one rank (old minus new).
+inline void pseudo_gradient(std::span<const float> global, std::span<const float> local,
+                            std::span<float> out) noexcept {
+  for (std::size_t i = 0; i < out.size(); ++i)
+    out[i] = global[i] - local[i];
+}
+
+struct outer_sgd_options {
+  float lr = 0.7f;       // eta: (0, inf), finite
+  float momentum = 0.9f; // mu: [0, 1); 0 is plain outer SGD
+};
+
+// Outer SGD with lr 1 and no momentum: the ranks' models averaged (local_sgd's default).
+inline constexpr outer_sgd_options plain_average{.lr = 1.0f, .momentum = 0.0f};
+
+template <class O>
+concept outer_optimizer = requires(O& o, const O& co, std::span<float> global, std::span<const float> mean) {
+  { co.plain() } -> std::same_as<bool>;
+  o.step(global, mean);
+};
+
+class outer_sgd {
+public:
+  using options = outer_sgd_options;
+
+  outer_sgd() : outer_sgd(plain_average) {}
+  explicit outer_sgd(options o) : opt_(o) { check(o); }
+
+  // Refuses what the update is undefined or divergent for, naming the field.
+  static void check(const options& o) {
+    if (!(o.lr > 0.0f) || !std::isfinite(o.lr))
+      throw invalid_argument(
+          commsgd::detail::concat("argument 'outer.lr' = ", o.lr, " is outside the allowed range (0, inf)"));
+    if (!(o.momentum >= 0.0f && o.momentum < 1.0f))
+      throw invalid_argument(commsgd::detail::concat("argument 'outer.momentum' = ", o.momentum,
+                                                     " is outside the allowed range [0, 1)"));
+  }
+
+  const options& opts() const noexcept { return opt_; }
+  bool plain() const noexcept { return opt_.lr == 1.0f && opt_.momentum == 0.0f; }
+  bool has_momentum() const noexcept { return opt_.momentum != 0.0f; }
+  // v, empty until the first step (and always without momentum).
+  std::span<const float> velocity() const noexcept { return v_; }
+
+  // global <- global - lr (mean + mu v) after v <- mu v + mean. Sizes are the caller's to check.
+  void step(std::span<float> global, std::span<const float> mean) {
+    const float lr = opt_.lr, mu = opt_.momentum;
+    if (!has_momentum()) {
+      for (std::size_t i = 0; i < global.size(); ++i)
+        global[i] = global[i] - lr * mean[i];
+      return;
+    }
+    if (v_.empty()) v_.assign(global.size(), 0.0f);
+    for (std::size_t i = 0; i < global.size(); ++i) {
+      v_[i] = mu * v_[i] + mean[i];
+      global[i] = global[i] - lr * (mean[i] + mu * v_[i]);
+    }
+  }
+
+  // For a loaded state: the caller has checked the length (0, or the model's with momentum).
+  void replace_velocity(std::vector<float> v) noexcept { v_ = std::move(v); }
+
+private:
+  options opt_;
+  std::vector<float> v_;
+};
+
+static_assert(outer_optimizer<outer_sgd>);
+
+} // namespace commsgd::inline v1::sync
