@@ -209,12 +209,12 @@ class DiLoCo:
     its own.
 
     **Bytes.** :meth:`stats` counts what this rank sends by the ring algorithms' rules: an ``all_reduce`` of
-    B bytes sends 2 (n - 1) B / n, an ``all_gather`` of B-byte messages (n - 1) B. Dense DiLoCo sends the
-    model (4 bytes a parameter, ~2x over the ring) once every H steps; streaming divides the peak of one
-    step by P; fp16 halves it, int8 quarters it, fp4 an eighth, top-k 8 density; but a gather grows with
-    n - 1 where a ring all-reduce does not, so beyond a few ranks compressed messages pay less than their
-    ratio. Memory: a float32 global copy of the parameters and the outer momentum (2x the parameters), a
-    float32 residual with top-k, and the messages of the exchanges in flight.
+    B bytes sends 2 (n - 1) B / n, an ``all_gather`` of B-byte messages (n - 1) B. Dense DiLoCo sends about
+    8 (n - 1) / n bytes a parameter once every H steps, where DDP sends them every step; streaming divides
+    the busiest step's bytes by P, not the total. A code c times smaller than float32 (fp16/bf16 2, int8 3.9,
+    fp4 7.8, top-k 1 / (2 density)) sends 2 c / n times fewer bytes than ``"none"``, because a gather
+    grows with n - 1 where a ring all-reduce does not. Memory: a float32 global copy of the parameters and
+    the outer momentum (2x the parameters), a float32 residual with top-k, and the messages in flight.
 
     **Errors.** Bad arguments raise ``ValueError`` (also ``commsgd_torch.InvalidArgument``) naming the
     argument, its value and what is allowed. A non-finite pseudo-gradient on any rank makes every rank raise
