@@ -27,6 +27,10 @@ class _BadArgument(InvalidArgument, ValueError):
     """A bad argument of DiLoCo: a ValueError, as PyTorch's optimizers raise, and commsgd_torch.InvalidArgument."""
 
 
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _bad(name: str, value: Any, allowed: str) -> _BadArgument:
     return _BadArgument(f"DiLoCo: argument '{name}' is {value!r}; allowed: {allowed}")
 
@@ -268,13 +272,13 @@ class DiLoCo:
             raise _bad("inner_optimizer", type(inner_optimizer).__name__, "a torch.optim.Optimizer")
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
             raise _bad("sync_every", sync_every, "a whole number >= 1")
-        if not isinstance(outer_lr, (int, float)) or not math.isfinite(outer_lr) or outer_lr <= 0:
+        if not _real(outer_lr) or not math.isfinite(outer_lr) or outer_lr <= 0:
             raise _bad("outer_lr", outer_lr, "a finite number > 0")
-        if not isinstance(outer_momentum, (int, float)) or not (0.0 <= outer_momentum < 1.0):
+        if not _real(outer_momentum) or not (0.0 <= outer_momentum < 1.0):
             raise _bad("outer_momentum", outer_momentum, "[0, 1)")
         if isinstance(delay, bool) or not isinstance(delay, int) or not (0 <= delay < sync_every):
             raise _bad("delay", delay, f"a whole number in [0, sync_every) = [0, {sync_every})")
-        if not isinstance(alpha, (int, float)) or not (0.0 <= alpha <= 1.0):
+        if not _real(alpha) or not (0.0 <= alpha <= 1.0):
             raise _bad("alpha", alpha, "[0, 1]")
         self._kind, self._density = _parse_compression(compression)
         params = [p for p in model.parameters() if p.requires_grad]

@@ -57,11 +57,11 @@ def _dot_step(model, opt, step, rank, integer=False, **kw):
 
 BAD = [
     ("sync_every", 0), ("sync_every", -3), ("sync_every", 2.5), ("sync_every", True),
-    ("outer_lr", 0.0), ("outer_lr", -0.1), ("outer_lr", float("nan")), ("outer_lr", float("inf")),
+    ("outer_lr", 0.0), ("outer_lr", -0.1), ("outer_lr", float("nan")), ("outer_lr", float("inf")), ("outer_lr", True),
     ("outer_momentum", -0.1), ("outer_momentum", 1.0), ("outer_momentum", float("nan")),
     ("fragments", 0), ("fragments", 9),  # the model has 3 layers
     ("delay", -1), ("delay", 4),  # sync_every is 4
-    ("alpha", -0.01), ("alpha", 1.5), ("alpha", float("nan")),
+    ("alpha", -0.01), ("alpha", 1.5), ("alpha", float("nan")), ("alpha", "0.5"),
     ("compression", "gzip"), ("compression", "int4"), ("compression", "topk:0"), ("compression", "topk:1.5"),
     ("compression", "topk:"), ("compression", "topk:abc"), ("compression", 8),
 ]
