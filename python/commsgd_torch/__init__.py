@@ -8,6 +8,11 @@ One module per hook family, each a state class and its hook, as torch.distribute
     local_sgd    LocalSGDState, local_sgd_hook     local SGD with periodic or adaptive model averaging
     auto         AutoState, auto_hook              the fastest of the above that keeps accuracy, per run
 
+and, without DDP, an optimizer wrapper:
+
+    diloco       DiLoCo                            H local steps, then an outer Nesterov step on the averaged
+                                                   (optionally streamed, compressed) pseudo-gradient
+
     state = commsgd_torch.TopKState(model=model, density=0.01, momentum=0.9)
     ddp.register_comm_hook(state, commsgd_torch.topk_hook)
 
@@ -26,6 +31,7 @@ from . import _torch_check  # noqa: F401  (first: refuses a torch other than the
 from ._C import CommError, CorruptData, Error, InvalidArgument, NonFinite, SizeMismatch, Unsupported
 from .auto import DEFAULT_CANDIDATES, AutoState, auto_hook
 from .compressors import KINDS, CompressorState, compressor_hook
+from .diloco import COMPRESSIONS, DiLoCo
 from .local_sgd import LocalSGDState, local_sgd_hook
 from .powersgd import PowerSGDState, powersgd_hook
 from .topk import SELECTORS, TopKState, topk_hook
@@ -36,5 +42,6 @@ __all__ = [
     "CompressorState", "compressor_hook", "KINDS",
     "LocalSGDState", "local_sgd_hook",
     "AutoState", "auto_hook", "DEFAULT_CANDIDATES",
+    "DiLoCo", "COMPRESSIONS",
     "Error", "InvalidArgument", "SizeMismatch", "NonFinite", "CommError", "CorruptData", "Unsupported",
 ]

@@ -1,0 +1,556 @@
+"""commsgd_torch.DiLoCo on 2 forked ranks of a gloo group (1 rank for Lookahead): the outer step against
+synchronous SGD, Lookahead and a hand-computed Nesterov, each compression against its bound or residual, the
+streaming schedule and its bytes, checkpoints bit for bit, non-finite pseudo-gradients refused, training."""
+import io
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import commsgd_torch
+from commsgd_torch import diloco as D
+from helpers import SIZES, Dot, fashion_mnist, mlp, run_ranks
+
+
+def _bits(t):
+    return t.contiguous().view(-1).view(torch.int32)
+
+
+def _same(a, b):
+    return a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+def _inputs(step, rank, integer=False, low=-1000, high=1000):
+    """The gradients of the Dot model at one step of one rank: any rank can make any other rank's."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    if integer:
+        return [torch.randint(low, high, (n,), generator=g).float() for n in SIZES]
+    return [torch.randn(n, generator=g) for n in SIZES]
+
+
+def _shipped(rank, world, fn, *args):
+    """Runs fn on a rank and returns its result serialised: tensors sent as they are would travel through
+    shared memory that the rank's exit takes away before the parent reads it."""
+    buf = io.BytesIO()
+    torch.save(fn(rank, world, *args), buf)
+    return buf.getvalue()
+
+
+def _ranks(fn, world=2, args=(), **kw):
+    """helpers.run_ranks for functions that return tensors."""
+    return [torch.load(io.BytesIO(b)) for b in run_ranks(_shipped, world, (fn,) + tuple(args), **kw)]
+
+
+def _flat(tensors):
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def _dot_step(model, opt, step, rank, integer=False, **kw):
+    opt.zero_grad()
+    model(_inputs(step, rank, integer, **kw)).backward()
+    opt.step()
+
+
+# --- arguments ----------------------------------------------------------------------------------------------
+
+BAD = [
+    ("sync_every", 0), ("sync_every", -3), ("sync_every", 2.5), ("sync_every", True),
+    ("outer_lr", 0.0), ("outer_lr", -0.1), ("outer_lr", float("nan")), ("outer_lr", float("inf")), ("outer_lr", True),
+    ("outer_momentum", -0.1), ("outer_momentum", 1.0), ("outer_momentum", float("nan")),
+    ("fragments", 0), ("fragments", 9),  # the model has 3 layers
+    ("delay", -1), ("delay", 4),  # sync_every is 4
+    ("alpha", -0.01), ("alpha", 1.5), ("alpha", float("nan")), ("alpha", "0.5"),
+    ("compression", "gzip"), ("compression", "int4"), ("compression", "topk:0"), ("compression", "topk:1.5"),
+    ("compression", "topk:"), ("compression", "topk:abc"), ("compression", 8),
+]
+
+
+@pytest.mark.parametrize("name,value", BAD, ids=[f"{n}={v!r}" for n, v in BAD])
+def test_bad_arguments_raise_value_error_naming_them(name, value):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 3),
+                                torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    kw = {"sync_every": 4, name: value}
+    # Arguments are checked before any collective: no process group is needed to see them refused.
+    with pytest.raises(ValueError) as info:
+        commsgd_torch.DiLoCo(model, opt, **kw)
+    assert isinstance(info.value, commsgd_torch.InvalidArgument)
+    text = str(info.value)
+    assert f"'{name}'" in text and repr(value) in text and "allowed" in text, text
+
+
+def test_bad_model_optimizer_and_fragments():
+    model = torch.nn.Linear(3, 3)
+    with pytest.raises(ValueError, match="'inner_optimizer'"):
+        commsgd_torch.DiLoCo(model, "sgd")
+    with pytest.raises(ValueError, match="'model'"):
+        commsgd_torch.DiLoCo([model.weight], torch.optim.SGD(model.parameters(), lr=1))
+    other = torch.nn.Linear(3, 3)
+    with pytest.raises(ValueError, match="'fragments'.*exactly once"):  # misses the bias
+        commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=1), fragments=[[model.weight]])
+    with pytest.raises(ValueError, match="'fragments'.*exactly once"):  # a foreign parameter
+        commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=1),
+                             fragments=[[model.weight, model.bias], [other.weight]])
+
+
+# --- the codes ----------------------------------------------------------------------------------------------
+
+def _wide(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * torch.pow(10.0, torch.randint(-3, 3, (n,), generator=g).float())
+    x[::37] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("kind", ["fp16", "bf16", "int8", "fp4"])
+@pytest.mark.parametrize("n", [1, 255, 256, 1000, 5647])
+def test_each_code_keeps_its_error_bound(kind, n):
+    x = _wide(n, n)
+    if n >= 512:
+        x[256:512] = 0.0  # a block of zeros: scale 0, decoded as zeros
+    msg = D._encode(kind, x)
+    y = D._decode(kind, msg, n)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    blocks = max(1, math.ceil(n / D.BLOCK))
+    size = {"fp16": 2 * n, "bf16": 2 * n, "int8": 4 * blocks + D.BLOCK * blocks,
+            "fp4": 4 * blocks + D.BLOCK * blocks // 2}[kind]
+    assert msg.numel() == size and msg.dtype == torch.uint8
+    assert torch.all(y[x == 0] == 0)
+    if kind == "fp16":
+        assert torch.all((y - x).abs() <= 2.0 ** -11 * x.abs() + 2.0 ** -25)
+    elif kind == "bf16":
+        assert torch.all((y - x).abs() <= 2.0 ** -8 * x.abs())
+    else:
+        pad = torch.cat([x, x.new_zeros(blocks * D.BLOCK - n)]).view(blocks, D.BLOCK)
+        s = pad.abs().amax(1, keepdim=True).expand(blocks, D.BLOCK).reshape(-1)[:n]
+        err = (y - x).abs()
+        if kind == "int8":
+            assert torch.all(err <= s / 254 * (1 + 1e-5)), err.max()
+            assert torch.all(err <= s / 254 * (1 + 1e-5))
+        else:
+            zero = y == 0
+            assert torch.all(x[zero].abs() <= s[zero] * 2.0 ** -6.5 * (1 + 1e-6))
+            nz = ~zero
+            assert torch.all(torch.sign(y[nz]) == torch.sign(x[nz]))
+            assert torch.all(err[nz] <= (math.sqrt(2) - 1) * x[nz].abs() * (1 + 1e-5))
+            ratio = y[nz].abs() / s[nz]  # exactly a power of two, 2^0 .. 2^-6
+            e = -torch.log2(ratio)
+            assert torch.all(e == torch.round(e)) and torch.all((e >= 0) & (e <= 6))
+            assert torch.all(y.abs().amax() == x.abs().amax())  # the largest element is its block's scale
+
+
+# --- the outer step -----------------------------------------------------------------------------------------
+
+def _h1_is_sync_sgd(rank, world):
+    """Inner SGD lr 1, H = 1, outer lr 1, momentum 0 on integer gradients x_r: the local step gives w - x_r
+    (exact), the pseudo-gradient w - (w - x_r) = x_r (exact), their mean (x_0 + x_1) / 2 (exact in float32:
+    half-integers far below 2^23), the outer step w - 1 * mean: synchronous SGD with lr 1 on the average
+    gradient, which DDP computes from the same gradients, bit for bit."""
+    torch.manual_seed(5)
+    model, ref = Dot(SIZES), Dot(SIZES)
+    with torch.no_grad():
+        for p, q in zip(model.ps, ref.ps):
+            p.copy_(torch.randint(-100, 100, p.shape).float())
+            q.copy_(p)
+    opt = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=1.0), sync_every=1, outer_lr=1.0,
+                               outer_momentum=0.0)
+    ddp = DDP(ref)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=1.0)
+    for step in range(6):
+        _dot_step(model, opt, step, rank, integer=True)
+        _dot_step(ddp, ref_opt, step, rank, integer=True)
+        for p, q, g in zip(model.ps, ref.ps, opt.global_parameters()):
+            assert _same(p.detach(), q.detach()), step
+            assert _same(p.detach(), g), step
+        assert opt.stats()["outer_steps"] == step + 1
+    return _flat(model.parameters())
+
+
+def test_h1_plain_averaging_equals_synchronous_sgd_on_the_average():
+    a, b = _ranks(_h1_is_sync_sgd, 2)
+    assert _same(a, b)
+
+
+def _lookahead(rank, world):
+    """One rank, outer momentum 0: DiLoCo is Lookahead (k = H fast steps, then slow += lr (fast - slow) and
+    fast = slow), bit for bit: slow - lr (slow - fast) and slow + lr (fast - slow) round alike."""
+    torch.manual_seed(3)
+    model = mlp()
+    ref = mlp()
+    ref.load_state_dict(model.state_dict())
+    opt = commsgd_torch.DiLoCo(model, torch.optim.Adam(model.parameters(), lr=1e-3), sync_every=5, outer_lr=0.5,
+                               outer_momentum=0.0)
+    fast_opt = torch.optim.Adam(ref.parameters(), lr=1e-3)
+    slow = [p.detach().clone() for p in ref.parameters()]
+    g = torch.Generator().manual_seed(11)
+    for step in range(1, 23):
+        x, y = torch.randn(16, 784, generator=g), torch.randint(0, 10, (16,), generator=g)
+        for m, o in ((model, opt), (ref, fast_opt)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+        if step % 5 == 0:
+            with torch.no_grad():
+                for s, f in zip(slow, ref.parameters()):
+                    s.add_(f - s, alpha=0.5)
+                    f.copy_(s)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert _same(p.detach(), q.detach()), step
+    assert opt.stats()["bytes_sent"] == 0 and opt.stats()["outer_steps"] == 4
+    return True
+
+
+def test_one_rank_equals_lookahead():
+    run_ranks(_lookahead, 1)
+
+
+def _nesterov(rank, world, H, rounds, eta, mu, lr):
+    torch.manual_seed(2)
+    model = Dot(SIZES)
+    with torch.no_grad():
+        for p in model.ps:
+            p.normal_()
+    opt = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=lr), sync_every=H, outer_lr=eta,
+                               outer_momentum=mu)
+    assert isinstance(opt.outer_optimizer, torch.optim.SGD)
+    assert opt.outer_optimizer.defaults["nesterov"] and opt.outer_optimizer.defaults["momentum"] == mu
+    # The hand reference, in float64: v <- mu v + delta; theta <- theta - eta (delta + mu v).
+    theta = _flat(model.parameters()).double()
+    v = torch.zeros_like(theta)
+    step = 0
+    for r in range(rounds):
+        for _ in range(H):
+            _dot_step(model, opt, step, rank)
+            step += 1
+        delta = sum(lr * _flat(_inputs(s, q)).double() for s in range(step - H, step) for q in range(world)) / world
+        v = mu * v + delta
+        theta = theta - eta * (delta + mu * v)
+        got = _flat(opt.global_parameters()).double()
+        assert torch.allclose(got, theta, rtol=1e-5, atol=1e-5), (r, (got - theta).abs().max())
+        assert _same(_flat(model.parameters()), _flat(opt.global_parameters()))
+    momentum = _flat([opt.outer_optimizer.state[g]["momentum_buffer"] for g in opt.global_parameters()]).double()
+    assert torch.allclose(momentum, v, rtol=1e-5, atol=1e-5)
+    return _flat(model.parameters())
+
+
+def test_outer_nesterov_matches_a_hand_computed_reference():
+    a, b = _ranks(_nesterov, 2, (3, 4, 0.7, 0.9, 0.1))
+    assert _same(a, b)
+
+
+def _alpha_merge(rank, world):
+    """With delay 1 and alpha 0.5, the fragment applied after step t is lerp(theta_global, theta_local, 0.5),
+    theta_local being the model after step t's own inner step (which overlapped the exchange)."""
+    model = Dot(SIZES)
+    lr = 0.25
+    opt = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=lr), sync_every=3, delay=1,
+                               alpha=0.5, outer_lr=0.7, outer_momentum=0.9)
+    for step in range(1, 11):
+        before = [p.detach().clone() for p in model.ps]
+        _dot_step(model, opt, step, rank)
+        if step in (4, 7, 10):  # started after 3, 6, 9
+            for b, x, p, g in zip(before, _inputs(step, rank), model.ps, opt.global_parameters()):
+                inner = b.add(x, alpha=-lr)
+                assert _same(p.detach(), torch.lerp(g, inner, 0.5)), step
+        else:
+            for b, x, p in zip(before, _inputs(step, rank), model.ps):
+                assert _same(p.detach(), b.add(x, alpha=-lr)), step
+    return True
+
+
+def test_alpha_merges_the_local_steps_taken_during_the_exchange():
+    run_ranks(_alpha_merge, 2)
+
+
+# --- compressed pseudo-gradients ------------------------------------------------------------------------------
+
+def _compressed_mean(rank, world, compression):
+    """Inner SGD lr 1, H = 2, outer lr 1, momentum 0: the outer step subtracts exactly the float32 mean of the
+    ranks' decoded messages, summed in rank order (each rank remakes every rank's pseudo-gradient)."""
+    model = Dot(SIZES)
+    opt = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=1.0), sync_every=2, outer_lr=1.0,
+                               outer_momentum=0.0, compression=compression)
+    n = sum(SIZES)
+    step = 0
+    for r in range(3):
+        theta = _flat(opt.global_parameters())
+        for _ in range(2):
+            _dot_step(model, opt, step, rank)
+            step += 1
+        acc = torch.zeros(n)
+        for q in range(world):
+            local = theta.clone()
+            for s in (step - 2, step - 1):
+                local.add_(_flat(_inputs(s, q)), alpha=-1.0)
+            delta = theta - local
+            acc += delta if compression == "none" else D._decode(compression, D._encode(compression, delta), n)
+        expect = theta.add(acc / world, alpha=-1.0)
+        assert _same(_flat(opt.global_parameters()), expect), (compression, r)
+    blocks = math.ceil(n / D.BLOCK)
+    message = 4 + {"none": 0, "fp16": 2 * n, "bf16": 2 * n, "int8": 4 * blocks + D.BLOCK * blocks,
+                   "fp4": 4 * blocks + D.BLOCK * blocks // 2}[compression]
+    if compression == "none":  # an all_reduce of n floats and one flag a rank: 2 (n - 1) / n of it
+        message = 4 * (n + world)
+    assert opt.stats()["payload_bytes"] == 3 * message
+    assert opt.stats()["bytes_sent"] == 3 * (message if compression == "none" else (world - 1) * message)
+    return _flat(model.parameters())
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16", "bf16", "int8", "fp4"])
+def test_outer_step_applies_the_mean_of_the_decoded_messages(compression):
+    a, b = _ranks(_compressed_mean, 2, (compression,))
+    assert _same(a, b)
+
+
+def _topk_conserves(rank, world, density):
+    """Integer gradients (exact sums): per rank, residual before + pseudo-gradient = what was sent + residual
+    after, element by element; what was sent is the top k of residual + pseudo-gradient; the global model
+    moves by exactly the mean of what the ranks sent."""
+    model = Dot(SIZES)
+    opt = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=1.0), sync_every=2, outer_lr=1.0,
+                               outer_momentum=0.0, compression=f"topk:{density}")
+    n = sum(SIZES)
+    k = math.ceil(density * n)
+    out = []
+    step = 0
+    for r in range(4):
+        theta = _flat(opt.global_parameters())
+        before = opt.residual(0).clone()
+        for _ in range(2):
+            _dot_step(model, opt, step, rank, integer=True, low=-50, high=50)
+            step += 1
+        delta = sum(_flat(_inputs(s, rank, True, -50, 50)) for s in (step - 2, step - 1))
+        after = opt.residual(0)
+        e = before + delta
+        sent = e - after
+        chosen = after == 0
+        assert int((sent != 0).sum()) <= k
+        assert torch.all(sent[~chosen] == 0) and _same(sent[chosen & (e != 0)], e[chosen & (e != 0)])
+        assert _same(sent + after, e)  # conservation, bit for bit
+        if int(chosen.sum()) < n:
+            assert sent.abs().max() > 0 and sent[sent != 0].abs().min() >= after.abs().max()
+        out.append((theta, sent, _flat(opt.global_parameters())))
+    assert opt.stats()["payload_bytes"] == 4 * (4 + 8 * k)
+    return out
+
+
+def test_topk_error_feedback_conserves_and_moves_by_the_mean_sent():
+    a, b = _ranks(_topk_conserves, 2, (0.02,))
+    for (theta, s0, after0), (theta1, s1, after1) in zip(a, b):
+        assert _same(theta, theta1) and _same(after0, after1)
+        assert _same(after0, theta.add((s0 + s1) / 2, alpha=-1.0))
+
+
+# --- streaming --------------------------------------------------------------------------------------------------
+
+def _layers(width=16, count=4):
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(count)])
+
+
+def _streaming(rank, world, P, delay, compression, width=16):
+    torch.manual_seed(0)
+    H = 8
+    model = _layers(width)
+    opt = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.05), sync_every=H, fragments=P,
+                               delay=delay, compression=compression)
+    assert [list(map(id, opt.fragment_parameters(p))) for p in range(P)] == \
+        [[id(q) for j, layer in enumerate(model) if j % P == p for q in layer.parameters()] for p in range(P)]
+    offsets = [p * H // P for p in range(P)]
+    g = torch.Generator().manual_seed(rank)
+    log = []
+    for t in range(1, 4 * H + 1):
+        starts = [p for p in range(P) if (t - offsets[p]) % H == 0]
+        assert opt.schedule(t) == starts
+        glob = [_flat(opt.global_parameters()[2 * p:2 * p + 2]) for p in range(P)] if P == 4 else None
+        sent = opt.bytes_sent
+        x = torch.randn(8, width, generator=g)
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        applied = [p for p in range(P) if (t - delay - offsets[p]) % H == 0 and t - delay >= 1]
+        if P == 4:  # one layer a fragment: its global copy moves exactly when its exchange is applied
+            moved = [p for p in range(P) if not _same(glob[p], _flat(opt.global_parameters()[2 * p:2 * p + 2]))]
+            assert moved == applied, (t, moved, applied)
+            for p in applied:
+                assert _same(_flat(model[p].parameters()), _flat(opt.global_parameters()[2 * p:2 * p + 2]))
+        log.append((t, starts, opt.bytes_sent - sent))
+    return log, opt.stats()
+
+
+@pytest.mark.parametrize("delay", [0, 3])
+def test_streaming_schedule_and_peak_bytes_fall_by_p(delay):
+    one, _ = _ranks(_streaming, 2, (1, delay, "none"))[0]
+    four, stats = _ranks(_streaming, 2, (4, delay, "none"))[0]
+    assert [t for t, s, _ in one if s] == [8, 16, 24, 32]
+    assert [(t, s) for t, s, _ in four if s] == [(t, [p]) for t in range(1, 33) for p in range(4)
+                                                 if t >= 2 * p and (t - 2 * p) % 8 == 0]
+    layer = 16 * 16 + 16
+    assert {b for _, s, b in one if s} == {4 * (4 * layer + 2)}  # the model and 2 flags, over a 2-rank ring
+    assert {b for _, s, b in four if s} == {4 * (layer + 2)}
+    assert all(b == 0 for _, s, b in one + four if not s)
+    peak1 = max(b for _, _, b in one)
+    assert stats["peak_step_bytes"] == max(b for _, _, b in four) == 4 * (layer + 2)
+    assert peak1 / stats["peak_step_bytes"] > 3.95  # P = 4: a quarter, less 2 flags' worth
+    assert stats["outer_steps"] == sum(len(s) for t, s, _ in four if t + delay <= 32)
+
+
+def test_streaming_peak_bytes_fall_by_p_with_fp4():
+    one, _ = _ranks(_streaming, 2, (1, 1, "fp4", 64))[0]
+    two, _ = _ranks(_streaming, 2, (2, 1, "fp4", 64))[0]
+    p1, p2 = max(b for _, _, b in one), max(b for _, _, b in two)
+    blocks = [math.ceil(layers * (64 * 64 + 64) / D.BLOCK) for layers in (4, 2)]  # P = 2: two layers each
+    assert [p1, p2] == [4 + 4 * b + D.BLOCK * b // 2 for b in blocks]
+    assert p1 / p2 > 1.95  # half, less the header and a block's padding
+
+
+# --- checkpoints --------------------------------------------------------------------------------------------
+
+def _resume(rank, world, compression, P, delay, save_at):
+    def build():
+        model = _layers()
+        inner = torch.optim.Adam(model.parameters(), lr=1e-2)
+        return model, inner, commsgd_torch.DiLoCo(model, inner, sync_every=4, fragments=P, delay=delay,
+                                                  compression=compression, outer_lr=0.7, outer_momentum=0.9)
+
+    def run(model, opt, steps):
+        out = []
+        for t in steps:
+            g = torch.Generator().manual_seed(100 * t + rank)
+            x = torch.randn(8, 16, generator=g)
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+            out.append(_flat(model.parameters()))
+        return out
+
+    torch.manual_seed(1)
+    model, inner, opt = build()
+    run(model, opt, range(1, save_at + 1))
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "diloco": opt.state_dict()}, buf)
+    if delay:
+        assert opt.state_dict()["pending"], "the checkpoint should hold an exchange in flight"
+    first = run(model, opt, range(save_at + 1, save_at + 21))
+    final_stats = opt.stats()
+
+    torch.manual_seed(99)  # another initialisation, overwritten by the checkpoint
+    model2, inner2, opt2 = build()
+    buf.seek(0)
+    saved = torch.load(buf)
+    model2.load_state_dict(saved["model"])  # after constructing: the constructor broadcasts rank 0's model
+    opt2.load_state_dict(saved["diloco"])
+    assert opt2.inner_steps == save_at
+    second = run(model2, opt2, range(save_at + 1, save_at + 21))
+    for t, (a, b) in enumerate(zip(first, second)):
+        assert _same(a, b), (compression, t)
+    assert opt2.stats() == final_stats
+    for a, b in zip(opt.global_parameters(), opt2.global_parameters()):
+        assert _same(a, b)
+    return True
+
+
+@pytest.mark.parametrize("compression,P,delay,save_at", [("none", 1, 0, 6), ("topk:0.1", 2, 1, 14),
+                                                         ("fp4", 3, 2, 11), ("int8", 1, 3, 9)])
+def test_state_dict_round_trip_reproduces_the_next_20_steps_bit_for_bit(compression, P, delay, save_at):
+    run_ranks(_resume, 2, (compression, P, delay, save_at))
+
+
+def test_load_state_dict_refuses_another_configuration():
+    def one(rank, world):
+        model = _layers()
+        a = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=4)
+        b = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=5)
+        with pytest.raises(ValueError, match="'state_dict'.*sync_every"):
+            b.load_state_dict(a.state_dict())
+        return True
+    run_ranks(one, 2)
+
+
+# --- non-finite pseudo-gradients ------------------------------------------------------------------------------
+
+def _outer_state(opt):
+    mom = [opt.outer_optimizer.state[g].get("momentum_buffer") for g in opt.global_parameters()]
+    return ([g.clone() for g in opt.global_parameters()], [None if m is None else m.clone() for m in mom],
+            [None if opt.residual(p) is None else opt.residual(p).clone() for p in range(opt.num_fragments)],
+            opt.stats()["outer_steps"])
+
+
+def _nonfinite(rank, world, compression, delay, value):
+    model = Dot(SIZES)
+    opt = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=3, delay=delay,
+                               compression=compression)
+    for step in range(1, 9):  # two rounds and two steps: the second round's exchange is applied
+        _dot_step(model, opt, step, rank)
+    saved = _outer_state(opt)
+    if rank == 1:
+        with torch.no_grad():
+            model.ps[3][17] = value
+    # The third round's exchange starts after step 9 and is applied `delay` steps later.
+    for step in range(9, 9 + delay):
+        _dot_step(model, opt, step, rank)
+    with pytest.raises(commsgd_torch.NonFinite) as info:
+        _dot_step(model, opt, 9 + delay, rank)
+    text = str(info.value)
+    assert "rank 1: 1 of 5647 entries NaN or infinite" in text and "fragment 0" in text, text
+    assert ("parameter(s) ps.3" in text) == (rank == 1), text
+    after = _outer_state(opt)
+    assert after[3] == saved[3]
+    for a, b in zip(saved[0] + saved[1] + saved[2], after[0] + after[1] + after[2]):
+        assert (a is None and b is None) or _same(a, b)
+    assert not opt.state_dict()["pending"]
+    return True
+
+
+@pytest.mark.parametrize("compression,delay,value", [("none", 0, float("nan")), ("int8", 0, float("inf")),
+                                                     ("fp4", 2, float("nan")), ("topk:0.05", 1, float("-inf"))])
+def test_non_finite_pseudo_gradient_is_refused_on_every_rank_and_changes_nothing(compression, delay, value):
+    run_ranks(_nonfinite, 2, (compression, delay, value))
+
+
+# --- training ---------------------------------------------------------------------------------------------------
+
+def _train(rank, world, compression, P, delay):
+    torch.manual_seed(0)
+    x, y = fashion_mnist("train", 2000)
+    mine = slice(rank * 1000, (rank + 1) * 1000)  # each rank its own half
+    xs, ys = x[mine], y[mine]
+    model = mlp()
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    opt = commsgd_torch.DiLoCo(model, inner, sync_every=10, fragments=P, delay=delay, compression=compression)
+    g = torch.Generator().manual_seed(rank)
+    with torch.no_grad():
+        start = torch.nn.functional.cross_entropy(model(x), y).item()
+    checks = 0
+    for t in range(1, 201):
+        i = torch.randint(0, 1000, (50,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xs[i]), ys[i]).backward()
+        opt.step()
+        if P == 1 and delay == 0 and t % 10 == 0:  # after each outer step both ranks hold the global model
+            mine_flat = _flat(model.parameters())
+            other = mine_flat.clone()
+            dist.broadcast(other, src=0)
+            assert _same(mine_flat, other) and _same(mine_flat, _flat(opt.global_parameters())), t
+            checks += 1
+    opt.finish()
+    final = _flat(model.parameters())
+    with torch.no_grad():
+        loss = torch.nn.functional.cross_entropy(model(x), y).item()
+    return start, loss, final, checks, opt.stats()
+
+
+# Top-k is left out: at 5 % with H = 10 it reached only 1.97 in these 200 steps (each round sends a twentieth of
+# the pseudo-gradient and every rank restarts from the global model), a regime that needs many more rounds.
+@pytest.mark.parametrize("compression,P,delay", [("none", 1, 0), ("fp4", 2, 2)])
+def test_mlp_on_fashion_mnist_learns_and_ranks_agree(compression, P, delay):
+    (s0, l0, f0, c0, st0), (s1, l1, f1, c1, st1) = _ranks(_train, 2, (compression, P, delay), timeout=400)
+    print(f"{compression} P={P} delay={delay}: loss {s0:.3f} -> {l0:.3f}; bytes sent {st0['bytes_sent']}, "
+          f"peak a step {st0['peak_step_bytes']}")
+    assert s0 == s1 and l0 == l1 and _same(f0, f1)  # finish(): every rank holds the global model
+    if P == 1 and delay == 0:
+        assert c0 == c1 == 20
+    assert l0 < 0.75, l0
+    dense = 4 * sum(p.numel() for p in mlp().parameters())
+    assert st0["bytes_sent"] <= 21 * (dense + 8)  # 20 exchanges and finish(); DDP would send 200 x dense
