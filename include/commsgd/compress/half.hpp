@@ -135,8 +135,9 @@ public:
     // This rank's contribution: what its message decodes to, or NaN to make every rank refuse the round.
     sum_.resize(length_);
     if (v.problem == detail::input_problem::none) {
-      Format::decode_n(msg_, d_);
-      std::copy(d_.begin(), d_.end(), sum_.begin());
+      // d (what the residual keeps the rest of) is read by error feedback only.
+      Format::decode_n(msg_, sum_);
+      if (ef_.on()) std::copy(sum_.begin(), sum_.end(), d_.begin());
     } else {
       std::fill(sum_.begin(), sum_.end(), std::numeric_limits<float>::quiet_NaN());
     }

@@ -161,16 +161,17 @@ inline void bf16_decode_scalar(const std::uint16_t* in, float* out, std::size_t 
 #if COMMSGD_HALF_X86
 #define COMMSGD_HALF_TARGET __attribute__((target("avx2,f16c")))
 
-// 8 floats to fp16 bits as float_to_fp16_bits makes them. F16C rounds every non-NaN value as IEEE does (its
-// rounding from the immediate, not MXCSR; a float subnormal, flushed or not under DAZ, rounds to a signed
-// zero either way), but keeps a NaN's payload: NaN lanes become sign|0x7e00.
-COMMSGD_HALF_TARGET inline __m128i fp16_encode8(__m256 v) noexcept {
-  __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+// F16C keeps a NaN's payload: NaN lanes become sign|0x7e00, as float_to_fp16_bits makes them.
+COMMSGD_HALF_TARGET inline __m128i fp16_fix_nan8(__m128i h) noexcept {
   const __m128i mag = _mm_and_si128(h, _mm_set1_epi16(0x7fff));
   const __m128i nan = _mm_cmpgt_epi16(mag, _mm_set1_epi16(0x7c00));
-  if (_mm_movemask_epi8(nan) != 0)
-    h = _mm_blendv_epi8(h, _mm_or_si128(_mm_andnot_si128(mag, h), _mm_set1_epi16(0x7e00)), nan);
-  return h;
+  return _mm_blendv_epi8(h, _mm_or_si128(_mm_andnot_si128(mag, h), _mm_set1_epi16(0x7e00)), nan);
+}
+
+// Whether any of 8 fp16 results is inf or NaN: the one test the common case pays.
+COMMSGD_HALF_TARGET inline bool fp16_any_special8(__m128i h) noexcept {
+  const __m128i mag = _mm_and_si128(h, _mm_set1_epi16(0x7fff));
+  return _mm_movemask_epi8(_mm_cmpgt_epi16(mag, _mm_set1_epi16(0x7bff))) != 0;
 }
 
 // +-inf lanes of 8 results: their first index into first_inf (when none is known yet), and with `saturate`
@@ -185,6 +186,16 @@ COMMSGD_HALF_TARGET inline __m128i saturate8(__m128i h, std::uint16_t inf, std::
     first_inf = i + static_cast<std::size_t>(std::countr_zero(static_cast<unsigned>(bits))) / 2;
   if (!saturate) return h;
   return _mm_blendv_epi8(h, _mm_or_si128(sign, _mm_set1_epi16(static_cast<short>(max_finite))), is_inf);
+}
+
+// 8 floats to fp16 bits as float_to_fp16_bits makes them, saturated and reported as saturate8 does. F16C rounds
+// every non-NaN value as IEEE does (its rounding from the immediate, not MXCSR; a float subnormal, flushed or
+// not under DAZ, rounds to a signed zero either way); only a vector holding inf or NaN takes the fix-ups.
+COMMSGD_HALF_TARGET inline __m128i fp16_encode8(__m256 v, bool saturate, std::size_t i,
+                                                std::size_t& first_inf) noexcept {
+  const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  if (!fp16_any_special8(h)) return h;
+  return saturate8(fp16_fix_nan8(h), 0x7c00u, 0x7bffu, saturate, i, first_inf);
 }
 
 // 8 fp16 values to floats as fp16_bits_to_float makes them: F16C is exact but sets the quiet bit of a
@@ -225,8 +236,7 @@ COMMSGD_HALF_TARGET inline void fp16_encode_avx2(const float* in, std::uint16_t*
                                                  bool saturate, std::size_t& first_inf) noexcept {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m128i h =
-        saturate8(fp16_encode8(_mm256_loadu_ps(in + i)), 0x7c00u, 0x7bffu, saturate, i, first_inf);
+    const __m128i h = fp16_encode8(_mm256_loadu_ps(in + i), saturate, i, first_inf);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
   }
   std::size_t tail_inf = static_cast<std::size_t>(-1);
@@ -241,8 +251,7 @@ COMMSGD_HALF_TARGET inline void fp16_sum_avx2(const std::uint16_t* partial, cons
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 p = fp16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(partial + i)));
-    const __m128i h = saturate8(fp16_encode8(_mm256_add_ps(p, _mm256_loadu_ps(x + i))), 0x7c00u, 0x7bffu,
-                                saturate, i, first_inf);
+    const __m128i h = fp16_encode8(_mm256_add_ps(p, _mm256_loadu_ps(x + i)), saturate, i, first_inf);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
   }
   std::size_t tail_inf = static_cast<std::size_t>(-1);
