@@ -235,6 +235,29 @@ COMMSGD_HALF_TARGET inline __m256 bf16_decode8(__m128i h) noexcept {
 COMMSGD_HALF_TARGET inline void fp16_encode_avx2(const float* in, std::uint16_t* out, std::size_t n,
                                                  bool saturate, std::size_t& first_inf) noexcept {
   std::size_t i = 0;
+  // 32 values a test: one branch on whether any of them is inf or NaN, the fix-ups only where one is.
+  const __m128i abs = _mm_set1_epi16(0x7fff), max_finite = _mm_set1_epi16(0x7bff);
+  for (; i + 32 <= n; i += 32) {
+    constexpr int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m128i h0 = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), round);
+    __m128i h1 = _mm256_cvtps_ph(_mm256_loadu_ps(in + i + 8), round);
+    __m128i h2 = _mm256_cvtps_ph(_mm256_loadu_ps(in + i + 16), round);
+    __m128i h3 = _mm256_cvtps_ph(_mm256_loadu_ps(in + i + 24), round);
+    const __m128i special = _mm_or_si128(_mm_or_si128(_mm_cmpgt_epi16(_mm_and_si128(h0, abs), max_finite),
+                                                      _mm_cmpgt_epi16(_mm_and_si128(h1, abs), max_finite)),
+                                         _mm_or_si128(_mm_cmpgt_epi16(_mm_and_si128(h2, abs), max_finite),
+                                                      _mm_cmpgt_epi16(_mm_and_si128(h3, abs), max_finite)));
+    if (_mm_movemask_epi8(special) != 0) [[unlikely]] {
+      h0 = saturate8(fp16_fix_nan8(h0), 0x7c00u, 0x7bffu, saturate, i, first_inf);
+      h1 = saturate8(fp16_fix_nan8(h1), 0x7c00u, 0x7bffu, saturate, i + 8, first_inf);
+      h2 = saturate8(fp16_fix_nan8(h2), 0x7c00u, 0x7bffu, saturate, i + 16, first_inf);
+      h3 = saturate8(fp16_fix_nan8(h3), 0x7c00u, 0x7bffu, saturate, i + 24, first_inf);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 8), h1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 16), h2);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 24), h3);
+  }
   for (; i + 8 <= n; i += 8) {
     const __m128i h = fp16_encode8(_mm256_loadu_ps(in + i), saturate, i, first_inf);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
@@ -263,6 +286,27 @@ COMMSGD_HALF_TARGET inline void fp16_sum_avx2(const std::uint16_t* partial, cons
 COMMSGD_HALF_TARGET inline void fp16_decode_avx2(const std::uint16_t* in, float* out,
                                                  std::size_t n) noexcept {
   std::size_t i = 0;
+  // 32 values a test for NaN; a block holding one takes the per-8 path, which fixes the NaN lanes.
+  const __m128i abs = _mm_set1_epi16(0x7fff), inf = _mm_set1_epi16(0x7c00);
+  for (; i + 32 <= n; i += 32) {
+    const auto* p = reinterpret_cast<const __m128i*>(in + i);
+    const __m128i h0 = _mm_loadu_si128(p), h1 = _mm_loadu_si128(p + 1), h2 = _mm_loadu_si128(p + 2),
+                  h3 = _mm_loadu_si128(p + 3);
+    const __m128i nan = _mm_or_si128(_mm_or_si128(_mm_cmpgt_epi16(_mm_and_si128(h0, abs), inf),
+                                                  _mm_cmpgt_epi16(_mm_and_si128(h1, abs), inf)),
+                                     _mm_or_si128(_mm_cmpgt_epi16(_mm_and_si128(h2, abs), inf),
+                                                  _mm_cmpgt_epi16(_mm_and_si128(h3, abs), inf)));
+    if (_mm_movemask_epi8(nan) != 0) [[unlikely]] {
+      for (std::size_t k = 0; k < 32; k += 8)
+        _mm256_storeu_ps(out + i + k,
+                         fp16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + k))));
+      continue;
+    }
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h0));
+    _mm256_storeu_ps(out + i + 8, _mm256_cvtph_ps(h1));
+    _mm256_storeu_ps(out + i + 16, _mm256_cvtph_ps(h2));
+    _mm256_storeu_ps(out + i + 24, _mm256_cvtph_ps(h3));
+  }
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(out + i, fp16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
   fp16_decode_scalar(in + i, out + i, n - i);
