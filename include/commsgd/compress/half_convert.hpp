@@ -31,6 +31,7 @@
 #if !defined(COMMSGD_FORCE_SCALAR_HALF) && !defined(__CUDACC__) &&                                           \
     (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define COMMSGD_HALF_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define COMMSGD_HALF_X86 0
@@ -97,8 +98,15 @@ enum class half_path : std::uint8_t { best, scalar };
 inline bool half_vector_path() noexcept {
 #if COMMSGD_HALF_X86
   static const bool on = [] {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("f16c")) return false;
+    // CPUID rather than __builtin_cpu_supports, which some Clang versions refuse "f16c" in: F16C, AVX and
+    // OSXSAVE in leaf 1, the OS saving the YMM state in XCR0, AVX2 in leaf 7.
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+    if ((c & (1u << 29)) == 0 || (c & (1u << 28)) == 0 || (c & (1u << 27)) == 0) return false;
+    unsigned xcr0 = 0, xcr0_hi = 0;
+    __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0 & 6u) != 6u) return false;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0 || (b & (1u << 5)) == 0) return false;
     const char* force = std::getenv("COMMSGD_FORCE_SCALAR_HALF");
     return force == nullptr || force[0] == '\0' || std::string(force) == "0";
   }();
@@ -362,7 +370,8 @@ inline bool take_vector(half_path path) noexcept {
 // Bulk conversions: out[i] = float_to_fp16_bits(in[i]) (saturated as asked) for every i; the sizes must agree.
 // Returns the index of the first +-inf result before saturating, or in.size().
 inline std::size_t float_to_fp16_bits(std::span<const float> in, std::span<std::uint16_t> out,
-                                      bool saturate = false, half_path path = half_path::best) {
+                                      bool saturate = false,
+                                      [[maybe_unused]] half_path path = half_path::best) {
   detail::check_bulk_sizes("float_to_fp16_bits", in.size(), out.size());
   std::size_t first_inf = static_cast<std::size_t>(-1);
 #if COMMSGD_HALF_X86
@@ -376,7 +385,8 @@ inline std::size_t float_to_fp16_bits(std::span<const float> in, std::span<std::
 }
 
 inline std::size_t float_to_bf16_bits(std::span<const float> in, std::span<std::uint16_t> out,
-                                      bool saturate = false, half_path path = half_path::best) {
+                                      bool saturate = false,
+                                      [[maybe_unused]] half_path path = half_path::best) {
   detail::check_bulk_sizes("float_to_bf16_bits", in.size(), out.size());
   std::size_t first_inf = static_cast<std::size_t>(-1);
 #if COMMSGD_HALF_X86
@@ -393,7 +403,7 @@ inline std::size_t float_to_bf16_bits(std::span<const float> in, std::span<std::
 // asked (the sum in float, the decoded partial sum as the first operand). out may be partial.
 inline std::size_t fp16_sum_bits(std::span<const std::uint16_t> partial, std::span<const float> x,
                                  std::span<std::uint16_t> out, bool saturate = false,
-                                 half_path path = half_path::best) {
+                                 [[maybe_unused]] half_path path = half_path::best) {
   detail::check_bulk_sizes("fp16_sum_bits", partial.size(), x.size());
   detail::check_bulk_sizes("fp16_sum_bits", partial.size(), out.size());
   std::size_t first_inf = static_cast<std::size_t>(-1);
@@ -409,7 +419,7 @@ inline std::size_t fp16_sum_bits(std::span<const std::uint16_t> partial, std::sp
 
 inline std::size_t bf16_sum_bits(std::span<const std::uint16_t> partial, std::span<const float> x,
                                  std::span<std::uint16_t> out, bool saturate = false,
-                                 half_path path = half_path::best) {
+                                 [[maybe_unused]] half_path path = half_path::best) {
   detail::check_bulk_sizes("bf16_sum_bits", partial.size(), x.size());
   detail::check_bulk_sizes("bf16_sum_bits", partial.size(), out.size());
   std::size_t first_inf = static_cast<std::size_t>(-1);
@@ -424,7 +434,7 @@ inline std::size_t bf16_sum_bits(std::span<const std::uint16_t> partial, std::sp
 }
 
 inline void fp16_bits_to_float(std::span<const std::uint16_t> in, std::span<float> out,
-                               half_path path = half_path::best) {
+                               [[maybe_unused]] half_path path = half_path::best) {
   detail::check_bulk_sizes("fp16_bits_to_float", in.size(), out.size());
 #if COMMSGD_HALF_X86
   if (detail::take_vector(path)) return detail::fp16_decode_avx2(in.data(), out.data(), in.size());
@@ -433,7 +443,7 @@ inline void fp16_bits_to_float(std::span<const std::uint16_t> in, std::span<floa
 }
 
 inline void bf16_bits_to_float(std::span<const std::uint16_t> in, std::span<float> out,
-                               half_path path = half_path::best) {
+                               [[maybe_unused]] half_path path = half_path::best) {
   detail::check_bulk_sizes("bf16_bits_to_float", in.size(), out.size());
 #if COMMSGD_HALF_X86
   if (detail::take_vector(path)) return detail::bf16_decode_avx2(in.data(), out.data(), in.size());
