@@ -46,6 +46,19 @@ concept wire_codec = requires(float f, std::uint16_t h) {
   { F::max_finite_bits } -> std::convertible_to<std::uint16_t>;
 };
 
+// A codec may also convert in bulk (compress::fp16_format and bf16_format do, vectorised where the CPU allows):
+// encode_n and decode_n as encode and decode on every value, sum_n(partial, x, out, saturate) as
+// encode(decode(partial[i]) + x[i]) with the ring's saturation, each with exactly the bits of the one-value
+// form. The ring then takes them; otherwise it converts value by value.
+template <class F>
+concept bulk_wire_codec = wire_codec<F> &&
+    requires(std::span<const float> f, std::span<const std::uint16_t> h, std::span<std::uint16_t> o,
+             std::span<float> d, bool s) {
+  F::encode_n(f, o, s);
+  F::sum_n(h, f, o, s);
+  F::decode_n(h, d);
+};
+
 // Reusable buffers of one caller, so a round allocates nothing once warm.
 struct narrow_ring_buffers {
   std::vector<std::uint16_t> wire, inbox;
@@ -64,6 +77,11 @@ void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffer
   };
   buf.wire.resize(m);
   if (n == 1) {
+    if constexpr (bulk_wire_codec<Codec>) {
+      Codec::encode_n(std::span<const float>(x), std::span<std::uint16_t>(buf.wire), saturate);
+      Codec::decode_n(std::span<const std::uint16_t>(buf.wire), x);
+      return;
+    }
     for (std::size_t i = 0; i < m; ++i)
       x[i] = Codec::decode(narrow(x[i]));
     return;
@@ -89,14 +107,23 @@ void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffer
   // Reduce-scatter: at step s this rank sends chunk me - s and adds its values to chunk me - 1 - s.
   {
     const auto [a, b] = chunk(me);
-    for (std::size_t i = a; i < b; ++i)
-      w[i] = narrow(x[i]);
+    if constexpr (bulk_wire_codec<Codec>)
+      Codec::encode_n(std::span<const float>(x.data() + a, b - a), std::span<std::uint16_t>(w + a, b - a),
+                      saturate);
+    else
+      for (std::size_t i = a; i < b; ++i)
+        w[i] = narrow(x[i]);
   }
   for (int s = 0; s + 1 < n; ++s) {
     const auto [a, b] = chunk(me - 1 - s);
     step(chunk(me - s), buf.inbox.data(), b - a);
-    for (std::size_t i = a; i < b; ++i)
-      w[i] = narrow(Codec::decode(buf.inbox[i - a]) + x[i]);
+    if constexpr (bulk_wire_codec<Codec>)
+      Codec::sum_n(std::span<const std::uint16_t>(buf.inbox.data(), b - a),
+                   std::span<const float>(x.data() + a, b - a), std::span<std::uint16_t>(w + a, b - a),
+                   saturate);
+    else
+      for (std::size_t i = a; i < b; ++i)
+        w[i] = narrow(Codec::decode(buf.inbox[i - a]) + x[i]);
   }
   // This rank now holds chunk me + 1's result. All-gather: at step s it sends chunk me + 1 - s and receives
   // chunk me - s, in place.
@@ -104,8 +131,12 @@ void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffer
     const auto [a, b] = chunk(me - s);
     step(chunk(me + 1 - s), w + a, b - a);
   }
-  for (std::size_t i = 0; i < m; ++i)
-    x[i] = Codec::decode(w[i]);
+  if constexpr (bulk_wire_codec<Codec>) {
+    Codec::decode_n(std::span<const std::uint16_t>(buf.wire), x);
+  } else {
+    for (std::size_t i = 0; i < m; ++i)
+      x[i] = Codec::decode(w[i]);
+  }
 }
 
 } // namespace commsgd::inline v1::comm

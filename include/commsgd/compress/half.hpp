@@ -1,11 +1,9 @@
 // fp16 and bf16 on the wire: the conversions, and compress::fp16 / compress::bf16, the compressors that send
 // every value in 16 bits.
 //
-// Conversions (shared with device code): float -> fp16 (IEEE binary16: 5 exponent bits, 10 fraction bits)
-// and float -> bf16 (the float's upper 16 bits: 8 exponent bits, 7 fraction bits), both rounding to nearest,
-// ties to even, subnormals of both formats kept (no flush to zero), and back, which is exact. A finite float
-// beyond the format's largest finite value plus half an ulp (fp16: |x| >= 65520; bf16: only the top of the
-// float range) rounds to inf, as IEEE conversion does; NaN maps to a quiet NaN with the sign kept.
+// The conversions, one value at a time (shared with device code) and in bulk (AVX2/F16C where the CPU has them,
+// the same bits), are in compress/half_convert.hpp: rounding to nearest, ties to even, subnormals kept; a
+// finite float beyond the format's largest finite value plus half an ulp (fp16: |x| >= 65520) rounds to inf.
 //
 // The compressors refuse NaN and inf in p = g + e, and what would overflow: by default with
 // commsgd::invalid_argument naming the value, its index and the finite range; with
@@ -29,6 +27,7 @@
 #include <commsgd/compress/compressed_reducer.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
+#include <commsgd/compress/half_convert.hpp>
 #include <commsgd/compress/round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
@@ -49,58 +48,6 @@
 
 namespace commsgd::inline v1::compress {
 
-namespace detail {
-
-// v >> s (1 <= s <= 31) rounded to nearest, ties to even.
-COMMSGD_HOST_DEVICE constexpr std::uint32_t shift_round_even(std::uint32_t v, unsigned s) noexcept {
-  const std::uint32_t q = v >> s;
-  const std::uint32_t rem = v & ((std::uint32_t{1} << s) - 1);
-  const std::uint32_t half = std::uint32_t{1} << (s - 1);
-  return q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
-}
-
-} // namespace detail
-
-COMMSGD_HOST_DEVICE constexpr std::uint16_t float_to_fp16_bits(float f) noexcept {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
-  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
-  const std::uint32_t a = x & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
-  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u); // >= 65520: inf (and inf)
-  if (a >= 0x38800000u)                                                    // >= 2^-14: normal
-    return static_cast<std::uint16_t>(sign | detail::shift_round_even(a - (112u << 23), 13));
-  if (a <= 0x33000000u) return sign; // <= 2^-25: rounds to zero (2^-25 itself is a tie, to even 0)
-  // A half subnormal: m 2^(e - 150) in units of 2^-24 is m >> (126 - e), and 126 - e is in [14, 24].
-  const std::uint32_t e = a >> 23;
-  const std::uint32_t m = (a & 0x7fffffu) | 0x800000u;
-  return static_cast<std::uint16_t>(sign | detail::shift_round_even(m, 126u - e));
-}
-
-COMMSGD_HOST_DEVICE constexpr float fp16_bits_to_float(std::uint16_t h) noexcept {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t e = (h >> 10) & 0x1fu;
-  const std::uint32_t m = h & 0x3ffu;
-  if (e == 31) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
-  if (e != 0) return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
-  if (m == 0) return std::bit_cast<float>(sign);
-  // Subnormal: m 2^-24, normalised into a float.
-  const unsigned shift = static_cast<unsigned>(std::countl_zero(m)) - 21u; // brings bit 10 to the top
-  return std::bit_cast<float>(sign | ((113u - shift) << 23) | (((m << shift) & 0x3ffu) << 13));
-}
-
-COMMSGD_HOST_DEVICE constexpr std::uint16_t float_to_bf16_bits(float f) noexcept {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
-  const std::uint32_t sign = x & 0x80000000u;
-  const std::uint32_t a = x & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<std::uint16_t>((sign | a) >> 16 | 0x40u); // quiet NaN
-  // Rounding the magnitude carries into the exponent where it must, up to inf at the top.
-  return static_cast<std::uint16_t>((sign >> 16) | detail::shift_round_even(a, 16));
-}
-
-COMMSGD_HOST_DEVICE constexpr float bf16_bits_to_float(std::uint16_t b) noexcept {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-}
-
 struct fp16_format {
   static constexpr const char* name = "fp16";
   static constexpr float max_finite = 65504.0f;
@@ -111,6 +58,17 @@ struct fp16_format {
   }
   COMMSGD_HOST_DEVICE static constexpr float decode(std::uint16_t h) noexcept {
     return fp16_bits_to_float(h);
+  }
+  // In bulk (comm::narrow_ring_sum and the compressor use these): the same bits, several values at a time.
+  static std::size_t encode_n(std::span<const float> in, std::span<std::uint16_t> out, bool saturate) {
+    return float_to_fp16_bits(in, out, saturate);
+  }
+  static std::size_t sum_n(std::span<const std::uint16_t> partial, std::span<const float> x,
+                           std::span<std::uint16_t> out, bool saturate) {
+    return fp16_sum_bits(partial, x, out, saturate);
+  }
+  static void decode_n(std::span<const std::uint16_t> in, std::span<float> out) {
+    fp16_bits_to_float(in, out);
   }
 };
 
@@ -124,6 +82,16 @@ struct bf16_format {
   }
   COMMSGD_HOST_DEVICE static constexpr float decode(std::uint16_t h) noexcept {
     return bf16_bits_to_float(h);
+  }
+  static std::size_t encode_n(std::span<const float> in, std::span<std::uint16_t> out, bool saturate) {
+    return float_to_bf16_bits(in, out, saturate);
+  }
+  static std::size_t sum_n(std::span<const std::uint16_t> partial, std::span<const float> x,
+                           std::span<std::uint16_t> out, bool saturate) {
+    return bf16_sum_bits(partial, x, out, saturate);
+  }
+  static void decode_n(std::span<const std::uint16_t> in, std::span<float> out) {
+    bf16_bits_to_float(in, out);
   }
 };
 
@@ -166,11 +134,13 @@ public:
     }
     // This rank's contribution: what its message decodes to, or NaN to make every rank refuse the round.
     sum_.resize(length_);
-    if (v.problem == detail::input_problem::none)
-      for (std::size_t i = 0; i < length_; ++i)
-        sum_[i] = d_[i] = decode(msg_[i]);
-    else
+    if (v.problem == detail::input_problem::none) {
+      // d (what the residual keeps the rest of) is read by error feedback only.
+      Format::decode_n(msg_, sum_);
+      if (ef_.on()) std::copy(sum_.begin(), sum_.end(), d_.begin());
+    } else {
       std::fill(sum_.begin(), sum_.end(), std::numeric_limits<float>::quiet_NaN());
+    }
     comm::narrow_ring_sum<Format>(c, std::span<float>(sum_), opt_.overflow == half_overflow::clamp, ring_);
     if (v.problem != detail::input_problem::none) {
       const auto mine = detail::verdict_fields(length_, v, 0);
@@ -206,33 +176,13 @@ private:
     return {length_, static_cast<std::uint64_t>(opt_.overflow), ef_.on() ? 1u : 0u};
   }
 
-  // fp16 decodes through a table of all 65536 values (built once from fp16_bits_to_float, so the same
-  // bits), which spares the subnormal branch on every value n times a round; bf16 is a shift already.
-  static float decode(std::uint16_t h) noexcept {
-    if constexpr (std::is_same_v<Format, fp16_format>) {
-      static const std::vector<float> table = [] {
-        std::vector<float> t(65536);
-        for (std::uint32_t b = 0; b < 65536; ++b)
-          t[b] = fp16_bits_to_float(static_cast<std::uint16_t>(b));
-        return t;
-      }();
-      return table[h];
-    } else {
-      return Format::decode(h);
-    }
-  }
-
   // The message of p (finite), or the verdict on a value beyond the format's range; changes no state.
   detail::input_verdict encode() {
-    for (std::size_t i = 0; i < length_; ++i) {
-      std::uint16_t h = Format::encode(p_[i]);
-      if ((h & 0x7fffu) == Format::inf_bits) {
-        if (opt_.overflow == half_overflow::refuse)
-          return {detail::input_problem::overflow, 1, i, static_cast<double>(p_[i])};
-        h = static_cast<std::uint16_t>((h & 0x8000u) | Format::max_finite_bits);
-      }
-      msg_[i] = h;
-    }
+    // p is finite here, so a +-inf result is an overflow.
+    const bool clamp = opt_.overflow == half_overflow::clamp;
+    const std::size_t first = Format::encode_n(std::span<const float>(p_), msg_, clamp);
+    if (!clamp && first < length_)
+      return {detail::input_problem::overflow, 1, first, static_cast<double>(p_[first])};
     return {};
   }
 
