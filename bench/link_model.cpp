@@ -8,8 +8,10 @@
 // S is each rank's input in wire bytes: all_reduce sums S/4 floats (MPI_Allreduce), all_gather collects S
 // bytes from every rank (MPI_Allgather), ring16 sums S/2 values sent as fp16 (comm::narrow_ring_sum). The
 // model charges each rank comm::load's traffic of the operation on comm::network_model; `model_nominal` takes
-// the link rate as payload, `model_tcp` takes what TCP carries of it (network_model::tcp_link).
-// Prints CSV: op,ranks,bytes,reps,measured_s,model_nominal_s,model_tcp_s.
+// the link rate as payload, `model_tcp` takes what TCP carries of it (network_model::tcp_link), `model_half`
+// is model_tcp with duplex::half (one direction at a time: what Open MPI's default TCP protocol gives a
+// pairwise exchange; bench/results/model-check-2026-11-25.md).
+// Prints CSV: op,ranks,bytes,reps,measured_s,model_nominal_s,model_tcp_s,model_half_s.
 #include <commsgd/comm/mpi.hpp>
 #include <commsgd/comm/narrow_ring.hpp>
 #include <commsgd/comm/simulated.hpp>
@@ -147,8 +149,11 @@ void print_row(const std::string& op, int n, std::uint64_t bytes, int reps, doub
                const options& o) {
   const comm::network_model nominal{o.latency_s, o.rate_bits / 8};
   const auto tcp = comm::network_model::tcp_link(o.rate_bits, o.latency_s);
-  std::printf("%s,%d,%llu,%d,%.6g,%.6g,%.6g\n", op.c_str(), n, static_cast<unsigned long long>(bytes), reps,
-              measured, model_seconds(op, bytes, n, nominal), model_seconds(op, bytes, n, tcp));
+  auto half = tcp;
+  half.duplex = comm::duplex::half;
+  std::printf("%s,%d,%llu,%d,%.6g,%.6g,%.6g,%.6g\n", op.c_str(), n, static_cast<unsigned long long>(bytes),
+              reps, measured, model_seconds(op, bytes, n, nominal), model_seconds(op, bytes, n, tcp),
+              model_seconds(op, bytes, n, half));
   std::fflush(stdout);
 }
 
@@ -204,7 +209,7 @@ int main(int argc, char** argv) {
     if (o.predict) {
       if (o.ranks < 2)
         throw invalid_argument(detail::concat("link_model: '--ranks' = ", o.ranks, " is outside [2, inf)"));
-      std::printf("op,ranks,bytes,reps,measured_s,model_nominal_s,model_tcp_s\n");
+      std::printf("op,ranks,bytes,reps,measured_s,model_nominal_s,model_tcp_s,model_half_s\n");
       for (const auto& op : o.ops)
         for (const auto bytes : o.sizes)
           print_row(op, o.ranks, bytes, 0, 0, o);
@@ -212,7 +217,7 @@ int main(int argc, char** argv) {
     }
     boost::mpi::environment env(argc, argv);
     auto c = comm::mpi::world();
-    if (c.rank() == 0) std::printf("op,ranks,bytes,reps,measured_s,model_nominal_s,model_tcp_s\n");
+    if (c.rank() == 0) std::printf("op,ranks,bytes,reps,measured_s,model_nominal_s,model_tcp_s,model_half_s\n");
     measure(c, o);
     return 0;
   } catch (const std::exception& e) {

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace comm = commsgd::comm;
@@ -89,4 +90,40 @@ TEST_CASE("network_model::tcp_link: TCP's share of a framed link, and its argume
   CHECK_THROWS_WITH_AS(comm::network_model::tcp_link(0), doctest::Contains("'bandwidth_bytes_per_s'"),
                        commsgd::invalid_argument);
   CHECK_THROWS_AS(comm::network_model::tcp_link(1e9, -1), commsgd::invalid_argument);
+}
+
+TEST_CASE("network_model::duplex: full is the default and unchanged; half charges both sides one after the other") {
+  const comm::traffic l{2, 3000, 1, 1000};
+  comm::network_model net{1e-3, 1e6};
+  CHECK(net.duplex == comm::duplex::full);
+  // full: the longer side, bit for bit the formula before the field existed.
+  CHECK(comm::busy_seconds(l, net) == std::max(net.seconds(2, 3000), net.seconds(1, 1000)));
+  CHECK(comm::busy_seconds(l, net) == doctest::Approx(2e-3 + 3e-3));
+  net.duplex = comm::duplex::half;
+  CHECK(comm::busy_seconds(l, net) == net.seconds(2, 3000) + net.seconds(1, 1000));
+  CHECK(comm::busy_seconds(l, net) == doctest::Approx(5e-3 + 2e-3));
+  // Sending alone or receiving alone costs the same either way.
+  CHECK(comm::busy_seconds(comm::load::send(3000), net) == net.seconds(1, 3000));
+
+  // The measured case it describes: 2 ranks, 16 MiB of float32 summed at 100 Mbit/s (TCP payload) over Open
+  // MPI's default TCP protocol took 2.81 s, twice the full-duplex figure.
+  auto tcp = comm::network_model::tcp_link(100e6);
+  const auto ring = comm::load::all_reduce(16u << 18, 4, 2, 0);
+  const double full = comm::busy_seconds(ring, tcp);
+  tcp.duplex = comm::duplex::half;
+  CHECK(comm::busy_seconds(ring, tcp) == doctest::Approx(2 * full).epsilon(1e-12));
+  CHECK(comm::busy_seconds(ring, tcp) == doctest::Approx(2.81).epsilon(0.01));
+
+  // simulated<C>'s clock charges through the same rule.
+  local_group(2).run([&](local& c) {
+    comm::simulated<local> s(c, tcp);
+    std::vector<float> v(1000, 1.0f);
+    s.all_reduce_sum(std::span<float>(v));
+    CHECK(v[0] == 2.0f);
+    CHECK(s.now() == comm::busy_seconds(comm::load::all_reduce(1000, 4, 2, s.rank()), tcp));
+    CHECK(s.now() == tcp.seconds(2, 4000) + tcp.seconds(2, 4000)); // half of 1000 floats each way, twice
+  });
+
+  net.duplex = static_cast<comm::duplex>(7);
+  CHECK_THROWS_WITH_AS(net.validate(), doctest::Contains("'duplex' = 7"), commsgd::invalid_argument);
 }

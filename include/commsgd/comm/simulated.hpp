@@ -8,6 +8,13 @@
 // - A rank's clock is base + max(transmit time, receive time) over the traffic since the last advance():
 //   traffic is assumed perfectly overlapped and never waiting on a peer. This is the NIC-bound time, a lower
 //   bound for a good implementation; who waits for whom is not modelled unless you call align_to_slowest().
+// - duplex::half (not the default) charges transmit time + receive time instead: a transport that moves one
+//   direction at a time. Measured (bench/results/model-check-2026-11-25.md): Open MPI 4.1's ob1 over TCP
+//   with its default RDMA-emulating PUT protocol (messages from 192 KiB on) serialises the two directions of
+//   an exchange between two processes, so its pairwise algorithms (every 2-rank exchange, recursive doubling,
+//   Rabenseifner, which it picks from 8 KiB at n = 4 and 8) take the sum; a ring of 3 or more ranks sends and
+//   receives on different connections and keeps full duplex. Without the PUT flag
+//   (btl_tcp_flags send,inplace,need-ack,need-csum,hetero-rdma) the same exchanges are full duplex again.
 // - medium::switched: a message to k receivers is k transmissions. medium::multicast: one transmission
 //   reaches any number of receivers (broadcast and all_gather use it); point-to-point is unchanged.
 // - Collectives are charged by fixed algorithms, per rank:
@@ -41,12 +48,16 @@ namespace commsgd::inline v1::comm {
 
 enum class medium { switched, multicast };
 enum class broadcast_algorithm { flat, binomial_tree };
+// How a node's link carries its two directions (see the header comment): full, both at once, busy for the
+// longer side; half, one at a time, busy for their sum.
+enum class duplex { full, half };
 
 struct network_model {
   double latency_s = 50e-6;             // alpha, per message
   double bandwidth_bytes_per_s = 125e6; // 1 Gbit/s
   comm::medium medium = comm::medium::switched;
   broadcast_algorithm broadcast = broadcast_algorithm::flat;
+  comm::duplex duplex = comm::duplex::full;
 
   // The one formula every charge goes through, so cost/ can reproduce a clock bit for bit.
   double seconds(std::uint64_t messages, std::uint64_t bytes) const noexcept {
@@ -81,13 +92,18 @@ struct network_model {
       throw invalid_argument(
           commsgd::detail::concat("network_model: 'bandwidth_bytes_per_s' = ", bandwidth_bytes_per_s,
                                   " is outside the allowed range (0, inf)"));
+    if (duplex != comm::duplex::full && duplex != comm::duplex::half)
+      throw invalid_argument(commsgd::detail::concat("network_model: 'duplex' = ", static_cast<int>(duplex),
+                                                     " is neither duplex::full nor duplex::half"));
   }
 };
 
-// Seconds a load keeps a node busy: its transmitter and receiver work in parallel.
+// Seconds a load keeps a node busy: its transmitter and receiver work in parallel (duplex::full), or one
+// after the other (duplex::half).
 inline double busy_seconds(const traffic& l, const network_model& net) noexcept {
-  return std::max(net.seconds(l.messages_sent, l.bytes_sent),
-                  net.seconds(l.messages_received, l.bytes_received));
+  const double tx = net.seconds(l.messages_sent, l.bytes_sent);
+  const double rx = net.seconds(l.messages_received, l.bytes_received);
+  return net.duplex == duplex::half ? tx + rx : std::max(tx, rx);
 }
 
 // Per-rank loads of each operation, as simulated<C> charges them (cost/ uses the same functions).
