@@ -114,6 +114,13 @@ if(commsgd_torch_py_version STREQUAL "")
 endif()
 set(Python3_EXECUTABLE "${COMMSGD_TORCH_PYTHON}")
 find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
+# pybind11 3 builds with whichever of FindPython's two names has been found, preferring Python; some torch
+# releases find Python (the interpreter alone) in their CMake files, which leaves pybind11 without
+# Python_add_library. The same interpreter's development files under that name too.
+if(Python_FOUND OR DEFINED Python_EXECUTABLE)
+  set(Python_EXECUTABLE "${COMMSGD_TORCH_PYTHON}")
+  find_package(Python COMPONENTS Interpreter Development.Module QUIET)
+endif()
 # The extension must be compiled with the pybind11 headers torch's own bindings were (pybind11 types such as
 # ProcessGroup cross between the two modules only when both agree): pip's torch bundles them in its include
 # folder, Debian's uses the system's. The pybind11 package of exactly that version is preferred (find_package

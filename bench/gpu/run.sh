@@ -7,13 +7,21 @@
 #   select-gpu-sequence-<date>.md  (+ the raw .json / .csv beside them)
 # With OUT set, also $OUT/results.tgz (every table, JSON, CSV and log), the tables themselves and $OUT/run.log.
 #   bench/gpu/run.sh [--quick]    (--quick: 2^24 and smaller, fewer steps and repetitions)
+#   bench/gpu/run.sh --build-only (on any machine with nvcc: builds the programs into build/gpu-bin, which a
+#                                  later run.sh on the GPU machine uses instead of building; carry that folder)
+# It also builds commsgd_torch against the machine's torch while the CUDA tests run, then runs the torch CUDA
+# tests (tests/torch/test_cuda.py) before the benchmarks (SKIP_TORCH=1 leaves them out).
 # Environment: BUILD_DIR, CCCL_INCLUDE (a CCCL include folder with cub/device/device_topk.cuh), SEQUENCE_DIRS
-# (extra accumulator dumps), SKIP_TESTS=1, SKIP_PROFILE=1, CTEST_LIMIT (seconds, default 180), RUN_BUDGET.
+# (extra accumulator dumps), SKIP_TESTS=1, SKIP_PROFILE=1, SKIP_TORCH=1, CTEST_LIMIT (seconds per test shard,
+# default 240), RUN_BUDGET.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${BUILD_DIR:-$root/build/gpu-bench}"
+prebuilt="${PREBUILT_DIR:-$root/build/gpu-bin}"
 quick=()
+build_only=0
 [[ "${1:-}" == "--quick" ]] && quick=(--quick)
+[[ "${1:-}" == "--build-only" ]] && build_only=1
 date="$(date +%Y-%m-%d)"
 work="$build/results"
 results="$root/bench/results"
@@ -33,6 +41,15 @@ device="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -
 device="${device:-unknown GPU}"
 echo "device: $device; date: $date; ${quick[*]:-full run}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv 2>/dev/null || true
+
+# --- commsgd_torch against the machine's torch, on the CPU while the CUDA tests use the GPU.
+torch_build="$build/torch"
+torch_pid=""
+if [[ $build_only -eq 0 && "${SKIP_TORCH:-0}" != 1 ]] && python3 -c 'import torch, pybind11' 2>/dev/null; then
+  OUT= bash "$root/bench/gpu/torch_cuda_test.sh" --build-only "$torch_build" >"$work/torch_build.log" 2>&1 &
+  torch_pid=$!
+  torch_t=$SECONDS
+fi
 
 # --- A CCCL with cub::DeviceTopK (3.3 or later), for the DeviceTopK anchors: CCCL_INCLUDE, else one carried in
 # .carry/cccl, else cupy's bundled copy, else a pip cuda-cccl, else any device_topk.cuh on the disk. Prints
@@ -78,7 +95,10 @@ PY
   done
 }
 t=$SECONDS
-mapfile -t cccl_cands < <(find_cccl)
+use_prebuilt=0
+[[ $build_only -eq 0 && -f "$prebuilt/cuda_select_test" && -f "$prebuilt/step_gpu_bench" ]] && use_prebuilt=1
+cccl_cands=()
+[[ $use_prebuilt -eq 0 ]] && mapfile -t cccl_cands < <(find_cccl)
 echo "CCCL with DeviceTopK: ${#cccl_cands[@]} candidate(s)"
 for c in "${cccl_cands[@]}"; do
   d="${c%%|*}"
@@ -90,18 +110,36 @@ stage "find CCCL" "${#cccl_cands[@]} candidate(s)" $t
 
 # --- Build: the CUDA targets only, in parallel; the DeviceTopK variants (plain nvcc, the CCCL first on the
 # include path) beside it, trying each CCCL candidate until one compiles.
+bin="$build/tests/cuda/bench_gpu"
+test_bin="$build/tests/cuda/cuda_select_test"
+programs=(step_gpu_bench batched_gpu_bench select_gpu_bench sequence_gpu_bench)
+if [[ $use_prebuilt -eq 1 ]]; then
+  # Built by `run.sh --build-only` with the same nvcc, carried here: no build on the lent machine.
+  echo "using the programs built beforehand in $prebuilt: $(cat "$prebuilt/built" 2>/dev/null)"
+  bin="$prebuilt"
+  test_bin="$prebuilt/cuda_select_test"
+  # They load the CUDA runtime of the machine's toolkit (the same major version as the nvcc that built them).
+  cuda_lib="$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")/lib64"
+  export LD_LIBRARY_PATH="$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  build_status=0
+  [[ -f "$prebuilt/cccl_used" ]] && cp "$prebuilt/cccl_used" "$build/cccl_used" &&
+    cp "$prebuilt"/*_cccl "$build/" 2>/dev/null
+  stage "build" "built beforehand" $SECONDS
+else
 t=$SECONDS
+static_runtime="-Xcompiler=-static-libstdc++,-static-libgcc"
 rm -f "$build/cccl_used" "$build/select_gpu_bench_cccl" "$build/sequence_gpu_bench_cccl"
 (
   for c in "${cccl_cands[@]}"; do
     d="${c%%|*}"
     f="${c#*|}"
     # shellcheck disable=SC2086
-    if nvcc -std=c++20 --expt-relaxed-constexpr -O3 -arch=sm_90 $f -I "$root/include" \
+    if nvcc -std=c++20 --expt-relaxed-constexpr -O3 -arch=sm_90 $f -I "$root/include" $static_runtime \
       "$root/bench/gpu/select_gpu_bench.cu" -o "$build/select_gpu_bench_cccl" >"$build/cccl_build.log" 2>&1 &&
-      nvcc -std=c++20 --expt-relaxed-constexpr -O3 -arch=sm_90 $f -I "$root/include" \
+      nvcc -std=c++20 --expt-relaxed-constexpr -O3 -arch=sm_90 $f -I "$root/include" $static_runtime \
         "$root/bench/gpu/sequence_gpu_bench.cu" -o "$build/sequence_gpu_bench_cccl" >>"$build/cccl_build.log" 2>&1; then
-      echo "$d" >"$build/cccl_used"
+      v="$(grep -hs '#define CCCL_VERSION ' "$d"/cuda/std/__cccl/version.h | awk '{print $3}' | head -1)"
+      echo "$(basename "$d") (CCCL_VERSION ${v:-?})" >"$build/cccl_used"
       exit 0
     fi
     echo "CCCL at $d did not build (see $build/cccl_build.log)"
@@ -110,9 +148,11 @@ rm -f "$build/cccl_used" "$build/select_gpu_bench_cccl" "$build/sequence_gpu_ben
 ) &
 cccl_pid=$!
 build_status=0
+# The C++ runtime linked in, so that programs built by --build-only run on a machine with another one.
+static_link="-static-libstdc++ -static-libgcc"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCOMMSGD_ENABLE_CUDA=ON -DCOMMSGD_ENABLE_MPI=OFF -DCOMMSGD_ENABLE_TORCH=OFF -DCOMMSGD_BUILD_EXAMPLES=OFF \
-  -DCOMMSGD_BUILD_BENCHMARKS=OFF >"$build/configure.log" 2>&1 || { build_status=$?; tail -20 "$build/configure.log"; }
+  -DCOMMSGD_BUILD_BENCHMARKS=OFF -DCMAKE_EXE_LINKER_FLAGS="$static_link" >"$build/configure.log" 2>&1 || { build_status=$?; tail -20 "$build/configure.log"; }
 targets=(step_gpu_bench batched_gpu_bench select_gpu_bench sequence_gpu_bench)
 [[ "${SKIP_TESTS:-0}" != 1 ]] && targets=(cuda_select_test "${targets[@]}")
 [[ $build_status -eq 0 ]] && { cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" || build_status=$?; }
@@ -120,33 +160,88 @@ stage "build" "exit $build_status" $t
 t=$SECONDS
 wait $cccl_pid
 if [[ -f "$build/cccl_used" ]]; then
-  echo "DeviceTopK anchors: built with the CCCL at $(cat "$build/cccl_used")"
-  stage "build with CCCL" "$(basename "$(cat "$build/cccl_used")")" $t
+  echo "DeviceTopK anchors: built with $(cat "$build/cccl_used")"
+  stage "build with CCCL" "$(cut -d' ' -f1 "$build/cccl_used")" $t
 else
   echo "DeviceTopK anchors: no CCCL >= 3.3 found or none built: no cub::DeviceTopK rows"
   stage "build with CCCL" "none" $t
 fi
-bin="$build/tests/cuda/bench_gpu"
+fi
 if [[ $build_status -ne 0 ]]; then
   echo "build failed: nothing to run"
   exit 1
 fi
+if [[ $build_only -eq 1 ]]; then
+  rm -rf "$prebuilt" && mkdir -p "$prebuilt"
+  cp "$test_bin" "$prebuilt/"
+  for p in "${programs[@]}"; do cp "$bin/$p" "$prebuilt/"; done
+  [[ -f "$build/cccl_used" ]] && cp "$build/cccl_used" "$build"/*_cccl "$prebuilt/"
+  strip "$prebuilt"/* 2>/dev/null
+  echo "nvcc $(nvcc --version | grep -o 'release [0-9.]*'), $(git -C "$root" rev-parse --short HEAD 2>/dev/null)" >"$prebuilt/built"
+  ls -la "$prebuilt"
+  exit 0
+fi
 
-# --- CUDA tests. A failing test does not stop the benchmarks (their results are checked too).
+# --- CUDA tests, and the torch CUDA tests beside them once their build is done (both only check results, so
+# they may share the GPU). A failing test does not stop the benchmarks (their results are checked too).
 test_status=skipped
+shard_pids=()
+shards=(select_test top_k_test batched_top_k_test)
 if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
-  t=$SECONDS
-  (cd "$build" && timeout "${CTEST_LIMIT:-180}" ctest -L cuda --output-on-failure) >"$work/ctest.log" 2>&1
-  test_status=$?
-  tail -15 "$work/ctest.log"
-  stage "ctest -L cuda" "exit $test_status" $t
+  tests_t=$SECONDS
+  # ctest -L cuda runs this one program; here its three source files run as three processes side by side
+  # (the host references of one overlap the kernels of another), each with its own time limit.
+  for f in "${shards[@]}"; do
+    timeout "${CTEST_LIMIT:-240}" "$test_bin" --source-file="*/$f.cu" --duration=true >"$work/test_$f.log" 2>&1 &
+    shard_pids+=($!)
+  done
+fi
+torch_status=skipped
+if [[ -n "$torch_pid" ]]; then
+  wait "$torch_pid"
+  torch_status=$?
+  stage "torch build" "exit $torch_status" $torch_t
+  tail -3 "$work/torch_build.log"
+  if [[ $torch_status -eq 0 ]]; then
+    t=$SECONDS
+    OUT= TORCH_TEST_LIMIT="${TORCH_TEST_LIMIT:-240}" bash "$root/bench/gpu/torch_cuda_test.sh" --test-only "$torch_build" \
+      >"$work/torch_test.log" 2>&1
+    torch_status=$?
+    grep -E 'PASSED|FAILED|SKIPPED|ERROR|passed|failed' "$work/torch_test.log" | tail -25
+    stage "torch CUDA tests" "exit $torch_status" $t
+  else
+    tail -30 "$work/torch_build.log"
+  fi
+fi
+if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
+  test_status=0
+  for i in "${!shard_pids[@]}"; do
+    wait "${shard_pids[$i]}" || test_status=$?
+  done
+  for f in "${shards[@]}"; do
+    echo "--- $f: $(grep -E 'test cases:' "$work/test_$f.log" | tail -1)"
+    # A filter that matched nothing would pass with no test run.
+    grep -qE 'test cases: *[1-9]' "$work/test_$f.log" || { echo "--- $f: no test case ran"; test_status=1; }
+    grep -E 'ERROR|FAILED|failed|skipped' "$work/test_$f.log" | head -20
+  done
+  cat "$work"/test_*.log >"$work/ctest.log"
+  stage "CUDA tests" "exit $test_status" $tests_t
 fi
 
 bench_status=0
 run_stage() { # run_stage NAME LIMIT_SECONDS COMMAND...
-  local name="$1" limit="$2" t0=$SECONDS rc
+  local name="$1" limit="$2" t0=$SECONDS rc left
   shift 2
-  echo "=== $name"
+  # Within the run's budget (RUN_BUDGET seconds from the start): a stage gets what is left, none under 15 s.
+  left=$((${RUN_BUDGET:-480} - (SECONDS - start)))
+  ((left < limit)) && limit=$left
+  if ((limit < 15)); then
+    echo "=== $name: skipped, $((SECONDS - start)) s into the run"
+    bench_status=1
+    stage "$name" "skipped (budget)" $t0
+    return 1
+  fi
+  echo "=== $name (limit $limit s)"
   timeout "$limit" "$@"
   rc=$?
   [[ $rc -ne 0 ]] && bench_status=1
@@ -171,7 +266,7 @@ cp "$work/batched_torch.json" "$results/batched-gpu-$date-torch.json" 2>/dev/nul
 
 # --- DRAM bytes per kernel, counted by Nsight Compute.
 if [[ "${SKIP_PROFILE:-0}" != 1 ]]; then
-  run_stage "profile.sh" 200 env BUILD_DIR="$build" DEVICE_NAME="$device" \
+  run_stage "profile.sh" 200 env BUILD_DIR="$build" BENCH_BIN="$bin" DEVICE_NAME="$device" \
     PROFILE_LOG_N="$([[ ${#quick[@]} -gt 0 ]] && echo 24 || echo 26)" \
     bash "$root/bench/gpu/profile.sh" "$results/profile-gpu-$date.md" 3 >"$work/profile.log" 2>&1
   tail -12 "$work/profile.log"
@@ -267,5 +362,6 @@ if rows:
 bad = [r for r in step + batched + sel if not r.get("ok", True)]
 print(f"\nrows failing a check: {len(bad)}" + (": " + ", ".join(r["method"] for r in bad[:10]) if bad else ""))
 PY
-echo "tests: $test_status, benchmarks: $([[ $bench_status -eq 0 ]] && echo ok || echo 'a stage failed')"
-[[ "$test_status" == 0 || "$test_status" == skipped ]] && [[ $bench_status -eq 0 ]]
+echo "tests: $test_status, torch CUDA tests: $torch_status, benchmarks: $([[ $bench_status -eq 0 ]] && echo ok || echo 'a stage failed')"
+[[ "$test_status" == 0 || "$test_status" == skipped ]] && [[ "$torch_status" == 0 || "$torch_status" == skipped ]] &&
+  [[ $bench_status -eq 0 ]]

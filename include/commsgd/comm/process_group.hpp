@@ -51,8 +51,13 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/version.h>
-#ifdef USE_C10D_GLOO
+// gloo's own headers come with a source build of torch or a system package, not with pip's wheels: without
+// them a gloo group can still be used, but split() needs a group_factory.
+#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
+#define COMMSGD_TORCH_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#else
+#define COMMSGD_TORCH_GLOO 0
 #endif
 
 // c10d's ProcessGroup/Backend split (torch 2.0) and the ProcessGroup constructor without options (2.5).
@@ -81,7 +86,7 @@ static_assert(COMMSGD_TORCH_AT_LEAST(1, 13), "commsgd's process_group needs torc
 
 namespace commsgd::inline v1::comm {
 
-#ifdef USE_C10D_GLOO
+#if COMMSGD_TORCH_GLOO
 // A gloo process group on `store`, as a c10d::ProcessGroup whatever the torch version (see the note above).
 inline c10::intrusive_ptr<c10d::ProcessGroup>
 make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -108,7 +113,7 @@ make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size
 
 namespace detail {
 
-#ifdef USE_C10D_GLOO
+#if COMMSGD_TORCH_GLOO
 // The gloo backend carrying `group`'s CPU traffic, or null.
 inline c10::intrusive_ptr<c10d::ProcessGroupGloo>
 gloo_backend_of(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
@@ -488,7 +493,7 @@ private:
   c10d::ProcessGroup& group() const noexcept { return *channels_->group; }
 
   group_ptr default_group(const store_ptr& store, int rank, int size) const {
-#ifdef USE_C10D_GLOO
+#if COMMSGD_TORCH_GLOO
     if (auto gloo = detail::gloo_backend_of(channels_->group))
       return make_gloo_group(store, rank, size, gloo->getOptions());
 #endif
