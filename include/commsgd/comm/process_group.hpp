@@ -497,10 +497,16 @@ private:
     if (auto gloo = detail::gloo_backend_of(channels_->group))
       return make_gloo_group(store, rank, size, gloo->getOptions());
 #endif
+#if COMMSGD_TORCH_GLOO
     throw unsupported(
         commsgd::detail::concat("split: no group factory was given and backend '", group().getBackendName(),
                                 "' has no gloo CPU backend to copy; pass a group_factory to the "
                                 "constructor"));
+#else
+    throw unsupported(commsgd::detail::concat(
+        "split: no group factory was given and this build has no gloo headers to make a group of backend '",
+        group().getBackendName(), "'; pass a group_factory to the constructor"));
+#endif
   }
 
   // c10d's all-gather of equal byte blocks; `out` holds size() blocks.
