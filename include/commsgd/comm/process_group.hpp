@@ -503,6 +503,7 @@ private:
                                 "' has no gloo CPU backend to copy; pass a group_factory to the "
                                 "constructor"));
 #else
+    (void)store, (void)rank, (void)size;
     throw unsupported(commsgd::detail::concat(
         "split: no group factory was given and this build has no gloo headers to make a group of backend '",
         group().getBackendName(), "'; pass a group_factory to the constructor"));
