@@ -7,6 +7,7 @@
 #include <commsgd/sync/outer_optimizer.hpp>
 #include <commsgd/sync/synchronous.hpp>
 #include <support/least_squares.hpp>
+#include <support/train_ranks.hpp>
 
 #include <doctest/doctest.h>
 
@@ -26,29 +27,10 @@ using sync::correction_mode;
 
 namespace {
 
-using finals_t = std::vector<std::vector<float>>;
+using toy::finals_t;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// Every rank trains `steps` steps of the least-squares problem; returns each rank's final model.
-template <class Make>
-finals_t train(const toy::least_squares& prob, int n, int steps, Make make, bool finish = true) {
-  finals_t finals(static_cast<std::size_t>(n));
-  local_group(n).run([&](local& c) {
-    auto s = make(c);
-    std::vector<float> x(prob.dim(), 0.0f), g(prob.dim());
-    s.start(x);
-    for (int t = 0; t < steps; ++t) {
-      const auto rows = prob.batch(c.rank(), n, t, 8);
-      prob.gradient(x, rows, g);
-      s.step(x, g, {.loss = prob.loss(x, rows)});
-    }
-    if (finish) s.finish(x);
-    finals[static_cast<std::size_t>(c.rank())] = x;
-  });
-  return finals;
 }
 
 // The whole run in one thread: n ranks' local SGD from a common model, and at every H-th step the
@@ -138,7 +120,7 @@ TEST_CASE("DiLoCo's rounds match the outer step on the mean pseudo-gradient, 1 t
       // steps every rank holds the common model.
       const int period = 3, steps = 16;
       const float lr = 0.1f;
-      const auto got = train(
+      const auto got = toy::train_ranks(
           prob, n, steps,
           [&](local& c) { return sync::diloco<local>(c, {.lr = lr, .period = period, .outer = o}); }, false);
       std::vector<double> v(prob.dim(), 0.0), gd(prob.dim(), 0.0);
@@ -181,15 +163,17 @@ TEST_CASE("plain averaging (outer lr 1, momentum 0) is today's local_sgd bit for
           .lr = 0.15f, .period = 4, .warmup_steps = 2, .correction = corr, .alpha = 0.25f};
       auto plain = base;
       plain.outer = {.lr = 1.0f, .momentum = 0.0f};
-      const auto today = train(prob, n, 23, [&](local& c) { return sync::local_sgd<local>(c, base); });
-      const auto outer = train(prob, n, 23, [&](local& c) { return sync::diloco<local>(c, plain); });
+      const auto today =
+          toy::train_ranks(prob, n, 23, [&](local& c) { return sync::local_sgd<local>(c, base); });
+      const auto outer =
+          toy::train_ranks(prob, n, 23, [&](local& c) { return sync::diloco<local>(c, plain); });
       for (int r = 0; r < n; ++r)
         CHECK(same_bits(outer[static_cast<std::size_t>(r)], today[static_cast<std::size_t>(r)]));
     }
   // And what today's averaging is, written out: comm::local sums in rank order, then the sum is divided by n.
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
-    const auto got = train(
+    const auto got = toy::train_ranks(
         prob, n, 20,
         [&](local& c) {
           return sync::diloco<local>(c, {.lr = 0.15f, .period = 4, .outer = sync::plain_average});
@@ -224,14 +208,14 @@ TEST_CASE("H = 1 with outer SGD equals synchronous SGD on the average gradient")
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
     const auto sync_x =
-        train(prob, n, 40, [](local& c) { return sync::synchronous<local>(c, {.lr = 0.2f}); });
+        toy::train_ranks(prob, n, 40, [](local& c) { return sync::synchronous<local>(c, {.lr = 0.2f}); });
     // lr 1, momentum 0: the models averaged, x - lr g_r summed instead of the g_r (rounding differs by
     // about an ulp of x a step).
-    const auto plain = train(prob, n, 40, [](local& c) {
+    const auto plain = toy::train_ranks(prob, n, 40, [](local& c) {
       return sync::diloco<local>(c, {.lr = 0.2f, .period = 1, .outer = sync::plain_average});
     });
     // Through the pseudo-gradient: inner lr 0.4 and outer lr 0.5 give the mean of 0.4 g_r, halved.
-    const auto halved = train(prob, n, 40, [](local& c) {
+    const auto halved = toy::train_ranks(prob, n, 40, [](local& c) {
       return sync::diloco<local>(c, {.lr = 0.4f, .period = 1, .outer = {.lr = 0.5f, .momentum = 0.0f}});
     });
     for (int r = 0; r < n; ++r)
@@ -248,7 +232,7 @@ TEST_CASE("one rank is Lookahead: k = H fast steps, slow += alpha (fast - slow),
   for (const float alpha : {0.5f, 0.8f, 0.3f}) {
     CAPTURE(alpha);
     const int k = 5, steps = 1 + 4 * k; // the first sync point is step 0
-    const auto got = train(
+    const auto got = toy::train_ranks(
         prob, 1, steps,
         [&](local& c) {
           return sync::diloco<local>(c, {.lr = 0.1f, .period = k, .outer = {.lr = alpha, .momentum = 0.0f}});

@@ -4,6 +4,7 @@
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/synchronous.hpp>
 #include <support/least_squares.hpp>
+#include <support/train_ranks.hpp>
 
 #include <doctest/doctest.h>
 
@@ -18,25 +19,7 @@ using comm::local_group;
 using sync::correction_mode;
 
 namespace {
-using finals_t = std::vector<std::vector<float>>;
-
-template <class Make>
-finals_t train(const toy::least_squares& prob, int n, int steps, Make make) {
-  finals_t finals(static_cast<std::size_t>(n));
-  local_group(n).run([&](local& c) {
-    auto s = make(c);
-    std::vector<float> x(prob.dim(), 0.0f), g(prob.dim());
-    s.start(x);
-    for (int t = 0; t < steps; ++t) {
-      const auto rows = prob.batch(c.rank(), n, t, 8);
-      prob.gradient(x, rows, g);
-      s.step(x, g, {.loss = prob.loss(x, rows)});
-    }
-    s.finish(x);
-    finals[static_cast<std::size_t>(c.rank())] = x;
-  });
-  return finals;
-}
+using toy::finals_t;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -50,15 +33,15 @@ TEST_CASE("local_sgd with H = 1 equals synchronous within 1e-6 relative") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
     const auto sync_x =
-        train(prob, n, 40, [](local& c) { return sync::synchronous<local>(c, {.lr = 0.2f}); });
-    const auto local_x = train(prob, n, 40, [](local& c) {
+        toy::train_ranks(prob, n, 40, [](local& c) { return sync::synchronous<local>(c, {.lr = 0.2f}); });
+    const auto local_x = toy::train_ranks(prob, n, 40, [](local& c) {
       return sync::local_sgd<local>(c, {.lr = 0.2f, .period = 1, .average_on_finish = false});
     });
     for (int r = 0; r < n; ++r)
       for (std::size_t i = 0; i < prob.dim(); ++i)
         CHECK(local_x[r][i] == doctest::Approx(sync_x[r][i]).epsilon(1e-6).scale(1.0));
     // A warm-up covering every step is synchronous itself, so that one is bit for bit.
-    const auto warm_x = train(prob, n, 40, [](local& c) {
+    const auto warm_x = toy::train_ranks(prob, n, 40, [](local& c) {
       return sync::local_sgd<local>(c, {.lr = 0.2f, .period = 5, .warmup_steps = 40});
     });
     for (int r = 0; r < n; ++r)
