@@ -397,13 +397,13 @@ std::uint64_t wire_cost(const std::string& kind, std::uint64_t length, std::uint
   switch (kind_of(kind)) {
   case 0:
   case 1:
-    return cost::half_traffic(length, world, rank).sent;
+    return cost::half_traffic(length, world, rank).bytes_sent;
   case 2:
-    return cost::sign_traffic(length, layers, world).sent;
+    return cost::sign_traffic(length, layers, world).bytes_sent;
   case 3:
-    return cost::qsgd_traffic(length, layers, levels, world).sent;
+    return cost::qsgd_traffic(length, layers, levels, world).bytes_sent;
   default:
-    return cost::random_k_traffic(k, world, rank).sent;
+    return cost::random_k_traffic(k, world, rank).bytes_sent;
   }
 }
 

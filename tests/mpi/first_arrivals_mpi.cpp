@@ -43,7 +43,8 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
 template <class Kind>
 int rounds_matching(mpi& c, int r, std::size_t d, int rounds, const sync::first_arrivals_options& o,
                     std::uint64_t* drained = nullptr, std::uint64_t* used_from_others = nullptr) {
-  coding::block_reducer<coding::gradient_coding<Kind, mpi>> red(coding::gradient_coding<Kind, mpi>(c, r));
+  coding::block_reducer<coding::gradient_code_scheme<Kind, mpi>> red(
+      coding::gradient_code_scheme<Kind, mpi>(c, r));
   auto& code = red.scheme().code();
   sync::first_arrivals<mpi> s(c, d, o);
   std::vector<float> x(d, 0.0f);
@@ -114,8 +115,8 @@ TEST_CASE("first_arrivals over MPI: a stopped rank beyond s raises on every rank
   o.lr = 0.1f;
   o.timeout_s = 0.5;
   o.delays = {.kind = sync::delay_kind::stop, .node = c.size() - 1, .from_step = 1};
-  coding::block_reducer<coding::gradient_coding<coding::cyclic, mpi>> red(
-      coding::gradient_coding<coding::cyclic, mpi>(c, 1));
+  coding::block_reducer<coding::gradient_code_scheme<coding::cyclic, mpi>> red(
+      coding::gradient_code_scheme<coding::cyclic, mpi>(c, 1));
   sync::first_arrivals<mpi> s(c, 8, o);
   std::vector<float> x(8, 0.0f), g(8, 1.0f);
   const std::span<const float> mine[1] = {g};

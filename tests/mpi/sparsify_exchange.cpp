@@ -50,9 +50,11 @@ reference reference_sum(cm::mpi& side, sp::sparse_view<> mine) {
   return r;
 }
 
-cost::sparse_traffic measured(const cm::metered<cm::mpi>& c) {
-  const auto t = c.counters().total();
-  return {t.bytes_sent, t.bytes_received};
+// As a model states it: models do not count calls.
+cm::traffic measured(const cm::metered<cm::mpi>& c) {
+  auto t = c.counters().total();
+  t.calls = 0;
+  return t;
 }
 
 } // namespace

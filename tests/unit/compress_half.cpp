@@ -177,7 +177,7 @@ void check_half_round(int n, std::size_t d, bool ef) {
       if (!ef) CHECK(harness::same_bits(log.outs[static_cast<std::size_t>(t)], want));
       const auto model = cost::half_traffic(d, n, r, t == 0);
       CHECK(log.sent[static_cast<std::size_t>(t)] == model);
-      CHECK(log.wire[static_cast<std::size_t>(t)] == model.sent);
+      CHECK(log.wire[static_cast<std::size_t>(t)] == model.bytes_sent);
     }
   }
 }

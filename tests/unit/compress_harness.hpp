@@ -45,9 +45,9 @@ inline bool same_bits(std::span<const float> a, std::span<const float> b) {
 }
 
 struct rank_log {
-  std::vector<std::vector<float>> outs;   // one per round
-  std::vector<cost::sparse_traffic> sent; // metered bytes per round
-  std::vector<std::uint64_t> wire;        // wire_bytes() per round
+  std::vector<std::vector<float>> outs; // one per round
+  std::vector<comm::traffic> sent;      // metered traffic per round, calls left out as models do
+  std::vector<std::uint64_t> wire;      // wire_bytes() per round
 };
 
 // Runs `rounds` rounds of the compressor make(rank) on n threads; grad(rank, round) is the gradient.
@@ -65,7 +65,7 @@ std::vector<rank_log> run(int n, int rounds, Make make, Grad grad, std::size_t d
       x.reduce(c, g, out);
       const auto tot = c.counters().total();
       log.outs.push_back(out);
-      log.sent.push_back({tot.bytes_sent, tot.bytes_received});
+      log.sent.push_back({tot.messages_sent, tot.bytes_sent, tot.messages_received, tot.bytes_received});
       log.wire.push_back(x.wire_bytes());
     }
   });

@@ -56,9 +56,9 @@ TEST_CASE("metered bytes equal the cost model exactly, n = 1..4") {
           x.reduce(m, gradient(c.rank(), t), out);
           const auto want = cost::powersgd_traffic(x.plan(), n, c.rank());
           const auto got = m.counters().total();
-          CHECK(got.bytes_sent == want.sent);
-          CHECK(got.bytes_received == want.received);
-          CHECK(x.wire_bytes() == want.sent);
+          CHECK(got.bytes_sent == want.bytes_sent);
+          CHECK(got.bytes_received == want.bytes_received);
+          CHECK(x.wire_bytes() == want.bytes_sent);
           // The payload, what PyTorch's hook hands its all-reduces for the same bucket.
           const auto& p = x.plan();
           CHECK(cost::powersgd_payload_bytes(p) == 4 * (p.dense_size + p.p_size + p.q_size));

@@ -77,9 +77,9 @@ TEST_CASE(
           CHECK(rep.total == k * static_cast<std::uint64_t>(n));
           const auto tot = c.counters().total();
           const auto model = cost::random_k_traffic(k, n, c.rank());
-          CHECK(tot.bytes_sent == model.sent);
-          CHECK(tot.bytes_received == model.received);
-          CHECK(x.wire_bytes() == model.sent);
+          CHECK(tot.bytes_sent == model.bytes_sent);
+          CHECK(tot.bytes_received == model.bytes_received);
+          CHECK(x.wire_bytes() == model.bytes_sent);
           idx[me].emplace_back(x.indices().begin(), x.indices().end());
           outs[me].push_back(out);
           // Conservation, exact: sent positions leave +0 in the residual, the others keep p's bits.

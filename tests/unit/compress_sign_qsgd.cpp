@@ -86,7 +86,7 @@ TEST_CASE("sign: every rank sums every rank's scaled signs in rank order; bytes 
           CHECK(harness::same_bits(log.outs[static_cast<std::size_t>(t)], want));
           const auto model = cost::sign_traffic(d, bounds.size() - 1, n);
           CHECK(log.sent[static_cast<std::size_t>(t)] == model);
-          CHECK(log.wire[static_cast<std::size_t>(t)] == model.sent);
+          CHECK(log.wire[static_cast<std::size_t>(t)] == model.bytes_sent);
         }
       }
     }
@@ -193,7 +193,7 @@ TEST_CASE("qsgd: levels within [0, s], the same decode on every rank, bytes as m
               CHECK(std::fabs(static_cast<double>(x)) <= bound);
             const auto model = cost::qsgd_traffic(d, 1, s, n);
             CHECK(log.sent[static_cast<std::size_t>(t)] == model);
-            CHECK(log.wire[static_cast<std::size_t>(t)] == model.sent);
+            CHECK(log.wire[static_cast<std::size_t>(t)] == model.bytes_sent);
           }
         }
       }

@@ -114,7 +114,7 @@ TEST_CASE("exchange_seconds: qsgd is compress::qsgd's all-gather with its header
     CAPTURE(n);
     const auto bytes = cost::qsgd_traffic(b.values, 1, 8, n);
     // 2 (n - 1) messages each way (header and payload), sent = received.
-    const double hand = 2 * (n - 1) * 50e-6 + static_cast<double>(bytes.sent) / 125e6;
+    const double hand = 2 * (n - 1) * 50e-6 + static_cast<double>(bytes.bytes_sent) / 125e6;
     CHECK(cost::exchange_seconds("qsgd8", b, n, gigabit) == doctest::Approx(hand));
   }
   // 8 levels take 1 + 4 bits a value: 200,960 x 5 / 8 = 125,600 bytes plus a 4-byte norm.

@@ -94,7 +94,8 @@ template <class Kind, class C>
 std::uint64_t run_rounds(C& c, int r, std::size_t d, int rounds, csync::first_arrivals_options o,
                          std::vector<std::uint64_t>* sent = nullptr,
                          commsgd::comm::traffic* traffic = nullptr) {
-  coding::block_reducer<coding::gradient_coding<Kind, C>> red(coding::gradient_coding<Kind, C>(c, r));
+  coding::block_reducer<coding::gradient_code_scheme<Kind, C>> red(
+      coding::gradient_code_scheme<Kind, C>(c, r));
   auto& code = red.scheme().code();
   csync::first_arrivals<C> s(c, d, o);
   std::vector<float> x(d, 0.0f);
@@ -236,8 +237,8 @@ TEST_CASE("first_arrivals: a slow node is left out and stays in step; a stopped 
     o.lr = 0.1f;
     o.unit_s = 0.05;
     o.delays = {.kind = csync::delay_kind::slow_node, .node = 2, .factor = 5.0};
-    coding::block_reducer<coding::gradient_coding<coding::cyclic, comm::local>> red(
-        coding::gradient_coding<coding::cyclic, comm::local>(c, 2));
+    coding::block_reducer<coding::gradient_code_scheme<coding::cyclic, comm::local>> red(
+        coding::gradient_code_scheme<coding::cyclic, comm::local>(c, 2));
     csync::first_arrivals<comm::local> s(c, 5, o);
     std::vector<float> x(5, 0.0f);
     s.start(x);
@@ -270,8 +271,8 @@ TEST_CASE("first_arrivals: more than s missing raises stragglers_exceeded on eve
       o.lr = 0.1f;
       o.timeout_s = 0.25;
       o.delays = {.kind = csync::delay_kind::stop, .node = n - 1, .from_step = 1};
-      coding::block_reducer<coding::gradient_coding<coding::cyclic, comm::local>> red(
-          coding::gradient_coding<coding::cyclic, comm::local>(c, 1));
+      coding::block_reducer<coding::gradient_code_scheme<coding::cyclic, comm::local>> red(
+          coding::gradient_code_scheme<coding::cyclic, comm::local>(c, 1));
       csync::first_arrivals<comm::local> s(c, 3, o);
       std::vector<float> x(3, 0.0f);
       s.start(x);
@@ -309,8 +310,8 @@ TEST_CASE("first_arrivals on comm::simulated: the virtual clock takes the first 
       o.lr = 0.1f;
       o.unit_s = 0.01;
       o.delays = {.kind = csync::delay_kind::slow_node, .node = 3, .factor = 5.0};
-      coding::block_reducer<coding::gradient_coding<coding::cyclic, comm::metered<sim_t>>> red(
-          coding::gradient_coding<coding::cyclic, comm::metered<sim_t>>(c, r));
+      coding::block_reducer<coding::gradient_code_scheme<coding::cyclic, comm::metered<sim_t>>> red(
+          coding::gradient_code_scheme<coding::cyclic, comm::metered<sim_t>>(c, r));
       auto& code = red.scheme().code();
       csync::first_arrivals<comm::metered<sim_t>> s(c, d, o);
       std::vector<float> x(d, 0.0f);
@@ -353,8 +354,8 @@ TEST_CASE("first_arrivals on comm::simulated: the virtual clock takes the first 
     o.lr = 0.1f;
     o.delays = {.kind = csync::delay_kind::stop, .node = 4, .from_step = 0};
     coding::block_reducer<
-        coding::gradient_coding<coding::fractional_repetition, comm::simulated<comm::local>>>
-        red(coding::gradient_coding<coding::fractional_repetition, comm::simulated<comm::local>>(c, 1));
+        coding::gradient_code_scheme<coding::fractional_repetition, comm::simulated<comm::local>>>
+        red(coding::gradient_code_scheme<coding::fractional_repetition, comm::simulated<comm::local>>(c, 1));
     csync::first_arrivals<comm::simulated<comm::local>> s(c, 4, o);
     std::vector<float> x(4, 0.0f);
     auto data = make_round(red.scheme().code(), c.rank(), 0, 4);

@@ -6,7 +6,7 @@
 #include <commsgd/coding/combiner.hpp>
 #include <commsgd/coding/cssgd.hpp>
 #include <commsgd/coding/gradient_code.hpp>
-#include <commsgd/coding/gradient_coding.hpp>
+#include <commsgd/coding/gradient_code_scheme.hpp>
 #include <commsgd/coding/groups.hpp>
 #include <commsgd/coding/scheme.hpp>
 #include <commsgd/coding/subsets.hpp>

@@ -3,12 +3,10 @@
 // Point-to-point traffic is counted as it is. A collective's traffic depends on the algorithm the transport
 // picks, which a wrapper cannot see, so collectives are charged by fixed, documented algorithms: the ones a
 // cost model (cost/) states and a reader can check by hand.
-//   all_reduce_sum  ring reduce-scatter + all-gather over n chunks (chunk j holds m*(j+1)/n - m*j/n
-//   elements):
-//                   rank i sends every chunk but i+1 and then every chunk but i+2, receives every chunk but i
-//                   and then every chunk but i+1 (indices mod n); 2(n-1) messages each way.
-//   all_gather      each rank sends its block to the n-1 others and receives theirs.
-//   all_gather_v    likewise, with each rank's own count; sizes travel as 8-byte counts to every other rank.
+//   all_reduce_sum  the ring (comm/traffic.hpp: ring_all_reduce_traffic).
+//   all_gather      each rank sends its block to the n-1 others and receives theirs (all_gather_traffic).
+//   all_gather_v    likewise, with each rank's own count; sizes travel as 8-byte counts to every other rank
+//                   (all_gather_v_traffic).
 //   broadcast       the root sends the buffer to the n-1 others; each other rank receives it once.
 //   barrier         counted as calls only.
 // Counters are per rank and shared with every communicator split from this one, so a rank's total covers
@@ -45,22 +43,6 @@ private:
   std::array<traffic, static_cast<std::size_t>(op_kind_count)> per_op_{};
 };
 
-// Elements rank `i` sends and receives in a ring all-reduce of m elements over n ranks (the meter's rule).
-struct ring_share {
-  std::uint64_t sent = 0;
-  std::uint64_t received = 0;
-};
-inline ring_share ring_all_reduce_share(std::uint64_t m, int n, int i) noexcept {
-  if (n <= 1) return {};
-  const auto un = static_cast<std::uint64_t>(n);
-  auto chunk = [&](std::uint64_t j) {
-    j %= un;
-    return m * (j + 1) / un - m * j / un;
-  };
-  const auto ui = static_cast<std::uint64_t>(i);
-  return {2 * m - chunk(ui + 1) - chunk(ui + 2), 2 * m - chunk(ui) - chunk(ui + 1)};
-}
-
 template <communicator C>
 class metered {
 public:
@@ -84,25 +66,20 @@ public:
   template <reducible T>
   void all_reduce_sum(std::span<T> data) {
     inner_.all_reduce_sum(data);
-    const auto share = ring_all_reduce_share(data.size(), size(), rank());
-    const std::uint64_t msgs = size() > 1 ? 2 * static_cast<std::uint64_t>(size() - 1) : 0;
-    charge(op_kind::all_reduce, msgs, msgs, share.sent * sizeof(T), share.received * sizeof(T));
+    charge(op_kind::all_reduce, ring_all_reduce_traffic(data.size(), sizeof(T), size(), rank()));
   }
 
   template <transferable T>
   void all_gather(std::span<const T> mine, std::span<T> all) {
     inner_.all_gather(mine, all);
-    const auto peers = static_cast<std::uint64_t>(size() - 1);
-    charge(op_kind::all_gather, peers, peers, peers * mine.size_bytes(), peers * mine.size_bytes());
+    charge(op_kind::all_gather, all_gather_traffic(mine.size_bytes(), size()));
   }
 
   template <transferable T>
   std::vector<std::size_t> all_gather_v(std::span<const T> mine, std::vector<T>& all) {
     auto counts = inner_.all_gather_v(mine, all);
-    const auto peers = static_cast<std::uint64_t>(size() - 1);
-    const std::uint64_t others = (all.size() - mine.size()) * sizeof(T);
-    charge(op_kind::all_gather_v, peers, peers, peers * (mine.size_bytes() + sizeof(std::uint64_t)),
-           others + peers * sizeof(std::uint64_t));
+    charge(op_kind::all_gather_v,
+           all_gather_v_traffic(mine.size_bytes(), (all.size() - mine.size()) * sizeof(T), size()));
     return counts;
   }
 
@@ -151,6 +128,12 @@ public:
 
 private:
   metered(C inner, std::shared_ptr<meter> m) : inner_(std::move(inner)), meter_(std::move(m)) {}
+
+  void charge(op_kind k, const traffic& t) {
+    auto& c = (*meter_)[k];
+    c += t;
+    ++c.calls;
+  }
 
   void charge(op_kind k, std::uint64_t msent, std::uint64_t mrecv, std::uint64_t bsent, std::uint64_t brecv) {
     auto& t = (*meter_)[k];

@@ -18,10 +18,8 @@
 // - medium::switched: a message to k receivers is k transmissions. medium::multicast: one transmission
 //   reaches any number of receivers (broadcast and all_gather use it); point-to-point is unchanged.
 // - Collectives are charged by fixed algorithms, per rank:
-//     all_reduce_sum  ring (the same chunks as comm::metered): 2(p-1) messages each way, metered's bytes.
-//     all_gather      p-1 messages of the block each way (ring or direct: the same per-node load);
-//                     on a multicast medium one transmission and p-1 receptions.
-//     all_gather_v    as all_gather with each rank's size, plus an 8-byte count per message (as metered).
+//     all_reduce_sum, all_gather, all_gather_v  as comm::metered counts them (comm/traffic.hpp); on a
+//                     multicast medium an all-gather is one transmission and p-1 receptions.
 //     broadcast       flat: the root transmits p-1 copies; binomial_tree: each rank transmits to its
 //                     children in the tree rooted at root; every other rank receives once. On a multicast
 //                     medium the root transmits once whatever the algorithm.
@@ -33,7 +31,7 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
-#include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/traffic.hpp>
 #include <commsgd/error.hpp>
 
 #include <algorithm>
@@ -119,26 +117,26 @@ inline traffic barrier(int p) noexcept {
 }
 
 inline traffic all_reduce(std::uint64_t elements, std::size_t element_size, int p, int rank) noexcept {
-  if (p <= 1) return {};
-  const auto share = ring_all_reduce_share(elements, p, rank);
-  const auto msgs = 2 * static_cast<std::uint64_t>(p - 1);
-  return {msgs, share.sent * element_size, msgs, share.received * element_size};
+  return ring_all_reduce_traffic(elements, element_size, p, rank);
 }
 
+// A multicast medium changes only the transmit side: one transmission reaches every peer.
 inline traffic all_gather(std::uint64_t bytes, int p, medium m) noexcept {
-  const auto peers = static_cast<std::uint64_t>(p - 1);
-  if (peers == 0) return {};
-  if (m == medium::multicast) return {1, bytes, peers, peers * bytes};
-  return {peers, peers * bytes, peers, peers * bytes};
+  auto t = all_gather_traffic(bytes, p);
+  if (m == medium::multicast && p > 1) {
+    t.messages_sent = 1;
+    t.bytes_sent = bytes;
+  }
+  return t;
 }
 
 inline traffic all_gather_v(std::uint64_t my_bytes, std::uint64_t others_bytes, int p, medium m) noexcept {
-  const auto peers = static_cast<std::uint64_t>(p - 1);
-  if (peers == 0) return {};
-  const std::uint64_t count = sizeof(std::uint64_t);
-  const traffic rx{0, 0, peers, others_bytes + peers * count};
-  if (m == medium::multicast) return {1, my_bytes + count, rx.messages_received, rx.bytes_received};
-  return {peers, peers * (my_bytes + count), rx.messages_received, rx.bytes_received};
+  auto t = all_gather_v_traffic(my_bytes, others_bytes, p);
+  if (m == medium::multicast && p > 1) {
+    t.messages_sent = 1;
+    t.bytes_sent = my_bytes + sizeof(std::uint64_t);
+  }
+  return t;
 }
 
 inline traffic broadcast(std::uint64_t bytes, int p, int root, int rank, const network_model& net) noexcept {

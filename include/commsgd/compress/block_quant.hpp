@@ -15,6 +15,7 @@
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/traffic.hpp>
 #include <commsgd/compress/agree.hpp>
 #include <commsgd/compress/bit_pack.hpp>
 #include <commsgd/compress/compressor.hpp>
@@ -107,7 +108,8 @@ public:
     detail::agree(c, what(), length_, config(), v, verdicts_);
     encode();
     detail::gather_and_sum(c, msg_, all_, out, d_, [&](auto m, auto&& sink) { decode(m, sink); });
-    wire_ = (cost::compress_header_traffic(c.size()) + cost::all_gather_traffic(msg_.size(), c.size())).sent;
+    wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
+                .bytes_sent;
     return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), length_, false);
   }
 

@@ -153,7 +153,7 @@ public:
                                                range(), "; overflow clamp saturates instead)"),
                        bad.count, bad.where);
     std::copy(sum_.begin(), sum_.end(), out.begin());
-    wire_ = cost::half_traffic(length_, c.size(), c.rank(), first).sent;
+    wire_ = cost::half_traffic(length_, c.size(), c.rank(), first).bytes_sent;
     return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), length_, true);
   }
 

@@ -267,7 +267,7 @@ public:
     }
     q_.swap(qn_);
     ++steps_;
-    wire_bytes_ = cost::powersgd_traffic(plan_, n, c.rank()).sent;
+    wire_bytes_ = cost::powersgd_traffic(plan_, n, c.rank()).bytes_sent;
     comm::exchange_report r;
     r.dense = true;
     r.total = (static_cast<std::uint64_t>(plan_.dense_size) + plan_.p_size + plan_.q_size) *

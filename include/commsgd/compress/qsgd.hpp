@@ -70,7 +70,7 @@ public:
                   "[0, 3.4028235e38] of a layer's L2 norm (the index is the layer's)");
     encode(static_cast<std::uint64_t>(c.rank()));
     detail::gather_and_sum(c, msg_, all_, out, d_, [&](auto m, auto&& sink) { decode(m, sink); });
-    wire_ = cost::qsgd_traffic(length_, layers(), opt_.levels, c.size()).sent;
+    wire_ = cost::qsgd_traffic(length_, layers(), opt_.levels, c.size()).bytes_sent;
     return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), length_, false);
   }
 

@@ -87,7 +87,7 @@ public:
       out[idx_[j]] = vals_[j];
       d_[idx_[j]] = p_[idx_[j]];
     }
-    wire_ = cost::random_k_traffic(k_, c.size(), c.rank()).sent;
+    wire_ = cost::random_k_traffic(k_, c.size(), c.rank()).bytes_sent;
     return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), k_, true);
   }
 

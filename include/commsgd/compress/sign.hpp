@@ -53,7 +53,7 @@ public:
     detail::agree(c, "compress::sign", length_, config(), v, verdicts_);
     encode();
     detail::gather_and_sum(c, msg_, all_, out, d_, [&](auto m, auto&& sink) { decode(m, sink); });
-    wire_ = cost::sign_traffic(length_, layers(), c.size()).sent;
+    wire_ = cost::sign_traffic(length_, layers(), c.size()).bytes_sent;
     return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), length_, false);
   }
 

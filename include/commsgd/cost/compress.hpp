@@ -15,7 +15,7 @@
 // 64 / bits.
 #pragma once
 
-#include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/traffic.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/sparse.hpp>
 
@@ -27,15 +27,8 @@ namespace commsgd::inline v1::cost {
 inline constexpr std::uint64_t compress_header_fields = 5;
 inline constexpr std::uint64_t compress_header_bytes = compress_header_fields * 8;
 
-constexpr sparse_traffic compress_header_traffic(int n) noexcept {
-  const auto peers = static_cast<std::uint64_t>(n > 1 ? n - 1 : 0);
-  return {peers * compress_header_bytes, peers * compress_header_bytes};
-}
-
-// An all_gather where every rank contributes `bytes`.
-constexpr sparse_traffic all_gather_traffic(std::uint64_t bytes, int n) noexcept {
-  const auto peers = static_cast<std::uint64_t>(n > 1 ? n - 1 : 0);
-  return {peers * bytes, peers * bytes};
+constexpr comm::traffic compress_header_traffic(int n) noexcept {
+  return comm::all_gather_traffic(compress_header_bytes, n);
 }
 
 constexpr std::uint64_t sign_message_bytes(std::uint64_t d, std::uint64_t layers) noexcept {
@@ -53,23 +46,21 @@ constexpr std::uint64_t qsgd_message_bytes(std::uint64_t d, std::uint64_t layers
 
 // Seen from `rank` (the ring's chunks differ by one element between ranks); the first round also gathers
 // the verdict.
-inline sparse_traffic half_traffic(std::uint64_t d, int n, int rank, bool first_round = false) noexcept {
-  const auto share = comm::ring_all_reduce_share(d, n, rank);
-  const sparse_traffic ring{2 * share.sent, 2 * share.received};
+inline comm::traffic half_traffic(std::uint64_t d, int n, int rank, bool first_round = false) noexcept {
+  const auto ring = comm::ring_all_reduce_traffic(d, 2, n, rank);
   return first_round ? compress_header_traffic(n) + ring : ring;
 }
 
-constexpr sparse_traffic sign_traffic(std::uint64_t d, std::uint64_t layers, int n) noexcept {
-  return compress_header_traffic(n) + all_gather_traffic(sign_message_bytes(d, layers), n);
+constexpr comm::traffic sign_traffic(std::uint64_t d, std::uint64_t layers, int n) noexcept {
+  return compress_header_traffic(n) + comm::all_gather_traffic(sign_message_bytes(d, layers), n);
 }
 
-constexpr sparse_traffic qsgd_traffic(std::uint64_t d, std::uint64_t layers, std::uint64_t s,
-                                      int n) noexcept {
-  return compress_header_traffic(n) + all_gather_traffic(qsgd_message_bytes(d, layers, s), n);
+constexpr comm::traffic qsgd_traffic(std::uint64_t d, std::uint64_t layers, std::uint64_t s, int n) noexcept {
+  return compress_header_traffic(n) + comm::all_gather_traffic(qsgd_message_bytes(d, layers, s), n);
 }
 
 // Seen from `rank`: the ring's chunks differ by one element between ranks.
-inline sparse_traffic random_k_traffic(std::uint64_t k, int n, int rank) noexcept {
+inline comm::traffic random_k_traffic(std::uint64_t k, int n, int rank) noexcept {
   return compress_header_traffic(n) + dense_ring_traffic(k, n, rank);
 }
 

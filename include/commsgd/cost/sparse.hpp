@@ -6,12 +6,12 @@
 //   header   all_gather of sparse_header_fields u64 per rank:  sends and receives (n-1) * 32
 //   sparse   all_gather_v of the pairs:  sends (n-1)(entry_bytes k_i + 8),
 //                                        receives entry_bytes * (sum of the others' k) + (n-1) * 8
-//   dense    ring all-reduce of d floats (comm::ring_all_reduce_share): about 2 (n-1)/n * 4d each way
+//   dense    ring all-reduce of d floats (comm::ring_all_reduce_traffic): about 2 (n-1)/n * 4d each way
 // With equal k on every rank, the sparse path costs 2 (n-1)(8k + 8) against 8 (n-1) d / n for the ring, so
 // the switch sits near density 1/n: the gathered union, not one rank's message, is what must stay small.
 #pragma once
 
-#include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/traffic.hpp>
 #include <commsgd/config.hpp>
 
 #include <algorithm>
@@ -19,22 +19,6 @@
 #include <span>
 
 namespace commsgd::inline v1::cost {
-
-struct sparse_traffic {
-  std::uint64_t sent = 0;
-  std::uint64_t received = 0;
-
-  constexpr std::uint64_t total() const noexcept { return sent + received; }
-  constexpr sparse_traffic& operator+=(const sparse_traffic& o) noexcept {
-    sent += o.sent;
-    received += o.received;
-    return *this;
-  }
-  friend constexpr sparse_traffic operator+(sparse_traffic a, const sparse_traffic& b) noexcept {
-    return a += b;
-  }
-  friend constexpr bool operator==(const sparse_traffic&, const sparse_traffic&) = default;
-};
 
 // Which way a sparse exchange goes: by the rule below, or forced.
 enum class sparse_path : std::uint8_t { automatic, sparse, dense };
@@ -47,30 +31,26 @@ inline constexpr std::uint64_t gather_count_bytes = 8;
 // Bytes of one (index, value) pair with 32-bit indices and float values.
 inline constexpr std::uint64_t pair_bytes_32 = 8;
 
-constexpr sparse_traffic sparse_header_traffic(int n) noexcept {
-  const auto peers = static_cast<std::uint64_t>(n > 1 ? n - 1 : 0);
-  return {peers * sparse_header_bytes, peers * sparse_header_bytes};
+constexpr comm::traffic sparse_header_traffic(int n) noexcept {
+  return comm::all_gather_traffic(sparse_header_bytes, n);
 }
 
 // The all_gather_v of the pairs, seen from `rank`; counts[j] is rank j's pair count.
-inline sparse_traffic sparse_gather_traffic(std::span<const std::uint64_t> counts, int rank,
-                                            std::uint64_t entry_bytes = pair_bytes_32) noexcept {
-  const auto n = counts.size();
+inline comm::traffic sparse_gather_traffic(std::span<const std::uint64_t> counts, int rank,
+                                           std::uint64_t entry_bytes = pair_bytes_32) noexcept {
+  const int n = static_cast<int>(counts.size());
   if (n <= 1) return {};
-  const auto peers = static_cast<std::uint64_t>(n - 1);
   std::uint64_t all = 0;
   for (auto c : counts)
     all += c;
   const std::uint64_t mine = counts[static_cast<std::size_t>(rank)];
-  return {peers * (entry_bytes * mine + gather_count_bytes),
-          entry_bytes * (all - mine) + peers * gather_count_bytes};
+  return comm::all_gather_v_traffic(entry_bytes * mine, entry_bytes * (all - mine), n);
 }
 
 // The dense fallback: a ring all-reduce of d values of `value_bytes`, seen from `rank`.
-inline sparse_traffic dense_ring_traffic(std::uint64_t d, int n, int rank,
-                                         std::uint64_t value_bytes = 4) noexcept {
-  const auto share = comm::ring_all_reduce_share(d, n, rank);
-  return {share.sent * value_bytes, share.received * value_bytes};
+inline comm::traffic dense_ring_traffic(std::uint64_t d, int n, int rank,
+                                        std::uint64_t value_bytes = 4) noexcept {
+  return comm::ring_all_reduce_traffic(d, value_bytes, n, rank);
 }
 
 // The switch: dense when the busiest node of the ring moves strictly fewer bytes than the busiest node of
@@ -82,8 +62,8 @@ inline bool sparse_prefers_dense(std::span<const std::uint64_t> counts, std::uin
   if (n <= 1) return false;
   std::uint64_t sparse_max = 0, dense_max = 0;
   for (int r = 0; r < n; ++r) {
-    sparse_max = std::max(sparse_max, sparse_gather_traffic(counts, r, entry_bytes).total());
-    dense_max = std::max(dense_max, dense_ring_traffic(d, n, r).total());
+    sparse_max = std::max(sparse_max, sparse_gather_traffic(counts, r, entry_bytes).bytes());
+    dense_max = std::max(dense_max, dense_ring_traffic(d, n, r).bytes());
   }
   return dense_max < sparse_max;
 }
@@ -100,9 +80,9 @@ inline bool sparse_uses_dense(sparse_path path, std::span<const std::uint64_t> c
 }
 
 // Everything one sparse exchange moves at `rank`: the header, then the path the rule (or `path`) picks.
-inline sparse_traffic sparse_exchange_traffic(std::span<const std::uint64_t> counts, std::uint64_t d,
-                                              int rank, std::uint64_t entry_bytes = pair_bytes_32,
-                                              sparse_path path = sparse_path::automatic) noexcept {
+inline comm::traffic sparse_exchange_traffic(std::span<const std::uint64_t> counts, std::uint64_t d, int rank,
+                                             std::uint64_t entry_bytes = pair_bytes_32,
+                                             sparse_path path = sparse_path::automatic) noexcept {
   const int n = static_cast<int>(counts.size());
   const auto body = sparse_uses_dense(path, counts, d, entry_bytes)
                         ? dense_ring_traffic(d, n, rank)
@@ -111,7 +91,7 @@ inline sparse_traffic sparse_exchange_traffic(std::span<const std::uint64_t> cou
 }
 
 // A dense message (sparsify::none) goes straight to the ring, with no header.
-inline sparse_traffic dense_exchange_traffic(std::uint64_t d, int n, int rank) noexcept {
+inline comm::traffic dense_exchange_traffic(std::uint64_t d, int n, int rank) noexcept {
   return dense_ring_traffic(d, n, rank);
 }
 

@@ -17,8 +17,8 @@
 // exchange (cost/sparse.hpp).
 #pragma once
 
-#include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/simulated.hpp>
+#include <commsgd/comm/traffic.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/sparse.hpp>
 
@@ -70,7 +70,7 @@ inline bool sparse_allreduce_prefers_dense(std::span<const std::uint64_t> counts
   if (n <= 1) return false;
   std::uint64_t dense_max = 0;
   for (int r = 0; r < n; ++r)
-    dense_max = std::max(dense_max, dense_ring_traffic(d, n, r).total());
+    dense_max = std::max(dense_max, dense_ring_traffic(d, n, r).bytes());
   return dense_max < sparse_allreduce_estimate(counts, k_global, entry_bytes);
 }
 
@@ -112,13 +112,6 @@ inline comm::traffic sparse_allreduce_load(const sparse_allreduce_shape& s, int 
   return l;
 }
 
-inline sparse_traffic sparse_allreduce_traffic(const sparse_allreduce_shape& s, int n, int rank,
-                                               std::uint64_t d,
-                                               std::uint64_t entry_bytes = pair_bytes_32) noexcept {
-  const auto l = sparse_allreduce_load(s, n, rank, d, entry_bytes);
-  return {l.bytes_sent, l.bytes_received};
-}
-
 // Planning form: every rank holds k pairs and the owners select K in all, both spread evenly over the n
 // regions (region j gets m (j+1)/n - m j/n of m). `refreshed` adds the histogram of a refresh step.
 inline comm::traffic sparse_allreduce_balanced_load(int n, std::uint64_t d, std::uint64_t k,
@@ -126,10 +119,7 @@ inline comm::traffic sparse_allreduce_balanced_load(int n, std::uint64_t d, std:
                                                     std::uint64_t entry_bytes = pair_bytes_32) {
   if (n <= 1) return {};
   const auto un = static_cast<std::uint64_t>(n);
-  auto share = [&](std::uint64_t m, int j) {
-    const auto uj = static_cast<std::uint64_t>(j);
-    return m * (uj + 1) / un - m * uj / un;
-  };
+  auto share = [&](std::uint64_t m, int j) { return comm::ring_chunk(m, n, static_cast<std::uint64_t>(j)); };
   std::vector<std::uint64_t> to(un), from(un), selected(un);
   for (int j = 0; j < n; ++j) {
     to[static_cast<std::size_t>(j)] = share(k, j);

@@ -3,8 +3,8 @@
 // cost/time.hpp states what a true multicast medium changes.
 //
 // Per node, d values of `element_size` bytes, L = ceil(d / r), G = C(n-1, r):
-//   ring all-reduce   2(n-1) messages each way; bytes from metered's chunk rule (ring_all_reduce_share)
-//   all-gather        n-1 messages of d values each way
+//   ring all-reduce   comm::ring_all_reduce_traffic: 2(n-1) messages each way, about 2(n-1)/n d values
+//   all-gather        comm::all_gather_traffic: n-1 messages of d values each way
 //   unicast           the same as all-gather, as n-1 point-to-point messages
 //   uncoded shuffle   r*G messages each way; receives G*d values exactly, sends the balanced segments
 //                     [d*j/r, d*(j+1)/r) its positions pick (about G*d values; exact by enumeration)
@@ -15,7 +15,7 @@
 #include <commsgd/coding/cssgd.hpp>
 #include <commsgd/coding/subsets.hpp>
 #include <commsgd/coding/uncoded_shuffle.hpp>
-#include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/traffic.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -37,15 +37,12 @@ inline void check_node(int n, int rank) {
 inline comm::traffic ring_all_reduce(int n, std::uint64_t d, std::size_t element_size, int rank) {
   commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
   detail::check_node(n, rank);
-  const auto share = comm::ring_all_reduce_share(d, n, rank);
-  const std::uint64_t msgs = 2 * static_cast<std::uint64_t>(n - 1);
-  return {msgs, share.sent * element_size, msgs, share.received * element_size};
+  return comm::ring_all_reduce_traffic(d, element_size, n, rank);
 }
 
 inline comm::traffic all_gather(int n, std::uint64_t d, std::size_t element_size) {
   commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
-  const auto peers = static_cast<std::uint64_t>(n - 1);
-  return {peers, peers * d * element_size, peers, peers * d * element_size};
+  return comm::all_gather_traffic(d * element_size, n);
 }
 
 inline comm::traffic unicast(int n, std::uint64_t d, std::size_t element_size) {

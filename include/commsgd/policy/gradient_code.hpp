@@ -1,7 +1,7 @@
 // policy::gradient_code<Kind>: a straggler code's block assignment in the coding slot.
 #pragma once
 
-#include <commsgd/coding/gradient_coding.hpp>
+#include <commsgd/coding/gradient_code_scheme.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/policy/traits.hpp>
 
@@ -18,7 +18,7 @@ struct gradient_code {};
 template <class Kind>
 struct coding_traits<gradient_code<Kind>> {
   template <comm::communicator C>
-  using type = coding::gradient_coding<Kind, C>;
+  using type = coding::gradient_code_scheme<Kind, C>;
 
   using options = redundancy_options;
 

@@ -40,7 +40,7 @@
 #pragma once
 
 #include <commsgd/coding/gradient_code.hpp>
-#include <commsgd/coding/gradient_coding.hpp>
+#include <commsgd/coding/gradient_code_scheme.hpp>
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/metered.hpp>
@@ -183,11 +183,11 @@ public:
   // One gradient per rank is not a code's input: the strategy needs the blocks and the code.
   step_result step(std::span<float>, std::span<const float>, const step_info& = {}) {
     throw unsupported("sync::first_arrivals decodes block gradients through a gradient code: call "
-                      "step(params, blocks, reducer) with a coding::gradient_coding reducer, or use "
+                      "step(params, blocks, reducer) with a coding::gradient_code_scheme reducer, or use "
                       "data_parallel<policy::gradient_code<Kind>, policy::dense, policy::first_arrivals>");
   }
 
-  // The reducer's scheme is a coding::gradient_coding: its code encodes this rank's blocks and decodes.
+  // The reducer's scheme is a coding::gradient_code_scheme: its code encodes this rank's blocks and decodes.
   template <reducer R>
   step_result step(std::span<float> params, block_gradients blocks, R& reduce, const step_info& info = {}) {
     auto& code = reduce.scheme().code();

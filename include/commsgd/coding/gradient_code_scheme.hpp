@@ -1,4 +1,4 @@
-// coding::gradient_coding<Kind, C>: a gradient code (coding/gradient_code.hpp) as a coding scheme.
+// coding::gradient_code_scheme<Kind, C>: a gradient code (coding/gradient_code.hpp) as a coding scheme.
 //
 // Every rank computes the r blocks the code gives it (one for backup_workers) and encodes them into one
 // vector of d values. Under policy::synchronous the exchange waits for everyone: an all-gather of the
@@ -20,13 +20,13 @@
 namespace commsgd::inline v1::coding {
 
 template <gradient_code_kind Kind, comm::communicator C>
-class gradient_coding {
+class gradient_code_scheme {
 public:
   using communicator_type = C;
   using kind_type = Kind;
 
   // `comm` must outlive the scheme; r in [1, n] (fractional repetition: r divides n).
-  gradient_coding(C& comm, int r) : comm_(&comm), code_(comm.size(), r) {}
+  gradient_code_scheme(C& comm, int r) : comm_(&comm), code_(comm.size(), r) {}
 
   int redundancy() const noexcept { return code_.redundancy(); }
   std::size_t block_count() const noexcept { return code_.block_count(); }
@@ -57,8 +57,8 @@ private:
   std::vector<float> mine_, all_;
 };
 
-static_assert(coding_scheme<gradient_coding<fractional_repetition, comm::archetype>>);
-static_assert(coding_scheme<gradient_coding<cyclic, comm::archetype>>);
-static_assert(coding_scheme<gradient_coding<backup_workers, comm::archetype>>);
+static_assert(coding_scheme<gradient_code_scheme<fractional_repetition, comm::archetype>>);
+static_assert(coding_scheme<gradient_code_scheme<cyclic, comm::archetype>>);
+static_assert(coding_scheme<gradient_code_scheme<backup_workers, comm::archetype>>);
 
 } // namespace commsgd::inline v1::coding
