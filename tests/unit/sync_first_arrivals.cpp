@@ -3,6 +3,7 @@
 // arrival orders; late messages drained and never counted; more than s missing raises on every rank in
 // bounded time; metered bytes equal cost/; checkpoints resume bit for bit; data_parallel composes it.
 #include <commsgd/coding/coding.hpp>
+#include <commsgd/comm/clock.hpp>
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/simulated.hpp>
@@ -89,11 +90,11 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
 
 // Runs `rounds` rounds of first_arrivals with Kind over C on every rank; checks each rank's sum against the
 // reference decode of the responders the root chose, and (fractional repetition) against the decode from
-// everyone, bit for bit. Returns the messages the root drained.
+// everyone, bit for bit. Returns the messages the root drained; `chosen` collects each round's responders.
 template <class Kind, class C>
 std::uint64_t run_rounds(C& c, int r, std::size_t d, int rounds, csync::first_arrivals_options o,
                          std::vector<std::uint64_t>* sent = nullptr,
-                         commsgd::comm::traffic* traffic = nullptr) {
+                         commsgd::comm::traffic* traffic = nullptr, std::vector<node_set>* chosen = nullptr) {
   coding::block_reducer<coding::gradient_code_scheme<Kind, C>> red(
       coding::gradient_code_scheme<Kind, C>(c, r));
   auto& code = red.scheme().code();
@@ -139,6 +140,7 @@ std::uint64_t run_rounds(C& c, int r, std::size_t d, int rounds, csync::first_ar
       }
     }
     mine_sent += rep.sent ? 1 : 0;
+    if (chosen) chosen->push_back(rep.responders);
   }
   s.finish(x);
   if constexpr (requires { c.counters(); })
@@ -367,6 +369,54 @@ TEST_CASE("first_arrivals on comm::simulated: the virtual clock takes the first 
     }
   });
   CHECK(raised.load() == n);
+}
+
+TEST_CASE("first_arrivals on simulated<metered<X>>: the responders, sums, clock and bytes of "
+          "metered<simulated<X>>") {
+  using outer_meter = comm::metered<comm::simulated<comm::local>>;
+  using inner_meter = comm::simulated<comm::metered<comm::local>>;
+  static_assert(csync::first_arrivals<outer_meter>::virtual_clock);
+  static_assert(csync::first_arrivals<inner_meter>::virtual_clock);
+  static_assert(csync::first_arrivals<comm::metered<outer_meter>>::virtual_clock);
+  const int n = 6;
+  const comm::network_model net{1e-5, 1e8};
+  csync::first_arrivals_options o;
+  o.lr = 0.1f;
+  o.unit_s = 1e-3;
+  o.root = 2;
+  o.delays = {.kind = csync::delay_kind::pareto, .mean = 1.0, .shape = 1.5, .seed = 17};
+  struct outcome {
+    std::vector<node_set> chosen;
+    std::vector<std::uint64_t> sent;
+    double now = 0;
+    comm::traffic bytes;
+  };
+  // Each stack runs the same rounds (run_rounds checks every sum against the reference decode).
+  auto run = [&](auto wrap, auto meter_of) {
+    std::vector<outcome> out(static_cast<std::size_t>(n));
+    comm::local_group{n}.run([&](comm::local& base) {
+      auto c = wrap(base);
+      auto& mine = out[static_cast<std::size_t>(c.rank())];
+      run_rounds<coding::cyclic>(c, 3, 40, 5, o, &mine.sent, nullptr, &mine.chosen);
+      mine.now = comm::clock_of(c).now();
+      mine.bytes = commsgd::cost::measured(meter_of(c).counters().total());
+    });
+    return out;
+  };
+  const auto outer = run([&](comm::local& b) { return outer_meter(comm::simulated<comm::local>(b, net)); },
+                         [](outer_meter & c) -> auto& { return c; });
+  const auto inner = run([&](comm::local& b) { return inner_meter(comm::metered<comm::local>(b), net); },
+                         [](inner_meter & c) -> auto& { return c.inner(); });
+  for (int k = 0; k < n; ++k) {
+    CAPTURE(k);
+    const auto& a = outer[static_cast<std::size_t>(k)];
+    const auto& b = inner[static_cast<std::size_t>(k)];
+    CHECK(a.chosen == b.chosen);
+    CHECK(a.sent == b.sent);
+    CHECK(a.now > 0);
+    CHECK(a.now == b.now); // the same charges in the same order: the same bits
+    CHECK(a.bytes == b.bytes);
+  }
 }
 
 namespace {

@@ -26,12 +26,13 @@
 //
 // Delays (sync/delays.hpp) are drawn per (step, rank) in units of step_info::compute_seconds when given,
 // else options.unit_s. Over comm::local and comm::mpi a delay is a real sleep before the vector leaves
-// (in 1 ms slices, watching for the sum). Over comm::simulated (or metered<simulated<...>>) it is charged
-// to the virtual clock instead: ranks exchange their ready times over the uncharged inner communicator,
-// every rank computes the same arrival order (ready time + one message), the first n - s send their
-// vectors (charged), the root decodes after its receiver has taken them in arrival order, and every clock
-// ends the step at decode time + the root's n - 1 sends (one on a multicast medium). Late ranks send
-// nothing there: the model knows at once that they are late.
+// (in 1 ms slices, watching for the sum). Over a stack with a comm::simulated layer anywhere in it (its
+// clock found by comm::clock_of, comm/clock.hpp) it is charged to the virtual clock instead: ranks exchange
+// their ready times over the innermost communicator (neither charged nor metered), every rank computes the
+// same arrival order (ready time + one message), the first n - s send their vectors (charged), the root
+// decodes after its receiver has taken them in arrival order, and every clock ends the step at decode
+// time + the root's n - 1 sends (one on a multicast medium). Late ranks send nothing there: the model knows
+// at once that they are late.
 //
 // Checkpoints: the shared part is the learning rate, the step count and the options that change results
 // (delay model, root), which a loading strategy must match; nothing is local. A resumed run draws the same
@@ -42,8 +43,8 @@
 #include <commsgd/coding/gradient_code.hpp>
 #include <commsgd/coding/gradient_code_scheme.hpp>
 #include <commsgd/comm/archetype.hpp>
+#include <commsgd/comm/clock.hpp>
 #include <commsgd/comm/communicator.hpp>
-#include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/simulated.hpp>
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
@@ -69,7 +70,6 @@
 #include <ostream>
 #include <span>
 #include <thread>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -95,18 +95,6 @@ struct round_report {
 };
 
 namespace detail {
-
-// How to reach the virtual clock of a simulated communicator and the uncharged one inside it.
-template <class C>
-struct virtual_time : std::false_type {};
-template <class X>
-struct virtual_time<comm::simulated<X>> : std::true_type {
-  static comm::simulated<X>& sim(comm::simulated<X>& c) { return c; }
-};
-template <class X>
-struct virtual_time<comm::metered<comm::simulated<X>>> : std::true_type {
-  static comm::simulated<X>& sim(comm::metered<comm::simulated<X>>& c) { return c.inner(); }
-};
 
 inline constexpr std::size_t arrival_header_words = 6;
 enum class arrival_status : std::uint32_t { vector = 0, sum = 1, failed = 2, close = 3 };
@@ -142,7 +130,7 @@ template <comm::communicator C>
 class first_arrivals : public state::checkpointed<first_arrivals<C>> {
 public:
   using options = first_arrivals_options;
-  static constexpr bool virtual_clock = detail::virtual_time<C>::value;
+  static constexpr bool virtual_clock = comm::runs_on_virtual_time<C>;
 
   // `length` is the model's length d; `c` must outlive the strategy.
   first_arrivals(C& c, std::size_t length, options o) : comm_(&c), opt_(o), d_(length) {
@@ -516,11 +504,11 @@ private:
     fan_out({step_, detail::arrival_status::sum, static_cast<std::uint32_t>(answered), responders}, true);
   }
 
-  // Virtual time: ready times shared over the uncharged communicator, the clock charged by the model.
+  // Virtual time: ready times shared over the innermost communicator, the clock charged by the model.
   template <class Code>
   void virtual_round(Code& code) {
-    auto& sim = detail::virtual_time<C>::sim(*comm_);
-    auto& plain = sim.inner();
+    auto& sim = comm::clock_of(*comm_);
+    auto& plain = comm::innermost(*comm_); // neither charged nor metered: the model's own bookkeeping
     const auto& net = sim.network();
     const int n = comm_->size(), me = comm_->rank(), root = opt_.root;
     const std::size_t words = detail::arrival_header_words + d_;
