@@ -1,13 +1,13 @@
 // Data-parallel training of the MLP on one rank, with any scheme, reporting modelled-cluster time and bytes.
 #pragma once
 
+#include "fit.hpp"
 #include "idx.hpp"
 #include "mlp.hpp"
 #include "schemes.hpp"
 #include "timing.hpp"
 
 #include <commsgd/comm/metered.hpp>
-#include <commsgd/select/fit.hpp>
 #include <commsgd/select/select.hpp>
 #include <commsgd/sparsify/top_k.hpp>
 #include <commsgd/sync/async_ps.hpp>
@@ -93,7 +93,7 @@ struct curve_point {
   double sim_time_alt = 0;                          // the same on network_options::alt_gbit_per_s
   std::uint64_t bytes_sent = 0, bytes_received = 0; // per node, the largest over ranks
   double accuracy = 0, loss = 0;
-  commsgd::select::fit_report fit;
+  fit_report fit;
   double zero_fraction = 0; // exact zeros in the gradient (dead ReLUs): part of why its tails are heavy
 };
 
@@ -376,7 +376,7 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
       pt.accuracy =
           static_cast<double>(net.correct(model, test, 0, test.count)) / static_cast<double>(test.count);
       if (o.fit && !fit_copy.empty()) {
-        pt.fit = commsgd::select::fit(fit_copy);
+        pt.fit = fmnist::fit(fit_copy);
         pt.zero_fraction = static_cast<double>(std::count(fit_copy.begin(), fit_copy.end(), 0.0f)) /
                            static_cast<double>(fit_copy.size());
       }

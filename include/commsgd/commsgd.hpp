@@ -10,7 +10,6 @@
 #include <commsgd/data_parallel.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/policy/policy.hpp>
-#include <commsgd/select/fit.hpp>
 #include <commsgd/select/select.hpp>
 #include <commsgd/sparsify/sparsify.hpp>
 #include <commsgd/state/stream.hpp>

@@ -1,7 +1,7 @@
-// The 64-bit mixer behind every seeded draw and fingerprint in commsgd: SplitMix64 (Steele, Lea and Flood
-// 2014). One copy, so that the streams of different parts (compress/'s counter streams and fingerprints,
-// coding/'s cyclic code, sync/'s delay model, PowerSGD's initial Q) are all the same function and a seed means
-// the same bits wherever it is given. Host and device code share it.
+// The 64-bit mixer behind every seeded draw and fingerprint in commsgd: SplitMix64. One copy, so that the
+// streams of different parts (compress/'s counter streams and fingerprints, coding/'s cyclic code, sync/'s
+// delay model, PowerSGD's initial Q) are all the same function and a seed means the same bits wherever it is
+// given. Host and device code share it.
 #pragma once
 
 #include <commsgd/config.hpp>

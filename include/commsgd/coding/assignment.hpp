@@ -1,4 +1,4 @@
-// Which node computes which data block (Algorithm 2 of the CSSGD paper).
+// Which node computes which data block in CSSGD.
 //
 // With n nodes and redundancy r the mini-batch is cut into P = C(n, r) blocks; block q belongs to the q-th
 // r-subset of the nodes in lexicographic order, so every block is computed by exactly r nodes and node i

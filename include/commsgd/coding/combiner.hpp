@@ -6,7 +6,7 @@
 //
 // Models:
 //   xor_bits   the raw IEEE-754 bit patterns XORed (as Coded TeraSort does): exact, nothing is quantised.
-//   int32_sum  the paper's quantisation: [-10, 10] onto [-(2^31-1), 2^31-1], wrap-around sums, dequantise.
+//   int32_sum  fixed point: [-10, 10] onto [-(2^31-1), 2^31-1], wrap-around sums, dequantise.
 #pragma once
 
 #include <commsgd/config.hpp>
@@ -62,7 +62,7 @@ struct xor_bits {
   }
 };
 
-// The paper's int32 coding. Every holder of a block quantises it the same way, and the sum is taken over the
+// Fixed-point int32 coding. Every holder of a block quantises it the same way, and the sum is taken over the
 // quantised values in a 64-bit integer and dequantised once, so all ranks get the same bits and the error of
 // each output value is at most (number of blocks) * 5 / (2^31 - 1) plus the final rounding to float.
 struct int32_sum {

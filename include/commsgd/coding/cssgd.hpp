@@ -1,4 +1,4 @@
-// coding::cssgd<Combiner, C>: coded synchronous SGD (Algorithms 2 to 4 of the CSSGD paper).
+// coding::cssgd<Combiner, C>: coded synchronous SGD (CSSGD).
 //
 // Assignment: the batch is cut into C(n, r) blocks; block S (an r-subset of the nodes) is computed by every
 // node of S (coding/assignment.hpp).

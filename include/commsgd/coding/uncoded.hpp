@@ -1,8 +1,8 @@
 // coding::uncoded<C, Exchange>: plain data parallelism. The batch is cut into n blocks, rank i computes
 // block i, and the exchange policy decides how the n block gradients are summed:
 //   by_ring_all_reduce  the communicator's all_reduce_sum: what a user would pick; 2(n-1)/n d values each way
-//   by_all_gather       every rank gathers all n gradients and sums them (the paper's "SSGD multicast")
-//   by_unicast          every rank sends its gradient to the n-1 others (the paper's "SSGD unicast")
+//   by_all_gather       every rank gathers all n gradients and sums them (uncoded SSGD over multicast)
+//   by_unicast          every rank sends its gradient to the n-1 others (uncoded SSGD over unicast)
 // The last two sum in rank order from -0.0f, so they are bit-identical on every rank and to a reference fold.
 #pragma once
 

@@ -26,11 +26,11 @@
 //
 // Size agreement: all_reduce_sum, all_gather and broadcast exchange their sizes (and broadcast its root) in
 // one 16- to 32-byte MPI_Allreduce before the transfer, so ranks that disagree all throw size_mismatch
-// instead of hanging or corrupting memory. That costs one small-message latency per call (a few
-// microseconds; under 1 % of a 1 MiB all-reduce, see bench/results/). Code that has checked its sizes can
-// turn it off with set_verify_sizes(false) on every rank; a disagreement is then the caller's bug (MPI may
-// fail with comm_error, or hang). all_gather_v needs no check: it exchanges the counts anyway. split always
-// checks colours: it is rare and a mistake there would leave ranks in different groups.
+// instead of hanging or corrupting memory. That costs one small-message latency per call, small beside any
+// large transfer. Code that has checked its sizes can turn it off with set_verify_sizes(false) on every
+// rank; a disagreement is then the caller's bug (MPI may fail with comm_error, or hang). all_gather_v needs
+// no check: it exchanges the counts anyway. split always checks colours: it is rare and a mistake there
+// would leave ranks in different groups.
 //
 // Not thread safe: one thread at a time per communicator, as MPI_THREAD_SERIALIZED allows.
 #pragma once

@@ -9,11 +9,10 @@
 //   traffic is assumed perfectly overlapped and never waiting on a peer. This is the NIC-bound time, a lower
 //   bound for a good implementation; who waits for whom is not modelled unless you call align_to_slowest().
 // - duplex::half (not the default) charges transmit time + receive time instead: a transport that moves one
-//   direction at a time. Measured (bench/results/model-check-2026-11-25.md): Open MPI 4.1's ob1 over TCP
-//   with its default RDMA-emulating PUT protocol (messages from 192 KiB on) serialises the two directions of
-//   an exchange between two processes, so its pairwise algorithms (every 2-rank exchange, recursive doubling,
-//   Rabenseifner, which it picks from 8 KiB at n = 4 and 8) take the sum; a ring of 3 or more ranks sends and
-//   receives on different connections and keeps full duplex. Without the PUT flag
+//   direction at a time, such as Open MPI's ob1 over TCP: its default RDMA-emulating PUT protocol (taken
+//   for large messages) serialises the two directions of an exchange between two processes, so its pairwise
+//   algorithms (every 2-rank exchange, recursive doubling, Rabenseifner) take the sum; a ring of 3 or more
+//   ranks sends and receives on different connections and keeps full duplex. Without the PUT flag
 //   (btl_tcp_flags send,inplace,need-ack,need-csum,hetero-rdma) the same exchanges are full duplex again.
 // - medium::switched: a message to k receivers is k transmissions. medium::multicast: one transmission
 //   reaches any number of receivers (broadcast and all_gather use it); point-to-point is unchanged.

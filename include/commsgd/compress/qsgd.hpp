@@ -1,4 +1,4 @@
-// compress::qsgd: QSGD with s levels (Alistarh et al. 2017), stochastic rounding, unbiased.
+// compress::qsgd: QSGD with s levels, stochastic rounding, unbiased.
 //
 // Per layer of p (p = g + e with error feedback, else g): norm = ||p||_2 (summed in double, rounded once
 // to float); value i becomes a sign bit and a level xi_i in [0, s]: with x = |p_i| (s / norm) (in double),

@@ -1,4 +1,4 @@
-// compress::sign: EF-SignSGD (Karimireddy et al. 2019), the scaled sign with error feedback.
+// compress::sign: EF-SignSGD, the scaled sign with error feedback.
 //
 // Per layer of p = g + e: scale = ||p||_1 / size (mean |p|, summed in double, rounded once to float), and
 // value i is sent as one bit, p_i's sign bit (so -0 goes as negative), decoding to -scale or +scale.

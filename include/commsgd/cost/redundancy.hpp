@@ -1,11 +1,11 @@
 // Choosing CSSGD's redundancy r: compute grows with r, communication is whatever the cost model says.
 //
 // With equal blocks a node computes r/n of the batch, so compute(r) = r * T_calc with T_calc the time of
-// 1/n of the batch. The paper models the step as T(r) = r * T_calc + T_comm / r, which holds only for what a
-// node transmits on a multicast medium; a node still receives r * C(n-1, r) packets of d/r values, i.e.
-// C(n-1, r) * d values, which grows with r until r passes n/2. This chooser uses the cost model
-// (cost/time.hpp) for the communication, reports the paper's estimate beside it, and compares the best r
-// with plain data parallelism over ring all-reduce. Computation and communication are not overlapped.
+// 1/n of the batch. CSSGD's own estimate models the step as T(r) = r * T_calc + T_comm / r, which holds only
+// for what a node transmits on a multicast medium; a node still receives r * C(n-1, r) packets of d/r
+// values, i.e. C(n-1, r) * d values, which grows with r until r passes n/2. This chooser uses the cost model
+// (cost/time.hpp) for the communication, reports that estimate beside it, and compares the best r with
+// plain data parallelism over ring all-reduce. Computation and communication are not overlapped.
 #pragma once
 
 #include <commsgd/coding/assignment.hpp>

@@ -1,7 +1,7 @@
 // Tuning parameters of the CUDA selection engine, the compaction and the top-k sparsifier, as plain
 // aggregates of constants (CUB's policies): the kernels and the dispatch read their sizes from here, so a
-// retuning for another GPU touches this file only. The values were chosen on HBM-class GPUs; every one is a
-// speed choice, none changes a result.
+// retuning for another GPU touches this file only. The values suit GPUs with HBM-class memory bandwidth;
+// every one is a speed choice, none changes a result.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
-// hierarchical (the seed's second baseline): split x into segments, keep each segment's top
-// k * len / N + slack keys, then select exactly among those candidates.
+// hierarchical, a baseline: split x into segments, keep each segment's top k * len / N + slack keys, then
+// select exactly among those candidates.
 //
 // The answer is exact when every truncated segment's cut-off key lies strictly below the candidates'
 // k-th key: then no key at or above it was left out. When a segment holds far more than its share of the

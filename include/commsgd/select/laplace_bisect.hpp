@@ -1,4 +1,4 @@
-// laplace_bisect (seed 001): estimate the threshold from a Laplace fit, then correct it on the true counts.
+// laplace_bisect: estimate the threshold from a Laplace fit, then correct it on the true counts.
 //
 // Cold start: t0 = b ln(N / k) with b = mean |x - mu| (mu = 0, or a median estimate). Real gradients are
 // heavier-tailed than Laplace, so instead of bisecting one threshold per pass, each pass counts 512

@@ -17,7 +17,7 @@ namespace commsgd::inline v1::select {
 // Keys per octave of magnitude: the 23 mantissa bits.
 inline constexpr std::uint32_t key_octave_shift = 23;
 
-// Tail estimate of seed 001. For Laplace(mu, b), P(|x| > t) = exp(-t / b) cosh(mu / b) when t >= |mu|, so
+// The Laplace tail estimate. For Laplace(mu, b), P(|x| > t) = exp(-t / b) cosh(mu / b) when t >= |mu|, so
 // the threshold leaving k of n above it is t0 = b (ln(n / k) + ln cosh(mu / b)). mu = 0 gives b ln(n / k).
 COMMSGD_HOST_DEVICE inline float laplace_tail_threshold(float b, float mu, std::uint64_t n, std::uint64_t k) {
   if (!(b > 0.0f) || k == 0 || n == 0) return 0.0f;

@@ -1,9 +1,8 @@
-// Every host threshold selector, the compaction step, input checks and the distribution fits.
+// Every host threshold selector, the compaction step and the input checks.
 #pragma once
 
 #include <commsgd/select/compact.hpp>
 #include <commsgd/select/exact.hpp>
-#include <commsgd/select/fit.hpp>
 #include <commsgd/select/hierarchical.hpp>
 #include <commsgd/select/key.hpp>
 #include <commsgd/select/laplace_bisect.hpp>

@@ -10,10 +10,9 @@
 //   u <- m u + g; v <- v + u; s = top_k(v); zero v where sent, and (DGC's momentum factor masking, the
 //   default) zero u there too.
 // momentum_masking::keep lets u run on where sent, so that sent plus held back add up, bit for bit, to
-// momentum SGD's updates. Measured on the DDP hook (bench/results/torch-ddp-1000-2026-11-24.md), keeping
-// u trains worse at density 1e-3: a coordinate held back for many steps is released as one burst of stale
-// momentum, and masking damps the next one; at higher densities, where coordinates are sent often, keeping
-// u loses less of their momentum.
+// momentum SGD's updates. Masking is the default because keeping u trains worse at low densities: a
+// coordinate held back for many steps is released as one burst of stale momentum, and masking damps the
+// next one; at higher densities, where coordinates are sent often, keeping u loses less of their momentum.
 // The new state and message are built in scratch buffers and swapped in only once the step has succeeded,
 // so a step that throws (a NaN, a selector that refuses) leaves state and last message as they were (a
 // selector's own warm-start memory aside).

@@ -1,4 +1,4 @@
-// The outer optimizer of local SGD (DiLoCo, Douillard et al. 2023): what turns the ranks' local progress
+// The outer optimizer of local SGD (DiLoCo): what turns the ranks' local progress
 // over a round into the next common model.
 //
 // The sign convention, the one place it is written (pseudo_gradient below; every other line uses it):

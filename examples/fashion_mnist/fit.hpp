@@ -1,5 +1,6 @@
 // Maximum-likelihood Laplace and Gaussian fits of a gradient, and the Wasserstein-1 distance between the
-// empirical distribution and each fit: the seed's evidence that gradients are closer to Laplace.
+// empirical distribution and each fit: the trainer's check of whether its gradients look more like Laplace,
+// the law select::laplace_bisect assumes, than like a Gaussian. An experiment's tool, not library code.
 //
 // W1 = integral over t of |F_emp(t) - F_fit(t)|. F_emp is a step function, so the integral splits into the
 // two tails and one piece per gap between sorted samples, on each of which F_emp is the constant c = i / n.
@@ -7,7 +8,6 @@
 // crosses c: the result is exact up to floating-point round-off, with no grid.
 #pragma once
 
-#include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/validate.hpp>
 
@@ -18,7 +18,7 @@
 #include <span>
 #include <vector>
 
-namespace commsgd::inline v1::select {
+namespace fmnist {
 
 struct laplace_fit {
   double mu = 0.0; // median
@@ -40,8 +40,9 @@ struct fit_report {
 namespace detail {
 
 inline void check_fit_input(std::span<const float> x) {
-  if (x.empty()) throw invalid_argument("fit: argument 'x' is empty; a fit needs at least one value");
-  check_finite(x);
+  if (x.empty())
+    throw commsgd::invalid_argument("fit: argument 'x' is empty; a fit needs at least one value");
+  commsgd::select::check_finite(x);
 }
 
 inline std::vector<double> sorted_copy(std::span<const float> x) {
@@ -217,4 +218,4 @@ inline fit_report fit(std::span<const float> x) {
   return r;
 }
 
-} // namespace commsgd::inline v1::select
+} // namespace fmnist

@@ -1,7 +1,6 @@
-// Laplace and Gaussian fits, and the Wasserstein-1 distance that tells them apart.
+// Laplace and Gaussian fits, and the Wasserstein-1 distance that tells them apart (fit.hpp).
+#include "fit.hpp"
 #include "select_data.hpp"
-
-#include <commsgd/select/fit.hpp>
 
 #include <doctest/doctest.h>
 
@@ -10,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-namespace sel = commsgd::select;
+namespace sel = fmnist;
 
 namespace {
 
