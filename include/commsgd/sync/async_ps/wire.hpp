@@ -47,7 +47,8 @@ public:
   int rank() const { return comm_->rank(); }
 
 protected:
-  // Worker -> server; the header carries the version the worker last pulled.
+  // Worker -> server. The header carries the version the worker last pulled: the server measures staleness
+  // from it.
   void send_header(std::int32_t kind) {
     const header h{kind, 0, version_};
     comm_->send(std::span<const header>(&h, 1), opt_.server, tag_header());
@@ -60,7 +61,8 @@ protected:
     version_ = v;
   }
 
-  // Server <- worker, then server -> worker.
+  // The server posts one header receive per worker and polls them all, so no worker's silence holds up
+  // another; a gradient is received only once its header has said it is coming.
   auto post_header(header& h, int worker) {
     return comm_->irecv(std::span<header>(&h, 1), worker, tag_header());
   }
