@@ -1,6 +1,7 @@
 // coding::gradient_code<Kind>: straggler-tolerant exact gradients by gradient coding, the arithmetic only:
 // who holds which block, what each node sends, how a sum is decoded from the nodes that answered. The
-// exchange that carries it is sync/first_arrivals.hpp (or, without stragglers, coding/gradient_code_scheme.hpp).
+// exchange that carries it is sync/first_arrivals.hpp (or, without stragglers,
+// coding/gradient_code_scheme.hpp).
 //
 // n nodes, redundancy r, s = r - 1 stragglers tolerated. The batch is cut into n equal blocks and every
 // block is held by r nodes, so any n - s nodes hold every block between them. Each node sends one vector of
