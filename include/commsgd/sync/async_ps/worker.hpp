@@ -82,12 +82,12 @@ public:
   // applied).
 
 private:
-  friend struct state::access;
-  template <comm::communicator>
-  friend class async_ps;
   using saved = detail::async_ps_saved;
   static constexpr const char* state_kind = detail::async_ps_state_kind;
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  friend struct state::access;
+  template <comm::communicator>
+  friend class async_ps;
 
   void save_section(state::writer& w, state::part which) const {
     if (which == state::part::shared) return detail::save_async_ps_shared(w, opt_);
