@@ -20,6 +20,7 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/simulated.hpp>
 
 #include <chrono>
