@@ -1,11 +1,11 @@
-// The step-time model and the automatic choice of exchange (cost/overlap.hpp, cost/choice.hpp) for Python:
-// a script measures its DDP step once with the dense hook and asks which hook to run. Plain numbers in and
-// out, so this file needs pybind11 only, not torch's headers.
+// The step-time model and the automatic choice of exchange (cost/overlap.hpp, sync/choose_from_plans.hpp)
+// for Python: a script measures its DDP step once with the dense hook and asks which hook to run. Plain
+// numbers in and out, so this file needs pybind11 only, not torch's headers.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <commsgd/cost/choice.hpp>
 #include <commsgd/cost/overlap.hpp>
+#include <commsgd/sync/choose_from_plans.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -17,6 +17,7 @@
 
 namespace py = pybind11;
 namespace cost = commsgd::cost;
+namespace csync = commsgd::sync;
 
 namespace {
 
@@ -56,7 +57,7 @@ py::dict choose(const std::vector<std::string>& candidates, double forward_s, do
                 const std::map<std::string, bool>& blocking, int n, double latency_s,
                 double bandwidth_bytes_per_s, double margin,
                 const std::map<std::string, double>& steps_factor) {
-  cost::base_profile profile{forward_s, backward_s, optimizer_s, ready_s, {}};
+  csync::base_profile profile{forward_s, backward_s, optimizer_s, ready_s, {}};
   for (const auto& [values, matrices] : shapes)
     profile.shapes.push_back({values, matrices});
   // A name in compute or blocking that is not a candidate is most likely a typo: refuse it.
@@ -73,9 +74,9 @@ py::dict choose(const std::vector<std::string>& candidates, double forward_s, do
   check_keys(compute, "compute");
   check_keys(blocking, "blocking");
   check_keys(steps_factor, "steps_factor");
-  std::vector<cost::candidate_plan> plans;
+  std::vector<csync::candidate_plan> plans;
   for (const auto& name : candidates) {
-    cost::candidate_plan p{name, {}, false};
+    csync::candidate_plan p{name, {}, false};
     if (auto it = compute.find(name); it != compute.end())
       for (const auto& [call, async] : it->second)
         p.compute.push_back({call, async});
@@ -85,14 +86,14 @@ py::dict choose(const std::vector<std::string>& candidates, double forward_s, do
   }
   // The caller may leave dense out of the names yet describe its measured compute.
   if (std::find(candidates.begin(), candidates.end(), "dense") == candidates.end()) {
-    cost::candidate_plan p{"dense", {}, false};
+    csync::candidate_plan p{"dense", {}, false};
     if (auto it = compute.find("dense"); it != compute.end())
       for (const auto& [call, async] : it->second)
         p.compute.push_back({call, async});
     if (auto it = blocking.find("dense"); it != blocking.end()) p.blocking = it->second;
     plans.push_back(std::move(p));
   }
-  const auto c = cost::choose(plans, profile, n, network(latency_s, bandwidth_bytes_per_s), margin);
+  const auto c = csync::choose(plans, profile, n, network(latency_s, bandwidth_bytes_per_s), margin);
   py::dict predicted, weighed;
   for (std::size_t i = 0; i < c.names.size(); ++i) {
     predicted[py::str(c.names[i])] = c.predicted[i];
@@ -121,7 +122,7 @@ void bind_auto(py::module_& m) {
         "topk-<density>, sparse-allreduce-<density>, qsgd<levels>, localsgd-h<H>).");
   m.def("choose", &choose, "candidates"_a, "forward_s"_a, "backward_s"_a, "optimizer_s"_a, "ready_s"_a,
         "shapes"_a, "compute"_a, "blocking"_a, "n"_a, "latency_s"_a, "bandwidth_bytes_per_s"_a,
-        "margin"_a = cost::default_choice_margin, "steps_factor"_a = std::map<std::string, double>{},
+        "margin"_a = csync::default_choice_margin, "steps_factor"_a = std::map<std::string, double>{},
         "Predicts every candidate's step, weighs it by its steps factor (steps to an accuracy over "
         "dense's, 1 when not given) and picks the least, keeping dense unless another is below dense x "
         "(1 - margin). Returns dict(index, name, predicted (seconds a step), weighed, reason); index counts "

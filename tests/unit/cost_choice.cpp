@@ -1,10 +1,12 @@
 // The candidates' network seconds per bucket (cost/candidate.hpp) against the cost/ functions they stand
-// on and against hand arithmetic, and the automatic choice (cost/choice.hpp) on a free and a slow network.
+// on and against hand arithmetic, and the automatic choice (sync/choose_from_plans.hpp) on a free and a
+// slow network.
 #include <commsgd/compress/powersgd_plan.hpp>
-#include <commsgd/cost/choice.hpp>
+#include <commsgd/cost/candidate.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/cost/sparse_allreduce.hpp>
 #include <commsgd/cost/time.hpp>
+#include <commsgd/sync/choose_from_plans.hpp>
 
 #include <doctest/doctest.h>
 
@@ -18,6 +20,7 @@
 namespace comm = commsgd::comm;
 namespace compress = commsgd::compress;
 namespace cost = commsgd::cost;
+namespace csync = commsgd::sync;
 
 namespace {
 
@@ -38,7 +41,7 @@ double ring(std::uint64_t d, std::size_t size, int n, const comm::network_model&
 }
 
 // Forward 2 ms, backward 4 ms (bucket 0 ready at 1.5 ms, bucket 1 at the end), optimizer 0.5 ms.
-cost::base_profile mlp_profile() {
+csync::base_profile mlp_profile() {
   return {2e-3, 4e-3, 0.5e-3, {1.5e-3, 4e-3}, {bucket0(), bucket1()}};
 }
 
@@ -161,27 +164,27 @@ TEST_CASE("exchange_seconds: settings outside their ranges are refused") {
 
 TEST_CASE("choose: dense on a free network") {
   // Each compressor costs some compute of its own; with nothing to save on the wire, dense wins.
-  const std::vector<cost::candidate_plan> plans{{"fp16", {{0, 0.1e-3}, {0, 0.3e-3}}, false},
-                                                {"topk-0.001", {{0.2e-3, 0.5e-3}, {0.5e-3, 1e-3}}, false},
-                                                {"powersgd-r4", {{0, 0.4e-3}, {0, 1e-3}}, false}};
-  const auto c = cost::choose(plans, mlp_profile(), 4, free_network);
+  const std::vector<csync::candidate_plan> plans{{"fp16", {{0, 0.1e-3}, {0, 0.3e-3}}, false},
+                                                 {"topk-0.001", {{0.2e-3, 0.5e-3}, {0.5e-3, 1e-3}}, false},
+                                                 {"powersgd-r4", {{0, 0.4e-3}, {0, 1e-3}}, false}};
+  const auto c = csync::choose(plans, mlp_profile(), 4, free_network);
   CHECK(c.name == "dense");
   REQUIRE(c.names.size() == 4); // dense added, last
   CHECK(c.index == 3);
   CHECK(c.predicted[3] == doctest::Approx(6.5e-3));
   CHECK(c.reason.find("dense: ") == 0);
   // Even with no compute at all the others only tie dense, and a tie keeps dense.
-  const std::vector<cost::candidate_plan> idle{{"dense", {}, false}, {"fp16", {}, false}};
-  CHECK(cost::choose(idle, mlp_profile(), 4, free_network).name == "dense");
+  const std::vector<csync::candidate_plan> idle{{"dense", {}, false}, {"fp16", {}, false}};
+  CHECK(csync::choose(idle, mlp_profile(), 4, free_network).name == "dense");
 }
 
 TEST_CASE("choose: a compressed exchange on a slow network") {
   // 1 Gbit/s, 50 us, 4 ranks: dense moves 1.2 MB for bucket 1 (9.9 ms), after backward has ended.
-  const std::vector<cost::candidate_plan> plans{{"dense", {}, false},
-                                                {"fp16", {{0, 0.1e-3}, {0, 0.3e-3}}, false},
-                                                {"topk-0.01", {{0.2e-3, 0.5e-3}, {0.5e-3, 1e-3}}, false},
-                                                {"powersgd-r4", {{0, 0.4e-3}, {0, 1e-3}}, false}};
-  const auto c = cost::choose(plans, mlp_profile(), 4, gigabit);
+  const std::vector<csync::candidate_plan> plans{{"dense", {}, false},
+                                                 {"fp16", {{0, 0.1e-3}, {0, 0.3e-3}}, false},
+                                                 {"topk-0.01", {{0.2e-3, 0.5e-3}, {0.5e-3, 1e-3}}, false},
+                                                 {"powersgd-r4", {{0, 0.4e-3}, {0, 1e-3}}, false}};
+  const auto c = csync::choose(plans, mlp_profile(), 4, gigabit);
   CAPTURE(c.reason);
   CHECK(c.name != "dense");
   CHECK(c.name != "fp16");
@@ -193,10 +196,10 @@ TEST_CASE("choose: a compressed exchange on a slow network") {
 }
 
 TEST_CASE("choose: a blocking hook is charged its whole exchange") {
-  const std::vector<cost::candidate_plan> overlapped{{"fp16", {}, false}};
-  const std::vector<cost::candidate_plan> blocking{{"fp16", {}, true}};
-  const auto a = cost::choose(overlapped, mlp_profile(), 4, gigabit);
-  const auto b = cost::choose(blocking, mlp_profile(), 4, gigabit);
+  const std::vector<csync::candidate_plan> overlapped{{"fp16", {}, false}};
+  const std::vector<csync::candidate_plan> blocking{{"fp16", {}, true}};
+  const auto a = csync::choose(overlapped, mlp_profile(), 4, gigabit);
+  const auto b = csync::choose(blocking, mlp_profile(), 4, gigabit);
   // Bucket 0's exchange would have hidden under the rest of backward; blocking, it cannot.
   CHECK(b.predicted[0] > a.predicted[0]);
 }
@@ -204,75 +207,76 @@ TEST_CASE("choose: a blocking hook is charged its whole exchange") {
 TEST_CASE("choose: never a candidate predicted slower than dense x (1 - margin)") {
   // fp16 with compute that makes its step just 3% shorter than dense's: inside the 5% margin, dense stays.
   const auto profile = mlp_profile();
-  const double dense = cost::predicted_step({"dense", {}, false}, profile, 4, gigabit);
-  const double fp16_free = cost::predicted_step({"fp16", {}, false}, profile, 4, gigabit);
+  const double dense = csync::predicted_step({"dense", {}, false}, profile, 4, gigabit);
+  const double fp16_free = csync::predicted_step({"fp16", {}, false}, profile, 4, gigabit);
   REQUIRE(fp16_free < dense);
   const double extra = (dense * 0.97 - fp16_free); // async seconds on the last bucket add one for one
   REQUIRE(extra > 0);
-  const std::vector<cost::candidate_plan> plans{{"fp16", {{0, 0}, {0, extra}}, false}};
-  const auto c = cost::choose(plans, profile, 4, gigabit, 0.05);
+  const std::vector<csync::candidate_plan> plans{{"fp16", {{0, 0}, {0, extra}}, false}};
+  const auto c = csync::choose(plans, profile, 4, gigabit, 0.05);
   CHECK(c.predicted[0] == doctest::Approx(dense * 0.97));
   CHECK(c.name == "dense");
-  CHECK(cost::choose(plans, profile, 4, gigabit, 0.0).name == "fp16");
+  CHECK(csync::choose(plans, profile, 4, gigabit, 0.0).name == "fp16");
 
   // And over random profiles and networks, whatever wins is never predicted slower than the bar.
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(0, 1);
   for (int t = 0; t < 200; ++t) {
     const double backward = 1e-3 + 10e-3 * u(rng);
-    const cost::base_profile p{
+    const csync::base_profile p{
         1e-3 * u(rng), backward, 1e-3 * u(rng), {backward * u(rng) * 0.5, backward}, {bucket0(), bucket1()}};
     const comm::network_model net{100e-6 * u(rng), 1e8 + 1e10 * u(rng)};
     const double margin = 0.2 * u(rng);
-    std::vector<cost::candidate_plan> all{{"dense", {}, false}};
+    std::vector<csync::candidate_plan> all{{"dense", {}, false}};
     for (const char* name : {"fp16", "topk-0.01", "powersgd-r2", "qsgd4", "sparse-allreduce-0.01"})
       all.push_back({name, {{1e-3 * u(rng), 1e-3 * u(rng)}, {1e-3 * u(rng), 3e-3 * u(rng)}}, u(rng) < 0.3});
-    const auto c = cost::choose(all, p, 2 + t % 7, net, margin);
+    const auto c = csync::choose(all, p, 2 + t % 7, net, margin);
     CHECK(c.predicted[c.index] <= c.predicted[0]);
     if (c.index != 0) CHECK(c.predicted[c.index] < c.predicted[0] * (1 - margin));
   }
 }
 
 TEST_CASE("choose: settings outside their ranges are refused") {
-  const std::vector<cost::candidate_plan> plans{{"fp16", {}, false}};
+  const std::vector<csync::candidate_plan> plans{{"fp16", {}, false}};
   const auto p = mlp_profile();
-  CHECK_THROWS_WITH_AS(cost::choose(std::vector<cost::candidate_plan>{{"topk-2", {}, false}}, p, 4, gigabit),
-                       doctest::Contains("'topk-2'"), commsgd::invalid_argument);
-  CHECK_THROWS_WITH_AS(cost::choose(plans, p, 4, {50e-6, -125e6}),
+  CHECK_THROWS_WITH_AS(
+      csync::choose(std::vector<csync::candidate_plan>{{"topk-2", {}, false}}, p, 4, gigabit),
+      doctest::Contains("'topk-2'"), commsgd::invalid_argument);
+  CHECK_THROWS_WITH_AS(csync::choose(plans, p, 4, {50e-6, -125e6}),
                        doctest::Contains("'bandwidth_bytes_per_s'"), commsgd::invalid_argument);
-  CHECK_THROWS_WITH_AS(cost::choose(plans, p, 0, gigabit), doctest::Contains("'n'"),
+  CHECK_THROWS_WITH_AS(csync::choose(plans, p, 0, gigabit), doctest::Contains("'n'"),
                        commsgd::invalid_argument);
-  CHECK_THROWS_WITH_AS(cost::choose(plans, p, 4, gigabit, 1.0), doctest::Contains("'margin' = 1"),
+  CHECK_THROWS_WITH_AS(csync::choose(plans, p, 4, gigabit, 1.0), doctest::Contains("'margin' = 1"),
                        commsgd::invalid_argument);
-  CHECK_THROWS_AS(cost::choose(plans, p, 4, gigabit, -0.1), commsgd::invalid_argument);
-  CHECK_THROWS_AS(cost::choose(std::vector<cost::candidate_plan>{{"fp16", {}, false}, {"fp16", {}, false}}, p,
-                               4, gigabit),
+  CHECK_THROWS_AS(csync::choose(plans, p, 4, gigabit, -0.1), commsgd::invalid_argument);
+  CHECK_THROWS_AS(csync::choose(std::vector<csync::candidate_plan>{{"fp16", {}, false}, {"fp16", {}, false}},
+                                p, 4, gigabit),
                   commsgd::invalid_argument);
-  CHECK_THROWS_AS(cost::choose(std::vector<cost::candidate_plan>{{"fp16", {{0, 0}}, false}}, p, 4, gigabit),
+  CHECK_THROWS_AS(csync::choose(std::vector<csync::candidate_plan>{{"fp16", {{0, 0}}, false}}, p, 4, gigabit),
                   commsgd::size_mismatch);
   auto bad = p;
   bad.ready_s[0] = 5e-3; // after backward ends
-  CHECK_THROWS_AS(cost::choose(plans, bad, 4, gigabit), commsgd::invalid_argument);
+  CHECK_THROWS_AS(csync::choose(plans, bad, 4, gigabit), commsgd::invalid_argument);
 }
 
 TEST_CASE("choose: the steps factor weighs a faster step against the steps it costs") {
   // The same slow network: by step alone a compressed candidate wins; charged enough extra steps, dense.
-  std::vector<cost::candidate_plan> plans{{"dense", {}, false},
-                                          {"topk-0.01", {{0, 0.5e-3}, {0, 1e-3}}, false}};
-  const auto by_step = cost::choose(plans, mlp_profile(), 4, gigabit);
+  std::vector<csync::candidate_plan> plans{{"dense", {}, false},
+                                           {"topk-0.01", {{0, 0.5e-3}, {0, 1e-3}}, false}};
+  const auto by_step = csync::choose(plans, mlp_profile(), 4, gigabit);
   REQUIRE(by_step.name == "topk-0.01");
   const double speedup = by_step.predicted[0] / by_step.predicted[1];
   // Just below the break-even factor it still wins, just above it loses (margin 0).
   plans[1].steps_factor = 0.99 * speedup;
-  CHECK(cost::choose(plans, mlp_profile(), 4, gigabit, 0.0).name == "topk-0.01");
+  CHECK(csync::choose(plans, mlp_profile(), 4, gigabit, 0.0).name == "topk-0.01");
   plans[1].steps_factor = 1.01 * speedup;
-  const auto weighed = cost::choose(plans, mlp_profile(), 4, gigabit, 0.0);
+  const auto weighed = csync::choose(plans, mlp_profile(), 4, gigabit, 0.0);
   CHECK(weighed.name == "dense");
   CHECK(weighed.predicted[1] == doctest::Approx(by_step.predicted[1])); // the step itself is unchanged
   CHECK(weighed.weighed(1) == doctest::Approx(by_step.predicted[1] * 1.01 * speedup));
   CHECK(weighed.reason.find(" steps") != std::string::npos);
   for (double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::nan("")}) {
     plans[1].steps_factor = bad;
-    CHECK_THROWS_AS(cost::choose(plans, mlp_profile(), 4, gigabit), commsgd::invalid_argument);
+    CHECK_THROWS_AS(csync::choose(plans, mlp_profile(), 4, gigabit), commsgd::invalid_argument);
   }
 }

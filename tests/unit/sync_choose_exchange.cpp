@@ -1,8 +1,8 @@
-// The collective choice of exchange (sync/choose_exchange.hpp, sync/exchange_chooser.hpp) on comm::local:
+// The collective choice of exchange (sync/choose_exchange.hpp, sync/choose_with_history.hpp) on comm::local:
 // one choice on every rank, refusals on every rank, and the chooser's log through a checkpoint.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/sync/choose_exchange.hpp>
-#include <commsgd/sync/exchange_chooser.hpp>
+#include <commsgd/sync/choose_with_history.hpp>
 #include <commsgd/sync/measure_network.hpp>
 
 #include <doctest/doctest.h>
@@ -28,7 +28,7 @@ const comm::network_model free_network{0, std::numeric_limits<double>::infinity(
 
 // The 784-256-128-10 MLP in two buckets; each rank is a little slower than the one before, so the ranks'
 // own predictions differ and only the agreement makes them choose alike.
-cost::base_profile profile_of(int rank) {
+csync::base_profile profile_of(int rank) {
   const double s = 1.0 + 0.1 * rank;
   return {2e-3 * s,
           4e-3 * s,
@@ -37,7 +37,7 @@ cost::base_profile profile_of(int rank) {
           {{34186, {{128, 10}, {256, 128}}}, {200960, {{784, 256}}}}};
 }
 
-std::vector<cost::candidate_plan> plans() {
+std::vector<csync::candidate_plan> plans() {
   return {{"fp16", {{0, 0.1e-3}, {0, 0.3e-3}}, false},
           {"topk-0.01", {{0.2e-3, 0.5e-3}, {0.5e-3, 1e-3}}, false}};
 }
@@ -70,9 +70,9 @@ TEST_CASE("choose_exchange: every rank gets the same choice") {
   for (int n = 2; n <= 4; ++n) {
     CAPTURE(n);
     const auto p = plans();
-    const auto slow = on_every_rank<cost::exchange_choice>(
+    const auto slow = on_every_rank<csync::exchange_choice>(
         n, [&](local& c) { return csync::choose_exchange(c, profile_of(c.rank()), p, gigabit); });
-    const auto free = on_every_rank<cost::exchange_choice>(
+    const auto free = on_every_rank<csync::exchange_choice>(
         n, [&](local& c) { return csync::choose_exchange(c, profile_of(c.rank()), p, free_network); });
     for (std::size_t r = 0; r < slow.size(); ++r) {
       CAPTURE(r);
@@ -83,7 +83,7 @@ TEST_CASE("choose_exchange: every rank gets the same choice") {
     }
     CHECK(slow[0].name == "topk-0.01");
     // The agreed prediction is the slowest rank's: here the last rank's own.
-    const auto last = cost::choose(p, profile_of(n - 1), n, gigabit);
+    const auto last = csync::choose(p, profile_of(n - 1), n, gigabit);
     CHECK(slow[0].predicted == last.predicted);
   }
 }
@@ -97,7 +97,7 @@ TEST_CASE("choose_exchange: bad settings raise on every rank") {
     CHECK(refusals(n, [&](local& c) {
             csync::choose_exchange(c, profile_of(c.rank()), p, {50e-6, -1});
           }) == n);
-    const std::vector<cost::candidate_plan> unknown{{"zip", {}, false}};
+    const std::vector<csync::candidate_plan> unknown{{"zip", {}, false}};
     CHECK(refusals(n, [&](local& c) { csync::choose_exchange(c, profile_of(c.rank()), unknown, gigabit); }) ==
           n);
     // One rank's profile alone is wrong: every rank raises all the same.
@@ -166,7 +166,7 @@ TEST_CASE("measure_network: one model on every rank, usable by the choice") {
     CHECK(net.latency_s >= 0);
     CHECK(net.bandwidth_bytes_per_s > 0);
   }
-  CHECK_NOTHROW(cost::choose(plans(), profile_of(0), 3, nets[0]));
+  CHECK_NOTHROW(csync::choose(plans(), profile_of(0), 3, nets[0]));
   const auto one = on_every_rank<comm::network_model>(1, [](local& c) { return csync::measure_network(c); });
   CHECK(one[0].latency_s == 0);
   CHECK(std::isinf(one[0].bandwidth_bytes_per_s));

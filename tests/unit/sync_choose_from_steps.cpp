@@ -7,7 +7,7 @@
 #include <commsgd/policy/policy.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/sync/choose_from_steps.hpp>
-#include <commsgd/sync/exchange_chooser.hpp>
+#include <commsgd/sync/choose_with_history.hpp>
 #include <support/least_squares.hpp>
 
 #include <doctest/doctest.h>
@@ -78,7 +78,7 @@ struct outcome {
 };
 
 // Profiles dense, chooses among `plans` for `net`, switches and trains `after` more steps.
-outcome run(local& c, const std::vector<cost::candidate_plan>& plans, const comm::network_model& net) {
+outcome run(local& c, const std::vector<sync::candidate_plan>& plans, const comm::network_model& net) {
   const float lr = 0.1f;
   dense_dp warm(c, problem.dim(), {.lr = lr});
   sync::step_timer timer;
@@ -145,7 +145,7 @@ TEST_CASE("choose_from_steps: every rank switches data_parallel to the same exch
   struct scenario {
     const char* what;
     comm::network_model net;
-    std::vector<cost::candidate_plan> plans;
+    std::vector<sync::candidate_plan> plans;
     std::vector<std::string> allowed;
   };
   const std::vector<scenario> scenarios{
@@ -189,7 +189,7 @@ TEST_CASE("choose_from_steps: one bucket per layer, and compute a plan brings") 
     std::vector<float> x(problem.dim(), 0.0f), g(problem.dim());
     profile(c, warm, timer, x, g);
     // powersgd's work is not timed here: this plan brings its own, one entry per bucket.
-    const std::vector<cost::candidate_plan> plans{
+    const std::vector<sync::candidate_plan> plans{
         {.name = "bf16"}, {.name = "topk-0.05"}, {.name = "powersgd-r1", .compute = {{1e-3, 0}, {1e-3, 0}}}};
     const auto in = sync::measure_choice_inputs(timer, g, buckets, plans);
     CHECK(in.plans.front().name == "dense");
@@ -212,15 +212,15 @@ TEST_CASE("choose_from_steps: bad settings raise on every rank") {
   for (int n : {2, 3}) {
     CAPTURE(n);
     const auto buckets = sync::buckets_of(problem.dim());
-    const std::vector<cost::candidate_plan> plans{{.name = "fp16"}};
+    const std::vector<sync::candidate_plan> plans{{.name = "fp16"}};
     CHECK(refusals<invalid_argument>(n, [&](local& c, const sync::step_timer& t, std::span<const float> g) {
             sync::choose_from_steps(c, t, g, buckets, plans, {50e-6, -1});
           }) == n);
-    const std::vector<cost::candidate_plan> unknown{{.name = "zip"}};
+    const std::vector<sync::candidate_plan> unknown{{.name = "zip"}};
     CHECK(refusals<invalid_argument>(n, [&](local& c, const sync::step_timer& t, std::span<const float> g) {
             sync::choose_from_steps(c, t, g, buckets, unknown, slow_network);
           }) == n);
-    const std::vector<cost::candidate_plan> untimed{{.name = "powersgd-r2"}};
+    const std::vector<sync::candidate_plan> untimed{{.name = "powersgd-r2"}};
     CHECK(refusals<invalid_argument>(n, [&](local& c, const sync::step_timer& t, std::span<const float> g) {
             sync::choose_from_steps(c, t, g, buckets, untimed, slow_network);
           }) == n);
@@ -239,7 +239,7 @@ TEST_CASE("exchange_chooser: a resumed run rebuilds the chosen trainer and goes 
   // model on every rank), then compare an uninterrupted run with one resumed from the checkpoint.
   const int n = 2;
   const float lr = 0.1f;
-  const std::vector<cost::candidate_plan> plans{{.name = "fp16"}, {.name = "topk-0.1"}};
+  const std::vector<sync::candidate_plan> plans{{.name = "fp16"}, {.name = "topk-0.1"}};
   std::string chooser_saved;
   std::vector<std::string> trainer_saved(n);
   std::vector<std::vector<float>> x_saved(n), straight(n), resumed(n);

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <commsgd/cost/candidate.hpp>
-#include <commsgd/cost/choice.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/cost/gradient_code.hpp>
 #include <commsgd/cost/overlap.hpp>

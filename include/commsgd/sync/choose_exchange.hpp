@@ -1,4 +1,5 @@
-// The automatic choice of exchange (cost/choice.hpp) made collectively, so every rank runs the same one.
+// The automatic choice of exchange (choose_from_plans.hpp) made collectively, so every rank runs the same
+// one.
 //
 // Every rank measures its own step, so predictions differ between ranks; a synchronous step waits for its
 // slowest rank, so each candidate is judged by its largest prediction over the ranks, and the rule then runs
@@ -19,8 +20,8 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/simulated.hpp>
 #include <commsgd/config.hpp>
-#include <commsgd/cost/choice.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/sync/choose_from_plans.hpp>
 
 #include <algorithm>
 #include <array>
@@ -38,8 +39,8 @@ namespace detail {
 
 // What every rank must share: the candidates by name, blocking flag and steps factor, the network and the
 // margin.
-inline std::uint64_t choice_fingerprint(std::span<const cost::candidate_plan> plans,
-                                        const comm::network_model& net, double margin) {
+inline std::uint64_t choice_fingerprint(std::span<const candidate_plan> plans, const comm::network_model& net,
+                                        double margin) {
   std::uint64_t h = 0xcbf29ce484222325ull;
   const auto mix = [&h](std::uint64_t v) {
     for (int b = 0; b < 8; ++b) {
@@ -64,22 +65,22 @@ inline std::uint64_t choice_fingerprint(std::span<const cost::candidate_plan> pl
 // Collective over `comm`: every rank passes the same candidates, network and margin, and its own profile
 // and compute; all return the same choice, predicted for comm.size() ranks.
 template <comm::communicator C>
-cost::exchange_choice
-choose_exchange(C& comm, const cost::base_profile& profile, std::span<const cost::candidate_plan> candidates,
-                const comm::network_model& net, double margin = cost::default_choice_margin) {
+exchange_choice choose_exchange(C& comm, const base_profile& profile,
+                                std::span<const candidate_plan> candidates, const comm::network_model& net,
+                                double margin = default_choice_margin) {
   // Settings first, before any message.
   cost::detail::check_network(net);
-  cost::detail::check_margin(margin);
-  const auto [all, dense] = cost::detail::with_dense(candidates);
+  detail::check_margin(margin);
+  const auto [all, dense] = detail::with_dense(candidates);
   for (const auto& p : all)
-    cost::detail::check_factor(p.name, p.steps_factor);
+    detail::check_factor(p.name, p.steps_factor);
 
   // This rank's predictions, or the error its profile raises, held back until every rank knows.
   std::vector<double> mine(all.size(), 0.0);
   std::exception_ptr failed;
   try {
     for (std::size_t i = 0; i < all.size(); ++i)
-      mine[i] = cost::predicted_step(all[i], profile, comm.size(), net);
+      mine[i] = predicted_step(all[i], profile, comm.size(), net);
   } catch (const invalid_argument&) {
     failed = std::current_exception();
   }
@@ -112,7 +113,7 @@ choose_exchange(C& comm, const cost::base_profile& profile, std::span<const cost
     names.push_back(p.name);
     factors.push_back(p.steps_factor);
   }
-  return cost::pick(std::move(names), std::move(slowest), dense, margin, std::move(factors));
+  return pick(std::move(names), std::move(slowest), dense, margin, std::move(factors));
 }
 
 } // namespace commsgd::inline v1::sync

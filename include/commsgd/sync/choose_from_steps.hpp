@@ -8,7 +8,7 @@
 //     timer.compute([&] { gradient at x into g; });
 //     timer.exchange([&] { return warm.step(x, g); });
 //   }
-//   const std::vector<cost::candidate_plan> plans{{.name = "fp16"}, {.name = "topk-0.01"}};
+//   const std::vector<sync::candidate_plan> plans{{.name = "fp16"}, {.name = "topk-0.01"}};
 //   const auto c = sync::choose_from_steps(comm, timer, g, sync::buckets_of(d), plans, net);
 //   // every rank holds the same c.name: build that composition (its own type) and go on from x, keeping
 //   // the strategy's state:
@@ -52,12 +52,12 @@
 #include <commsgd/compress/half.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/candidate.hpp>
-#include <commsgd/cost/choice.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/selector.hpp>
 #include <commsgd/sparsify/top_k.hpp>
 #include <commsgd/sync/choose_exchange.hpp>
+#include <commsgd/sync/choose_from_plans.hpp>
 #include <commsgd/sync/sgd.hpp>
 
 #include <algorithm>
@@ -177,8 +177,8 @@ inline constexpr int choice_timing_repeats = 3;
 
 // What choose_exchange (or exchange_chooser::decide) takes: this rank's profile and the plans, dense first.
 struct choice_inputs {
-  cost::base_profile profile;
-  std::vector<cost::candidate_plan> plans;
+  base_profile profile;
+  std::vector<candidate_plan> plans;
 };
 
 namespace detail {
@@ -228,7 +228,7 @@ double top_k_seconds(std::span<const float> g, double density) {
 
 inline void check_settings(const step_timer& timer, std::span<const float> grad,
                            std::span<const cost::bucket_shape> buckets,
-                           std::span<const cost::candidate_plan> candidates) {
+                           std::span<const candidate_plan> candidates) {
   if (timer.steps().empty())
     throw invalid_argument(
         "choose_from_steps: the timer holds no profiled step; run more steps than its skip");
@@ -242,7 +242,7 @@ inline void check_settings(const step_timer& timer, std::span<const float> grad,
                                                 buckets.size(), " buckets; 'grad' holds ", grad.size()));
   for (const auto& p : candidates) {
     const auto c = cost::parse_candidate(p.name);
-    cost::detail::check_factor(p.name, p.steps_factor);
+    detail::check_factor(p.name, p.steps_factor);
     if (!p.compute.empty() && p.compute.size() != buckets.size())
       throw size_mismatch(commsgd::detail::concat("argument 'compute' of '", p.name, "' has ",
                                                   p.compute.size(), " buckets; 'buckets' has ",
@@ -264,7 +264,7 @@ inline void check_settings(const step_timer& timer, std::span<const float> grad,
 template <select::selector Selector = select::exact>
 choice_inputs measure_choice_inputs(const step_timer& timer, std::span<const float> grad,
                                     std::span<const cost::bucket_shape> buckets,
-                                    std::span<const cost::candidate_plan> candidates) {
+                                    std::span<const candidate_plan> candidates) {
   detail::check_settings(timer, grad, buckets, candidates);
   choice_inputs in;
   auto& p = in.profile;
@@ -281,7 +281,7 @@ choice_inputs measure_choice_inputs(const step_timer& timer, std::span<const flo
   if (std::none_of(in.plans.begin(), in.plans.end(), [](const auto& q) {
         return cost::parse_candidate(q.name).kind == cost::candidate_kind::dense;
       }))
-    in.plans.insert(in.plans.begin(), cost::candidate_plan{"dense", {}, true, 1.0});
+    in.plans.insert(in.plans.begin(), candidate_plan{"dense", {}, true, 1.0});
   for (auto& plan : in.plans) {
     plan.blocking = true;
     if (!plan.compute.empty()) continue;
@@ -307,13 +307,12 @@ choice_inputs measure_choice_inputs(const step_timer& timer, std::span<const flo
 // Collective over `comm`: every rank passes the same buckets, candidates, network and margin, and its own
 // timer and gradient; every rank returns the same choice (choose_exchange.hpp).
 template <select::selector Selector = select::exact, comm::communicator C>
-cost::exchange_choice choose_from_steps(C& comm, const step_timer& timer, std::span<const float> grad,
-                                        std::span<const cost::bucket_shape> buckets,
-                                        std::span<const cost::candidate_plan> candidates,
-                                        const comm::network_model& net,
-                                        double margin = cost::default_choice_margin) {
+exchange_choice choose_from_steps(C& comm, const step_timer& timer, std::span<const float> grad,
+                                  std::span<const cost::bucket_shape> buckets,
+                                  std::span<const candidate_plan> candidates, const comm::network_model& net,
+                                  double margin = default_choice_margin) {
   cost::detail::check_network(net);
-  cost::detail::check_margin(margin);
+  detail::check_margin(margin);
   const auto in = measure_choice_inputs<Selector>(timer, grad, buckets, candidates);
   return choose_exchange(comm, in.profile, in.plans, net, margin);
 }

@@ -4,10 +4,11 @@
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/async_ps.hpp>
 #include <commsgd/sync/choose_exchange.hpp>
+#include <commsgd/sync/choose_from_plans.hpp>
 #include <commsgd/sync/choose_from_steps.hpp>
+#include <commsgd/sync/choose_with_history.hpp>
 #include <commsgd/sync/delays.hpp>
 #include <commsgd/sync/dense_exchange.hpp>
-#include <commsgd/sync/exchange_chooser.hpp>
 #include <commsgd/sync/first_arrivals.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/measure_network.hpp>

@@ -12,9 +12,10 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/simulated.hpp>
 #include <commsgd/config.hpp>
-#include <commsgd/cost/choice.hpp>
+#include <commsgd/cost/candidate.hpp>
 #include <commsgd/state/stream.hpp>
 #include <commsgd/sync/choose_exchange.hpp>
+#include <commsgd/sync/choose_from_plans.hpp>
 
 #include <cstdint>
 #include <istream>
@@ -27,7 +28,7 @@ namespace commsgd::inline v1::sync {
 
 struct exchange_chooser_options {
   comm::network_model network{}; // the network the choice plans for: latency >= 0, bandwidth in (0, inf]
-  double margin = cost::default_choice_margin; // [0, 1)
+  double margin = default_choice_margin; // [0, 1)
 };
 
 // One decision: when, what was weighed and predicted, and what won.
@@ -45,7 +46,7 @@ class exchange_chooser {
 public:
   explicit exchange_chooser(exchange_chooser_options o = {}) : opt_(o) {
     cost::detail::check_network(opt_.network);
-    cost::detail::check_margin(opt_.margin);
+    detail::check_margin(opt_.margin);
   }
 
   const exchange_chooser_options& options() const noexcept { return opt_; }
@@ -55,8 +56,8 @@ public:
 
   // Collective: every rank passes the same plans (names and blocking flags) and its own measured profile.
   template <comm::communicator C>
-  const choice_record& decide(C& comm, const cost::base_profile& profile,
-                              std::span<const cost::candidate_plan> plans, std::uint64_t step) {
+  const choice_record& decide(C& comm, const base_profile& profile, std::span<const candidate_plan> plans,
+                              std::uint64_t step) {
     auto c = choose_exchange(comm, profile, plans, opt_.network, opt_.margin);
     current_ = c.name;
     log_.push_back(

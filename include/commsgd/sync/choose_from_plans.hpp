@@ -1,5 +1,8 @@
-// The automatic choice of exchange: predict every candidate's step from a measured profile (overlap.hpp)
-// and its network seconds per bucket (candidate.hpp), and keep dense unless another is clearly faster.
+// The automatic choice of exchange on one rank, from candidate plans and a measured profile: predict every
+// candidate's step (the step model of cost/overlap.hpp) from its network seconds per bucket
+// (cost/candidate.hpp), and keep dense unless another is clearly faster. choose_exchange.hpp makes the same
+// choice collectively, choose_from_steps.hpp from a data_parallel trainer's timed steps, and
+// choose_with_history.hpp (sync::exchange_chooser) keeps every decision and saves it.
 //
 // A compressor that does not pay is a cost, so the rule is lopsided on purpose: a candidate other than
 // dense wins only if its predicted step is below dense's times (1 - margin). The margin absorbs what the
@@ -26,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-namespace commsgd::inline v1::cost {
+namespace commsgd::inline v1::sync {
 
 // What a run measured with the dense exchange, per step: the phases and, per bucket, when backward had it
 // and its shape.
@@ -35,7 +38,7 @@ struct base_profile {
   double backward_s = 0; // without hooks
   double optimizer_s = 0;
   std::vector<double> ready_s;
-  std::vector<bucket_shape> shapes; // one per bucket, like ready_s
+  std::vector<cost::bucket_shape> shapes; // one per bucket, like ready_s
 };
 
 // A rank's own work for one bucket under a candidate (encode, decode, products); dense's is what was
@@ -86,7 +89,7 @@ inline void check_base(const base_profile& p) {
                                                 " ready times and ", p.shapes.size(),
                                                 " bucket shapes; give one of each per bucket"));
   for (const auto& s : p.shapes)
-    check_shape(s);
+    cost::detail::check_shape(s);
 }
 
 inline std::string choice_reason(const exchange_choice& c, std::size_t dense, double margin) {
@@ -127,7 +130,8 @@ inline std::pair<std::vector<candidate_plan>, std::size_t> with_dense(std::span<
   std::vector<candidate_plan> all(plans.begin(), plans.end());
   std::size_t dense = all.size();
   for (std::size_t i = 0; i < all.size(); ++i) {
-    if (parse_candidate(all[i].name).kind == candidate_kind::dense && dense == all.size()) dense = i;
+    if (cost::parse_candidate(all[i].name).kind == cost::candidate_kind::dense && dense == all.size())
+      dense = i;
     for (std::size_t j = 0; j < i; ++j)
       if (all[j].name == all[i].name)
         throw invalid_argument(commsgd::detail::concat("argument 'candidates' names '", all[i].name,
@@ -169,26 +173,26 @@ inline exchange_choice pick(std::vector<std::string> names, std::vector<double> 
 inline double predicted_step(const candidate_plan& plan, const base_profile& profile, int n,
                              const comm::network_model& net) {
   detail::check_base(profile);
-  const candidate c = parse_candidate(plan.name);
+  const cost::candidate c = cost::parse_candidate(plan.name);
   const auto buckets = profile.shapes.size();
   if (!plan.compute.empty() && plan.compute.size() != buckets)
     throw size_mismatch(commsgd::detail::concat("argument 'compute' of '", plan.name, "' has ",
                                                 plan.compute.size(), " buckets, the profile has ", buckets));
-  step_profile s{profile.forward_s, profile.backward_s, profile.optimizer_s, {}};
+  cost::step_profile s{profile.forward_s, profile.backward_s, profile.optimizer_s, {}};
   s.buckets.reserve(buckets);
   for (std::size_t b = 0; b < buckets; ++b) {
     const local_compute w = plan.compute.empty() ? local_compute{} : plan.compute[b];
     s.buckets.push_back(
-        {profile.ready_s[b], w.call_s, w.async_s, exchange_seconds(c, profile.shapes[b], n, net)});
+        {profile.ready_s[b], w.call_s, w.async_s, cost::exchange_seconds(c, profile.shapes[b], n, net)});
   }
-  return overlapped_step(s, plan.blocking).total_s;
+  return cost::overlapped_step(s, plan.blocking).total_s;
 }
 
 // Weighs every plan (dense is added, measured compute none, when absent) and picks by the rule above.
 inline exchange_choice choose(std::span<const candidate_plan> plans, const base_profile& profile, int n,
                               const comm::network_model& net, double margin = default_choice_margin) {
-  detail::check_ranks(n);
-  detail::check_network(net);
+  cost::detail::check_ranks(n);
+  cost::detail::check_network(net);
   detail::check_margin(margin);
   detail::check_base(profile);
   const auto [all, dense] = detail::with_dense(plans);
@@ -202,4 +206,4 @@ inline exchange_choice choose(std::span<const candidate_plan> plans, const base_
   return pick(std::move(names), std::move(predicted), dense, margin, std::move(factors));
 }
 
-} // namespace commsgd::inline v1::cost
+} // namespace commsgd::inline v1::sync
