@@ -5,6 +5,7 @@
 
 #include <commsgd/comm/local.hpp>
 #include <commsgd/compress/half.hpp>
+#include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/sparsify/none.hpp>
 #include <commsgd/sync/async_ps.hpp>
 #include <commsgd/sync/local_sgd.hpp>
@@ -244,6 +245,19 @@ TEST_CASE("DiLoCo resumes bit for bit: outer momentum, the common model, compres
                                 .alpha = 0.25f,
                                 .outer = {.lr = 0.5f, .momentum = 0.6f}}),
                 7);
+  }
+  SUBCASE("top-k pseudo-gradients, float and 2-bit values (the residual in the local part)") {
+    for (const bool two_bit : {false, true}) {
+      CAPTURE(two_bit);
+      round_trips(
+          1,
+          [two_bit](local& c) {
+            return sync::diloco<local, compress::top_k_ef<>>(
+                c, {.lr = 0.3f, .period = 3, .outer = {}},
+                compress::top_k_ef<>(problem().dim(), {.density = 0.3, .two_bit = two_bit}));
+          },
+          9);
+    }
   }
   SUBCASE("bf16 pseudo-gradients with error feedback (the residual in the local part)") {
     round_trips(

@@ -3,6 +3,7 @@
 // H = 1 against synchronous SGD, one rank against Lookahead, refusals on every rank.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/compress/half.hpp>
+#include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/outer_optimizer.hpp>
 #include <commsgd/sync/synchronous.hpp>
@@ -256,10 +257,10 @@ TEST_CASE("a non-finite pseudo-gradient is refused on every rank, changing nothi
   const toy::least_squares prob({.samples = 128, .dim = 6, .seed = 2});
   for (int n = 2; n <= 4; ++n)
     for (int bad = 0; bad < n; bad += n - 1)
-      for (const bool fp16 : {false, true}) {
+      for (const char* kind : {"uncompressed", "fp16", "top_k_ef", "top_k_ef two_bit"}) {
         CAPTURE(n);
         CAPTURE(bad);
-        CAPTURE(fp16);
+        CAPTURE(kind);
         std::mutex mu;
         std::vector<std::string> failures;
         auto run = [&](auto s, local& c) {
@@ -302,9 +303,14 @@ TEST_CASE("a non-finite pseudo-gradient is refused on every rank, changing nothi
         };
         local_group(n).run([&](local& c) {
           const sync::local_sgd_options o{.lr = 0.1f, .period = 4, .outer = {}};
-          if (fp16)
+          const std::string k = kind;
+          if (k == "fp16")
             run(sync::diloco<local, compress::fp16>(c, o,
                                                     compress::fp16(prob.dim(), {.error_feedback = true})),
+                c);
+          else if (k.starts_with("top_k_ef"))
+            run(sync::diloco<local, compress::top_k_ef<>>(
+                    c, o, compress::top_k_ef<>(prob.dim(), {.density = 0.5, .two_bit = k != "top_k_ef"})),
                 c);
           else
             run(sync::diloco<local>(c, o), c);

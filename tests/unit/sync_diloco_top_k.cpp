@@ -1,0 +1,359 @@
+// compress::top_k_ef, DiLoCo's top-k pseudo-gradients with error feedback: the selection (the k largest
+// magnitudes, ties to the lowest index), conservation (sent + new residual == old residual + input, exactly)
+// with float and 2-bit values, the same sum and model on every rank, density 1 against uncompressed DiLoCo,
+// the bytes the meter counts, the residual through a checkpoint, and the refusals.
+#include <commsgd/comm/local.hpp>
+#include <commsgd/comm/metered.hpp>
+#include <commsgd/compress/top_k_ef.hpp>
+#include <commsgd/select/radix.hpp>
+#include <commsgd/sync/local_sgd.hpp>
+#include <support/least_squares.hpp>
+#include <support/train_ranks.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace commsgd;
+using comm::local;
+using comm::local_group;
+
+namespace {
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// One rank's reduce of `g`: what its message decodes to (alone in the group, the sum is its message).
+template <class X>
+std::vector<float> decoded(X& x, const std::vector<float>& g) {
+  std::vector<float> out(g.size());
+  local_group(1).run([&](local& c) { x.reduce(c, g, out); });
+  return out;
+}
+
+// The indices of the k largest |p_i|, ties to the lowest index: a stable sort, independent of the selectors.
+std::vector<std::size_t> reference_top(const std::vector<float>& p, std::size_t k) {
+  std::vector<std::size_t> order(p.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return std::fabs(p[a]) > std::fabs(p[b]); });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+// Inputs that stress the selection: random magnitudes, runs of ties, +0 and -0.
+std::vector<float> awkward(std::mt19937& rng, std::size_t d, int round) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> pick(0, 5);
+  std::vector<float> g(d);
+  for (auto& v : g) {
+    switch (pick(rng)) {
+    case 0:
+      v = 0.0f;
+      break;
+    case 1:
+      v = -0.0f;
+      break;
+    case 2:
+      v = u(rng) < 0 ? -0.5f : 0.5f;
+      break; // ties at one magnitude, both signs
+    default:
+      v = (round % 2 ? 0.01f : 1.0f) * u(rng) * u(rng);
+    }
+  }
+  return g;
+}
+
+// Rounds of `x` on awkward inputs; returns the first failure, empty when every round holds:
+//   conservation  d + e' + r' == p as real numbers, p = g + e (+ r) as error_feedback forms it (double holds
+//                 e' + r' exactly, and the sum with d is p, a float, so no rounding can hide a loss)
+//   selection     exactly the reference's k indices carry a value; without two_bit they carry p_i itself
+//                 and the residual keeps p_i bit for bit everywhere else (signed zeros included)
+template <class X>
+std::string conserves(X x, int seed, std::size_t d) {
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  const bool two_bit = x.options().two_bit;
+  for (int round = 0; round < 5; ++round) {
+    const auto g = awkward(rng, d, round);
+    const std::vector<float> e(x.residual().begin(), x.residual().end());
+    const std::vector<float> r(x.residual_low().begin(), x.residual_low().end());
+    std::vector<float> p(d);
+    for (std::size_t i = 0; i < d; ++i) {
+      const float s = g[i] + e[i];
+      p[i] = r[i] == 0.0f ? s : s + r[i];
+    }
+    const auto top = reference_top(p, x.k());
+    const auto out = decoded(x, g);
+    auto fail = [&](std::size_t i, const std::string& what) {
+      return "round " + std::to_string(round) + " index " + std::to_string(i) + ": " + what;
+    };
+    std::size_t next = 0;
+    for (std::size_t i = 0; i < d; ++i) {
+      const double total = static_cast<double>(out[i]) +
+                           (static_cast<double>(x.residual()[i]) + static_cast<double>(x.residual_low()[i]));
+      if (total != static_cast<double>(p[i]))
+        return fail(i, "sent + residual " + std::to_string(total) + " != " + std::to_string(p[i]));
+      const bool chosen = next < top.size() && top[next] == i;
+      next += chosen;
+      if (!chosen && !(out[i] == 0.0f && !std::signbit(out[i])))
+        return fail(i, "not among the k largest, yet sent " + std::to_string(out[i]));
+      if (two_bit) continue;
+      if (chosen && out[i] != p[i]) return fail(i, "sent " + std::to_string(out[i]) + ", not p");
+      if (!chosen && !same_bits(std::span(&x.residual()[i], 1), std::span(&p[i], 1)))
+        return fail(i, "the residual is not p bit for bit");
+      if (x.residual_low()[i] != 0.0f) return fail(i, "a float subtraction was inexact");
+    }
+  }
+  return {};
+}
+
+const toy::least_squares& problem() {
+  static const toy::least_squares prob({.samples = 256, .dim = 23, .seed = 12});
+  return prob;
+}
+
+} // namespace
+
+TEST_CASE("top_k_ef sends the k largest magnitudes, ties to the lowest index, and keeps the rest") {
+  compress::top_k_ef<> x(6, {.density = 0.5});
+  CHECK(x.k() == 3);
+  const auto out = decoded(x, {0.5f, -2.0f, 0.5f, -0.5f, 1.0f, 0.0f});
+  CHECK(out == std::vector<float>{0.5f, -2.0f, 0.0f, 0.0f, 1.0f, 0.0f}); // of three 0.5s, index 0 is sent
+  CHECK(std::vector<float>(x.residual().begin(), x.residual().end()) ==
+        std::vector<float>{0.0f, 0.0f, 0.5f, -0.5f, 0.0f, 0.0f});
+  // The Python twin's k: ceil(density d - 1e-9), at least 1.
+  CHECK(compress::top_k_ef_count(100, 0.07) == 7);
+  CHECK(compress::top_k_ef_count(100, 0.001) == 1);
+  CHECK(compress::top_k_ef_count(7, 1.0) == 7);
+  CHECK(compress::top_k_ef_count(0, 0.5) == 0);
+  CHECK(compress::top_k_ef<>::message_bytes(10, false) == 80);
+  CHECK(compress::top_k_ef<>::message_bytes(10, true) == 4 + 3 + 40);
+}
+
+TEST_CASE("2-bit values: the sign and half or one and a half times the mean magnitude of the message") {
+  compress::top_k_ef<> x(5, {.density = 0.6, .two_bit = true});
+  // Sent: 3, -2, -1 (mean magnitude 2): 3 >= 2 -> 3, -1 < 2 -> -1, -2 >= 2 -> -3.
+  const auto out = decoded(x, {3.0f, -1.0f, 0.5f, -2.0f, 0.0f});
+  CHECK(out == std::vector<float>{3.0f, -1.0f, 0.0f, -3.0f, 0.0f});
+  CHECK(std::vector<float>(x.residual().begin(), x.residual().end()) ==
+        std::vector<float>{0.0f, 0.0f, 0.5f, 1.0f, 0.0f});
+  // A message of zeros has scale 0: everything decodes to zero, and nothing is lost.
+  compress::top_k_ef<> z(3, {.density = 1.0, .two_bit = true});
+  CHECK(decoded(z, {0.0f, -0.0f, 0.0f}) == std::vector<float>{0.0f, 0.0f, 0.0f});
+  // The largest magnitudes decode to a finite value, 1.5 times the mean clamped to the largest float.
+  const float big = std::numeric_limits<float>::max();
+  CHECK(compress::two_bit_code::decode(compress::two_bit_code::encode(-big, big), big) == -big);
+}
+
+TEST_CASE("top_k_ef conserves every value with its residual, with float and 2-bit values, exact and radix") {
+  for (std::size_t d : {0u, 1u, 2u, 7u, 33u, 257u})
+    for (double density : {0.01, 0.1, 0.37, 0.5, 1.0})
+      for (const bool two_bit : {false, true})
+        for (int seed = 0; seed < 8; ++seed) {
+          CAPTURE(d);
+          CAPTURE(density);
+          CAPTURE(two_bit);
+          CAPTURE(seed);
+          const compress::top_k_ef_options o{.density = density, .two_bit = two_bit};
+          const auto a = conserves(compress::top_k_ef<>(d, o), seed, d);
+          CHECK_MESSAGE(a.empty(), "exact: " << a);
+          const auto b = conserves(compress::top_k_ef<select::radix>(d, o), seed, d);
+          CHECK_MESSAGE(b.empty(), "radix: " << b);
+        }
+}
+
+TEST_CASE(
+    "every rank sums the messages in rank order to the same bits; the meter counts verdict and message") {
+  for (int n = 2; n <= 4; ++n)
+    for (const bool two_bit : {false, true}) {
+      CAPTURE(n);
+      CAPTURE(two_bit);
+      const std::size_t d = 301;
+      const compress::top_k_ef_options o{.density = 0.05, .two_bit = two_bit};
+      std::mutex mu;
+      std::vector<std::vector<float>> sums(static_cast<std::size_t>(n)), mine(static_cast<std::size_t>(n));
+      std::vector<std::uint64_t> sent(static_cast<std::size_t>(n)), wire(static_cast<std::size_t>(n));
+      local_group(n).run([&](local& base) {
+        comm::metered c(base);
+        compress::top_k_ef<> x(d, o);
+        std::vector<float> g(d), out(d);
+        for (std::size_t i = 0; i < d; ++i)
+          g[i] = std::sin(static_cast<float>(i * 7 + static_cast<std::size_t>(c.rank()) * 13));
+        x.reduce(c, g, out);
+        compress::top_k_ef<> alone(d, o);
+        const auto own = decoded(alone, g);
+        std::lock_guard lock(mu);
+        const auto r = static_cast<std::size_t>(c.rank());
+        sums[r] = out;
+        mine[r] = own;
+        sent[r] = c.counters().total().bytes_sent;
+        wire[r] = x.wire_bytes();
+      });
+      std::vector<float> want(d, 0.0f);
+      for (int r = 0; r < n; ++r)
+        for (std::size_t i = 0; i < d; ++i)
+          want[i] += mine[static_cast<std::size_t>(r)][i];
+      const std::size_t k = 16; // ceil(0.05 * 301)
+      const auto per_peer = 40 + compress::top_k_ef<>::message_bytes(k, two_bit);
+      for (int r = 0; r < n; ++r) {
+        const auto ri = static_cast<std::size_t>(r);
+        CHECK(same_bits(sums[ri], want));
+        CHECK(sent[ri] == per_peer * static_cast<std::uint64_t>(n - 1));
+        CHECK(wire[ri] == sent[ri]);
+      }
+    }
+}
+
+TEST_CASE("DiLoCo with top-k pseudo-gradients: every rank ends with the same model bits, and it trains") {
+  const auto& prob = problem();
+  const double start = prob.loss(std::vector<float>(prob.dim(), 0.0f));
+  for (int n = 1; n <= 4; ++n)
+    for (const bool two_bit : {false, true}) {
+      CAPTURE(n);
+      CAPTURE(two_bit);
+      const auto got = toy::train_ranks(prob, n, 150, [&](local& c) {
+        return sync::diloco<local, compress::top_k_ef<>>(
+            c, {.lr = 0.1f, .period = 5, .outer = {.lr = 0.7f, .momentum = 0.5f}},
+            compress::top_k_ef<>(prob.dim(), {.density = 0.3, .two_bit = two_bit}));
+      });
+      for (int r = 1; r < n; ++r)
+        CHECK(same_bits(got[static_cast<std::size_t>(r)], got[0]));
+      CHECK(prob.loss(got[0]) < 0.1 * start);
+    }
+}
+
+TEST_CASE("density 1 without 2-bit values is uncompressed DiLoCo bit for bit; exact and radix agree") {
+  // Bit for bit up to the sign of a zero: the compressor sums from +0, the all-reduce from rank 0's value,
+  // so a sum of -0 alone would come out +0. The pseudo-gradients here hold no -0. Not with plain_average
+  // (lr 1, momentum 0): uncompressed, the strategy averages the models themselves, which rounds otherwise
+  // than theta_global - mean delta; every other outer step goes through the same mean pseudo-gradient.
+  const auto& prob = problem();
+  for (int n = 1; n <= 4; ++n)
+    for (const sync::outer_sgd_options o : {sync::outer_sgd_options{}, sync::outer_sgd_options{0.5f, 0.0f},
+                                            sync::outer_sgd_options{1.0f, 0.3f}}) {
+      CAPTURE(n);
+      CAPTURE(o.lr);
+      CAPTURE(o.momentum);
+      const sync::local_sgd_options opt{.lr = 0.1f, .period = 3, .warmup_steps = 2, .outer = o};
+      const auto plain = toy::train_ranks(prob, n, 31, [&](local& c) { return sync::diloco<local>(c, opt); });
+      const auto topk = toy::train_ranks(prob, n, 31, [&](local& c) {
+        return sync::diloco<local, compress::top_k_ef<>>(c, opt,
+                                                         compress::top_k_ef<>(prob.dim(), {.density = 1.0}));
+      });
+      for (int r = 0; r < n; ++r)
+        CHECK(same_bits(topk[static_cast<std::size_t>(r)], plain[static_cast<std::size_t>(r)]));
+    }
+  // A sparse run: the radix selector picks the same set as the exact one, so the models agree bit for bit.
+  for (const bool two_bit : {false, true}) {
+    CAPTURE(two_bit);
+    const sync::local_sgd_options opt{.lr = 0.1f, .period = 4, .outer = {}};
+    const compress::top_k_ef_options o{.density = 0.2, .two_bit = two_bit};
+    const auto a = toy::train_ranks(prob, 3, 40, [&](local& c) {
+      return sync::diloco<local, compress::top_k_ef<>>(c, opt, compress::top_k_ef<>(prob.dim(), o));
+    });
+    const auto b = toy::train_ranks(prob, 3, 40, [&](local& c) {
+      using X = compress::top_k_ef<select::radix>;
+      return sync::diloco<local, X>(c, opt, X(prob.dim(), o));
+    });
+    for (std::size_t r = 0; r < 3; ++r)
+      CHECK(same_bits(a[r], b[r]));
+  }
+}
+
+TEST_CASE("DiLoCo's checkpoint keeps the top-k residual: a resumed run goes on bit for bit") {
+  const auto& prob = problem();
+  for (const bool two_bit : {false, true}) {
+    CAPTURE(two_bit);
+    const int n = 3, at = 13, total = 30;
+    using S = sync::diloco<local, compress::top_k_ef<>>;
+    auto make = [&](local& c) {
+      return S(c, {.lr = 0.1f, .period = 4, .outer = {}},
+               compress::top_k_ef<>(prob.dim(), {.density = 0.25, .two_bit = two_bit}));
+    };
+    std::mutex mu;
+    std::vector<std::string> failures;
+    local_group(n).run([&](local& c) {
+      auto train = [&](S& s, std::vector<float>& x, int from, int to) {
+        std::vector<float> g(prob.dim());
+        for (int t = from; t < to; ++t) {
+          prob.gradient(x, prob.batch(c.rank(), n, t, 8), g);
+          s.step(x, g);
+        }
+      };
+      auto s = make(c);
+      std::vector<float> x(prob.dim(), 0.0f);
+      s.start(x);
+      train(s, x, 0, at);
+      std::stringstream saved;
+      s.save(saved);
+      auto y = x;
+      const std::vector<float> residual(s.compressor().residual().begin(), s.compressor().residual().end());
+      train(s, x, at, total);
+      auto t = make(c);
+      t.load(saved);
+      t.start(y);
+      std::string f;
+      if (std::all_of(residual.begin(), residual.end(), [](float v) { return v == 0.0f; }))
+        f = "the residual was empty at the checkpoint, so the test proves nothing";
+      if (!same_bits(t.compressor().residual(), residual)) f += " / the residual did not round-trip";
+      train(t, y, at, total);
+      if (!same_bits(x, y)) f += " / the resumed model differs";
+      if (!f.empty()) {
+        std::lock_guard lock(mu);
+        failures.push_back("rank " + std::to_string(c.rank()) + ": " + f);
+      }
+    });
+    for (const auto& f : failures)
+      FAIL_CHECK(f);
+  }
+  // A state of another density or value width is refused, naming the field.
+  compress::top_k_ef<> x(10, {.density = 0.3});
+  decoded(x, std::vector<float>(10, 1.0f));
+  std::stringstream a, b;
+  x.save(a);
+  x.save(b);
+  compress::top_k_ef<> other_k(10, {.density = 0.5}), other_bits(10, {.density = 0.3, .two_bit = true});
+  CHECK_THROWS_WITH_AS(other_k.load(a), doctest::Contains("k"), corrupt_data);
+  CHECK_THROWS_WITH_AS(other_bits.load(b), doctest::Contains("two_bit"), corrupt_data);
+}
+
+TEST_CASE("top_k_ef's bad options and ranks that disagree are refused, naming the argument") {
+  auto refused = [](double density, const char* needle) {
+    CAPTURE(density);
+    CHECK_THROWS_WITH_AS(compress::top_k_ef<>(10, {.density = density}), doctest::Contains(needle),
+                         invalid_argument);
+  };
+  refused(0.0, "argument 'density' = 0 is outside the allowed range (0, 1]");
+  refused(-0.5, "argument 'density' = -0.5 is outside the allowed range (0, 1]");
+  refused(1.5, "argument 'density' = 1.5 is outside the allowed range (0, 1]");
+  refused(std::numeric_limits<double>::quiet_NaN(), "argument 'density' = nan");
+  refused(std::numeric_limits<double>::infinity(), "argument 'density' = inf");
+  // Ranks built with other densities would gather messages of other sizes: every rank refuses.
+  std::mutex mu;
+  int refusals = 0;
+  local_group(2).run([&](local& c) {
+    compress::top_k_ef<> x(10, {.density = c.rank() == 0 ? 0.3 : 0.5});
+    std::vector<float> g(10, 1.0f), out(10);
+    try {
+      x.reduce(c, g, out);
+    } catch (const invalid_argument& e) {
+      if (std::string(e.what()).find("disagree") != std::string::npos) {
+        std::lock_guard lock(mu);
+        ++refusals;
+      }
+    }
+  });
+  CHECK(refusals == 2);
+}
