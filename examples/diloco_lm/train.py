@@ -342,7 +342,9 @@ def main(argv=None):
             counting.on = False
         if step % args.eval_every == 0 or step == args.steps:
             if args.arm == "diloco" and step == args.steps:
+                t0 = time.perf_counter()
                 opt.finish()  # one last exchange of every fragment: the final model is the synchronised one
+                train_s += time.perf_counter() - t0
             sent = bytes_sent()
             rec = {"arm": args.arm, "step": step, "wall_s": round(time.perf_counter() - start, 3),
                    "train_s": round(train_s, 3), "compute_s": round(step * per_step, 3),
