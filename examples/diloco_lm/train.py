@@ -177,7 +177,7 @@ def make_arm(args, model, inner):
             by_id = {id(p): g for p, g in zip(local, opt.global_parameters())}
             return [by_id[id(p)] for p in params]
         return model, opt, (lambda: opt.bytes_sent), global_params
-    ddp = DDP(model, broadcast_buffers=False)
+    ddp = DDP(model)  # the model has no buffers (the causal mask is a plain attribute): nothing else to sync
     opt = inner
     global_params = lambda: params  # every rank holds the same model after each step  # noqa: E731
     if args.arm == "ddp":
