@@ -1,0 +1,368 @@
+#!/usr/bin/python3
+"""A byte-level causal transformer trained on the Python standard library's own sources, one process per rank,
+to compare data-parallel exchanges where they matter: a language model, AdamW, few bytes of compute per
+parameter.
+
+Data: every .py file under sysconfig.get_paths()["stdlib"] except site-packages, dist-packages, test folders
+and caches, in sorted order of relative path; a file goes to validation when the CRC-32 of its relative path is
+0 mod 20, else to training, so every rank and every run on this Python agrees. (Another Python version ships
+other sources: compare arms on one machine's interpreter.)
+
+Batches: step s draws `--batch` global windows of `--context` + 1 bytes at offsets from a generator seeded by
+(seed, s); rank r of n trains on rows [r B / n, (r + 1) B / n). Every arm sees the same token stream.
+
+Arms (all with AdamW, the same learning-rate schedule, the same global batch):
+    ddp            DistributedDataParallel, dense all-reduce every step
+    ddp-powersgd   DDP with PyTorch's PowerSGD hook (--psgd-rank, dense for --warmup steps)
+    ddp-topk       DDP with commsgd_torch.TopKState / topk_hook (--density, dense for --warmup steps)
+    postlocal      DDP with PyTorch's post-local-SGD hook and PostLocalSGDOptimizer + PeriodicModelAverager
+                   (dense for --warmup steps, then model averaging every --sync-every steps)
+    diloco         commsgd_torch.DiLoCo over AdamW (--sync-every, --outer-lr, --outer-momentum, --fragments,
+                   --delay, --compression)
+
+Log (--log, JSON lines, rank 0): per evaluation step, wall_s (since the start of training), train_s (time in
+training steps, communication not hidden included, evaluation excluded), compute_s (steps x this rank's
+forward + backward + AdamW step timed without any exchange before training), val_loss (nats per byte, of the
+global model), bytes_sent (this rank's, by the ring algorithms' count; see below).
+
+    torchrun --nproc_per_node 4 examples/diloco_lm/train.py --arm diloco --steps 2000 --log diloco.jsonl
+    python3 examples/diloco_lm/train.py --arm ddp --steps 200      # WORLD_SIZE unset: one process
+"""
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import sysconfig
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+ARMS = ("ddp", "ddp-powersgd", "ddp-topk", "postlocal", "diloco")
+SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+
+
+# --- data ------------------------------------------------------------------------------------------------------
+
+def stdlib_split(root=None, every=20):
+    """(train bytes, validation bytes) as uint8 tensors: the stdlib's .py files, split by CRC-32 of the path."""
+    root = root or sysconfig.get_paths()["stdlib"]
+    files = []
+    for d, dirs, names in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS)
+        files += [os.path.relpath(os.path.join(d, n), root) for n in names if n.endswith(".py")]
+    parts = {"train": [], "val": []}
+    for rel in sorted(files):
+        with open(os.path.join(root, rel), "rb") as f:
+            text = f.read()
+        side = "val" if zlib.crc32(rel.encode()) % every == 0 else "train"
+        parts[side].append(text + b"\0")  # a NUL between files: a byte no source contains
+    return tuple(torch.frombuffer(bytearray(b"".join(parts[s])), dtype=torch.uint8) for s in ("train", "val"))
+
+
+def batch_rows(data, step, seed, batch, context, rank, world):
+    """This rank's rows of step `step`'s global batch: (inputs, targets), int64, [batch / world, context]."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    starts = torch.randint(0, data.numel() - context - 1, (batch,), generator=g)
+    per = batch // world
+    mine = starts[rank * per:(rank + 1) * per]
+    win = torch.stack([data[s:s + context + 1] for s in mine.tolist()]).long()
+    return win[:, :-1], win[:, 1:]
+
+
+def val_windows(data, count, context):
+    """`count` fixed windows spread evenly over the validation bytes."""
+    span = data.numel() - context - 1
+    starts = [i * span // count for i in range(count)]
+    return torch.stack([data[s:s + context + 1] for s in starts]).long()
+
+
+# --- model -----------------------------------------------------------------------------------------------------
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.ln2 = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x, mask):
+        b, t, w = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(w, dim=2)
+        q, k, v = (z.view(b, t, self.heads, w // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(w // self.heads)
+        att = att.masked_fill(mask[:t, :t], float("-inf")).softmax(dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, w))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class ByteLM(nn.Module):
+    """Pre-norm decoder: byte and position embeddings, `layers` blocks, output tied to the byte embedding."""
+
+    def __init__(self, layers=4, width=128, heads=4, context=128):
+        super().__init__()
+        self.tok = nn.Embedding(256, width)
+        self.pos = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(width)
+        # True above the diagonal: the future a position may not see. Not a buffer, so DDP has none to broadcast.
+        self._mask = torch.triu(torch.ones(context, context, dtype=torch.bool), diagonal=1)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = blk(x, self._mask)
+        return self.ln(x) @ self.tok.weight.t()
+
+
+def lm_loss(model, x, y):
+    return F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+
+
+# --- bytes of PyTorch's collectives ------------------------------------------------------------------------------
+
+class AllReduceMeter:
+    """Counts the bytes this rank sends in torch.distributed.all_reduce, which DDP's allreduce hook, PyTorch's
+    PowerSGD hook, the post-local-SGD hook and PeriodicModelAverager all call, charged as a ring all-reduce
+    (2 (n - 1) / n of the buffer, n the group's size): the rule commsgd's counters use."""
+
+    def __init__(self):
+        self.bytes_sent = 0
+        self.on = False
+        self._inner = dist.all_reduce
+        dist.all_reduce = self._all_reduce
+
+    def _all_reduce(self, tensor, *args, **kwargs):
+        if self.on:
+            group = kwargs.get("group", args[1] if len(args) > 1 else None)
+            n = dist.get_world_size(group) if group is not None else dist.get_world_size()
+            self.bytes_sent += 2 * (n - 1) * tensor.numel() * tensor.element_size() // n
+        return self._inner(tensor, *args, **kwargs)
+
+
+# --- arms ------------------------------------------------------------------------------------------------------
+
+def make_arm(args, model, inner):
+    """(the module to train, the optimizer to step, a function returning this rank's bytes sent or None, a
+    function returning the global model's parameters in model.parameters() order)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    meter = None
+    if args.arm in ("ddp", "ddp-powersgd", "postlocal"):
+        meter = AllReduceMeter()
+    params = list(model.parameters())
+    if args.arm == "diloco":
+        import commsgd_torch
+        opt = commsgd_torch.DiLoCo(model, inner, sync_every=args.sync_every, outer_lr=args.outer_lr,
+                                   outer_momentum=args.outer_momentum, fragments=args.fragments,
+                                   delay=args.delay, alpha=args.alpha, compression=args.compression)
+        # The global model is the outer optimizer's copy (equal on every rank after each outer step; with
+        # fragments, each fragment's copy as of its last outer step). global_parameters() lists it fragment
+        # after fragment, so map it back to the model's order through fragment_parameters().
+        def global_params():
+            local = [p for f in range(opt.num_fragments) for p in opt.fragment_parameters(f)]
+            by_id = {id(p): g for p, g in zip(local, opt.global_parameters())}
+            return [by_id[id(p)] for p in params]
+        return model, opt, (lambda: opt.bytes_sent), global_params
+    ddp = DDP(model)  # the model has no buffers (the causal mask is a plain attribute): nothing else to sync
+    opt = inner
+    global_params = lambda: params  # every rank holds the same model after each step  # noqa: E731
+    if args.arm == "ddp":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)  # DDP's own, but through the meter
+    elif args.arm == "ddp-powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=args.psgd_rank,
+                                   start_powerSGD_iter=max(args.warmup, 2), random_seed=args.seed)
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    elif args.arm == "ddp-topk":
+        import commsgd_torch
+        # No momentum in the hook: AdamW keeps its moments, as in every other arm; error feedback keeps the rest.
+        state = commsgd_torch.TopKState(model=model, density=args.density, momentum=0.0, start_iter=args.warmup)
+        ddp.register_comm_hook(state, commsgd_torch.topk_hook)
+        return ddp, opt, (lambda: state.traffic()["bytes_sent"]), global_params
+    elif args.arm == "postlocal":
+        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as plsgd
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+        from torch.distributed.optim import PostLocalSGDOptimizer
+        # After the warm-up the hook all-reduces in `subgroup` only: one group per rank, so nothing moves
+        # between averagings (PyTorch's default subgroup is one per machine, of CUDA devices).
+        # (new_subgroups refuses to without CUDA: make them with new_group, which every rank calls for every group.)
+        own = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
+        state = plsgd.PostLocalSGDState(process_group=None, subgroup=own, start_localSGD_iter=args.warmup)
+        ddp.register_comm_hook(state, plsgd.post_localSGD_hook)
+        opt = PostLocalSGDOptimizer(optim=inner, averager=PeriodicModelAverager(period=args.sync_every,
+                                                                                warmup_steps=args.warmup))
+
+        # The global model of local SGD: the mean of the ranks' models (what the next averaging would make),
+        # computed for evaluation with an all-reduce the meter does not count.
+        def global_params():
+            out = [p.detach().clone() for p in params]
+            for t in out:
+                dist.all_reduce(t)
+                t /= dist.get_world_size()
+            return out
+    return ddp, opt, (lambda: meter.bytes_sent), global_params
+
+
+# --- training --------------------------------------------------------------------------------------------------
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arm", choices=ARMS, required=True)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-windows", type=int, default=256, help="validation windows of --context bytes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log", default=None, help="JSON lines, written by rank 0")
+    p.add_argument("--batch", type=int, default=64, help="global batch, in windows (divisible by WORLD_SIZE)")
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--lr-warmup", type=int, default=50, help="linear learning-rate warm-up, then cosine to 10 %%")
+    p.add_argument("--warmup", type=int, default=20, help="dense steps before PowerSGD, top-k, local SGD")
+    p.add_argument("--psgd-rank", type=int, default=4)
+    p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--sync-every", type=int, default=50, help="H for diloco, the period for postlocal")
+    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--fragments", type=int, default=1)
+    p.add_argument("--delay", type=int, default=0)
+    p.add_argument("--alpha", type=float, default=0.0)
+    p.add_argument("--compression", default="none")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    return p.parse_args(argv)
+
+
+def init_group():
+    """The default gloo group: from the environment (torchrun, netcluster run), or one process alone."""
+    if dist.is_initialized():
+        return
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+@torch.no_grad()
+def evaluate(model, global_params, windows):
+    """Validation loss (nats per byte) of the global model: `model` with the global parameters copied in,
+    this rank's share of the windows, summed over ranks."""
+    for p, g in zip(model.parameters(), global_params):
+        p.copy_(g)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = windows[rank::world]
+    total = torch.zeros(2, dtype=torch.float64)
+    for i in range(0, mine.shape[0], 32):
+        w = mine[i:i + 32]
+        total[0] += F.cross_entropy(model(w[:, :-1]).reshape(-1, 256), w[:, 1:].reshape(-1),
+                                    reduction="sum").item()
+        total[1] += w[:, 1:].numel()
+    dist.all_reduce(total)
+    return (total[0] / total[1]).item()
+
+
+def compute_seconds_per_step(args, model, x, y, reps=2):
+    """This rank's forward + backward + AdamW step on its rows, on a copy, with no exchange."""
+    m = copy.deepcopy(model)
+    o = torch.optim.AdamW(m.parameters(), lr=0.0)
+    times = []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        o.zero_grad()
+        lm_loss(m, x, y).backward()
+        o.step()
+        times.append(time.perf_counter() - t0)
+    return min(times[1:])
+
+
+def main(argv=None):
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    init_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.batch % world:
+        raise SystemExit(f"--batch {args.batch} is not divisible by the world size {world}")
+    train, val = stdlib_split()
+    windows = val_windows(val, args.eval_windows, args.context)
+    torch.manual_seed(args.seed)  # the same initial model on every rank (DDP and DiLoCo broadcast rank 0's)
+    model = ByteLM(args.layers, args.width, args.heads, args.context)
+    eval_model = copy.deepcopy(model)
+    nparams = sum(p.numel() for p in model.parameters())
+    inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                              betas=(0.9, 0.95))
+
+    def lr_at(step):  # factor for step `step` (0-based): linear warm-up, then cosine down to 10 %
+        if step < args.lr_warmup:
+            return (step + 1) / args.lr_warmup
+        frac = (step - args.lr_warmup) / max(1, args.steps - args.lr_warmup)
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac)))
+    sched = torch.optim.lr_scheduler.LambdaLR(inner, lr_at)
+
+    x0, y0 = batch_rows(train, 0, args.seed, args.batch, args.context, rank, world)
+    per_step = compute_seconds_per_step(args, model, x0, y0)
+    net, opt, bytes_sent, global_params = make_arm(args, model, inner)
+    # The arm's AllReduceMeter, if it made one: counting on during training steps only, not evaluation.
+    counting = getattr(dist.all_reduce, "__self__", None)
+    if rank == 0:
+        print(f"diloco_lm: arm {args.arm}, {world} rank(s), {nparams} parameters, train {train.numel()} bytes, "
+              f"val {val.numel()} bytes, {per_step * 1e3:.1f} ms compute a step on rank 0", flush=True)
+    log = open(args.log, "w") if args.log and rank == 0 else None
+    records = []
+    start = time.perf_counter()
+    train_s = 0.0
+    for step in range(1, args.steps + 1):
+        x, y = batch_rows(train, step - 1, args.seed, args.batch, args.context, rank, world)
+        if counting is not None:
+            counting.on = True
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = lm_loss(net, x, y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        train_s += time.perf_counter() - t0
+        if counting is not None:
+            counting.on = False
+        if step % args.eval_every == 0 or step == args.steps:
+            if args.arm == "diloco" and step == args.steps:
+                t0 = time.perf_counter()
+                opt.finish()  # one last exchange of every fragment: the final model is the synchronised one
+                train_s += time.perf_counter() - t0
+            sent = bytes_sent()
+            rec = {"arm": args.arm, "step": step, "wall_s": round(time.perf_counter() - start, 3),
+                   "train_s": round(train_s, 3), "compute_s": round(step * per_step, 3),
+                   "train_loss": round(loss.item(), 4),
+                   "val_loss": round(evaluate(eval_model, global_params(), windows), 5),
+                   "bytes_sent": int(sent) if sent is not None else None}
+            records.append(rec)
+            if rank == 0:
+                print(json.dumps(rec), flush=True)
+                if log:
+                    log.write(json.dumps(rec) + "\n")
+                    log.flush()
+    if log:
+        log.close()
+    final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return records, final, nparams
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+    dist.destroy_process_group()
