@@ -143,11 +143,11 @@ private:
       detail::pack_bits(std::span<std::byte>(at + 4, detail::packed_bytes(k_, 2)), k_, 2,
                         [&](std::size_t j) { return two_bit_code::encode(val_[j], s); });
       at += 4 + detail::packed_bytes(k_, 2);
-    } else {
+    } else if (k_ != 0) { // an empty message has no storage: memcpy must not see its null pointer
       std::memcpy(at, val_.data(), 4 * k_);
       at += 4 * k_;
     }
-    std::memcpy(at, idx_.data(), 4 * k_);
+    if (k_ != 0) std::memcpy(at, idx_.data(), 4 * k_);
   }
 
   // Every rank decodes every message, so an index out of range (a corrupt peer) is refused on all of them.
