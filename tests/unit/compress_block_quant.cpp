@@ -5,6 +5,7 @@
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/compress/block_quant.hpp>
 #include <commsgd/sync/local_sgd.hpp>
+#include <support/compressor_ranks.hpp>
 #include <support/least_squares.hpp>
 
 #include <doctest/doctest.h>
@@ -24,13 +25,7 @@ using comm::local_group;
 
 namespace {
 
-// One rank's reduce of `g`: what its message decodes to (alone in the group, the sum is its message).
-template <class X>
-std::vector<float> decoded(X& x, const std::vector<float>& g) {
-  std::vector<float> out(g.size());
-  local_group(1).run([&](local& c) { x.reduce(c, g, out); });
-  return out;
-}
+using toy::decoded;
 
 // Conservation, exactly: with p what the compressor added (g + e + r, as error_feedback forms it), the
 // decoded message d and the new residual (e', r') hold d + e' + r' == p as real numbers. Double holds e' + r'
@@ -115,26 +110,8 @@ TEST_CASE("every rank holds the same sum in float; the meter counts the verdict 
   for (int n = 2; n <= 4; ++n) {
     CAPTURE(n);
     const std::size_t d = 300, block = 64;
-    std::mutex mu;
-    std::vector<std::vector<float>> sums(static_cast<std::size_t>(n)), mine(static_cast<std::size_t>(n));
-    std::vector<std::uint64_t> sent(static_cast<std::size_t>(n)), wire(static_cast<std::size_t>(n));
-    local_group(n).run([&](local& base) {
-      comm::metered c(base);
-      compress::e3m0 x(d, {.block_size = block});
-      std::vector<float> g(d), out(d);
-      for (std::size_t i = 0; i < d; ++i)
-        g[i] = std::sin(static_cast<float>(i * 7 + static_cast<std::size_t>(c.rank()) * 13));
-      x.reduce(c, g, out);
-      // What this rank's message decodes to, alone: its own reduce in a group of one.
-      compress::e3m0 alone(d, {.block_size = block});
-      const auto own = decoded(alone, g);
-      std::lock_guard lock(mu);
-      const auto r = static_cast<std::size_t>(c.rank());
-      sums[r] = out;
-      mine[r] = own;
-      sent[r] = c.counters().total().bytes_sent;
-      wire[r] = x.wire_bytes();
-    });
+    auto [sums, mine, sent, wire] =
+        toy::reduce_on_ranks(n, d, [&] { return compress::e3m0(d, {.block_size = block}); });
     std::vector<float> want(d, 0.0f);
     for (int r = 0; r < n; ++r)
       for (std::size_t i = 0; i < d; ++i)

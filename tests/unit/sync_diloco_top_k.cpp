@@ -7,6 +7,7 @@
 #include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/select/radix.hpp>
 #include <commsgd/sync/local_sgd.hpp>
+#include <support/compressor_ranks.hpp>
 #include <support/least_squares.hpp>
 #include <support/train_ranks.hpp>
 
@@ -34,13 +35,7 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
-// One rank's reduce of `g`: what its message decodes to (alone in the group, the sum is its message).
-template <class X>
-std::vector<float> decoded(X& x, const std::vector<float>& g) {
-  std::vector<float> out(g.size());
-  local_group(1).run([&](local& c) { x.reduce(c, g, out); });
-  return out;
-}
+using toy::decoded;
 
 // The indices of the k largest |p_i|, ties to the lowest index: a stable sort, independent of the selectors.
 std::vector<std::size_t> reference_top(const std::vector<float>& p, std::size_t k) {
@@ -182,25 +177,7 @@ TEST_CASE(
       CAPTURE(two_bit);
       const std::size_t d = 301;
       const compress::top_k_ef_options o{.density = 0.05, .two_bit = two_bit};
-      std::mutex mu;
-      std::vector<std::vector<float>> sums(static_cast<std::size_t>(n)), mine(static_cast<std::size_t>(n));
-      std::vector<std::uint64_t> sent(static_cast<std::size_t>(n)), wire(static_cast<std::size_t>(n));
-      local_group(n).run([&](local& base) {
-        comm::metered c(base);
-        compress::top_k_ef<> x(d, o);
-        std::vector<float> g(d), out(d);
-        for (std::size_t i = 0; i < d; ++i)
-          g[i] = std::sin(static_cast<float>(i * 7 + static_cast<std::size_t>(c.rank()) * 13));
-        x.reduce(c, g, out);
-        compress::top_k_ef<> alone(d, o);
-        const auto own = decoded(alone, g);
-        std::lock_guard lock(mu);
-        const auto r = static_cast<std::size_t>(c.rank());
-        sums[r] = out;
-        mine[r] = own;
-        sent[r] = c.counters().total().bytes_sent;
-        wire[r] = x.wire_bytes();
-      });
+      auto [sums, mine, sent, wire] = toy::reduce_on_ranks(n, d, [&] { return compress::top_k_ef<>(d, o); });
       std::vector<float> want(d, 0.0f);
       for (int r = 0; r < n; ++r)
         for (std::size_t i = 0; i < d; ++i)
