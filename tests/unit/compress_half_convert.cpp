@@ -1,6 +1,6 @@
 // The bulk conversions of compress/half_convert.hpp: the vectorised path (AVX2/F16C, where this CPU has it) and
 // the one-value loop, both against the one-value functions, bit for bit: every float pattern to fp16 and bf16
-// (in a sanitized build: every pattern of the exponents where rounding changes form, and the low 8 bits of
+// (in a sanitized build: every pattern of the exponents where rounding changes form, and the low 16 bits of
 // the others sampled; COMMSGD_EXHAUSTIVE_HALF=1 asks for all 2^32 there too), every 16-bit pattern back, the
 // ring's fused hop, sizes around the vector width, unaligned spans, saturation and the overflow index.
 #include <commsgd/compress/half_convert.hpp>
@@ -91,16 +91,16 @@ void sweep_all_floats(One one, Bulk bulk, std::uint16_t inf, std::uint16_t max_f
   s.in.resize(batch);
   std::mt19937 rng(7);
   auto run_hi = [&](std::uint32_t hi, bool every_low, bool every_variant) {
-    // Patterns hi << 16 | lo: all 2^16 of lo, or (sanitized) lo with its low 8 bits sampled from the values
-    // that decide a rounding (0 exact or a tie, 0x80 / 0x7f / 0xff around a half of the next bit) and one
-    // random byte.
+    // Patterns hi << 16 | lo: all 2^16 of lo, or (sanitized) one in 8 of lo's high bytes, at a random offset,
+    // with its low 8 bits sampled from the values that decide a rounding (0 exact or a tie, 0x80 / 0x7f /
+    // 0xff around a half of the next bit) and one random byte.
     std::size_t n = 0;
     if (every_low) {
       for (std::uint32_t lo = 0; lo < 0x10000; ++lo)
         s.in[n++] = std::bit_cast<float>(hi << 16 | lo);
     } else {
       const std::uint32_t r = rng() & 0xff;
-      for (std::uint32_t mid = 0; mid < 0x100; ++mid)
+      for (std::uint32_t mid = rng() & 7; mid < 0x100; mid += 8)
         for (std::uint32_t low : {0x00u, 0x7fu, 0x80u, 0xffu, r})
           s.in[n++] = std::bit_cast<float>(hi << 16 | mid << 8 | low);
     }
