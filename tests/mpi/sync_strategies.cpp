@@ -1,19 +1,28 @@
 // The sync strategies over comm::mpi: the same promises as the comm::local tests, with real processes.
 #include "mpi/support.hpp"
 
+#include <commsgd/comm/local.hpp>
 #include <commsgd/comm/mpi.hpp>
+#include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/sync/async_ps.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/partitioned.hpp>
+#include <commsgd/sync/streaming_diloco.hpp>
 #include <commsgd/sync/synchronous.hpp>
 #include <support/least_squares.hpp>
 
 #include <algorithm>
+#include <boost/mpi/environment.hpp>
+
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -149,4 +158,142 @@ TEST_CASE("async_ps: every gradient applied exactly once under random delays, ra
       for (int r = 1; r < n; ++r)
         CHECK(std::memcmp(all.data(), all.data() + r * dim, dim * sizeof(float)) == 0);
     }
+}
+
+namespace {
+using topk = compress::top_k_ef<>;
+const sync::streaming_diloco_options streamed{
+    .lr = 0.05f, .period = 6, .fragments = 3, .delay = 2, .alpha = 0.5f};
+
+bool serialized_threads() {
+  if (boost::mpi::environment::thread_level() >= boost::mpi::threading::serialized) return true;
+  MESSAGE("skipped: this MPI does not allow calls from a second thread (MPI_THREAD_SERIALIZED)");
+  return false;
+}
+
+// The same run on n thread ranks in this process: every MPI rank computes all of it.
+template <class Make>
+std::vector<std::vector<float>> on_threads(int n, int steps, Make make) {
+  std::vector<std::vector<float>> finals(static_cast<std::size_t>(n));
+  comm::local_group(n).run([&](comm::local& c) {
+    auto s = make(c);
+    std::vector<float> x(problem.dim(), 0.0f), g(problem.dim());
+    s.start(x);
+    for (int t = 0; t < steps; ++t) {
+      const auto rows = problem.batch(c.rank(), n, t, 8);
+      problem.gradient(x, rows, g);
+      s.step(x, g, {.loss = problem.loss(x, rows)});
+    }
+    s.finish(x);
+    finals[static_cast<std::size_t>(c.rank())] = x;
+  });
+  return finals;
+}
+} // namespace
+
+TEST_CASE("streaming_diloco over MPI: one fragment with no delay is diloco bit for bit") {
+  auto c = mpi::world();
+  if (!serialized_threads()) return;
+  const sync::outer_sgd_options outer{.lr = 0.7f, .momentum = 0.9f};
+  sync::diloco<mpi> d(c, {.lr = 0.05f, .period = 4, .outer = outer});
+  sync::streaming_diloco<mpi> s(c, layers, {.lr = 0.05f, .period = 4, .outer = outer});
+  CHECK(same_bits(run_sync(c, s, 21), run_sync(c, d, 21)));
+  sync::diloco<mpi, topk> dk(c, {.lr = 0.05f, .period = 4, .outer = outer},
+                             topk(problem.dim(), {.density = 0.3}));
+  sync::streaming_diloco<mpi, topk> sk(c, layers, {.lr = 0.05f, .period = 4, .outer = outer},
+                                       [](std::size_t n) { return topk(n, {.density = 0.3}); });
+  CHECK(same_bits(run_sync(c, sk, 21), run_sync(c, dk, 21)));
+}
+
+TEST_CASE("streaming_diloco over MPI: fragments on the exchange thread give the thread ranks' models") {
+  auto c = mpi::world();
+  if (!serialized_threads()) return;
+  const int n = c.size(), steps = 25;
+  // Top-k gathers the messages and sums them in rank order: the same bits as on threads.
+  sync::streaming_diloco<mpi, topk> sk(c, layers, streamed,
+                                       [](std::size_t len) { return topk(len, {.density = 0.2}); });
+  const auto want_k = on_threads(n, steps, [](comm::local& l) {
+    return sync::streaming_diloco<comm::local, topk>(
+        l, layers, streamed, [](std::size_t len) { return topk(len, {.density = 0.2}); });
+  });
+  CHECK(same_bits(run_sync(c, sk, steps), want_k[static_cast<std::size_t>(c.rank())]));
+  // Floats summed by MPI_SUM, which may associate differently: equal within rounding.
+  sync::streaming_diloco<mpi> s(c, layers, streamed);
+  const auto want = on_threads(
+      n, steps, [](comm::local& l) { return sync::streaming_diloco<comm::local>(l, layers, streamed); });
+  const auto x = run_sync(c, s, steps);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    CHECK(x[i] == doctest::Approx(want[static_cast<std::size_t>(c.rank())][i]).epsilon(1e-4));
+}
+
+TEST_CASE("streaming_diloco over MPI: a checkpoint with exchanges in flight resumes bit for bit") {
+  auto c = mpi::world();
+  if (!serialized_threads()) return;
+  const int before = 10, after = 15;
+  auto make = [&] {
+    return sync::streaming_diloco<mpi, topk>(c, layers, streamed,
+                                             [](std::size_t len) { return topk(len, {.density = 0.2}); });
+  };
+  std::string shared, local;
+  std::vector<float> saved_x, straight;
+  {
+    auto s = make();
+    std::vector<float> x(problem.dim(), 0.0f), g(problem.dim());
+    s.start(x);
+    for (int t = 0; t < before + after; ++t) {
+      if (t == before) {
+        CHECK((s.in_flight(0) || s.in_flight(1) || s.in_flight(2)));
+        std::ostringstream sh, lo;
+        s.save(sh, state::part::shared);
+        s.save(lo, state::part::local);
+        shared = sh.str();
+        local = lo.str();
+        saved_x = x;
+      }
+      problem.gradient(x, problem.batch(c.rank(), c.size(), t, 8), g);
+      s.step(x, g);
+    }
+    s.finish(x);
+    straight = x;
+  }
+  auto s = make();
+  std::istringstream sh(shared), lo(local);
+  s.load(sh, lo);
+  auto x = saved_x;
+  std::vector<float> g(x.size());
+  s.start(x);
+  for (int t = before; t < before + after; ++t) {
+    problem.gradient(x, problem.batch(c.rank(), c.size(), t, 8), g);
+    s.step(x, g);
+  }
+  s.finish(x);
+  CHECK(same_bits(x, straight));
+}
+
+TEST_CASE("streaming_diloco over MPI: a non-finite pseudo-gradient of one rank is refused on every rank") {
+  auto c = mpi::world();
+  if (!serialized_threads()) return;
+  sync::streaming_diloco<mpi> s(c, layers, {.lr = 0.05f, .period = 4, .fragments = 2, .delay = 1});
+  std::vector<float> x(problem.dim(), 0.0f), g(problem.dim());
+  s.start(x);
+  int refused = 0;
+  for (int t = 0; t < 6; ++t) {
+    problem.gradient(x, problem.batch(c.rank(), c.size(), t, 8), g);
+    // Fragment 0 starts after step 4 and is applied after step 5; the last rank spoils it.
+    if (t == 4 && c.rank() == c.size() - 1) x[0] = std::numeric_limits<float>::quiet_NaN();
+    if (t == 5) std::fill(g.begin(), g.end(), 0.0f);
+    try {
+      s.step(x, g);
+    } catch (const non_finite& e) {
+      ++refused;
+      CHECK(t == 5);
+      CHECK(std::string(e.what()).find("fragment 0") != std::string::npos);
+    }
+  }
+  CHECK(refused == 1);
+  CHECK_FALSE(s.in_flight(0));
+  x[0] = s.global_model(0)[0];
+  s.finish(x);
+  for (float v : x)
+    CHECK(std::isfinite(v));
 }

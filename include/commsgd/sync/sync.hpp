@@ -9,6 +9,7 @@
 #include <commsgd/sync/choose_with_history.hpp>
 #include <commsgd/sync/delays.hpp>
 #include <commsgd/sync/dense_exchange.hpp>
+#include <commsgd/sync/exchange_thread.hpp>
 #include <commsgd/sync/first_arrivals.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/measure_network.hpp>
@@ -17,5 +18,6 @@
 #include <commsgd/sync/reducer_concept.hpp>
 #include <commsgd/sync/replica_guard.hpp>
 #include <commsgd/sync/sgd.hpp>
+#include <commsgd/sync/streaming_diloco.hpp>
 #include <commsgd/sync/strategy.hpp>
 #include <commsgd/sync/synchronous.hpp>

@@ -1,0 +1,536 @@
+// sync::streaming_diloco: DiLoCo with the model cut into P fragments, each synchronised on a schedule of its
+// own, its exchange running on an exchange thread while the ranks take their next `delay` local steps.
+//
+//   sync::streaming_diloco s(comm, layer_sizes, {.lr = 0.05f, .period = 30, .fragments = 3, .delay = 5,
+//                                                .alpha = 0.5f});
+//   s.start(x); loop { grad at x; s.step(x, grad); } s.finish(x);
+//
+// Fragments: layer_sizes cut the flat model into layers; fragment p holds layers p, p + P, p + 2P, ...
+// (strided, so that each fragment spans the depth of the model) or, contiguous, the p-th of P runs of
+// consecutive layers. P is at most the number of layers.
+//
+// Schedule: steps are counted from 0. Fragment p's exchange starts after step t when t >= t_p and
+// (t - t_p) mod H = 0, with t_p = p H / P (integer division) and H = period, and is applied after step
+// t + delay. Starting sends fragment p's pseudo-gradient theta_global,p - theta_p (sync/outer_optimizer.hpp
+// has the sign); while it travels the ranks go on stepping. Applying takes the mean over ranks, makes the
+// outer step on theta_global,p (Nesterov SGD, as in sync::local_sgd) and merges:
+//   theta_p <- theta_global,p + alpha (theta_p - theta_global,p)
+// so alpha = 0 restarts the fragment from the common model and alpha > 0 keeps part of the local steps taken
+// while it travelled. With P = 1, delay = 0 and alpha = 0 this is sync::diloco (local_sgd with the same outer
+// optimizer, no warm-up) bit for bit, compressed or not. At any step each fragment has at most one exchange in
+// flight (delay < H), so the busiest step sends about 1 / P of the model where DiLoCo sends all of it.
+//
+// Exchanges: X, any compress::compressor, carries each fragment's pseudo-gradient (one compressor per
+// fragment, made by `make_compressor(length)`, its residual the fragment's own); uncompressed, the floats are
+// summed by all_reduce_sum. Exchanges run on one thread (sync/exchange_thread.hpp) in the order they start,
+// the same on every rank; the trainer must not use the communicator between step() calls while one is in
+// flight. With comm::mpi, MPI must allow calls from that thread (boost::mpi::threading::serialized).
+//
+// Refusal: a pseudo-gradient with NaN or inf is refused on every rank when its exchange is applied
+// (commsgd::non_finite): uncompressed, the bad values reach the sum on every rank; compressed, the
+// compressors' verdicts agree. That exchange is dropped and nothing of the fragment's outer state changes
+// (common model, momentum, residual); the step's local update and the step count stand, as the fragments'
+// next turns come on schedule.
+//
+// Checkpoints (state/strategy.hpp): the options and layer sizes are saved and a stream of others is refused;
+// the shared part holds the step counter, every fragment's common model and outer momentum, and the
+// exchanges in flight (waited for, then saved with their sums and due steps, so a resumed run applies the same
+// bits on the same step); the local part holds each fragment's compressor (its residual). The local model is
+// the trainer's `params`, saved by the trainer. After load() call start() with this rank's saved model: it
+// does not broadcast.
+#pragma once
+
+#include <commsgd/comm/archetype.hpp>
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/compress/compressor.hpp>
+#include <commsgd/error.hpp>
+#include <commsgd/select/validate.hpp>
+#include <commsgd/state/strategy.hpp>
+#include <commsgd/sync/exchange_thread.hpp>
+#include <commsgd/sync/local_sgd.hpp>
+#include <commsgd/sync/outer_optimizer.hpp>
+#include <commsgd/sync/replica_promise.hpp>
+#include <commsgd/sync/sgd.hpp>
+#include <commsgd/sync/strategy.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <future>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace commsgd::inline v1::sync {
+
+enum class fragment_layout { strided, contiguous };
+
+struct streaming_diloco_options {
+  float lr = 0.01f;   // the inner SGD step: (0, inf); a trainer with its own optimizer passes a zero gradient
+  int period = 30;    // H: [1, inf)
+  int fragments = 1;  // P: [1, number of layers]
+  int delay = 0;      // tau, the local steps an exchange overlaps: [0, H)
+  float alpha = 0.0f; // the local model's weight in the merge: [0, 1]
+  fragment_layout layout = fragment_layout::strided;
+  outer_sgd_options outer = {}; // DiLoCo's lr 0.7, momentum 0.9
+};
+
+template <comm::communicator C, class X = uncompressed>
+requires std::same_as<X, uncompressed> || compress::compressor<X, C>
+class streaming_diloco : public state::checkpointed<streaming_diloco<C, X>> {
+public:
+  using options = streaming_diloco_options;
+  static constexpr bool compressed = !std::same_as<X, uncompressed>;
+  // Makes fragment p's compressor for its length (compressed only).
+  using compressor_factory = std::function<X(std::size_t length)>;
+
+  streaming_diloco(C& c, std::vector<std::size_t> layer_sizes, options o) requires(!compressed)
+      : streaming_diloco(c, std::move(layer_sizes), o, nullptr) {}
+
+  streaming_diloco(C& c, std::vector<std::size_t> layer_sizes, options o, compressor_factory make_compressor)
+      : comm_(&c), ranks_(c.size()), opt_(o), layers_(std::move(layer_sizes)),
+        thread_(std::make_unique<exchange_thread>()) {
+    detail::check_learning_rate("lr", opt_.lr);
+    commsgd::detail::check_range("period", opt_.period, 1, std::numeric_limits<int>::max(), "[1, inf)");
+    if (layers_.empty())
+      throw invalid_argument("argument 'layer_sizes' is empty; the allowed range is at least one layer");
+    commsgd::detail::check_range("fragments", opt_.fragments, 1, static_cast<int>(layers_.size()),
+                                 commsgd::detail::concat("[1, number of layers = ", layers_.size(), "]"));
+    commsgd::detail::check_range("delay", opt_.delay, 0, opt_.period - 1,
+                                 commsgd::detail::concat("[0, period - 1 = ", opt_.period - 1, "]"));
+    commsgd::detail::check_range("alpha", opt_.alpha, 0.0f, 1.0f, "[0, 1]");
+    if (opt_.layout != fragment_layout::strided && opt_.layout != fragment_layout::contiguous)
+      throw invalid_argument(commsgd::detail::concat("argument 'layout' = ", static_cast<int>(opt_.layout),
+                                                     " is outside the allowed range {strided, contiguous}"));
+    outer_sgd::check(opt_.outer);
+    cut();
+    for (std::size_t p = 0; p < frags_.size(); ++p)
+      outer_.emplace_back(opt_.outer);
+    if constexpr (compressed) {
+      if (!make_compressor)
+        throw invalid_argument(
+            "argument 'make_compressor' is empty; a compressed streaming_diloco needs one");
+      for (const auto& f : frags_) {
+        x_.push_back(make_compressor(f.length));
+        if (x_.back().length() != f.length)
+          throw invalid_argument(commsgd::detail::concat(
+              "argument 'make_compressor' made a compressor of length ", x_.back().length(),
+              " for a fragment of ", f.length, " values; the allowed length is the fragment's"));
+      }
+    }
+    pending_.resize(frags_.size());
+    applied_at_.assign(frags_.size(), -1);
+  }
+
+  streaming_diloco(streaming_diloco&&) noexcept = default;
+  ~streaming_diloco() { drain(); }
+
+  bool computes_gradients() const { return true; }
+
+  void start(std::span<float> params) {
+    detail::check_same_size("params", params.size(), total_);
+    if (std::exchange(resumed_, false) && !global_.empty()) return;
+    comm_->broadcast(params, 0);
+    global_.resize(frags_.size());
+    for (std::size_t p = 0; p < frags_.size(); ++p)
+      gather(p, params, global_[p]);
+  }
+
+  step_result step(std::span<float> params, std::span<const float> grad, const step_info& = {}) {
+    detail::check_same_size("params", params.size(), total_);
+    detail::check_same_size("grad", grad.size(), total_);
+    detail::require_finite("gradient", grad);
+    require_started();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      params[i] = params[i] - opt_.lr * grad[i];
+    const std::int64_t t = step_++;
+    step_result r;
+    for (std::size_t p = 0; p < frags_.size(); ++p)
+      if (pending_[p] && pending_[p]->due <= t) {
+        r.exchanged = r.averaged = true;
+        apply(p, params);
+      }
+    for (std::size_t p = 0; p < frags_.size(); ++p)
+      if (starts_after(p, t)) {
+        r.exchanged = true;
+        launch(p, params, t);
+        if (opt_.delay == 0) {
+          r.averaged = true;
+          apply(p, params);
+        }
+      }
+    return r;
+  }
+
+  // Applies the exchanges in flight, then exchanges once more every fragment that has moved since its last
+  // exchange was applied (all of them when alpha > 0) and applies it at once: with alpha = 0 every rank ends
+  // holding the common model.
+  void finish(std::span<float> params) {
+    detail::check_same_size("params", params.size(), total_);
+    require_started();
+    for (std::size_t p = 0; p < frags_.size(); ++p)
+      if (pending_[p]) apply(p, params);
+    for (std::size_t p = 0; p < frags_.size(); ++p) {
+      if (opt_.alpha == 0.0f && applied_at_[p] == step_ - 1) continue;
+      launch(p, params, step_ - 1);
+      apply(p, params);
+    }
+  }
+
+  // Whether fragment p's exchange starts after step t (counted from 0).
+  bool starts_after(std::size_t p, std::int64_t t) const noexcept {
+    const std::int64_t first = offset(p);
+    return t >= first && (t - first) % opt_.period == 0;
+  }
+  std::int64_t offset(std::size_t p) const noexcept {
+    return static_cast<std::int64_t>(p) * opt_.period / static_cast<std::int64_t>(frags_.size());
+  }
+
+  std::int64_t steps() const noexcept { return step_; }
+  std::size_t num_fragments() const noexcept { return frags_.size(); }
+  // Fragment p's [offset, offset + length) runs in the flat model, in order.
+  std::span<const std::pair<std::size_t, std::size_t>> fragment_runs(std::size_t p) const {
+    return frags_.at(p).runs;
+  }
+  std::size_t fragment_length(std::size_t p) const { return frags_.at(p).length; }
+  // Fragment p's common model (its values in fragment order); empty before start().
+  std::span<const float> global_model(std::size_t p) const {
+    return global_.empty() ? std::span<const float>() : std::span<const float>(global_.at(p));
+  }
+  const outer_sgd& outer(std::size_t p) const { return outer_.at(p); }
+  const X& compressor(std::size_t p) const requires compressed { return x_.at(p); }
+  bool in_flight(std::size_t p) const { return pending_.at(p) != nullptr; }
+  // Exchanges started and applied so far (every rank alike).
+  std::uint64_t exchanges_started() const noexcept { return started_; }
+  std::uint64_t exchanges_applied() const noexcept { return applied_; }
+
+  const options& opts() const noexcept { return opt_; }
+  float learning_rate() const { return opt_.lr; }
+  void set_learning_rate(float lr) {
+    detail::check_learning_rate("lr", lr);
+    opt_.lr = lr;
+  }
+
+private:
+  friend struct state::access;
+  static constexpr const char* state_kind = "sync::streaming_diloco";
+
+  struct fragment {
+    std::vector<std::pair<std::size_t, std::size_t>> runs; // (offset, length) in the flat model
+    std::size_t length = 0;
+  };
+
+  // One exchange from its start to its application: the pseudo-gradient sent, the sum it came back as.
+  struct exchange {
+    std::int64_t started = 0, due = 0;
+    std::vector<float> delta, sum;
+    std::future<void> done;   // invalid once waited for (and for a loaded one)
+    std::exception_ptr error; // what the exchange threw, kept until it is applied
+  };
+
+  struct saved {
+    std::int64_t step = 0;
+    std::vector<std::vector<float>> global, velocity;
+    std::vector<std::unique_ptr<exchange>> pending;
+    std::vector<std::int64_t> applied_at;
+    std::vector<X> x;
+    float lr = 0.0f;
+    std::uint64_t started = 0, applied = 0;
+  };
+
+  void cut() {
+    const std::size_t nl = layers_.size(), P = static_cast<std::size_t>(opt_.fragments);
+    std::vector<std::size_t> begin(nl + 1, 0);
+    for (std::size_t l = 0; l < nl; ++l) {
+      if (layers_[l] == 0)
+        throw invalid_argument(commsgd::detail::concat("argument 'layer_sizes[", l,
+                                                       "]' = 0 is outside the allowed range [1, inf)"));
+      begin[l + 1] = begin[l] + layers_[l];
+    }
+    total_ = begin[nl];
+    frags_.assign(P, {});
+    for (std::size_t l = 0; l < nl; ++l) {
+      // Contiguous: layer l goes to the run that holds it when nl layers are cut into P runs as evenly as
+      // whole layers allow.
+      const std::size_t p = opt_.layout == fragment_layout::strided ? l % P : l * P / nl;
+      auto& f = frags_[p];
+      if (!f.runs.empty() && f.runs.back().first + f.runs.back().second == begin[l])
+        f.runs.back().second += layers_[l];
+      else
+        f.runs.emplace_back(begin[l], layers_[l]);
+      f.length += layers_[l];
+    }
+  }
+
+  void gather(std::size_t p, std::span<const float> params, std::vector<float>& out) const {
+    out.resize(frags_[p].length);
+    std::size_t at = 0;
+    for (const auto& [off, len] : frags_[p].runs) {
+      std::copy_n(params.begin() + static_cast<std::ptrdiff_t>(off), len,
+                  out.begin() + static_cast<std::ptrdiff_t>(at));
+      at += len;
+    }
+  }
+
+  void require_started() const {
+    if (global_.empty())
+      throw invalid_argument("sync::streaming_diloco: step() or finish() before start(); call start(params) "
+                             "once, on every rank, before the first step");
+  }
+
+  // Starts fragment p's exchange on the exchange thread.
+  void launch(std::size_t p, std::span<const float> params, std::int64_t t) {
+    auto ex = std::make_unique<exchange>();
+    ex->started = t;
+    ex->due = t + opt_.delay;
+    gather(p, params, ex->delta);
+    // delta <- global - local, in place: the local values are no longer needed.
+    pseudo_gradient(global_[p], ex->delta, ex->delta);
+    ex->sum.resize(ex->delta.size());
+    exchange* e = ex.get();
+    C* c = comm_;
+    if constexpr (compressed) {
+      X* x = &x_[p];
+      ex->done = thread_->submit(
+          [e, c, x] { x->reduce(*c, std::span<const float>(e->delta), std::span<float>(e->sum)); });
+    } else {
+      ex->done = thread_->submit([e, c] {
+        std::copy(e->delta.begin(), e->delta.end(), e->sum.begin());
+        c->all_reduce_sum(std::span<float>(e->sum));
+      });
+    }
+    pending_[p] = std::move(ex);
+    ++started_;
+  }
+
+  static void wait(exchange& e) noexcept {
+    if (!e.done.valid()) return;
+    try {
+      e.done.get();
+    } catch (...) {
+      e.error = std::current_exception();
+    }
+  }
+
+  // Waits for fragment p's exchange and applies it; a refused or failed exchange is dropped, and throws.
+  void apply(std::size_t p, std::span<float> params) {
+    std::unique_ptr<exchange> ex = std::move(pending_[p]);
+    wait(*ex);
+    try {
+      if (ex->error) std::rethrow_exception(ex->error);
+    } catch (const non_finite& e) {
+      throw non_finite(commsgd::detail::concat("sync::streaming_diloco: fragment ", p, "'s pseudo-gradients ",
+                                               "(theta_global - theta_local, started after step ",
+                                               ex->started, ") compressed by ", compressor_name(), " (",
+                                               e.what(), ")"),
+                       e.count(), e.first_index());
+    }
+    const auto bad = select::find_non_finite(std::span<const float>(ex->sum));
+    if (bad.count > 0) {
+      const auto mine = select::find_non_finite(std::span<const float>(ex->delta));
+      throw non_finite(commsgd::detail::concat(
+                           "sync::streaming_diloco: the sum of the ranks' pseudo-gradients "
+                           "of fragment ",
+                           p, " (started after step ", ex->started, "; ",
+                           mine.count > 0 ? "this rank's own holds NaN or inf" : "this rank's own is finite",
+                           ")"),
+                       bad.count, bad.first);
+    }
+    const float n = static_cast<float>(ranks_);
+    for (auto& v : ex->sum)
+      v = v / n;
+    auto& g = global_[p];
+    outer_[p].step(g, ex->sum);
+    const float a = opt_.alpha;
+    std::size_t at = 0;
+    for (const auto& [off, len] : frags_[p].runs) {
+      for (std::size_t i = 0; i < len; ++i) {
+        float& x = params[off + i];
+        x = a == 0.0f ? g[at + i] : g[at + i] + a * (x - g[at + i]);
+      }
+      at += len;
+    }
+    applied_at_[p] = step_ - 1;
+    ++applied_;
+  }
+
+  static const char* compressor_name() {
+    if constexpr (compressed)
+      return X::name;
+    else
+      return "none";
+  }
+
+  // Waits for every exchange in flight (destructor, save); errors stay in their futures' place for apply().
+  void drain() noexcept {
+    for (auto& ex : pending_)
+      if (ex && ex->done.valid()) ex->done.wait();
+  }
+
+  void save_section(state::writer& w, state::part which) const {
+    // An exchange in flight is waited for and saved with its sum; one that failed is reported now (and again
+    // when it is due).
+    for (auto& ex : pending_)
+      if (ex) {
+        wait(*ex);
+        if (ex->error) std::rethrow_exception(ex->error);
+      }
+    if (which == state::part::local) {
+      if constexpr (compressed)
+        for (const auto& x : x_)
+          w.put_array(std::span<const std::byte>(state::to_bytes(x)));
+      return;
+    }
+    w.put_array(std::span<const std::uint64_t>(layers_as_u64()));
+    w.put<std::int32_t>(opt_.period);
+    w.put<std::int32_t>(opt_.fragments);
+    w.put<std::int32_t>(opt_.delay);
+    w.put<float>(opt_.alpha);
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(opt_.layout));
+    w.put<float>(opt_.outer.lr);
+    w.put<float>(opt_.outer.momentum);
+    w.put<float>(opt_.lr);
+    w.put<std::int64_t>(step_);
+    w.put<std::uint64_t>(started_);
+    w.put<std::uint64_t>(applied_);
+    w.put<std::uint32_t>(global_.empty() ? 0u : 1u);
+    for (std::size_t p = 0; p < frags_.size(); ++p) {
+      if (!global_.empty()) w.put_array(std::span<const float>(global_[p]));
+      w.put_array(outer_[p].velocity());
+      w.put<std::int64_t>(applied_at_[p]);
+      w.put<std::uint32_t>(pending_[p] ? 1u : 0u);
+      if (pending_[p]) {
+        w.put<std::int64_t>(pending_[p]->started);
+        w.put_array(std::span<const float>(pending_[p]->delta));
+        w.put_array(std::span<const float>(pending_[p]->sum));
+      }
+    }
+  }
+
+  std::vector<std::uint64_t> layers_as_u64() const {
+    return std::vector<std::uint64_t>(layers_.begin(), layers_.end());
+  }
+
+  static void expect_same_bits(float saved, float mine, const char* what) {
+    if (std::bit_cast<std::uint32_t>(saved) != std::bit_cast<std::uint32_t>(mine))
+      throw corrupt_data(
+          commsgd::detail::concat("saved state: option '", what, "' is ", saved, ", this one's is ", mine));
+  }
+
+  void parse_section(state::reader& r, state::part which, saved& t) const {
+    if (which == state::part::local) {
+      if constexpr (compressed)
+        for (const auto& x : x_) {
+          const auto bytes = r.get_bytes();
+          auto is = state::from_bytes(bytes);
+          t.x.push_back(x);
+          t.x.back().load(is);
+        }
+      return;
+    }
+    if (r.get_vector<std::uint64_t>() != layers_as_u64())
+      throw corrupt_data("saved state: the layer sizes differ from this strategy's");
+    state::expect_same(r.get<std::int32_t>(), opt_.period, "option 'period'");
+    state::expect_same(r.get<std::int32_t>(), opt_.fragments, "option 'fragments'");
+    state::expect_same(r.get<std::int32_t>(), opt_.delay, "option 'delay'");
+    expect_same_bits(r.get<float>(), opt_.alpha, "alpha");
+    state::expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(opt_.layout),
+                       "option 'layout' (0 strided, 1 contiguous)");
+    expect_same_bits(r.get<float>(), opt_.outer.lr, "outer.lr");
+    expect_same_bits(r.get<float>(), opt_.outer.momentum, "outer.momentum");
+    t.lr = state::read_learning_rate(r);
+    t.step = r.get<std::int64_t>();
+    t.started = r.get<std::uint64_t>();
+    t.applied = r.get<std::uint64_t>();
+    if (t.step < 0) throw corrupt_data(commsgd::detail::concat("saved state: step ", t.step, " is negative"));
+    const bool has_global = r.get<std::uint32_t>() == 1u;
+    t.pending.resize(frags_.size());
+    for (std::size_t p = 0; p < frags_.size(); ++p) {
+      const std::size_t len = frags_[p].length;
+      if (has_global) {
+        t.global.push_back(r.get_vector<float>());
+        if (t.global.back().size() != len)
+          throw corrupt_data(commsgd::detail::concat("saved state: fragment ", p, "'s common model holds ",
+                                                     t.global.back().size(), " values, the fragment ", len));
+      }
+      t.velocity.push_back(r.get_vector<float>());
+      if (!t.velocity.back().empty() && (!outer_[p].has_momentum() || t.velocity.back().size() != len))
+        throw corrupt_data(commsgd::detail::concat("saved state: fragment ", p, "'s outer momentum holds ",
+                                                   t.velocity.back().size(), " values for a fragment of ",
+                                                   len, " (momentum ", opt_.outer.momentum, ")"));
+      t.applied_at.push_back(r.get<std::int64_t>());
+      if (t.applied_at.back() < -1 || t.applied_at.back() >= t.step)
+        throw corrupt_data(commsgd::detail::concat("saved state: fragment ", p,
+                                                   " was last applied after step ", t.applied_at.back(),
+                                                   ", outside [-1, step ", t.step, ")"));
+      if (r.get<std::uint32_t>() == 1u) {
+        auto ex = std::make_unique<exchange>();
+        ex->started = r.get<std::int64_t>();
+        ex->due = ex->started + opt_.delay;
+        ex->delta = r.get_vector<float>();
+        ex->sum = r.get_vector<float>();
+        if (!has_global || ex->delta.size() != len || ex->sum.size() != len || ex->started < 0 ||
+            ex->due < t.step || !starts_after(p, ex->started))
+          throw corrupt_data(commsgd::detail::concat("saved state: fragment ", p,
+                                                     "'s exchange in flight "
+                                                     "(started after step ",
+                                                     ex->started,
+                                                     ") does not fit the schedule or the fragment"));
+        t.pending[p] = std::move(ex);
+      }
+    }
+  }
+
+  void commit(saved&& t) noexcept {
+    drain();
+    opt_.lr = t.lr;
+    step_ = t.step;
+    applied_at_ = std::move(t.applied_at);
+    started_ = t.started;
+    applied_ = t.applied;
+    global_ = std::move(t.global);
+    for (std::size_t p = 0; p < frags_.size(); ++p)
+      outer_[p].replace_velocity(std::move(t.velocity[p]));
+    pending_ = std::move(t.pending);
+    if constexpr (compressed)
+      if (!t.x.empty()) x_ = std::move(t.x);
+    resumed_ = true;
+  }
+
+  C* comm_;
+  int ranks_; // asked once: while an exchange is in flight only the exchange thread may use comm_
+  options opt_;
+  std::vector<std::size_t> layers_;
+  std::size_t total_ = 0;
+  std::vector<fragment> frags_;
+  std::vector<std::vector<float>> global_; // per fragment; empty before start()
+  std::vector<outer_sgd> outer_;
+  std::vector<X> x_; // compressed: one per fragment
+  std::vector<std::unique_ptr<exchange>> pending_;
+  std::vector<std::int64_t> applied_at_; // per fragment: the step its last exchange was applied after, or -1
+  std::int64_t step_ = 0;
+  std::uint64_t started_ = 0, applied_ = 0;
+  bool resumed_ = false;
+  // Last: destroyed first, after drain(), so no exchange outlives what it uses.
+  std::unique_ptr<exchange_thread> thread_;
+};
+
+static_assert(sync_strategy<streaming_diloco<comm::archetype>>);
+
+// Every rank holds the same model after a step that applied an exchange only when one fragment is the whole
+// model and the merge keeps nothing local; after finish whenever the merge keeps nothing local.
+template <class C, class X>
+struct replica_promise<streaming_diloco<C, X>> {
+  static bool after_step(const streaming_diloco<C, X>& s, const step_result& r) {
+    return r.averaged && s.num_fragments() == 1 && s.opts().alpha == 0.0f;
+  }
+  static bool after_finish(const streaming_diloco<C, X>& s) { return s.opts().alpha == 0.0f; }
+};
+
+} // namespace commsgd::inline v1::sync

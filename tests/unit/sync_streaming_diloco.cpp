@@ -1,0 +1,458 @@
+// sync::streaming_diloco on thread ranks: one fragment with no delay is sync::diloco bit for bit; streamed
+// fragments equal a serial reference bit for bit over random layouts, periods, delays and merges; the
+// schedule; fragments cover the model once; a checkpoint taken with exchanges in flight resumes bit for bit;
+// a non-finite pseudo-gradient is refused on every rank and changes no outer state; bad options are named.
+#include <commsgd/comm/local.hpp>
+#include <commsgd/compress/half.hpp>
+#include <commsgd/compress/top_k_ef.hpp>
+#include <commsgd/sync/local_sgd.hpp>
+#include <commsgd/sync/streaming_diloco.hpp>
+#include <support/least_squares.hpp>
+#include <support/train_ranks.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace commsgd;
+using sync::fragment_layout;
+using sync::streaming_diloco;
+
+namespace {
+
+const std::vector<std::size_t> layers = {5, 17, 3, 9};
+const toy::least_squares& problem() {
+  static const toy::least_squares p({.samples = 480, .dim = 34, .seed = 13});
+  return p;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// The layout, written again from its definition: layer l goes to fragment l mod P (strided) or l P / L.
+std::vector<std::vector<std::size_t>> fragment_indices(const std::vector<std::size_t>& sizes, int P,
+                                                       fragment_layout layout) {
+  std::vector<std::vector<std::size_t>> out(static_cast<std::size_t>(P));
+  std::size_t at = 0;
+  for (std::size_t l = 0; l < sizes.size(); ++l) {
+    const std::size_t p = layout == fragment_layout::strided ? l % static_cast<std::size_t>(P)
+                                                             : l * static_cast<std::size_t>(P) / sizes.size();
+    for (std::size_t i = 0; i < sizes[l]; ++i)
+      out[p].push_back(at + i);
+    at += sizes[l];
+  }
+  return out;
+}
+
+// Streaming DiLoCo on n ranks, one after the other in one thread, with the float operations in the order the
+// strategy takes them (sums in rank order, as comm::local's all_reduce_sum).
+toy::finals_t reference(const toy::least_squares& prob, const std::vector<std::size_t>& sizes, int n,
+                        int steps, const sync::streaming_diloco_options& o, bool finish) {
+  const auto frags = fragment_indices(sizes, o.fragments, o.layout);
+  const std::size_t P = frags.size();
+  toy::finals_t x(static_cast<std::size_t>(n), std::vector<float>(prob.dim(), 0.0f));
+  std::vector<std::vector<float>> global(P), velocity(P);
+  for (std::size_t p = 0; p < P; ++p)
+    for (auto i : frags[p])
+      global[p].push_back(x[0][i]);
+  struct flight {
+    std::int64_t due;
+    std::vector<float> sum;
+  };
+  std::vector<std::optional<flight>> pending(P);
+  std::vector<std::int64_t> applied_at(P, -1);
+  auto starts = [&](std::size_t p, std::int64_t t) {
+    const std::int64_t first = static_cast<std::int64_t>(p) * o.period / static_cast<std::int64_t>(P);
+    return t >= first && (t - first) % o.period == 0;
+  };
+  auto launch = [&](std::size_t p, std::int64_t t) {
+    std::vector<float> sum(frags[p].size());
+    for (int r = 0; r < n; ++r)
+      for (std::size_t j = 0; j < frags[p].size(); ++j) {
+        const float d = global[p][j] - x[static_cast<std::size_t>(r)][frags[p][j]];
+        sum[j] = r == 0 ? d : sum[j] + d;
+      }
+    pending[p] = flight{t + o.delay, std::move(sum)};
+  };
+  auto apply = [&](std::size_t p, std::int64_t t) {
+    auto& g = global[p];
+    const auto& s = pending[p]->sum;
+    const float lr = o.outer.lr, mu = o.outer.momentum;
+    if (mu != 0.0f && velocity[p].empty()) velocity[p].assign(g.size(), 0.0f);
+    for (std::size_t j = 0; j < g.size(); ++j) {
+      const float mean = s[j] / static_cast<float>(n);
+      if (mu == 0.0f) {
+        g[j] = g[j] - lr * mean;
+      } else {
+        velocity[p][j] = mu * velocity[p][j] + mean;
+        g[j] = g[j] - lr * (mean + mu * velocity[p][j]);
+      }
+    }
+    for (auto& xr : x)
+      for (std::size_t j = 0; j < g.size(); ++j) {
+        float& v = xr[frags[p][j]];
+        v = o.alpha == 0.0f ? g[j] : g[j] + o.alpha * (v - g[j]);
+      }
+    pending[p].reset();
+    applied_at[p] = t;
+  };
+  std::vector<float> grad(prob.dim());
+  for (int t = 0; t < steps; ++t) {
+    for (int r = 0; r < n; ++r) {
+      auto& xr = x[static_cast<std::size_t>(r)];
+      prob.gradient(xr, prob.batch(r, n, t, 8), grad);
+      for (std::size_t i = 0; i < xr.size(); ++i)
+        xr[i] = xr[i] - o.lr * grad[i];
+    }
+    for (std::size_t p = 0; p < P; ++p)
+      if (pending[p] && pending[p]->due <= t) apply(p, t);
+    for (std::size_t p = 0; p < P; ++p)
+      if (starts(p, t)) {
+        launch(p, t);
+        if (o.delay == 0) apply(p, t);
+      }
+  }
+  if (finish) {
+    const std::int64_t last = steps - 1;
+    for (std::size_t p = 0; p < P; ++p)
+      if (pending[p]) apply(p, last);
+    for (std::size_t p = 0; p < P; ++p) {
+      if (o.alpha == 0.0f && applied_at[p] == last) continue;
+      launch(p, last);
+      apply(p, last);
+    }
+  }
+  return x;
+}
+
+} // namespace
+
+TEST_CASE("one fragment, no delay, alpha 0: sync::diloco bit for bit, uncompressed and compressed") {
+  const auto& prob = problem();
+  for (int H : {1, 3, 7})
+    for (float mu : {0.0f, 0.9f}) {
+      CAPTURE(H);
+      CAPTURE(mu);
+      const sync::outer_sgd_options outer{.lr = 0.7f, .momentum = mu};
+      const auto want = toy::train_ranks(prob, 3, 23, [&](comm::local& c) {
+        return sync::diloco<comm::local>(c, {.lr = 0.05f, .period = H, .outer = outer});
+      });
+      const auto got = toy::train_ranks(prob, 3, 23, [&](comm::local& c) {
+        return streaming_diloco<comm::local>(c, layers, {.lr = 0.05f, .period = H, .outer = outer});
+      });
+      for (std::size_t r = 0; r < 3; ++r)
+        CHECK(same_bits(got[r], want[r]));
+
+      using topk = compress::top_k_ef<>;
+      const auto want_k = toy::train_ranks(prob, 3, 23, [&](comm::local& c) {
+        return sync::diloco<comm::local, topk>(c, {.lr = 0.05f, .period = H, .outer = outer},
+                                               topk(prob.dim(), {.density = 0.3}));
+      });
+      const auto got_k = toy::train_ranks(prob, 3, 23, [&](comm::local& c) {
+        return streaming_diloco<comm::local, topk>(c, layers, {.lr = 0.05f, .period = H, .outer = outer},
+                                                   [](std::size_t n) { return topk(n, {.density = 0.3}); });
+      });
+      for (std::size_t r = 0; r < 3; ++r)
+        CHECK(same_bits(got_k[r], want_k[r]));
+
+      const auto want_h = toy::train_ranks(prob, 2, 23, [&](comm::local& c) {
+        return sync::diloco<comm::local, compress::bf16>(
+            c, {.lr = 0.05f, .period = H, .outer = outer},
+            compress::bf16(prob.dim(), {.error_feedback = true}));
+      });
+      const auto got_h = toy::train_ranks(prob, 2, 23, [&](comm::local& c) {
+        return streaming_diloco<comm::local, compress::bf16>(
+            c, layers, {.lr = 0.05f, .period = H, .outer = outer},
+            [](std::size_t n) { return compress::bf16(n, {.error_feedback = true}); });
+      });
+      for (std::size_t r = 0; r < 2; ++r)
+        CHECK(same_bits(got_h[r], want_h[r]));
+    }
+}
+
+TEST_CASE(
+    "streamed fragments equal a serial reference bit for bit (random layouts, periods, delays, merges)") {
+  std::mt19937 rng(20261126);
+  for (int trial = 0; trial < 24; ++trial) {
+    std::vector<std::size_t> sizes(1 + rng() % 6);
+    for (auto& s : sizes)
+      s = 1 + rng() % 9;
+    std::size_t dim = 0;
+    for (auto s : sizes)
+      dim += s;
+    const toy::least_squares prob({.samples = 120, .dim = dim, .seed = 100u + static_cast<unsigned>(trial)});
+    sync::streaming_diloco_options o;
+    o.lr = 0.02f;
+    o.period = 1 + static_cast<int>(rng() % 8);
+    o.fragments = 1 + static_cast<int>(rng() % sizes.size());
+    o.delay = static_cast<int>(rng() % static_cast<unsigned>(o.period));
+    o.alpha = trial % 3 == 0 ? 0.5f : 0.0f;
+    o.layout = trial % 2 == 0 ? fragment_layout::strided : fragment_layout::contiguous;
+    o.outer = {.lr = trial % 4 == 1 ? 1.0f : 0.7f, .momentum = trial % 4 == 1 ? 0.0f : 0.9f};
+    const int n = 1 + trial % 3, steps = 29;
+    CAPTURE(trial);
+    CAPTURE(o.period);
+    CAPTURE(o.fragments);
+    CAPTURE(o.delay);
+    for (bool finish : {false, true}) {
+      CAPTURE(finish);
+      const auto want = reference(prob, sizes, n, steps, o, finish);
+      const auto got = toy::train_ranks(
+          prob, n, steps, [&](comm::local& c) { return streaming_diloco<comm::local>(c, sizes, o); }, finish);
+      for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r)
+        CHECK(same_bits(got[r], want[r]));
+    }
+  }
+}
+
+TEST_CASE(
+    "schedule: every H steps from p H / P, applied delay steps later, one fragment a step when H >= P") {
+  for (int H : {1, 4, 9})
+    for (int P = 1; P <= 4; ++P)
+      for (int delay = 0; delay < H; delay += 2) {
+        CAPTURE(H);
+        CAPTURE(P);
+        CAPTURE(delay);
+        comm::local_group(1).run([&](comm::local& c) {
+          streaming_diloco<comm::local> s(c, layers, {.period = H, .fragments = P, .delay = delay});
+          std::vector<float> x(problem().dim(), 1.0f), g(x.size(), 0.0f);
+          s.start(x);
+          std::uint64_t starts = 0;
+          for (std::int64_t t = 0; t < 40; ++t) {
+            int starting = 0, due = 0;
+            for (std::size_t p = 0; p < s.num_fragments(); ++p) {
+              const std::int64_t first = static_cast<std::int64_t>(p) * H / P;
+              const bool want = t >= first && (t - first) % H == 0;
+              CHECK(s.starts_after(p, t) == want);
+              starting += want ? 1 : 0;
+              due += (t - delay >= first && (t - delay - first) % H == 0) ? 1 : 0;
+            }
+            starts += static_cast<std::uint64_t>(starting);
+            const auto r = s.step(x, g);
+            CHECK(r.exchanged == (starting + due > 0));
+            CHECK(r.averaged == (due > 0));
+            if (H >= P) CHECK(starting <= 1);
+            for (std::size_t p = 0; p < s.num_fragments(); ++p) {
+              const std::int64_t first = static_cast<std::int64_t>(p) * H / P;
+              // In flight after step t: started at some t' in (t - delay, t].
+              bool flying = false;
+              for (std::int64_t u = t - delay + 1; u <= t && delay > 0; ++u)
+                flying = flying || (u >= first && (u - first) % H == 0);
+              CHECK(s.in_flight(p) == flying);
+            }
+          }
+          CHECK(s.exchanges_started() == starts);
+          s.finish(x);
+          for (std::size_t p = 0; p < s.num_fragments(); ++p)
+            CHECK_FALSE(s.in_flight(p));
+        });
+      }
+}
+
+TEST_CASE("fragments cover the model once, in order, strided or contiguous") {
+  const std::vector<std::size_t> sizes = {3, 1, 4, 1, 5, 9, 2};
+  for (auto layout : {fragment_layout::strided, fragment_layout::contiguous})
+    for (int P = 1; P <= 7; ++P) {
+      CAPTURE(P);
+      comm::local_group(1).run([&](comm::local& c) {
+        streaming_diloco<comm::local> s(c, sizes, {.period = 8, .fragments = P, .layout = layout});
+        const auto want = fragment_indices(sizes, P, layout);
+        std::vector<int> seen(25, 0);
+        for (std::size_t p = 0; p < s.num_fragments(); ++p) {
+          std::vector<std::size_t> got;
+          for (auto [off, len] : s.fragment_runs(p))
+            for (std::size_t i = 0; i < len; ++i) {
+              got.push_back(off + i);
+              ++seen[off + i];
+            }
+          CHECK(got == want[p]);
+          CHECK(s.fragment_length(p) == got.size());
+          CHECK_FALSE(got.empty());
+        }
+        for (int v : seen)
+          CHECK(v == 1);
+      });
+    }
+}
+
+TEST_CASE("a checkpoint taken with exchanges in flight resumes bit for bit, uncompressed and top-k") {
+  const auto& prob = problem();
+  const int n = 3, before = 10, after = 15;
+  const sync::streaming_diloco_options o{.lr = 0.05f, .period = 6, .fragments = 3, .delay = 2, .alpha = 0.5f};
+  auto check = [&](auto make) {
+    // One run straight through, one stopped after `before` steps and resumed from its checkpoint.
+    toy::finals_t straight(n), resumed(n);
+    std::string shared;
+    std::vector<std::string> local(n);
+    toy::finals_t saved_x(n);
+    comm::local_group(n).run([&](comm::local& c) {
+      auto s = make(c);
+      std::vector<float> x(prob.dim(), 0.0f), g(x.size());
+      s.start(x);
+      for (int t = 0; t < before + after; ++t) {
+        if (t == before) {
+          bool flying = false;
+          for (std::size_t p = 0; p < s.num_fragments(); ++p)
+            flying = flying || s.in_flight(p);
+          CHECK(flying);
+          std::ostringstream sh, lo;
+          s.save(sh, state::part::shared);
+          s.save(lo, state::part::local);
+          if (c.rank() == 0) shared = sh.str();
+          local[static_cast<std::size_t>(c.rank())] = lo.str();
+          saved_x[static_cast<std::size_t>(c.rank())] = x;
+        }
+        prob.gradient(x, prob.batch(c.rank(), n, t, 8), g);
+        s.step(x, g);
+      }
+      s.finish(x);
+      straight[static_cast<std::size_t>(c.rank())] = x;
+    });
+    comm::local_group(n).run([&](comm::local& c) {
+      auto s = make(c);
+      std::istringstream sh(shared), lo(local[static_cast<std::size_t>(c.rank())]);
+      s.load(sh, lo);
+      auto x = saved_x[static_cast<std::size_t>(c.rank())];
+      std::vector<float> g(x.size());
+      s.start(x);
+      for (int t = before; t < before + after; ++t) {
+        prob.gradient(x, prob.batch(c.rank(), n, t, 8), g);
+        s.step(x, g);
+      }
+      s.finish(x);
+      resumed[static_cast<std::size_t>(c.rank())] = x;
+    });
+    for (std::size_t r = 0; r < n; ++r)
+      CHECK(same_bits(resumed[r], straight[r]));
+  };
+  check([&](comm::local& c) { return streaming_diloco<comm::local>(c, layers, o); });
+  using topk = compress::top_k_ef<>;
+  check([&](comm::local& c) {
+    return streaming_diloco<comm::local, topk>(c, layers, o,
+                                               [](std::size_t len) { return topk(len, {.density = 0.2}); });
+  });
+}
+
+TEST_CASE("a stream of other options or layers is refused") {
+  const auto& prob = problem();
+  const sync::streaming_diloco_options o{.lr = 0.05f, .period = 6, .fragments = 3, .delay = 2, .alpha = 0.5f};
+  std::string stream;
+  comm::local_group(1).run([&](comm::local& c) {
+    streaming_diloco<comm::local> s(c, layers, o);
+    std::vector<float> x(prob.dim(), 0.0f);
+    s.start(x);
+    std::ostringstream os;
+    s.save(os, state::part::all);
+    stream = os.str();
+    streaming_diloco<comm::local> other_delay(c, layers, {.period = 6, .fragments = 3, .delay = 1});
+    std::istringstream is(stream);
+    CHECK_THROWS_AS(other_delay.load(is), corrupt_data);
+    streaming_diloco<comm::local> other_layers(c, {17, 17}, {.period = 6, .fragments = 2, .delay = 2});
+    std::istringstream is2(stream);
+    CHECK_THROWS_AS(other_layers.load(is2), corrupt_data);
+  });
+}
+
+TEST_CASE("a non-finite pseudo-gradient is refused on every rank; the fragment's outer state is unchanged") {
+  const auto& prob = problem();
+  const int n = 3;
+  auto run = [&](auto make, const char* label) {
+    CAPTURE(label);
+    std::vector<int> refused(n, 0);
+    comm::local_group(n).run([&](comm::local& c) {
+      auto s = make(c);
+      std::vector<float> x(prob.dim(), 0.0f), g(x.size());
+      s.start(x);
+      // Fragment 0 (layers 0 and 2: elements 0-4 and 22-24) starts after steps 0, 4, 8: rank 1 spoils one of
+      // its values before step 4, the exchange started then is due after step 5.
+      std::vector<float> global_before, velocity_before;
+      for (int t = 0; t < 12; ++t) {
+        prob.gradient(x, prob.batch(c.rank(), n, t, 8), g);
+        if (t == 4 && c.rank() == 1) x[2] = std::numeric_limits<float>::quiet_NaN();
+        if (t == 5) {
+          // Rank 1's gradient at its spoilt model is not finite: every rank passes a zero one this step.
+          std::fill(g.begin(), g.end(), 0.0f);
+          global_before.assign(s.global_model(0).begin(), s.global_model(0).end());
+          velocity_before.assign(s.outer(0).velocity().begin(), s.outer(0).velocity().end());
+          try {
+            s.step(x, g);
+          } catch (const non_finite& e) {
+            refused[static_cast<std::size_t>(c.rank())] = 1;
+            CHECK(std::string(e.what()).find("fragment 0") != std::string::npos);
+          }
+          CHECK(same_bits(std::vector<float>(s.global_model(0).begin(), s.global_model(0).end()),
+                          global_before));
+          CHECK(same_bits(std::vector<float>(s.outer(0).velocity().begin(), s.outer(0).velocity().end()),
+                          velocity_before));
+          CHECK_FALSE(s.in_flight(0));
+          // The trainer mends its model from the common one and goes on: the next turns come on schedule.
+          if (c.rank() == 1) x[2] = s.global_model(0)[2];
+          continue;
+        }
+        s.step(x, g);
+      }
+      s.finish(x);
+      for (float v : x)
+        CHECK(std::isfinite(v));
+    });
+    for (int v : refused)
+      CHECK(v == 1);
+  };
+  const sync::streaming_diloco_options o{.lr = 0.05f, .period = 4, .fragments = 2, .delay = 1};
+  run([&](comm::local& c) { return streaming_diloco<comm::local>(c, layers, o); }, "uncompressed");
+  using topk = compress::top_k_ef<>;
+  run(
+      [&](comm::local& c) {
+        return streaming_diloco<comm::local, topk>(
+            c, layers, o, [](std::size_t len) { return topk(len, {.density = 0.5}); });
+      },
+      "top-k");
+}
+
+TEST_CASE("bad options and calls are refused, naming the argument") {
+  comm::local_group(1).run([&](comm::local& c) {
+    auto refused = [&](sync::streaming_diloco_options o, std::vector<std::size_t> sizes, const char* name) {
+      try {
+        streaming_diloco<comm::local> s(c, std::move(sizes), o);
+        FAIL_CHECK("accepted " << name);
+      } catch (const invalid_argument& e) {
+        CHECK(std::string(e.what()).find(name) != std::string::npos);
+      }
+    };
+    refused({.lr = 0.0f}, layers, "lr");
+    refused({.period = 0}, layers, "period");
+    refused({.period = 4, .fragments = 5}, layers, "fragments");
+    refused({.period = 4, .fragments = 0}, layers, "fragments");
+    refused({.period = 4, .delay = 4}, layers, "delay");
+    refused({.period = 4, .delay = -1}, layers, "delay");
+    refused({.alpha = 1.5f}, layers, "alpha");
+    refused({.outer = {.lr = 0.7f, .momentum = 1.0f}}, layers, "outer.momentum");
+    refused({}, {}, "layer_sizes");
+    refused({}, {3, 0, 2}, "layer_sizes[1]");
+    refused({.layout = static_cast<fragment_layout>(7)}, layers, "layout");
+
+    streaming_diloco<comm::local> s(c, layers, {.period = 4});
+    std::vector<float> x(34, 0.0f), g(34, 0.0f), short_x(33, 0.0f);
+    CHECK_THROWS_AS(s.step(x, g), invalid_argument); // before start()
+    CHECK_THROWS_AS(s.start(short_x), invalid_argument);
+    s.start(x);
+    g[3] = std::numeric_limits<float>::infinity();
+    CHECK_THROWS_AS(s.step(x, g), non_finite);
+    using topk = compress::top_k_ef<>;
+    CHECK_THROWS_AS((streaming_diloco<comm::local, topk>(c, layers, {}, nullptr)), invalid_argument);
+    CHECK_THROWS_AS(
+        (streaming_diloco<comm::local, topk>(c, layers, {.period = 4, .fragments = 2},
+                                             [](std::size_t) { return topk(3, {.density = 0.5}); })),
+        invalid_argument);
+  });
+}
