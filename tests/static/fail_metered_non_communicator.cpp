@@ -1,4 +1,4 @@
-// expect: constraints not satisfied|satisfied
+// expect: constraint failure|constraints not satisfied
 // metered<> of something that is not a communicator is refused by the concept, with the reason.
 #include <commsgd/comm/metered.hpp>
 
