@@ -22,6 +22,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #endif
 #include <doctest/doctest.h>
+#include <support/source_filter.hpp>
 
 #include <boost/mpi/collectives/gather.hpp>
 #include <boost/mpi/communicator.hpp>
@@ -106,6 +107,10 @@ inline int run_doctest_on_all_ranks(int argc, char** argv) {
   if (context.shouldExit()) { // --help, --list-test-cases and the like: rank 0 answers for all
     if (world.rank() == 0) std::cout << report.str() << std::flush;
     return failed_here;
+  }
+  if (source_filter_matched_nothing(argc, argv)) { // the same answer on every rank
+    if (world.rank() == 0) std::cerr << "no test case matched the --source-file filter" << std::endl;
+    return 1;
   }
   int failed_ranks = 0;
   MPI_Allreduce(&failed_here, &failed_ranks, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

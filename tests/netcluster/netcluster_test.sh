@@ -5,9 +5,10 @@
 #
 #   netcluster_test.sh --tool PATH [--mpi-program PATH] [--torch-python PATH]
 #
-# The MPI part runs when --mpi-program names comm_mpi's test program; the torch part when --torch-python names
-# an interpreter that imports torch and commsgd_torch (PYTHONPATH comes from ctest's environment). Where the
-# machine cannot host a cluster (not root, no namespaces) it exits 77, which ctest reports as skipped.
+# The MPI part runs when --mpi-program names the program that holds comm_mpi.cpp's tests (its own, or its
+# batch's); the torch part when --torch-python names an interpreter that imports torch and commsgd_torch
+# (PYTHONPATH comes from ctest's environment). Where the machine cannot host a cluster (not root, no
+# namespaces) it exits 77, which ctest reports as skipped.
 set -uo pipefail
 
 readonly skip=77

@@ -1,0 +1,216 @@
+"""The language-model head-to-head on emulated links: every arm of train.py run on a netcluster of shaped
+links (real TCP at a set rate), then one table of time to target, bytes and peak exchange per arm and rate,
+and a plot of validation loss against training time.
+
+    sudo python3 examples/diloco_lm/links.py run --out DIR --rates 100mbit,1gbit --arms ddp,diloco-h30 \\
+        [--ranks 4] [--python PY] -- [train.py options: --steps 1000 --width 64 ...]
+    python3 examples/diloco_lm/links.py report --out DIR [--md FILE] [--plot FILE]
+
+`run` starts one cluster per (rate, arm) with `tools/netcluster/netcluster exec` (so nothing is left behind,
+whatever happens), one thread per rank, and writes DIR/<rate>/<arm>.jsonl (train.py's log) beside
+DIR/runs.csv (the command, its wall time and the load average before and after). The rate `none` runs the
+ranks on plain loopback instead: no shaping, the network as fast as this machine's copies, which is the
+compute-only reference (the same steps, no exchange charged by a link).
+
+`report` takes the target from DDP's final validation loss (+1 %), at the rate given by `--target-rate`
+(default: the first DDP log found), and gives for each run: the first logged training time (`train_s`:
+steps only, evaluations left out) at which the validation loss is at or below the target, the same for the
+unshaped run of that arm, their ratio, the bytes rank 0 sent, and the busiest exchange (for DiLoCo, one
+fragment's bytes).
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+NETCLUSTER = os.path.join(ROOT, "tools", "netcluster", "netcluster")
+
+# name -> train.py options. DiLoCo's H is in the name; "stream" adds P fragments with a delay and a merge.
+ARMS = {
+    "ddp": ["--arm", "ddp"],
+    "ddp-powersgd": ["--arm", "ddp-powersgd", "--psgd-rank", "4"],
+    "ddp-topk": ["--arm", "ddp-topk", "--density", "0.01"],
+    "postlocal-h30": ["--arm", "postlocal", "--sync-every", "30"],
+}
+for h in (10, 30, 100):
+    base = ["--arm", "diloco", "--sync-every", str(h)]
+    ARMS[f"diloco-h{h}"] = base
+    for c in ("fp16", "int8", "fp4", "topk:0.03"):
+        ARMS[f"diloco-h{h}-{c.replace(':', '')}"] = base + ["--compression", c]
+    ARMS[f"diloco-h{h}-stream"] = base + ["--fragments", "2", "--delay", str(max(1, h // 6)), "--alpha", "0.5"]
+    ARMS[f"diloco-h{h}-stream-fp4"] = ARMS[f"diloco-h{h}-stream"] + ["--compression", "fp4"]
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return f.read().split()[0]
+
+
+def run(args, train_args):
+    os.makedirs(args.out, exist_ok=True)
+    runs_csv = os.path.join(args.out, "runs.csv")
+    new = not os.path.exists(runs_csv)
+    with open(runs_csv, "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(["rate", "arm", "ranks", "exit", "wall_s", "load_before", "load_after", "command"])
+        for rate in args.rates.split(","):
+            for arm in args.arms.split(","):
+                if arm not in ARMS:
+                    raise SystemExit(f"links.py: unknown arm '{arm}' (known: {', '.join(ARMS)})")
+                log = os.path.join(args.out, rate, f"{arm}.jsonl")
+                os.makedirs(os.path.dirname(log), exist_ok=True)
+                train = [args.python, os.path.join(HERE, "train.py")] + ARMS[arm] + train_args + ["--log", log]
+                env = dict(os.environ, OMP_NUM_THREADS="1")
+                if rate == "none":
+                    cmd = [args.python, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks),
+                           "--master_port", "29533"] + train[1:]
+                else:
+                    cmd = [NETCLUSTER, "exec", "-n", str(args.ranks), "--rate", rate, "run", "--"] + train
+                before = loadavg()
+                t0 = time.monotonic()
+                print(f"== {rate} {arm}: {' '.join(cmd)}", flush=True)
+                code = subprocess.call(cmd, env=env, stdout=subprocess.DEVNULL if args.quiet else None)
+                w.writerow([rate, arm, args.ranks, code, round(time.monotonic() - t0, 1), before, loadavg(),
+                            " ".join(cmd)])
+                f.flush()
+                if code != 0:
+                    print(f"links.py: {rate} {arm} exited {code}", file=sys.stderr)
+
+
+def read_log(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def rate_bits(rate):
+    if rate == "none":
+        return math.inf
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for u, m in units.items():
+        if rate.endswith(u):
+            return float(rate[:-len(u)]) * m
+    return float(rate)
+
+
+def time_to(records, target):
+    for r in records:
+        if r["val_loss"] <= target:
+            return r["train_s"], r["step"]
+    return None, None
+
+
+def exchanges(arm_opts, steps):
+    """How many exchanges the arm made in `steps` steps, and one exchange's share of the model."""
+    opts = dict(zip(arm_opts[::2], arm_opts[1::2]))
+    if opts["--arm"] != "diloco":
+        return steps, 1.0
+    h, p = int(opts["--sync-every"]), int(opts.get("--fragments", 1))
+    # Every fragment every H steps, plus finish()'s last exchange of each.
+    return p * (steps // h) + p, 1.0 / p
+
+
+def report(args):
+    logs = {}
+    for rate in sorted(os.listdir(args.out), key=rate_bits):
+        d = os.path.join(args.out, rate)
+        if not os.path.isdir(d):
+            continue
+        for name in sorted(os.listdir(d)):
+            if name.endswith(".jsonl"):
+                recs = read_log(os.path.join(d, name))
+                if recs:
+                    logs[(rate, name[:-len(".jsonl")])] = recs
+    ddp = [(rate, recs) for (rate, arm), recs in logs.items() if arm == "ddp"]
+    if args.target_rate:
+        ddp = [(r, recs) for r, recs in ddp if r == args.target_rate]
+    if not ddp:
+        raise SystemExit("links.py report: no DDP log to take the target from")
+    target_rate, ddp_recs = ddp[0]
+    final = ddp_recs[-1]["val_loss"]
+    target = final * 1.01
+    lines = [f"Target: DDP's final validation loss {final:.4f} nats/byte (the {target_rate} run, step "
+             f"{ddp_recs[-1]['step']}) + 1 % = **{target:.4f}**.", "",
+             "| rate | arm | time to target (s) | step | unshaped time to target (s) | ratio | final val loss | "
+             "MB sent by rank 0 | busiest exchange (MB) | total train time (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (rate, arm), recs in sorted(logs.items(), key=lambda kv: (rate_bits(kv[0][0]), kv[0][1])):
+        t, step = time_to(recs, target)
+        ref = logs.get(("none", arm))
+        t0 = time_to(ref, target)[0] if ref else None
+        sent = recs[-1]["bytes_sent"]
+        # The busiest exchange is known from the totals only where every exchange has the same size.
+        even = arm == "ddp" or arm.startswith("diloco")
+        n_ex = exchanges(ARMS[arm], recs[-1]["step"])[0] if even and arm in ARMS else None
+        busiest = sent / n_ex if sent and n_ex else None
+        lines.append("| {} | {} | {} | {} | {} | {} | {:.4f} | {} | {} | {:.1f} |".format(
+            rate, arm, f"{t:.1f}" if t is not None else "not reached", step if step else "-",
+            f"{t0:.1f}" if t0 is not None else "-",
+            f"{t / t0:.2f}" if t is not None and t0 else "-", recs[-1]["val_loss"],
+            f"{sent / 1e6:.2f}" if sent is not None else "-",
+            f"{busiest / 1e6:.3f}" if busiest is not None else "-", recs[-1]["train_s"]))
+    text = "\n".join(lines) + "\n"
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(text)
+    print(text)
+    if args.plot:
+        plot(logs, target, args.plot)
+
+
+def plot(logs, target, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rates = sorted({rate for rate, _ in logs}, key=rate_bits)
+    fig, axes = plt.subplots(1, len(rates), figsize=(5.5 * len(rates), 4.5), squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        for (r, arm), recs in sorted(logs.items()):
+            if r != rate:
+                continue
+            ax.plot([x["train_s"] for x in recs], [x["val_loss"] for x in recs], label=arm,
+                    linestyle="-" if arm.startswith("diloco") else "--")
+        ax.axhline(target, color="grey", linewidth=0.8)
+        ax.set_title(f"4 ranks, {rate}" if rate != "none" else "unshaped (loopback)")
+        ax.set_xlabel("training time (s)")
+        ax.set_ylabel("validation loss (nats/byte)")
+        ax.set_xscale("log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv):
+    train_args = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, train_args = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--rates", default="100mbit")
+    r.add_argument("--arms", default="ddp,diloco-h30")
+    r.add_argument("--ranks", type=int, default=4)
+    r.add_argument("--python", default=sys.executable)
+    r.add_argument("--quiet", action="store_true", help="no training output on the terminal")
+    q = sub.add_parser("report")
+    q.add_argument("--out", required=True)
+    q.add_argument("--md")
+    q.add_argument("--plot")
+    q.add_argument("--target-rate")
+    args = p.parse_args(argv)
+    if args.cmd == "run":
+        run(args, train_args)
+    else:
+        report(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
