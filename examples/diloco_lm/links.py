@@ -69,8 +69,9 @@ def run(args, train_args):
                 train = [args.python, os.path.join(HERE, "train.py")] + ARMS[arm] + train_args + ["--log", log]
                 env = dict(os.environ, OMP_NUM_THREADS="1")
                 if rate == "none":
+                    env["GLOO_SOCKET_IFNAME"] = "lo"
                     cmd = [args.python, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks),
-                           "--master_port", "29533"] + train[1:]
+                           "--master_addr", "127.0.0.1", "--master_port", "29533"] + train[1:]
                 else:
                     cmd = [NETCLUSTER, "exec", "-n", str(args.ranks), "--rate", rate, "run", "--"] + train
                 before = loadavg()
@@ -138,8 +139,9 @@ def report(args):
     lines = [f"Target: DDP's final validation loss {final:.4f} nats/byte (the {target_rate} run, step "
              f"{ddp_recs[-1]['step']}) + 1 % = **{target:.4f}**.", "",
              "| rate | arm | time to target (s) | step | unshaped time to target (s) | ratio | final val loss | "
-             "MB sent by rank 0 | busiest exchange (MB) | total train time (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "MB sent by rank 0 | DDP's bytes / these | busiest exchange (MB) | total train time (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    ddp_bytes = {rate: recs[-1]["bytes_sent"] for (rate, arm), recs in logs.items() if arm == "ddp"}
     for (rate, arm), recs in sorted(logs.items(), key=lambda kv: (rate_bits(kv[0][0]), kv[0][1])):
         t, step = time_to(recs, target)
         ref = logs.get(("none", arm))
@@ -149,11 +151,13 @@ def report(args):
         even = arm == "ddp" or arm.startswith("diloco")
         n_ex = exchanges(ARMS[arm], recs[-1]["step"])[0] if even and arm in ARMS else None
         busiest = sent / n_ex if sent and n_ex else None
-        lines.append("| {} | {} | {} | {} | {} | {} | {:.4f} | {} | {} | {:.1f} |".format(
+        ref_bytes = ddp_bytes.get(rate) or next(iter(ddp_bytes.values()), None)
+        lines.append("| {} | {} | {} | {} | {} | {} | {:.4f} | {} | {} | {} | {:.1f} |".format(
             rate, arm, f"{t:.1f}" if t is not None else "not reached", step if step else "-",
             f"{t0:.1f}" if t0 is not None else "-",
             f"{t / t0:.2f}" if t is not None and t0 else "-", recs[-1]["val_loss"],
             f"{sent / 1e6:.2f}" if sent is not None else "-",
+            f"{ref_bytes / sent:.0f}x" if sent and ref_bytes else "-",
             f"{busiest / 1e6:.3f}" if busiest is not None else "-", recs[-1]["train_s"]))
     text = "\n".join(lines) + "\n"
     if args.md:

@@ -59,7 +59,6 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
-#include <future>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -230,8 +229,8 @@ private:
   struct exchange {
     std::int64_t started = 0, due = 0;
     std::vector<float> delta, sum;
-    std::future<void> done;   // invalid once waited for (and for a loaded one)
-    std::exception_ptr error; // what the exchange threw, kept until it is applied
+    exchange_thread::ticket done; // invalid once waited for (and for a loaded one)
+    std::exception_ptr error;     // what the exchange threw, kept until it is applied
   };
 
   struct saved {
@@ -310,12 +309,7 @@ private:
   }
 
   static void wait(exchange& e) noexcept {
-    if (!e.done.valid()) return;
-    try {
-      e.done.get();
-    } catch (...) {
-      e.error = std::current_exception();
-    }
+    if (e.done.valid()) e.error = e.done.wait();
   }
 
   // Waits for fragment p's exchange and applies it; a refused or failed exchange is dropped, and throws.
@@ -367,10 +361,10 @@ private:
       return "none";
   }
 
-  // Waits for every exchange in flight (destructor, save); errors stay in their futures' place for apply().
+  // Waits for every exchange in flight (destructor, save); their errors are kept for apply().
   void drain() noexcept {
     for (auto& ex : pending_)
-      if (ex && ex->done.valid()) ex->done.wait();
+      if (ex) wait(*ex);
   }
 
   void save_section(state::writer& w, state::part which) const {
