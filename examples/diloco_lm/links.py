@@ -68,16 +68,23 @@ def run(args, train_args):
                 os.makedirs(os.path.dirname(log), exist_ok=True)
                 train = [args.python, os.path.join(HERE, "train.py")] + ARMS[arm] + train_args + ["--log", log]
                 env = dict(os.environ, OMP_NUM_THREADS="1")
-                if rate == "none":
-                    env["GLOO_SOCKET_IFNAME"] = "lo"
-                    cmd = [args.python, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks),
-                           "--master_addr", "127.0.0.1", "--master_port", "29533"] + train[1:]
-                else:
-                    cmd = [NETCLUSTER, "exec", "-n", str(args.ranks), "--rate", rate, "run", "--"] + train
+                out = subprocess.DEVNULL if args.quiet else None
                 before = loadavg()
                 t0 = time.monotonic()
-                print(f"== {rate} {arm}: {' '.join(cmd)}", flush=True)
-                code = subprocess.call(cmd, env=env, stdout=subprocess.DEVNULL if args.quiet else None)
+                if rate == "none":
+                    # One process per rank on loopback, the rendezvous in the environment (as netcluster's run
+                    # sets it; torchrun's parser would take train.py's --log for an abbreviation of its own).
+                    cmd = train
+                    print(f"== {rate} {arm}: {args.ranks} x {' '.join(cmd)}", flush=True)
+                    procs = [subprocess.Popen(cmd, stdout=out, env=dict(
+                        env, RANK=str(r), WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT="29533",
+                        GLOO_SOCKET_IFNAME="lo")) for r in range(args.ranks)]
+                    codes = [p.wait() for p in procs]
+                    code = next((c for c in codes if c != 0), 0)
+                else:
+                    cmd = [NETCLUSTER, "exec", "-n", str(args.ranks), "--rate", rate, "run", "--"] + train
+                    print(f"== {rate} {arm}: {' '.join(cmd)}", flush=True)
+                    code = subprocess.call(cmd, env=env, stdout=out)
                 w.writerow([rate, arm, args.ranks, code, round(time.monotonic() - t0, 1), before, loadavg(),
                             " ".join(cmd)])
                 f.flush()
@@ -119,10 +126,9 @@ def exchanges(arm_opts, steps):
 
 def report(args):
     logs = {}
-    for rate in sorted(os.listdir(args.out), key=rate_bits):
+    rates = [r for r in os.listdir(args.out) if os.path.isdir(os.path.join(args.out, r))]
+    for rate in sorted(rates, key=rate_bits):
         d = os.path.join(args.out, rate)
-        if not os.path.isdir(d):
-            continue
         for name in sorted(os.listdir(d)):
             if name.endswith(".jsonl"):
                 recs = read_log(os.path.join(d, name))
