@@ -19,6 +19,7 @@
 #include <commsgd/error.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -281,6 +282,14 @@ void expect_same(T saved, U mine, std::string_view what) {
   if (saved != static_cast<T>(mine))
     throw corrupt_data(
         commsgd::detail::concat("saved state: ", what, " is ", saved, ", this one's is ", mine));
+}
+
+// A saved float option that must equal this object's bit for bit (-0 and NaN payloads included): names it and
+// both values.
+inline void expect_same_bits(float saved, float mine, std::string_view option) {
+  if (std::bit_cast<std::uint32_t>(saved) != std::bit_cast<std::uint32_t>(mine))
+    throw corrupt_data(
+        commsgd::detail::concat("saved state: option '", option, "' is ", saved, ", this one's is ", mine));
 }
 
 // What a saved state's save(std::ostream&) writes, as bytes (to nest one state inside another).

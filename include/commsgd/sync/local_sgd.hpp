@@ -252,12 +252,6 @@ private:
     return v == 1;
   }
 
-  static void expect_same_bits(float saved, float mine, const char* what) {
-    if (std::bit_cast<std::uint32_t>(saved) != std::bit_cast<std::uint32_t>(mine))
-      throw corrupt_data(
-          commsgd::detail::concat("saved state: option '", what, "' is ", saved, ", this one's is ", mine));
-  }
-
   void parse_section(state::reader& r, state::part which, saved& t) const {
     if (which == state::part::local) {
       if constexpr (compressed) {
@@ -274,7 +268,7 @@ private:
     state::expect_same(r.get<std::int32_t>(), opt_.max_period, "option 'max_period'");
     state::expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(opt_.correction),
                        "option 'correction' (0 none, 1 at_sync, 2 every_step)");
-    expect_same_bits(r.get<float>(), opt_.alpha, "alpha");
+    state::expect_same_bits(r.get<float>(), opt_.alpha, "alpha");
     state::expect_same(saved_flag(r, "option 'average_on_finish'"), opt_.average_on_finish,
                        "option 'average_on_finish'");
     t.lr = state::read_learning_rate(r);
@@ -297,8 +291,8 @@ private:
     if (t.have_first && (!std::isfinite(t.first_loss) || !(t.first_lr > 0.0f) || !std::isfinite(t.first_lr)))
       throw corrupt_data(commsgd::detail::concat("saved state: the first sync point's loss ", t.first_loss,
                                                  " and learning rate ", t.first_lr, " are not usable"));
-    expect_same_bits(r.get<float>(), outer_.opts().lr, "outer.lr");
-    expect_same_bits(r.get<float>(), outer_.opts().momentum, "outer.momentum");
+    state::expect_same_bits(r.get<float>(), outer_.opts().lr, "outer.lr");
+    state::expect_same_bits(r.get<float>(), outer_.opts().momentum, "outer.momentum");
     t.velocity = r.get_vector<float>();
     if (!keeps_global() && !t.global.empty())
       throw corrupt_data(commsgd::detail::concat("saved state: holds a common model of ", t.global.size(),

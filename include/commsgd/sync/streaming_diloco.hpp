@@ -411,12 +411,6 @@ private:
     return std::vector<std::uint64_t>(layers_.begin(), layers_.end());
   }
 
-  static void expect_same_bits(float saved, float mine, const char* what) {
-    if (std::bit_cast<std::uint32_t>(saved) != std::bit_cast<std::uint32_t>(mine))
-      throw corrupt_data(
-          commsgd::detail::concat("saved state: option '", what, "' is ", saved, ", this one's is ", mine));
-  }
-
   void parse_section(state::reader& r, state::part which, saved& t) const {
     if (which == state::part::local) {
       if constexpr (compressed)
@@ -433,11 +427,11 @@ private:
     state::expect_same(r.get<std::int32_t>(), opt_.period, "option 'period'");
     state::expect_same(r.get<std::int32_t>(), opt_.fragments, "option 'fragments'");
     state::expect_same(r.get<std::int32_t>(), opt_.delay, "option 'delay'");
-    expect_same_bits(r.get<float>(), opt_.alpha, "alpha");
+    state::expect_same_bits(r.get<float>(), opt_.alpha, "alpha");
     state::expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(opt_.layout),
                        "option 'layout' (0 strided, 1 contiguous)");
-    expect_same_bits(r.get<float>(), opt_.outer.lr, "outer.lr");
-    expect_same_bits(r.get<float>(), opt_.outer.momentum, "outer.momentum");
+    state::expect_same_bits(r.get<float>(), opt_.outer.lr, "outer.lr");
+    state::expect_same_bits(r.get<float>(), opt_.outer.momentum, "outer.momentum");
     t.lr = state::read_learning_rate(r);
     t.step = r.get<std::int64_t>();
     t.started = r.get<std::uint64_t>();
