@@ -3,7 +3,7 @@ links (real TCP at a set rate), then one table of time to target, bytes and peak
 and a plot of validation loss against training time.
 
     sudo python3 examples/diloco_lm/links.py run --out DIR --rates 100mbit,1gbit --arms ddp,diloco-h30 \\
-        [--ranks 4] [--python PY] -- [train.py options: --steps 1000 --width 64 ...]
+        [--ranks 4] [--python PY] [--local-steps N] -- [train.py options: --steps 1000 --width 64 ...]
     python3 examples/diloco_lm/links.py report --out DIR [--md FILE] [--plot FILE]
 
 `run` starts one cluster per (rate, arm) with `tools/netcluster/netcluster exec` (so nothing is left behind,
@@ -45,6 +45,28 @@ for h in (10, 30, 100):
         ARMS[f"diloco-h{h}-{c.replace(':', '')}"] = base + ["--compression", c]
     ARMS[f"diloco-h{h}-stream"] = base + ["--fragments", "2", "--delay", str(max(1, h // 6)), "--alpha", "0.5"]
     ARMS[f"diloco-h{h}-stream-fp4"] = ARMS[f"diloco-h{h}-stream"] + ["--compression", "fp4"]
+    ARMS[f"torchft-diloco-h{h}"] = ["--arm", "torchft-diloco", "--sync-every", str(h)]
+
+
+# train.py's arms that exchange only every H steps: `run --local-steps` gives them a longer run (the same token
+# stream, continued; the schedule stretched to it) so that they can reach DDP's final loss if they need more
+# steps than DDP does. The time to the target charges them every extra step.
+LOCAL_STEP_ARMS = ("diloco", "postlocal", "torchft-diloco")
+
+
+def arm_options(name):
+    """train.py options of an arm: a name from ARMS, optionally followed by overrides of train.py options,
+    `+option=value` each (`diloco-h30+outer-lr=1+outer-momentum=0` is DiLoCo at H = 30 with plain averaging)."""
+    base, *extra = name.split("+")
+    if base not in ARMS:
+        raise SystemExit(f"links.py: unknown arm '{base}' (known: {', '.join(ARMS)})")
+    opts = list(ARMS[base])
+    for e in extra:
+        key, sep, value = e.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"links.py: arm '{name}': override '{e}' is not option=value")
+        opts += [f"--{key}", value]
+    return opts
 
 
 def loadavg():
@@ -62,11 +84,12 @@ def run(args, train_args):
             w.writerow(["rate", "arm", "ranks", "exit", "wall_s", "load_before", "load_after", "command"])
         for rate in args.rates.split(","):
             for arm in args.arms.split(","):
-                if arm not in ARMS:
-                    raise SystemExit(f"links.py: unknown arm '{arm}' (known: {', '.join(ARMS)})")
+                opts = arm_options(arm)
                 log = os.path.join(args.out, rate, f"{arm}.jsonl")
                 os.makedirs(os.path.dirname(log), exist_ok=True)
-                train = [args.python, os.path.join(HERE, "train.py")] + ARMS[arm] + train_args + ["--log", log]
+                train = [args.python, os.path.join(HERE, "train.py")] + opts + train_args + ["--log", log]
+                if args.local_steps and opts[1] in LOCAL_STEP_ARMS:
+                    train += ["--steps", str(args.local_steps)]  # argparse keeps the last --steps
                 env = dict(os.environ, OMP_NUM_THREADS="1")
                 out = subprocess.DEVNULL if args.quiet else None
                 before = loadavg()
@@ -108,20 +131,24 @@ def rate_bits(rate):
 
 
 def time_to(records, target):
+    """(train_s, step, bytes sent) at the first evaluation at or below `target`, or Nones."""
     for r in records:
         if r["val_loss"] <= target:
-            return r["train_s"], r["step"]
-    return None, None
+            return r["train_s"], r["step"], r["bytes_sent"]
+    return None, None, None
 
 
-def exchanges(arm_opts, steps):
-    """How many exchanges the arm made in `steps` steps, and one exchange's share of the model."""
+def exchanges(arm_opts, steps, finished=True):
+    """How many exchanges the arm made in `steps` steps (`finished`: the run's last step, where DiLoCo
+    exchanges every fragment once more), and one exchange's share of the model."""
     opts = dict(zip(arm_opts[::2], arm_opts[1::2]))
-    if opts["--arm"] != "diloco":
+    if opts["--arm"] not in ("diloco", "torchft-diloco"):
         return steps, 1.0
     h, p = int(opts["--sync-every"]), int(opts.get("--fragments", 1))
+    if opts["--arm"] == "torchft-diloco":
+        return steps // (h // p), 1.0 / p  # one fragment every H / P steps, nothing at the end
     # Every fragment every H steps, plus finish()'s last exchange of each.
-    return p * (steps // h) + p, 1.0 / p
+    return p * (steps // h) + (p if finished else 0), 1.0 / p
 
 
 def report(args):
@@ -143,28 +170,32 @@ def report(args):
     final = ddp_recs[-1]["val_loss"]
     target = final * 1.01
     lines = [f"Target: DDP's final validation loss {final:.4f} nats/byte (the {target_rate} run, step "
-             f"{ddp_recs[-1]['step']}) + 1 % = **{target:.4f}**.", "",
-             "| rate | arm | time to target (s) | step | unshaped time to target (s) | ratio | final val loss | "
-             "MB sent by rank 0 | DDP's bytes / these | busiest exchange (MB) | total train time (s) |",
+             f"{ddp_recs[-1]['step']}) + 1 % = **{target:.4f}**. Bytes are rank 0's, sent until the target was "
+             "reached (in the whole run where it was not); the compute-only time is the same arm's on loopback.",
+             "",
+             "| rate | arm | time to target (s) | step | compute-only time to target (s) | ratio | last val loss "
+             "(step) | MB sent | DDP's bytes / these | busiest exchange (MB) | train time (s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    ddp_bytes = {rate: recs[-1]["bytes_sent"] for (rate, arm), recs in logs.items() if arm == "ddp"}
+    ddp_to = {rate: time_to(recs, target)[2] for (rate, arm), recs in logs.items() if arm == "ddp"}
     for (rate, arm), recs in sorted(logs.items(), key=lambda kv: (rate_bits(kv[0][0]), kv[0][1])):
-        t, step = time_to(recs, target)
+        t, step, sent_to = time_to(recs, target)
         ref = logs.get(("none", arm))
         t0 = time_to(ref, target)[0] if ref else None
-        sent = recs[-1]["bytes_sent"]
+        last = recs[-1]
+        sent = sent_to if sent_to is not None else last["bytes_sent"]
         # The busiest exchange is known from the totals only where every exchange has the same size.
-        even = arm == "ddp" or arm.startswith("diloco")
-        n_ex = exchanges(ARMS[arm], recs[-1]["step"])[0] if even and arm in ARMS else None
-        busiest = sent / n_ex if sent and n_ex else None
-        ref_bytes = ddp_bytes.get(rate) or next(iter(ddp_bytes.values()), None)
-        lines.append("| {} | {} | {} | {} | {} | {} | {:.4f} | {} | {} | {} | {:.1f} |".format(
+        even = arm == "ddp" or "diloco" in arm
+        n_ex = exchanges(arm_options(arm), last["step"], last["step"] == last.get("of", last["step"]))[0] \
+            if even else None
+        busiest = last["bytes_sent"] / n_ex if last["bytes_sent"] and n_ex else None
+        ref_bytes = ddp_to.get(rate) or next((b for b in ddp_to.values() if b), None)
+        lines.append("| {} | {} | {} | {} | {} | {} | {:.4f} ({}) | {} | {} | {} | {:.1f} |".format(
             rate, arm, f"{t:.1f}" if t is not None else "not reached", step if step else "-",
             f"{t0:.1f}" if t0 is not None else "-",
-            f"{t / t0:.2f}" if t is not None and t0 else "-", recs[-1]["val_loss"],
+            f"{t / t0:.2f}" if t is not None and t0 else "-", last["val_loss"], last["step"],
             f"{sent / 1e6:.2f}" if sent is not None else "-",
             f"{ref_bytes / sent:.0f}x" if sent and ref_bytes else "-",
-            f"{busiest / 1e6:.3f}" if busiest is not None else "-", recs[-1]["train_s"]))
+            f"{busiest / 1e6:.3f}" if busiest is not None else "-", last["train_s"]))
     text = "\n".join(lines) + "\n"
     if args.md:
         with open(args.md, "w") as f:
@@ -210,6 +241,8 @@ def main(argv):
     r.add_argument("--ranks", type=int, default=4)
     r.add_argument("--python", default=sys.executable)
     r.add_argument("--quiet", action="store_true", help="no training output on the terminal")
+    r.add_argument("--local-steps", type=int, default=0,
+                   help="--steps for the local-step arms (diloco, postlocal); default: train.py's --steps")
     q = sub.add_parser("report")
     q.add_argument("--out", required=True)
     q.add_argument("--md")

@@ -19,6 +19,10 @@ Arms (all with AdamW, the same learning-rate schedule, the same global batch):
                    (dense for --warmup steps, then model averaging every --sync-every steps)
     diloco         commsgd_torch.DiLoCo over AdamW (--sync-every, --outer-lr, --outer-momentum, --fragments,
                    --delay, --compression)
+    torchft-diloco torchft's DiLoCo (torchft.local_sgd.DiLoCo; pip install torchft) over AdamW, each rank a
+                   replica group of one, a lighthouse started by rank 0 (--sync-every, --outer-lr,
+                   --outer-momentum, --fragments as contiguous groups of blocks, --delay, --alpha; float32
+                   only: torchft quantises through Triton on a GPU)
 
 Log (--log, JSON lines, rank 0): per evaluation step, wall_s (since the start of training), train_s (time in
 training steps, communication not hidden included, evaluation excluded), compute_s (steps x this rank's
@@ -43,7 +47,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-ARMS = ("ddp", "ddp-powersgd", "ddp-topk", "postlocal", "diloco")
+ARMS = ("ddp", "ddp-powersgd", "ddp-topk", "postlocal", "diloco", "torchft-diloco")
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
@@ -177,6 +181,8 @@ def make_arm(args, model, inner):
             by_id = {id(p): g for p, g in zip(local, opt.global_parameters())}
             return [by_id[id(p)] for p in params]
         return model, opt, (lambda: opt.bytes_sent), global_params
+    if args.arm == "torchft-diloco":
+        return torchft_arm(args, model, inner)
     ddp = DDP(model)  # the model has no buffers (the causal mask is a plain attribute): nothing else to sync
     opt = inner
     global_params = lambda: params  # every rank holds the same model after each step  # noqa: E731
@@ -218,6 +224,72 @@ def make_arm(args, model, inner):
     return ddp, opt, (lambda: meter.bytes_sent), global_params
 
 
+def torchft_arm(args, model, inner):
+    """torchft's DiLoCo as its users run it on CPUs: a Manager per replica group (here one rank each) over
+    torchft's reconfigurable gloo group, a quorum from a lighthouse (rank 0 starts it, at MASTER_ADDR), an outer
+    Nesterov SGD. Every address is this rank's own (NETCLUSTER_ADDR on an emulated cluster)."""
+    import atexit
+    import datetime
+    import shutil
+    import socket
+    import subprocess
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.checkpointing.http_transport import HTTPTransport
+    from torchft.local_sgd import DiLoCo as TorchftDiLoCo
+    rank, world = dist.get_rank(), dist.get_world_size()
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    own = os.environ.get("NETCLUSTER_ADDR", "127.0.0.1")
+    if rank == 0:
+        exe = shutil.which("torchft_lighthouse") or os.path.join(os.path.dirname(sys.executable),
+                                                                  "torchft_lighthouse")
+        lighthouse = subprocess.Popen([exe, "--min_replicas", str(world), "--quorum_tick_ms", "100",
+                                       "--join_timeout_ms", "10000", "--bind", "[::]:29510"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        atexit.register(lighthouse.terminate)
+    dist.barrier()
+    timeout = datetime.timedelta(seconds=120)
+    # The replica group's own store (torchrun's, were each replica group started by a torchrun of its own).
+    store = dist.TCPStore(own, 29600 + rank, is_master=True, wait_for_workers=False, timeout=timeout)
+    pg = ProcessGroupGloo(timeout=timeout)
+
+    class Transport(HTTPTransport):  # the recovery checkpoint's address: this rank's, not the machine's name
+        def address(self):
+            return super().address().replace(socket.gethostname(), own, 1)
+    state = lambda: {"model": model.state_dict(), "inner": inner.state_dict()}  # noqa: E731
+    load = lambda sd: (model.load_state_dict(sd["model"]), inner.load_state_dict(sd["inner"]))  # noqa: E731
+    manager = Manager(pg=pg, min_replica_size=world, load_state_dict=load, state_dict=state,
+                      use_async_quorum=False, replica_id=f"rank{rank}", store_addr=own,
+                      store_port=29600 + rank, rank=0, world_size=1, lighthouse_addr=f"http://{master}:29510",
+                      port=29700 + rank, hostname=own, timeout=timeout, quorum_timeout=timeout,
+                      connect_timeout=timeout, checkpoint_transport=Transport(timeout=timeout, num_chunks=0))
+    atexit.register(lambda: manager.shutdown(wait=False))
+    model._torchft_keep = (store, manager)  # alive as long as the model
+    units = [model.tok, model.pos, *model.blocks, model.ln]
+    P = args.fragments
+    frags = [nn.ModuleList(units[len(units) * f // P:len(units) * (f + 1) // P]) for f in range(P)] if P > 1 \
+        else [model]
+    # One outer optimizer per fragment, as torchft's streaming examples make them.
+    outer = [torch.optim.SGD(f.parameters(), lr=args.outer_lr, momentum=args.outer_momentum, nesterov=True)
+             for f in frags]
+    diloco = TorchftDiLoCo(manager, frags, inner, outer, sync_every=args.sync_every,
+                           fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha)
+    diloco.__enter__()
+    params = list(model.parameters())
+    frag_bytes = [sum(p.numel() * p.element_size() for p in f.parameters()) for f in frags]
+
+    # The global model: each fragment's copy as of its last outer step (torchft's backup of it).
+    def global_params():
+        by_id = {}
+        for frag, f in zip(frags, diloco._fragments):
+            for name, p in frag.named_parameters():
+                by_id[id(p)] = f.original_parameters[name]
+        return [by_id[id(p)] for p in params]
+    # One ring all-reduce of one fragment per outer step (manager.current_step() counts them), in turn.
+    def sent():
+        return sum(2 * (world - 1) * frag_bytes[k % P] // world for k in range(manager.current_step()))
+    return model, inner, sent, global_params
+
+
 # --- training --------------------------------------------------------------------------------------------------
 
 def parse(argv):
@@ -247,6 +319,9 @@ def parse(argv):
     p.add_argument("--alpha", type=float, default=0.0)
     p.add_argument("--compression", default="none")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--stop-at", type=float, default=None,
+                   help="stop after the first evaluation whose validation loss is at or below this (a time-to-"
+                        "target run need not train on; the schedule still spans --steps)")
     return p.parse_args(argv)
 
 
@@ -346,8 +421,8 @@ def main(argv=None):
                 opt.finish()  # one last exchange of every fragment: the final model is the synchronised one
                 train_s += time.perf_counter() - t0
             sent = bytes_sent()
-            rec = {"arm": args.arm, "step": step, "wall_s": round(time.perf_counter() - start, 3),
-                   "train_s": round(train_s, 3), "compute_s": round(step * per_step, 3),
+            rec = {"arm": args.arm, "step": step, "of": args.steps,
+                   "wall_s": round(time.perf_counter() - start, 3), "train_s": round(train_s, 3), "compute_s": round(step * per_step, 3),
                    "train_loss": round(loss.item(), 4),
                    "val_loss": round(evaluate(eval_model, global_params(), windows), 5),
                    "bytes_sent": int(sent) if sent is not None else None}
@@ -357,6 +432,8 @@ def main(argv=None):
                 if log:
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
+            if args.stop_at is not None and rec["val_loss"] <= args.stop_at:
+                break  # every rank sees the same all-reduced loss: they stop together
     if log:
         log.close()
     final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

@@ -45,3 +45,23 @@ def test_arm(name):
     assert [r["val_loss"] for r in out[1][0]] == losses  # both ranks evaluated the same global model
     if name in ("ddp", "diloco-averaging"):
         assert out[0][1] == out[1][1], "the ranks' models differ"
+
+
+def test_stop_at_ends_both_ranks_at_the_first_evaluation_on_target():
+    out = run_ranks(_run, 2, (TINY + ["--arm", "diloco", "--stop-at", str(math.log(256))],))
+    assert [[r["step"] for r in rank[0]] for rank in out] == [[10], [10]]
+    out = run_ranks(_run, 2, (TINY + ["--arm", "ddp", "--stop-at", "0"],))
+    assert [r["step"] for r in out[0][0]] == [10, 20]  # never on target: the whole run
+
+
+def test_torchft_diloco_arm():
+    pytest.importorskip("torchft", reason="torchft is not installed (pip install torchft): its arm is not run")
+    out = run_ranks(_run, 2, (TINY + ["--arm", "torchft-diloco"],))
+    records = out[0][0]
+    assert [r["step"] for r in records] == [10, 20]
+    losses = [r["val_loss"] for r in records]
+    assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0], losses
+    assert [r["val_loss"] for r in out[1][0]] == losses
+    # Five outer steps of H = 4 in 20 steps, each a ring all-reduce of the float32 model: 2 (n - 1) / n of it.
+    nbytes = 4 * sum(p.numel() for p in train.ByteLM(1, 32, 2, 32).parameters())
+    assert records[-1]["bytes_sent"] == 5 * nbytes
