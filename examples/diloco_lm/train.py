@@ -433,7 +433,11 @@ def main(argv=None):
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
             if args.stop_at is not None and rec["val_loss"] <= args.stop_at:
-                break  # every rank sees the same all-reduced loss: they stop together
+                # Every rank sees the same all-reduced loss: they stop together, DiLoCo's exchanges in flight
+                # completed first (after the measurement) so that none outlives the process group.
+                if args.arm == "diloco" and step != args.steps:
+                    opt.finish()
+                break
     if log:
         log.close()
     final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
