@@ -269,7 +269,8 @@ def torchft_arm(args, model, inner):
     frags = [nn.ModuleList(units[len(units) * f // P:len(units) * (f + 1) // P]) for f in range(P)] if P > 1 \
         else [model]
     # One outer optimizer per fragment, as torchft's streaming examples make them.
-    outer = [torch.optim.SGD(f.parameters(), lr=args.outer_lr, momentum=args.outer_momentum, nesterov=True)
+    outer = [torch.optim.SGD(f.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
+                             nesterov=args.outer_momentum > 0)
              for f in frags]
     diloco = TorchftDiLoCo(manager, frags, inner, outer, sync_every=args.sync_every,
                            fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha)
