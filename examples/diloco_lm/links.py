@@ -147,17 +147,18 @@ def time_to(records, target):
     return None, None, None, None
 
 
-def exchanges(arm_opts, steps, finished=True):
-    """How many exchanges the arm made in `steps` steps (`finished`: the run's last step, where DiLoCo
-    exchanges every fragment once more), and one exchange's share of the model."""
+def exchanges(arm_opts, last):
+    """How many exchanges the arm made up to its `last` log record (at the run's last step, DiLoCo exchanges
+    every fragment once more)."""
     opts = dict(zip(arm_opts[::2], arm_opts[1::2]))
+    steps = last["step"]
     if opts["--arm"] not in ("diloco", "torchft-diloco"):
-        return steps, 1.0
+        return steps
     h, p = int(opts["--sync-every"]), int(opts.get("--fragments", 1))
     if opts["--arm"] == "torchft-diloco":
-        return steps // (h // p), 1.0 / p  # one fragment every H / P steps, nothing at the end
-    # Every fragment every H steps, plus finish()'s last exchange of each.
-    return p * (steps // h) + (p if finished else 0), 1.0 / p
+        return steps // (h // p)  # one fragment every H / P steps, nothing at the end
+    finished = steps == last.get("of", steps)
+    return p * (steps // h) + (p if finished else 0)
 
 
 def report(args):
@@ -197,8 +198,7 @@ def report(args):
         sent = sent_to if sent_to is not None else last["bytes_sent"]
         # The busiest exchange is known from the totals only where every exchange has the same size.
         even = arm == "ddp" or "diloco" in arm
-        n_ex = exchanges(arm_options(arm), last["step"], last["step"] == last.get("of", last["step"]))[0] \
-            if even else None
+        n_ex = exchanges(arm_options(arm), last) if even else None
         busiest = last["bytes_sent"] / n_ex if last["bytes_sent"] and n_ex else None
         ref_bytes = ddp_to.get(rate) or next((b for b in ddp_to.values() if b), None)
         lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {:.4f} ({}) | {} | {} | {} | {:.1f} |".format(
@@ -256,7 +256,8 @@ def main(argv):
     r.add_argument("--python", default=sys.executable)
     r.add_argument("--quiet", action="store_true", help="no training output on the terminal")
     r.add_argument("--local-steps", type=int, default=0,
-                   help="--steps for the local-step arms (diloco, postlocal); default: train.py's --steps")
+                   help=f"--steps for the local-step arms ({', '.join(LOCAL_STEP_ARMS)}); default: train.py's "
+                        "--steps")
     q = sub.add_parser("report")
     q.add_argument("--out", required=True)
     q.add_argument("--md")

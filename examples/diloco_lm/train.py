@@ -239,17 +239,18 @@ def torchft_arm(args, model, inner):
     rank, world = dist.get_rank(), dist.get_world_size()
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     own = os.environ.get("NETCLUSTER_ADDR", "127.0.0.1")
+    lighthouse_port, store_port, manager_port = 29510, 29600 + rank, 29700 + rank
     if rank == 0:
         exe = shutil.which("torchft_lighthouse") or os.path.join(os.path.dirname(sys.executable),
                                                                   "torchft_lighthouse")
         lighthouse = subprocess.Popen([exe, "--min_replicas", str(world), "--quorum_tick_ms", "100",
-                                       "--join_timeout_ms", "10000", "--bind", "[::]:29510"],
+                                       "--join_timeout_ms", "10000", "--bind", f"[::]:{lighthouse_port}"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         atexit.register(lighthouse.terminate)
     dist.barrier()
     timeout = datetime.timedelta(seconds=120)
     # The replica group's own store (torchrun's, were each replica group started by a torchrun of its own).
-    store = dist.TCPStore(own, 29600 + rank, is_master=True, wait_for_workers=False, timeout=timeout)
+    store = dist.TCPStore(own, store_port, is_master=True, wait_for_workers=False, timeout=timeout)
     pg = ProcessGroupGloo(timeout=timeout)
 
     class Transport(HTTPTransport):  # the recovery checkpoint's address: this rank's, not the machine's name
@@ -259,9 +260,10 @@ def torchft_arm(args, model, inner):
     load = lambda sd: (model.load_state_dict(sd["model"]), inner.load_state_dict(sd["inner"]))  # noqa: E731
     manager = Manager(pg=pg, min_replica_size=world, load_state_dict=load, state_dict=state,
                       use_async_quorum=False, replica_id=f"rank{rank}", store_addr=own,
-                      store_port=29600 + rank, rank=0, world_size=1, lighthouse_addr=f"http://{master}:29510",
-                      port=29700 + rank, hostname=own, timeout=timeout, quorum_timeout=timeout,
-                      connect_timeout=timeout, checkpoint_transport=Transport(timeout=timeout, num_chunks=0))
+                      store_port=store_port, rank=0, world_size=1,
+                      lighthouse_addr=f"http://{master}:{lighthouse_port}", port=manager_port, hostname=own,
+                      timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
+                      checkpoint_transport=Transport(timeout=timeout, num_chunks=0))
     atexit.register(lambda: manager.shutdown(wait=False))
     model._torchft_keep = (store, manager)  # alive as long as the model
     units = [model.tok, model.pos, *model.blocks, model.ln]
@@ -287,7 +289,8 @@ def torchft_arm(args, model, inner):
         return [by_id[id(p)] for p in params]
     # One ring all-reduce of one fragment per outer step (manager.current_step() counts them), in turn.
     def sent():
-        return sum(2 * (world - 1) * frag_bytes[k % P] // world for k in range(manager.current_step()))
+        rounds, extra = divmod(manager.current_step(), P)
+        return 2 * (world - 1) * (rounds * sum(frag_bytes) + sum(frag_bytes[:extra])) // world
     return model, inner, sent, global_params
 
 
@@ -423,7 +426,8 @@ def main(argv=None):
                 train_s += time.perf_counter() - t0
             sent = bytes_sent()
             rec = {"arm": args.arm, "step": step, "of": args.steps,
-                   "wall_s": round(time.perf_counter() - start, 3), "train_s": round(train_s, 3), "compute_s": round(step * per_step, 3),
+                   "wall_s": round(time.perf_counter() - start, 3), "train_s": round(train_s, 3),
+                   "compute_s": round(step * per_step, 3),
                    "train_loss": round(loss.item(), 4),
                    "val_loss": round(evaluate(eval_model, global_params(), windows), 5),
                    "bytes_sent": int(sent) if sent is not None else None}

@@ -59,7 +59,6 @@
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <concepts>
 #include <cstdint>

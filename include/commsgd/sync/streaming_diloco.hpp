@@ -54,7 +54,6 @@
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
