@@ -94,7 +94,14 @@ class CNN(torch.nn.Module):
         return self.f2(torch.relu(self.f1(x.flatten(1))))
 
 
-MODELS = {"mlp": mlp, "cnn": CNN}
+def wide():
+    """The MLP with a 1,024-wide first layer (936,330 parameters): big enough that DDP's exchange outlasts its
+    compute at 1 Gbit/s on this machine's cores, the communication-bound case."""
+    return torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 128),
+                               torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+MODELS = {"mlp": mlp, "cnn": CNN, "wide": wide}
 
 SCHEMES = ["ddp", "fp16", "bf16", "powersgd-r1", "powersgd-r2", "powersgd-r4", "commsgd-powersgd-r1",
            "commsgd-powersgd-r2", "commsgd-powersgd-r4", "commsgd-fp16", "commsgd-bf16", "commsgd-sign",
@@ -239,7 +246,12 @@ def attach(ddp, model, opt, a, scheme, variants, world, counter):
         install_counter(counter)
         rest = scheme[len("auto"):].lstrip("-")
         cands = ("dense", rest) if rest else commsgd_torch.auto.DEFAULT_CANDIDATES
-        net = (50e-6, 125e3) if rest else tuple(float(v) for v in a.auto_network.split(","))
+        if rest:
+            net = (50e-6, 125e3)
+        elif a.auto_network == "measure":
+            net = None  # AutoState measures the network it runs on
+        else:
+            net = tuple(float(v) for v in a.auto_network.split(","))
         # The re-check is off: on a shared machine the measured steps say nothing about the stated network.
         state = commsgd_torch.AutoState(model=ddp, optimizer=opt, network=net, candidates=cands, profile_steps=WARMUP,
                                         seed=a.seed, recheck_every=0)
@@ -279,10 +291,15 @@ def train(rank, world, a, model_name, scheme):
     evals_per_epoch = a.evals_per_epoch
     eval_at = {round(steps_per_epoch * k / evals_per_epoch) for k in range(1, evals_per_epoch + 1)}
     records, step = [], 0
+    # Training seconds (evaluations left out) and, with --stop-at, the stop at the first evaluation whose
+    # mean with the two before it reaches the accuracy: rank 0 decides and every rank follows, so all stop
+    # at the same step.
+    stop_at, accs, train_s = getattr(a, "stop_at", None), [], 0.0
     x0 = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
     prev = dict(traffic())
     prev_hook = 0.0
     loss_fn = torch.nn.functional.cross_entropy
+    t_run = time.perf_counter()
     for epoch in range(a.epochs):
         order = torch.randperm(shard, generator=g)
         for b in range(steps_per_epoch):
@@ -305,6 +322,8 @@ def train(rank, world, a, model_name, scheme):
                 rec["hook_s"] = 0.0
             rec["step"], rec["epoch"] = step, step / steps_per_epoch
             if (b + 1) in eval_at:
+                train_s += time.perf_counter() - t_run
+                rec["train_s"] = train_s
                 with torch.no_grad():
                     rec["acc"] = (model(xt).argmax(1) == yt).float().mean().item()
                     # How far the model has moved, which share of its values moved at all, and (top-k)
@@ -315,8 +334,24 @@ def train(rank, world, a, model_name, scheme):
                     if isinstance(state, commsgd_torch.TopKState) and moved > 0:
                         e = sum(float(state.residual(k).square().sum()) for k in state.keys()) ** 0.5
                         rec["held_back"] = a.lr * e / moved
+                records.append(rec)
+                accs.append(rec["acc"])
+                if stop_at is not None:
+                    flag = torch.tensor([float(sum(accs[-3:]) / len(accs[-3:]) >= stop_at)])
+                    dist.broadcast(flag, 0)
+                    if flag.item():
+                        return result(records, state, stopped=True)
+                t_run = time.perf_counter()
+                continue
             records.append(rec)
-    return {"records": records}
+    return result(records, state)
+
+
+def result(records, state, **extra):
+    out = {"records": records, **extra}
+    if type(state).__name__ == "AutoState":
+        out["auto_log"] = state.log()  # what it measured and chose, and why
+    return out
 
 
 def measure_compute(a, model_name, steps=60):
@@ -387,7 +422,7 @@ def main():
     p.add_argument("--evals-per-epoch", type=int, default=8)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--auto-network", default="50e-6,125e6",
-                   help="latency_s,bandwidth_bytes_per_s stated to the 'auto' scheme")
+                   help="latency_s,bandwidth_bytes_per_s stated to the 'auto' scheme, or 'measure'")
     p.add_argument("--target-gap", type=float, default=0.02,
                    help="target accuracy = DDP allreduce's final accuracy minus this")
     p.add_argument("--report", action="store_true", help="only rewrite goal.md from OUT/summary.csv")
