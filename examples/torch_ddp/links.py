@@ -143,7 +143,9 @@ def run(args):
                     os.makedirs(folder, exist_ok=True)
                     log = os.path.join(folder, f"{model}-{scheme}.json")
                     cmd = [args.python, os.path.abspath(__file__), "rank", "--model", model, "--scheme", scheme,
-                           "--data", args.data, "--log", log] + (["--stop-at", f"{stop:.6f}"] if stop else [])
+                           "--data", args.data, "--log", log]
+                    if stop is not None:  # 0 stops at the first evaluation
+                        cmd += ["--stop-at", f"{stop:.6f}"]
                     env = dict(os.environ, OMP_NUM_THREADS="1")
                     before, t0 = loadavg(), time.monotonic()
                     if rate == "none":
