@@ -220,7 +220,10 @@ def contention(pays, out, profs_all, model, n):
 def report(args):
     sys.path.insert(0, HERE)
     import pays
-    profs_all = load(os.path.join(args.out, "profile.json"))
+    path = os.path.join(args.out, "profile.json")
+    profs_all = load(path) if os.path.exists(path) else {}
+    if not profs_all:
+        print(f"links.py: no {path} (run `profile` first): the model's predictions are left out", file=sys.stderr)
     rows = []
     for wdir in sorted(d for d in os.listdir(args.out) if d.startswith("w") and d[1:].isdigit()):
         n = int(wdir[1:])
