@@ -21,15 +21,15 @@ fragment's bytes).
 import argparse
 import csv
 import json
-import math
 import os
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-NETCLUSTER = os.path.join(ROOT, "tools", "netcluster", "netcluster")
+sys.path.insert(0, os.path.join(ROOT, "tools", "netcluster"))
+import launch  # noqa: E402
+from launch import rate_bits  # noqa: E402
 
 # name -> train.py options. DiLoCo's H is in the name; "stream" adds P fragments with a delay and a merge.
 ARMS = {
@@ -69,11 +69,6 @@ def arm_options(name):
     return opts
 
 
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return f.read().split()[0]
-
-
 def run(args, train_args):
     os.makedirs(args.out, exist_ok=True)
     runs_csv = os.path.join(args.out, "runs.csv")
@@ -90,44 +85,15 @@ def run(args, train_args):
                 train = [args.python, os.path.join(HERE, "train.py")] + opts + train_args + ["--log", log]
                 if args.local_steps and opts[1] in LOCAL_STEP_ARMS:
                     train += ["--steps", str(args.local_steps)]  # argparse keeps the last --steps
-                env = dict(os.environ, OMP_NUM_THREADS="1")
                 out = subprocess.DEVNULL if args.quiet else None
-                before = loadavg()
-                t0 = time.monotonic()
-                if rate == "none":
-                    # One process per rank on loopback, the rendezvous in the environment (as netcluster's run
-                    # sets it; torchrun's parser would take train.py's --log for an abbreviation of its own).
-                    cmd = train
-                    print(f"== {rate} {arm}: {args.ranks} x {' '.join(cmd)}", flush=True)
-                    procs = [subprocess.Popen(cmd, stdout=out, env=dict(
-                        env, RANK=str(r), WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT="29533",
-                        GLOO_SOCKET_IFNAME="lo")) for r in range(args.ranks)]
-                    codes = [p.wait() for p in procs]
-                    code = next((c for c in codes if c != 0), 0)
-                else:
-                    cmd = [NETCLUSTER, "exec", "-n", str(args.ranks), "--rate", rate, "run", "--"] + train
-                    print(f"== {rate} {arm}: {' '.join(cmd)}", flush=True)
-                    code = subprocess.call(cmd, env=env, stdout=out)
-                w.writerow([rate, arm, args.ranks, code, round(time.monotonic() - t0, 1), before, loadavg(),
-                            " ".join(cmd)])
+                code, wall, before, after, command = launch.ranks(train, args.ranks, rate, 29533, arm, stdout=out)
+                w.writerow([rate, arm, args.ranks, code, wall, before, after, command])
                 f.flush()
-                if code != 0:
-                    print(f"links.py: {rate} {arm} exited {code}", file=sys.stderr)
 
 
 def read_log(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def rate_bits(rate):
-    if rate == "none":
-        return math.inf
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    for u, m in units.items():
-        if rate.endswith(u):
-            return float(rate[:-len(u)]) * m
-    return float(rate)
 
 
 def is_rate(name):

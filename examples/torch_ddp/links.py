@@ -29,13 +29,14 @@ import csv
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-NETCLUSTER = os.path.join(ROOT, "tools", "netcluster", "netcluster")
+sys.path.insert(0, os.path.join(ROOT, "tools", "netcluster"))
+import launch  # noqa: E402
+from launch import rate_bits  # noqa: E402
 KEPT = os.path.join(ROOT, "bench", "results", "where-compression-pays-2026-11-24")
 SCHEMES = ["ddp", "fp16", "powersgd-r1", "powersgd-r4", "topk-laplace-1e-3", "topk-laplace-1e-2", "commsgd-fp16",
            "auto"]
@@ -48,20 +49,6 @@ def settings(world, data, stop_at=None):
     """bench.py's settings of pays.py's 1,000-step runs at `world` ranks (4,000 images a rank, 8 epochs)."""
     return argparse.Namespace(data=data, train=4000 * world, test=2000, epochs=8, batch=32, lr=0.05, momentum=0.9,
                               evals_per_epoch=EVALS_PER_EPOCH, seed=1, auto_network="measure", stop_at=stop_at)
-
-
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return f.read().split()[0]
-
-
-def rate_bits(rate):
-    if rate == "none":
-        return math.inf
-    for unit, m in (("kbit", 1e3), ("mbit", 1e6), ("gbit", 1e9)):
-        if rate.endswith(unit):
-            return float(rate[:-len(unit)]) * m
-    raise ValueError(f"links.py: rate '{rate}' is not <number>kbit|mbit|gbit or none")
 
 
 # ---- one rank (run by netcluster inside the rank's namespace) ----------------------------------------------
@@ -146,24 +133,11 @@ def run(args):
                            "--data", args.data, "--log", log]
                     if stop is not None:  # 0 stops at the first evaluation
                         cmd += ["--stop-at", f"{stop:.6f}"]
-                    env = dict(os.environ, OMP_NUM_THREADS="1")
-                    before, t0 = loadavg(), time.monotonic()
-                    if rate == "none":
-                        print(f"== none {model} {scheme}: {args.ranks} x {' '.join(cmd)}", flush=True)
-                        procs = [subprocess.Popen(cmd, env=dict(
-                            env, RANK=str(r), WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT="29541", GLOO_SOCKET_IFNAME="lo")) for r in range(args.ranks)]
-                        codes = [p.wait() for p in procs]
-                        code = next((c for c in codes if c != 0), 0)
-                    else:
-                        cmd = [NETCLUSTER, "exec", "-n", str(args.ranks), "--rate", rate, "run", "--"] + cmd
-                        print(f"== {rate} {model} {scheme}: {' '.join(cmd)}", flush=True)
-                        code = subprocess.call(cmd, env=env)
-                    w.writerow([rate, model, scheme, args.ranks, args.repeat or "", code,
-                                round(time.monotonic() - t0, 1), before, loadavg(), " ".join(cmd)])
+                    code, wall, before, after, command = launch.ranks(cmd, args.ranks, rate, 29541,
+                                                                      f"{model} {scheme}")
+                    w.writerow([rate, model, scheme, args.ranks, args.repeat or "", code, wall, before, after,
+                                command])
                     f.flush()
-                    if code != 0:
-                        print(f"links.py: {rate} {model} {scheme} exited {code}", file=sys.stderr)
 
 
 # ---- profile ------------------------------------------------------------------------------------------------

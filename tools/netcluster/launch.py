@@ -1,0 +1,57 @@
+"""Launching one command per rank on the emulated cluster, for the head-to-head drivers in examples/ (each
+`links.py` builds its own command lines and tables; how a run reaches the links lives here once).
+
+    import launch
+    code, wall_s, load_before, load_after, command = launch.ranks(cmd, ranks=4, rate="100mbit", port=29541)
+
+rate "none" starts the ranks on plain loopback with the rendezvous in the environment (as `netcluster run`
+sets it; torchrun's parser would take a script's options for abbreviations of its own); any other rate runs
+`netcluster exec -n RANKS --rate RATE run -- CMD`, which removes its cluster however the run ends.
+"""
+import math
+import os
+import subprocess
+import sys
+import time
+
+NETCLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netcluster")
+
+
+def rate_bits(rate):
+    """Bits per second of a netcluster rate (`100mbit`, `1gbit`, a plain number), inf for `none`."""
+    if rate == "none":
+        return math.inf
+    for unit, m in (("kbit", 1e3), ("mbit", 1e6), ("gbit", 1e9)):
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * m
+    try:
+        return float(rate)
+    except ValueError:
+        raise ValueError(f"rate '{rate}' is not <number>[kbit|mbit|gbit] or none") from None
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return f.read().split()[0]
+
+
+def ranks(cmd, ranks, rate, port, label="", stdout=None, env=None):
+    """Runs `cmd` once per rank at `rate`, one thread each; returns (exit code, the first non-zero one or 0;
+    wall seconds; load average before; after; the command line as run)."""
+    env = dict(os.environ if env is None else env, OMP_NUM_THREADS="1")
+    before, t0 = loadavg(), time.monotonic()
+    if rate == "none":
+        print(f"== none {label}: {ranks} x {' '.join(cmd)}", flush=True)
+        procs = [subprocess.Popen(cmd, stdout=stdout, env=dict(
+            env, RANK=str(r), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            GLOO_SOCKET_IFNAME="lo")) for r in range(ranks)]
+        codes = [p.wait() for p in procs]
+        code = next((c for c in codes if c != 0), 0)
+    else:
+        cmd = [NETCLUSTER, "exec", "-n", str(ranks), "--rate", rate, "run", "--"] + cmd
+        print(f"== {rate} {label}: {' '.join(cmd)}", flush=True)
+        code = subprocess.call(cmd, env=env, stdout=stdout)
+    wall = round(time.monotonic() - t0, 1)
+    if code != 0:
+        print(f"{os.path.basename(sys.argv[0])}: {rate} {label} exited {code}", file=sys.stderr)
+    return code, wall, before, loadavg(), " ".join(cmd)
