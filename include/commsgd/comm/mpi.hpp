@@ -32,6 +32,18 @@
 // no check: it exchanges the counts anyway. split always checks colours: it is rare and a mistake there
 // would leave ranks in different groups.
 //
+// Timeouts: by default every call waits as long as MPI does, which is forever when a peer or its link is gone
+// (TCP retransmits for many minutes before giving up, and Open MPI then aborts the job). set_timeout(s) bounds
+// every call of this communicator and of the requests it makes: the blocking calls then run as their
+// nonblocking forms (MPI_Iallreduce, MPI_Iallgather(v), MPI_Ibcast, MPI_Ibarrier, MPI_Isend/MPI_Irecv) polled
+// until done or until s seconds have passed, when they throw comm_error naming the call, the timeout and the
+// rank. MPI cannot cancel a collective or a send, so the communicator is broken from then on: every later
+// call throws at once, requests still in flight are left to MPI (not waited for), and the process should
+// save what is its own, end (MPI_Abort, or exit: MPI_Finalize could wait on the lost peer) and resume from
+// its last checkpoint. The nonblocking collectives are Open MPI's libnbc schedules, not the tuned blocking
+// algorithms, so a bounded all-reduce may take another route and sum in another order than an unbounded
+// one; every rank of a communicator should choose alike.
+//
 // Not thread safe: one thread at a time per communicator, as MPI_THREAD_SERIALIZED allows.
 #pragma once
 
@@ -44,11 +56,16 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -108,6 +125,40 @@ inline std::size_t mpi_pieces(std::size_t n, std::size_t limit) noexcept {
   return n / limit + 1;
 }
 
+// A deadline shared by a communicator and its requests: `seconds` <= 0 means none; `broken` is set once a
+// bounded wait has run out, after which nothing on the communicator may wait again.
+struct mpi_deadline {
+  double seconds = 0.0;
+  bool broken = false;
+};
+
+inline comm_error mpi_timed_out(const std::string& what, double seconds) {
+  return comm_error(commsgd::detail::concat(
+      what, " did not complete within timeout_s = ", seconds,
+      " s: a peer, or the link to it, stopped answering. MPI cannot cancel the call, so this communicator "
+      "is unusable now: save this rank's own state, end the process and resume from the last checkpoint"));
+}
+
+inline void mpi_check_usable(const mpi_deadline& d) {
+  if (d.broken)
+    throw comm_error(commsgd::detail::concat("this communicator timed out earlier (timeout_s = ", d.seconds,
+                                             ") and cannot be used again: end the process and resume"));
+}
+
+// Polls until `done()` holds, or throws at the deadline (marking `d` broken). MPI_Test* drive MPI's
+// progress engine as a blocking wait would; the yield lends the core to ranks that share it.
+template <class Done, class What>
+void mpi_poll_bounded(mpi_deadline& d, Done&& done, What&& what) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(d.seconds);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) {
+      d.broken = true;
+      throw mpi_timed_out(what(), d.seconds);
+    }
+    std::this_thread::yield();
+  }
+}
+
 } // namespace detail
 
 // Result of comm::mpi isend/irecv: one MPI request per piece of the message.
@@ -131,7 +182,18 @@ public:
   }
   ~mpi_request() { abandon(); }
 
+  // With a timeout on the communicator: throws comm_error once it has passed (the communicator is broken).
   void wait() {
+    if (deadline_ && deadline_->seconds > 0) {
+      detail::mpi_check_usable(*deadline_);
+      detail::mpi_poll_bounded(
+          *deadline_, [&] { return test(); },
+          [&] {
+            return commsgd::detail::concat(receive_ ? "irecv from rank " : "isend to rank ", peer_,
+                                           " with tag ", tag_);
+          });
+      return;
+    }
     while (next_ < parts_.size()) {
       MPI_Status status;
       const int rc = MPI_Wait(&parts_[next_].handle, &status);
@@ -158,14 +220,17 @@ private:
     int expected = 0; // MPI elements a receive piece must carry
   };
 
-  mpi_request(bool receive, MPI_Datatype type, int peer, int tag, std::size_t units, std::size_t limit)
-      : type_(type), peer_(peer), tag_(tag), units_(units), limit_(limit), receive_(receive) {
+  mpi_request(bool receive, MPI_Datatype type, int peer, int tag, std::size_t units, std::size_t limit,
+              std::shared_ptr<detail::mpi_deadline> deadline)
+      : deadline_(std::move(deadline)), type_(type), peer_(peer), tag_(tag), units_(units), limit_(limit),
+        receive_(receive) {
     parts_.reserve(detail::mpi_pieces(units, limit));
   }
 
   void take(mpi_request& o) noexcept {
     parts_ = std::move(o.parts_);
     o.parts_.clear();
+    deadline_ = std::move(o.deadline_);
     next_ = std::exchange(o.next_, 0);
     type_ = o.type_;
     peer_ = o.peer_;
@@ -200,20 +265,36 @@ private:
     }
   }
 
+  // With a timeout, a send is waited for only until it runs out; then (or on a communicator already
+  // broken) the pieces are left to MPI (MPI_Request_free), since waiting could last forever.
   void abandon() noexcept {
     if (next_ >= parts_.size()) return;
-    if (detail::mpi_usable())
+    if (detail::mpi_usable()) {
+      const bool bounded = deadline_ && deadline_->seconds > 0;
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::duration<double>(bounded ? deadline_->seconds : 0.0);
       for (std::size_t i = next_; i < parts_.size(); ++i) {
         auto& h = parts_[i].handle;
         if (h == MPI_REQUEST_NULL) continue;
         if (receive_) MPI_Cancel(&h);
-        MPI_Wait(&h, MPI_STATUS_IGNORE);
+        if (!bounded) {
+          MPI_Wait(&h, MPI_STATUS_IGNORE);
+          continue;
+        }
+        int done = 0;
+        while (!deadline_->broken && MPI_Test(&h, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
+          if (std::chrono::steady_clock::now() > until) deadline_->broken = true;
+          std::this_thread::yield();
+        }
+        if (!done && h != MPI_REQUEST_NULL) MPI_Request_free(&h);
       }
+    }
     next_ = parts_.size();
   }
 
   std::vector<part> parts_;
-  std::size_t next_ = 0; // first piece not yet completed
+  std::shared_ptr<detail::mpi_deadline> deadline_; // the communicator's timeout, null for none
+  std::size_t next_ = 0;                           // first piece not yet completed
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
   int peer_ = -1;
   int tag_ = 0;
@@ -283,17 +364,38 @@ public:
   // Every rank must choose alike; see the note at the top of the file for what turning it off costs.
   void set_verify_sizes(bool on) noexcept { verify_ = on; }
 
-  void barrier() { detail::mpi_check(MPI_Barrier(raw_), "MPI_Barrier"); }
+  // Seconds any one call (or request wait) may take, in (0, inf]; inf, the default, waits as long as MPI
+  // does. After a call runs out the communicator is broken for good (see the top of the file).
+  void set_timeout(double seconds) {
+    if (!(seconds > 0)) // NaN too
+      throw invalid_argument(commsgd::detail::concat("argument 'seconds' = ", seconds,
+                                                     " is outside the allowed range (0, inf]"));
+    deadline_->seconds = std::isinf(seconds) ? 0.0 : seconds;
+  }
+  double timeout() const noexcept {
+    return deadline_->seconds > 0 ? deadline_->seconds : std::numeric_limits<double>::infinity();
+  }
+  // Whether a call ran out of time; nothing more can be done on this communicator then.
+  bool timed_out() const noexcept { return deadline_->broken; }
+
+  void barrier() {
+    call(
+        "MPI_Barrier", [&] { return MPI_Barrier(raw_); },
+        [&](MPI_Request* r) { return MPI_Ibarrier(raw_, r); });
+  }
 
   template <reducible T>
   void all_reduce_sum(std::span<T> data) {
     if (size_ == 1) return;
     if (verify_) agree_on_count("all_reduce_sum", "data.size()", data.size());
     const MPI_Datatype type = detail::mpi_wire<T>::type();
-    for (std::size_t lo = 0; lo < data.size(); lo += max_chunk_)
-      detail::mpi_check(
-          MPI_Allreduce(MPI_IN_PLACE, data.data() + lo, piece(data.size(), lo), type, MPI_SUM, raw_),
-          "MPI_Allreduce");
+    for (std::size_t lo = 0; lo < data.size(); lo += max_chunk_) {
+      T* at = data.data() + lo;
+      const int len = piece(data.size(), lo);
+      call(
+          "MPI_Allreduce", [&] { return MPI_Allreduce(MPI_IN_PLACE, at, len, type, MPI_SUM, raw_); },
+          [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, at, len, type, MPI_SUM, raw_, r); });
+    }
   }
 
   template <transferable T>
@@ -305,9 +407,12 @@ public:
     const MPI_Datatype type = wire::type();
     const std::size_t units = m * wire::units;
     if (units <= max_chunk_) {
-      detail::mpi_check(MPI_Allgather(mine.data(), static_cast<int>(units), type, all.data(),
-                                      static_cast<int>(units), type, raw_),
-                        "MPI_Allgather");
+      const int len = static_cast<int>(units);
+      call(
+          "MPI_Allgather", [&] { return MPI_Allgather(mine.data(), len, type, all.data(), len, type, raw_); },
+          [&](MPI_Request* r) {
+            return MPI_Iallgather(mine.data(), len, type, all.data(), len, type, raw_, r);
+          });
       return;
     }
     // Piece [lo, lo + len) of every rank's block lands `units` elements apart: a resized contiguous type
@@ -323,10 +428,20 @@ public:
       MPI_Type_free(&run);
       detail::mpi_check(rc, "MPI_Type_create_resized");
       rc = MPI_Type_commit(&strided);
-      if (rc == MPI_SUCCESS)
-        rc = MPI_Allgather(src + lo * unit_bytes, len, type, dst + lo * unit_bytes, 1, strided, raw_);
-      MPI_Type_free(&strided);
-      detail::mpi_check(rc, "MPI_Allgather");
+      if (rc != MPI_SUCCESS) {
+        MPI_Type_free(&strided);
+        detail::mpi_check(rc, "MPI_Type_commit");
+      }
+      // The type stays alive until the call is done, which a timeout may cut short: freed either way.
+      struct type_guard {
+        MPI_Datatype& t;
+        ~type_guard() { MPI_Type_free(&t); }
+      } guard{strided};
+      const auto* from = src + lo * unit_bytes;
+      auto* to = dst + lo * unit_bytes;
+      call(
+          "MPI_Allgather", [&] { return MPI_Allgather(from, len, type, to, 1, strided, raw_); },
+          [&](MPI_Request* r) { return MPI_Iallgather(from, len, type, to, 1, strided, raw_, r); });
     }
   }
 
@@ -334,8 +449,12 @@ public:
   std::vector<std::size_t> all_gather_v(std::span<const T> mine, std::vector<T>& all) {
     std::vector<std::uint64_t> counts64(static_cast<std::size_t>(size_));
     const std::uint64_t my_count = mine.size();
-    detail::mpi_check(MPI_Allgather(&my_count, 1, MPI_UINT64_T, counts64.data(), 1, MPI_UINT64_T, raw_),
-                      "MPI_Allgather");
+    call(
+        "MPI_Allgather",
+        [&] { return MPI_Allgather(&my_count, 1, MPI_UINT64_T, counts64.data(), 1, MPI_UINT64_T, raw_); },
+        [&](MPI_Request* r) {
+          return MPI_Iallgather(&my_count, 1, MPI_UINT64_T, counts64.data(), 1, MPI_UINT64_T, raw_, r);
+        });
     std::vector<std::size_t> counts(counts64.begin(), counts64.end());
     std::size_t total = 0;
     for (auto c : counts)
@@ -359,9 +478,17 @@ public:
         displs[r] = static_cast<int>(offset * wire::units);
         offset += counts[r];
       }
-      detail::mpi_check(MPI_Allgatherv(mine.data(), static_cast<int>(mine.size() * wire::units), type,
-                                       all.data(), unit_counts.data(), displs.data(), type, raw_),
-                        "MPI_Allgatherv");
+      const int len = static_cast<int>(mine.size() * wire::units);
+      call(
+          "MPI_Allgatherv",
+          [&] {
+            return MPI_Allgatherv(mine.data(), len, type, all.data(), unit_counts.data(), displs.data(), type,
+                                  raw_);
+          },
+          [&](MPI_Request* r) {
+            return MPI_Iallgatherv(mine.data(), len, type, all.data(), unit_counts.data(), displs.data(),
+                                   type, raw_, r);
+          });
       return counts;
     }
     // Some count or displacement does not fit one call: each rank broadcasts its part in pieces.
@@ -388,7 +515,9 @@ public:
     check_tag(tag);
     using wire = detail::mpi_wire<T>;
     for_each_piece(data, [&](const void* at, int len, std::size_t) {
-      detail::mpi_check(MPI_Send(at, len, wire::type(), dest, tag, raw_), "MPI_Send");
+      call(
+          "MPI_Send", [&] { return MPI_Send(at, len, wire::type(), dest, tag, raw_); },
+          [&](MPI_Request* r) { return MPI_Isend(at, len, wire::type(), dest, tag, raw_, r); });
     });
   }
 
@@ -400,7 +529,9 @@ public:
     const std::size_t units = data.size() * wire::units;
     for_each_piece(data, [&](void* at, int len, std::size_t lo) {
       MPI_Status status;
-      const int rc = MPI_Recv(at, len, wire::type(), source, tag, raw_, &status);
+      const int rc = call_status(
+          "MPI_Recv", [&] { return MPI_Recv(at, len, wire::type(), source, tag, raw_, &status); },
+          [&](MPI_Request* r) { return MPI_Irecv(at, len, wire::type(), source, tag, raw_, r); }, &status);
       if (rc != MPI_SUCCESS) {
         int cls = 0;
         MPI_Error_class(rc, &cls);
@@ -424,7 +555,8 @@ public:
     check_peer("dest", dest);
     check_tag(tag);
     using wire = detail::mpi_wire<T>;
-    mpi_request req(false, wire::type(), dest, tag, data.size() * wire::units, max_chunk_);
+    detail::mpi_check_usable(*deadline_);
+    mpi_request req(false, wire::type(), dest, tag, data.size() * wire::units, max_chunk_, deadline_);
     for_each_piece(data, [&](const void* at, int len, std::size_t) {
       auto& p = req.parts_.emplace_back();
       detail::mpi_check(MPI_Isend(at, len, wire::type(), dest, tag, raw_, &p.handle), "MPI_Isend");
@@ -437,7 +569,8 @@ public:
     check_peer("source", source);
     check_tag(tag);
     using wire = detail::mpi_wire<T>;
-    mpi_request req(true, wire::type(), source, tag, data.size() * wire::units, max_chunk_);
+    detail::mpi_check_usable(*deadline_);
+    mpi_request req(true, wire::type(), source, tag, data.size() * wire::units, max_chunk_, deadline_);
     for_each_piece(data, [&](void* at, int len, std::size_t) {
       auto& p = req.parts_.emplace_back();
       p.expected = len;
@@ -451,7 +584,11 @@ public:
     // Every rank learns the smallest colour, so a negative colour on any rank fails on all of them.
     int lowest = color;
     if (size_ > 1)
-      detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, raw_), "MPI_Allreduce");
+      call(
+          "MPI_Allreduce", [&] { return MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, raw_); },
+          [&](MPI_Request* r) {
+            return MPI_Iallreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, raw_, r);
+          });
     if (lowest < 0)
       throw invalid_argument(commsgd::detail::concat("split: argument 'color' = ", lowest,
                                                      lowest == color ? "" : " (on another rank)",
@@ -461,6 +598,7 @@ public:
     mpi out(child, boost::mpi::comm_take_ownership);
     out.max_chunk_ = max_chunk_;
     out.verify_ = verify_;
+    out.deadline_->seconds = deadline_->seconds;
     return out;
   }
 
@@ -477,6 +615,7 @@ private:
 
   void init() {
     raw_ = comm_;
+    deadline_ = std::make_shared<detail::mpi_deadline>();
     detail::mpi_check(MPI_Comm_rank(raw_, &rank_), "MPI_Comm_rank");
     detail::mpi_check(MPI_Comm_size(raw_, &size_), "MPI_Comm_size");
     // MPI_TAG_UB is a predefined attribute of MPI_COMM_WORLD, the same for every communicator.
@@ -495,6 +634,34 @@ private:
     tag_ub_ = o.tag_ub_;
     max_chunk_ = o.max_chunk_;
     verify_ = o.verify_;
+    deadline_ = o.deadline_; // shared: the moved-from object stays safe to ask
+  }
+
+  bool bounded() const noexcept { return deadline_->seconds > 0; }
+
+  // One MPI operation: its blocking form, or with a timeout its nonblocking form polled to the deadline
+  // (a timed-out request is left to MPI: a collective's may not be freed or cancelled). Returns the code.
+  template <class Blocking, class Start>
+  int call_status(const char* name, Blocking&& blocking, Start&& start, MPI_Status* status) {
+    if (!bounded()) return blocking();
+    detail::mpi_check_usable(*deadline_);
+    MPI_Request req = MPI_REQUEST_NULL;
+    detail::mpi_check(start(&req), name);
+    int rc = MPI_SUCCESS;
+    detail::mpi_poll_bounded(
+        *deadline_,
+        [&] {
+          int done = 0;
+          rc = MPI_Test(&req, &done, status);
+          return rc != MPI_SUCCESS || done != 0;
+        },
+        [&] { return commsgd::detail::concat(name, " on rank ", rank_, " of ", size_); });
+    return rc;
+  }
+
+  template <class Blocking, class Start>
+  void call(const char* name, Blocking&& blocking, Start&& start) {
+    detail::mpi_check(call_status(name, blocking, start, MPI_STATUS_IGNORE), name);
   }
 
   void check_peer(const char* name, int value) const { detail::check_rank(name, value, size_); }
@@ -534,10 +701,13 @@ private:
     int type_size = 0;
     MPI_Type_size(type, &type_size);
     auto* bytes = static_cast<std::byte*>(data);
-    for (std::size_t lo = 0; lo < units; lo += max_chunk_)
-      detail::mpi_check(
-          MPI_Bcast(bytes + lo * static_cast<std::size_t>(type_size), piece(units, lo), type, root, raw_),
-          "MPI_Bcast");
+    for (std::size_t lo = 0; lo < units; lo += max_chunk_) {
+      auto* at = bytes + lo * static_cast<std::size_t>(type_size);
+      const int len = piece(units, lo);
+      call(
+          "MPI_Bcast", [&] { return MPI_Bcast(at, len, type, root, raw_); },
+          [&](MPI_Request* r) { return MPI_Ibcast(at, len, type, root, raw_, r); });
+    }
   }
 
   // Smallest and largest of each value over all ranks, in one small all-reduce (max of v and of ~v).
@@ -550,9 +720,16 @@ private:
       buf[2 * k + 1] = ~v[k];
     }
     if (size_ > 1)
-      detail::mpi_check(
-          MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(2 * K), MPI_UINT64_T, MPI_MAX, raw_),
-          "MPI_Allreduce");
+      call(
+          "MPI_Allreduce",
+          [&] {
+            return MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(2 * K), MPI_UINT64_T, MPI_MAX,
+                                 raw_);
+          },
+          [&](MPI_Request* r) {
+            return MPI_Iallreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(2 * K), MPI_UINT64_T, MPI_MAX,
+                                  raw_, r);
+          });
     for (std::size_t k = 0; k < K; ++k)
       out[k] = {~buf[2 * k + 1], buf[2 * k]};
     return out;
@@ -570,6 +747,7 @@ private:
   int tag_ub_ = 32767;
   std::size_t max_chunk_ = default_max_chunk_elements;
   bool verify_ = true;
+  std::shared_ptr<detail::mpi_deadline> deadline_ = std::make_shared<detail::mpi_deadline>();
 };
 
 static_assert(request<mpi_request>);

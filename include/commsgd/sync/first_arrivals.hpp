@@ -335,14 +335,18 @@ private:
     poll_until([&] { return r.test(); }, deadline, what);
   }
 
+  // The message gives the time really waited: a rank's wait for the sum may start before its delay ends
+  // and lasts 2 x timeout_s (the root's own wait, then the sum's way down).
   template <class Done>
   void poll_until(Done&& done, clock::time_point deadline, const char* what) {
+    const auto entered = clock::now();
     int idle = 0;
     while (!done()) {
       if (clock::now() > deadline)
-        throw comm_error(commsgd::detail::concat("first_arrivals: rank ", comm_->rank(), " waited ",
-                                                 opt_.timeout_s, " s (timeout_s) for ", what, " in round ",
-                                                 step_));
+        throw comm_error(commsgd::detail::concat(
+            "first_arrivals: rank ", comm_->rank(), " waited ",
+            std::chrono::duration<double>(clock::now() - entered).count(), " s for ", what, " in round ",
+            step_, " (timeout_s = ", opt_.timeout_s, "; the root's sum is waited for twice that)"));
       if (++idle < 64)
         std::this_thread::yield();
       else
