@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The emulated cluster end to end (ctest label netcluster): two ranks at 100 Mbit/s, one TCP stream measured
 # within 10 % of the rate, a comm::mpi all-reduce and a commsgd_torch DDP step across the namespaces (each
-# checked to have crossed the shaped port), then `down`, after which nothing of the cluster may be left.
+# checked to have crossed the shaped port), a pulled cable under comm::mpi's timeout (every rank fails within
+# it, none hangs, and the ranks work again once the cable is back), then `down`, after which nothing of the
+# cluster may be left.
 #
-#   netcluster_test.sh --tool PATH [--mpi-program PATH] [--torch-python PATH]
+#   netcluster_test.sh --tool PATH [--mpi-program PATH] [--mpi-fault-program PATH] [--torch-python PATH]
 #
 # The MPI part runs when --mpi-program names the program that holds comm_mpi.cpp's tests (its own, or its
 # batch's); the torch part when --torch-python names an interpreter that imports torch and commsgd_torch
@@ -12,11 +14,12 @@
 set -uo pipefail
 
 readonly skip=77
-tool="" mpi_program="" torch_python=""
+tool="" mpi_program="" mpi_fault_program="" torch_python=""
 while (($#)); do
   case $1 in
     --tool) tool=$2; shift 2 ;;
     --mpi-program) mpi_program=$2; shift 2 ;;
+    --mpi-fault-program) mpi_fault_program=$2; shift 2 ;;
     --torch-python) torch_python=$2; shift 2 ;;
     *) echo "netcluster_test: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -91,6 +94,43 @@ if [[ -n $mpi_program ]]; then
   echo "comm::mpi all-reduce across namespaces: ok ($moved bytes into rank 1's port)"
 else
   echo "comm::mpi part skipped: no MPI test program (commsgd::mpi not built)"
+fi
+
+# 2b. A pulled cable: rank 1's port goes down while both ranks all-reduce with a 2 s timeout. Each rank must
+#     fail within it (its own log says so: a rank cut off cannot tell mpirun), none may hang; mpirun itself
+#     ends once the cable is back (it waits for the cut rank's daemon). Then the same ranks work again.
+if [[ -n $mpi_fault_program ]]; then
+  logs=$(mktemp -d)
+  timeout 120 "$tool" mpirun --name "$name" -- -np 2 "$mpi_fault_program" "$logs/rank%r.log" 2 >"$logs/mpirun.out" 2>&1 &
+  mpirun_pid=$!
+  for ((i = 0; i < 300; i++)); do
+    grep -qs '^step 3$' "$logs/rank0.log" && grep -qs '^step 3$' "$logs/rank1.log" && break
+    sleep 0.1
+  done
+  grep -qs '^step 3$' "$logs/rank1.log" || fail "the fault program did not start: $(cat "$logs"/*)"
+  "$tool" port --name "$name" 1 down || fail "netcluster port 1 down"
+  down_at=$SECONDS
+  for ((i = 0; i < 150; i++)); do # 15 s: the 2 s timeout with a wide margin for a loaded machine
+    grep -qs '^failed' "$logs/rank0.log" && grep -qs '^failed' "$logs/rank1.log" && break
+    sleep 0.1
+  done
+  "$tool" port --name "$name" 1 up || fail "netcluster port 1 up"
+  for r in 0 1; do
+    grep -qs '^failed after [0-9.]* s: .*did not complete within timeout_s = 2 s' "$logs/rank$r.log" ||
+      fail "rank $r did not fail with comm::mpi's timeout within $((SECONDS - down_at)) s of the cable pulled: $(cat "$logs/rank$r.log")"
+    sed -n 's/^failed after \([0-9.]*\) s.*/\1/p' "$logs/rank$r.log" |
+      awk '{ exit !($1 >= 2 && $1 < 10) }' || fail "rank $r: $(grep failed "$logs/rank$r.log")"
+  done
+  wait "$mpirun_pid"
+  rc=$?
+  ((rc != 0 && rc != 124)) || fail "mpirun after the pulled cable exited with $rc (expected the ranks' failure; 124 is a hang)"
+  echo "pulled cable under comm::mpi: both ranks failed within the 2 s timeout ($(grep -h -o 'failed after [0-9.]* s' "$logs"/rank*.log | tr '\n' ' '))"
+  timeout 60 "$tool" mpirun --name "$name" -- -np 2 "$mpi_fault_program" "$logs/again%r.log" 10 5 >"$logs/again.out" 2>&1 ||
+    fail "the ranks did not work again after the cable came back: $(cat "$logs/again.out" "$logs"/again*.log)"
+  echo "cable back: 5 all-reduces across the namespaces again: ok"
+  rm -rf "$logs"
+else
+  echo "comm::mpi fault part skipped: no fault program (commsgd::mpi not built)"
 fi
 
 # 3. Two DDP steps with commsgd_torch's top-k hook over gloo, one rank per namespace.
