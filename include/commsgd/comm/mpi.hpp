@@ -146,16 +146,20 @@ inline void mpi_check_usable(const mpi_deadline& d) {
 }
 
 // Polls until `done()` holds, or throws at the deadline (marking `d` broken). MPI_Test* drive MPI's
-// progress engine as a blocking wait would; the yield lends the core to ranks that share it.
+// progress engine as a blocking wait would. A wait that lasts (a slow link, a straggler) polls every 50 us
+// after the first 64 tries instead of spinning, so ranks that share cores keep them for their compute.
 template <class Done, class What>
 void mpi_poll_bounded(mpi_deadline& d, Done&& done, What&& what) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(d.seconds);
-  while (!done()) {
+  for (int idle = 0; !done(); ++idle) {
     if (std::chrono::steady_clock::now() > until) {
       d.broken = true;
       throw mpi_timed_out(what(), d.seconds);
     }
-    std::this_thread::yield();
+    if (idle < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
@@ -284,7 +288,7 @@ private:
         int done = 0;
         while (!deadline_->broken && MPI_Test(&h, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
           if (std::chrono::steady_clock::now() > until) deadline_->broken = true;
-          std::this_thread::yield();
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
         if (!done && h != MPI_REQUEST_NULL) MPI_Request_free(&h);
       }
