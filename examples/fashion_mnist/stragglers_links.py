@@ -47,8 +47,10 @@ def grid(args):
         w = csv.writer(f)
         if new:
             w.writerow(["straggler", "scheme", "repeat", "rate", "exit", "wall_s", "load_before", "tag"])
-        for repeat in range(args.repeats):
-            for name, (up, extra) in STRAGGLERS.items():
+        chosen = [x for x in STRAGGLERS if not args.stragglers or x in args.stragglers.split(",")]
+        for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
+            for name in chosen:
+                up, extra = STRAGGLERS[name]
                 for scheme in args.schemes.split(","):
                     tag = f"{re.sub('[^a-z0-9]+', '_', name.lower())}-{scheme}-{repeat}"
                     cmd = [NETCLUSTER, "exec", "-n", str(args.ranks), "--rate", args.rate] + up + [
@@ -201,6 +203,10 @@ def main():
         q.add_argument("--timeout-s", type=float, default=10.0)
     sub.choices["grid"].add_argument("--schemes", default=",".join(SCHEMES))
     sub.choices["grid"].add_argument("--repeats", type=int, default=1)
+    sub.choices["grid"].add_argument("--first-repeat", type=int, default=0,
+                                     help="the repeat index of the first pass (to add repeats to a folder)")
+    sub.choices["grid"].add_argument("--stragglers", default="",
+                                     help="comma-separated names from STRAGGLERS (default: all)")
     sub.choices["fault"].add_argument("--cases", default="ring:2,gc_fr:2,gc_fr:0",
                                       help="scheme:rank whose port is pulled, comma separated")
     sub.choices["fault"].add_argument("--cut-at", type=int, default=50, help="pull once this step is saved")
