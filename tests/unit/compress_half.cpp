@@ -280,3 +280,45 @@ TEST_CASE("fp16 and bf16 state continues bit-identically after save and load") {
   harness::check_save_load([&](int) { return compress::bf16(d, {.error_feedback = true}); }, grad, d,
                            harness::saved(compress::bf16(d)));
 }
+
+TEST_CASE("fp16 and bf16 find a bad value anywhere: in the blocks of 64 the scans take and in their tail") {
+  // The input scan and the sum's checked copy go 64 values at a time, then the rest: every place a block can
+  // hold the bad value, with and without error feedback (two different input paths), in place (out = g) too.
+  for (std::size_t d : {std::size_t{63}, std::size_t{64}, std::size_t{65}, std::size_t{130}, std::size_t{1000}})
+    for (std::size_t at : {std::size_t{0}, std::size_t{63}, std::size_t{64}, d - 1}) {
+      if (at >= d) continue;
+      for (float bad : {NAN, INFINITY, -INFINITY})
+        for (bool ef : {false, true}) {
+          CAPTURE(d);
+          CAPTURE(at);
+          CAPTURE(bad);
+          CAPTURE(ef);
+          auto input = [&](int r, std::vector<float>& g, std::vector<float>& out) {
+            g.assign(d, 0.5f);
+            out.assign(d, 0.0f);
+            if (r == 1) g[at] = bad;
+          };
+          const auto index = "index " + std::to_string(at);
+          auto fp = harness::errors_on_every_rank<non_finite>(
+              3, [&](int) { return compress::fp16(d, {.error_feedback = ef}); }, input);
+          auto bf = harness::errors_on_every_rank<non_finite>(
+              3, [&](int) { return compress::bf16(d, {.error_feedback = ef}); }, input);
+          for (const auto* msgs : {&fp, &bf}) {
+            CHECK((*msgs)[1].find(index) != std::string::npos); // the rank that holds it says where
+            CHECK((*msgs)[0].find("non-finite") != std::string::npos);
+            CHECK((*msgs)[2].find("non-finite") != std::string::npos);
+          }
+        }
+      // A sum that overflows where no input does (two ranks' 40000 make 80000 > 65504): every rank refuses
+      // it, found by the checked copy.
+      auto msgs = harness::errors_on_every_rank<non_finite>(
+          2, [&](int) { return compress::fp16(d); },
+          [&](int, std::vector<float>& g, std::vector<float>& out) {
+            g.assign(d, 0.25f);
+            g[at] = 40000.0f;
+            out = g;
+          });
+      for (const auto& m : msgs)
+        CHECK(m.find("the 16-bit sum") != std::string::npos);
+    }
+}
