@@ -14,7 +14,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fmnist {
@@ -145,6 +148,15 @@ inline dataset load_set(const std::string& dir, const std::string& prefix, std::
 inline std::string default_data_dir() {
   if (const char* env = std::getenv("COMMSGD_FASHION_MNIST")) return env;
   return "/usr/share/datasets/fashion-mnist";
+}
+
+// The order in which an epoch visits the training set: 0 .. n-1 shuffled from the seed and the epoch alone, so
+// every rank, every scheme and a resumed run see the same batches.
+inline void shuffle_epoch(std::vector<std::uint32_t>& order, std::uint64_t seed, std::uint64_t epoch) {
+  std::iota(order.begin(), order.end(), 0u);
+  std::mt19937_64 gen(seed * 1000003u + epoch);
+  for (std::size_t i = order.size(); i > 1; --i)
+    std::swap(order[i - 1], order[gen() % i]);
 }
 
 } // namespace fmnist

@@ -130,10 +130,7 @@ void train_scheme(comm_t& comm, const options& o, const fmnist::dataset& train, 
     const std::size_t per_epoch = train.count / o.batch;
     if (step / per_epoch != epoch) {
       epoch = step / per_epoch;
-      std::iota(order.begin(), order.end(), 0u);
-      std::mt19937_64 gen(o.seed * 1000003u + epoch);
-      for (std::size_t i = order.size(); i > 1; --i)
-        std::swap(order[i - 1], order[gen() % i]);
+      fmnist::shuffle_epoch(order, o.seed, epoch);
     }
     const std::uint32_t* batch = order.data() + (step % per_epoch) * o.batch;
     const auto sizes = dp.block_sizes(o.batch);

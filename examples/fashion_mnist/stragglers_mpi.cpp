@@ -162,10 +162,7 @@ int train(comm_t& comm, const options& o, const fmnist::dataset& train_set, cons
   for (std::size_t step = first; step < o.steps; ++step) {
     if (step / per_epoch != epoch) {
       epoch = step / per_epoch;
-      std::iota(order.begin(), order.end(), 0u);
-      std::mt19937_64 gen(o.seed * 1000003u + epoch);
-      for (std::size_t i = order.size(); i > 1; --i)
-        std::swap(order[i - 1], order[gen() % i]);
+      fmnist::shuffle_epoch(order, o.seed, epoch);
     }
     const std::uint32_t* batch = order.data() + (step % per_epoch) * o.batch;
     const auto sizes = dp.block_sizes(o.batch);

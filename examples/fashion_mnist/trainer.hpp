@@ -143,10 +143,7 @@ void train_async(Comm& comm, const train_options& o, const dataset& train, const
   if (ps.computes_gradients()) {
     const auto [lo, hi] = share_of(o.batch, rank - 1, workers);
     for (int epoch = 1; epoch <= o.epochs; ++epoch) {
-      std::iota(order.begin(), order.end(), 0u);
-      std::mt19937_64 gen(o.seed * 1000003u + static_cast<std::uint64_t>(epoch));
-      for (std::size_t i = order.size(); i > 1; --i)
-        std::swap(order[i - 1], order[gen() % i]);
+      shuffle_epoch(order, o.seed, static_cast<std::uint64_t>(epoch));
       for (std::size_t s = 0; s < steps_per_epoch; ++s) {
         index.assign(order.begin() + static_cast<std::ptrdiff_t>(s * o.batch + lo),
                      order.begin() + static_cast<std::ptrdiff_t>(s * o.batch + hi));
@@ -306,11 +303,7 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
   std::size_t step = 0;
 
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
-    // The same shuffle on every rank, from the seed and the epoch alone.
-    std::iota(order.begin(), order.end(), 0u);
-    std::mt19937_64 gen(o.seed * 1000003u + static_cast<std::uint64_t>(epoch));
-    for (std::size_t i = order.size(); i > 1; --i)
-      std::swap(order[i - 1], order[gen() % i]);
+    shuffle_epoch(order, o.seed, static_cast<std::uint64_t>(epoch));
 
     for (std::size_t s = 0; s < steps_per_epoch; ++s, ++step) {
       batch_index.assign(order.begin() + static_cast<std::ptrdiff_t>(s * o.batch),

@@ -32,11 +32,12 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/select/key.hpp>
+#include <commsgd/select/validate.hpp>
 
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -134,8 +135,7 @@ public:
       v = detail::take_input(g, out.size(), length_, ef_, p_);
     } else {
       v = detail::check_sizes(g.size(), out.size(), length_);
-      // The fast scan first; the counting one only for the message of a bad gradient.
-      if (v.problem == detail::input_problem::none && !all_finite(g)) v = detail::check_finite(g);
+      if (v.problem == detail::input_problem::none) v = detail::check_finite(g);
       p = g;
     }
     if (v.problem == detail::input_problem::none) v = encode(p);
@@ -200,50 +200,26 @@ private:
     return {};
   }
 
-  // Finiteness by the largest magnitude's bits (inf and NaN are the bit patterns from 0x7f800000 up), taken
-  // per block of 64 values: a loop GCC vectorises at -O2, unlike a test per value with an early exit.
-  static std::uint32_t max_magnitude_bits(const float* x, std::size_t n) noexcept {
-    std::uint32_t m = 0;
-    for (std::size_t j = 0; j < n; ++j) {
-      std::uint32_t b;
-      std::memcpy(&b, x + j, sizeof b);
-      b &= 0x7fffffffu;
-      m = m > b ? m : b;
-    }
-    return m;
-  }
-  static constexpr std::uint32_t inf_or_nan_bits = 0x7f800000u;
-
-  static bool all_finite(std::span<const float> x) noexcept {
-    std::size_t i = 0;
-    for (; i + 64 <= x.size(); i += 64)
-      if (max_magnitude_bits(x.data() + i, 64) >= inf_or_nan_bits) return false;
-    return max_magnitude_bits(x.data() + i, x.size() - i) < inf_or_nan_bits;
-  }
-
-  // 64 values copied, and their largest magnitude's bits (restrict parameters: GCC vectorises only then).
+  // 64 values copied, and how many are not finite (restrict parameters and a known length: GCC vectorises
+  // the loop at -O2 only then).
   static std::uint32_t copy_block(const float* __restrict from, float* __restrict to) noexcept {
-    std::uint32_t m = 0;
+    std::uint32_t bad = 0;
     for (std::size_t j = 0; j < 64; ++j) {
-      std::uint32_t b;
-      std::memcpy(&b, from + j, sizeof b);
       to[j] = from[j];
-      b &= 0x7fffffffu;
-      m = m > b ? m : b;
+      bad += select::magnitude_key(from[j]) >= select::infinite_key;
     }
-    return m;
+    return bad;
   }
 
   // out <- sum, checked in the same pass; false (out then holds the sum up to an unspecified point) if a
   // value is not finite. sum is the compressor's own buffer, so it never overlaps out.
   static bool copy_if_finite(std::span<const float> sum, std::span<float> out) noexcept {
-    const std::size_t n = sum.size();
     std::size_t i = 0;
-    for (; i + 64 <= n; i += 64)
-      if (copy_block(sum.data() + i, out.data() + i) >= inf_or_nan_bits) return false;
-    std::copy(sum.begin() + static_cast<std::ptrdiff_t>(i), sum.end(),
-              out.begin() + static_cast<std::ptrdiff_t>(i));
-    return max_magnitude_bits(sum.data() + i, n - i) < inf_or_nan_bits;
+    for (; i + 64 <= sum.size(); i += 64)
+      if (copy_block(sum.data() + i, out.data() + i) != 0) return false;
+    const auto rest = sum.subspan(i);
+    std::copy(rest.begin(), rest.end(), out.begin() + static_cast<std::ptrdiff_t>(i));
+    return select::count_non_finite(rest) == 0;
   }
 
   half_options opt_;
