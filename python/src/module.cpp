@@ -7,6 +7,7 @@
 //   powersgd.cpp     compress::powersgd per bucket
 //   compressors.cpp  fp16, bf16 (a 16-bit ring all-reduce), sign, qsgd, random-k per bucket
 //   auto.cpp         the step-time model and the automatic choice of exchange (plain functions)
+//   diloco.cpp       sync::diloco, the DiLoCo engine behind commsgd_torch.DiLoCo, and the codes' sizes
 // This file registers the library's exception types and the states.
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
@@ -20,6 +21,7 @@ void bind_local_sgd(py::module_& m);   // local_sgd.cpp
 void bind_powersgd(py::module_& m);    // powersgd.cpp
 void bind_compressors(py::module_& m); // compressors.cpp
 void bind_auto(py::module_& m);        // auto.cpp
+void bind_diloco(py::module_& m);      // diloco.cpp
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "commsgd's communication-efficient exchanges behind DDP communication hooks";
@@ -39,4 +41,5 @@ PYBIND11_MODULE(_C, m) {
   bind_powersgd(m);
   bind_compressors(m);
   bind_auto(m);
+  bind_diloco(m);
 }

@@ -132,7 +132,7 @@ inline int run_doctest_on_all_ranks(int argc, char** argv) {
 }
 
 // Initialises MPI through Boost.MPI, runs the tests, and finalises MPI. Serialized threads: a strategy's
-// exchange thread (sync::streaming_diloco) calls MPI while the test's own thread does not.
+// exchange thread (sync::diloco) calls MPI while the test's own thread does not.
 inline int mpi_doctest_main(int argc, char** argv) {
   boost::mpi::environment env(argc, argv, boost::mpi::threading::serialized);
   return run_doctest_on_all_ranks(argc, argv);

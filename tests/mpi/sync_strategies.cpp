@@ -5,9 +5,9 @@
 #include <commsgd/comm/mpi.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/sync/async_ps.hpp>
+#include <commsgd/sync/diloco.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/partitioned.hpp>
-#include <commsgd/sync/streaming_diloco.hpp>
 #include <commsgd/sync/synchronous.hpp>
 #include <support/least_squares.hpp>
 
@@ -162,8 +162,7 @@ TEST_CASE("async_ps: every gradient applied exactly once under random delays, ra
 
 namespace {
 using topk = compress::top_k_ef<>;
-const sync::streaming_diloco_options streamed{
-    .lr = 0.05f, .period = 6, .fragments = 3, .delay = 2, .alpha = 0.5f};
+const sync::diloco_options streamed{.lr = 0.05f, .sync_every = 6, .fragments = 3, .delay = 2, .alpha = 0.5f};
 
 bool serialized_threads() {
   if (boost::mpi::environment::thread_level() >= boost::mpi::threading::serialized) return true;
@@ -191,48 +190,46 @@ std::vector<std::vector<float>> on_threads(int n, int steps, Make make) {
 }
 } // namespace
 
-TEST_CASE("streaming_diloco over MPI: one fragment with no delay is diloco bit for bit") {
+TEST_CASE("diloco over MPI: one fragment with no delay gives the thread ranks' models bit for bit (top-k)") {
   auto c = mpi::world();
   if (!serialized_threads()) return;
-  const sync::outer_sgd_options outer{.lr = 0.7f, .momentum = 0.9f};
-  sync::diloco<mpi> d(c, {.lr = 0.05f, .period = 4, .outer = outer});
-  sync::streaming_diloco<mpi> s(c, layers, {.lr = 0.05f, .period = 4, .outer = outer});
-  CHECK(same_bits(run_sync(c, s, 21), run_sync(c, d, 21)));
-  sync::diloco<mpi, topk> dk(c, {.lr = 0.05f, .period = 4, .outer = outer},
-                             topk(problem.dim(), {.density = 0.3}));
-  sync::streaming_diloco<mpi, topk> sk(c, layers, {.lr = 0.05f, .period = 4, .outer = outer},
-                                       [](std::size_t n) { return topk(n, {.density = 0.3}); });
-  CHECK(same_bits(run_sync(c, sk, 21), run_sync(c, dk, 21)));
+  const sync::diloco_options o{.lr = 0.05f, .sync_every = 4, .outer = {.lr = 0.7f, .momentum = 0.9f}};
+  sync::diloco<mpi, topk> sk(c, layers, o, [](std::size_t n) { return topk(n, {.density = 0.3}); });
+  const auto want = on_threads(c.size(), 21, [&](comm::local& l) {
+    return sync::diloco<comm::local, topk>(l, layers, o,
+                                           [](std::size_t n) { return topk(n, {.density = 0.3}); });
+  });
+  CHECK(same_bits(run_sync(c, sk, 21), want[static_cast<std::size_t>(c.rank())]));
 }
 
-TEST_CASE("streaming_diloco over MPI: fragments on the exchange thread give the thread ranks' models") {
+TEST_CASE("diloco over MPI: fragments on the exchange thread give the thread ranks' models") {
   auto c = mpi::world();
   if (!serialized_threads()) return;
   const int n = c.size(), steps = 25;
   // Top-k gathers the messages and sums them in rank order: the same bits as on threads.
-  sync::streaming_diloco<mpi, topk> sk(c, layers, streamed,
-                                       [](std::size_t len) { return topk(len, {.density = 0.2}); });
+  sync::diloco<mpi, topk> sk(c, layers, streamed,
+                             [](std::size_t len) { return topk(len, {.density = 0.2}); });
   const auto want_k = on_threads(n, steps, [](comm::local& l) {
-    return sync::streaming_diloco<comm::local, topk>(
-        l, layers, streamed, [](std::size_t len) { return topk(len, {.density = 0.2}); });
+    return sync::diloco<comm::local, topk>(l, layers, streamed,
+                                           [](std::size_t len) { return topk(len, {.density = 0.2}); });
   });
   CHECK(same_bits(run_sync(c, sk, steps), want_k[static_cast<std::size_t>(c.rank())]));
   // Floats summed by MPI_SUM, which may associate differently: equal within rounding.
-  sync::streaming_diloco<mpi> s(c, layers, streamed);
-  const auto want = on_threads(
-      n, steps, [](comm::local& l) { return sync::streaming_diloco<comm::local>(l, layers, streamed); });
+  sync::diloco<mpi> s(c, layers, streamed);
+  const auto want =
+      on_threads(n, steps, [](comm::local& l) { return sync::diloco<comm::local>(l, layers, streamed); });
   const auto x = run_sync(c, s, steps);
   for (std::size_t i = 0; i < x.size(); ++i)
     CHECK(x[i] == doctest::Approx(want[static_cast<std::size_t>(c.rank())][i]).epsilon(1e-4));
 }
 
-TEST_CASE("streaming_diloco over MPI: a checkpoint with exchanges in flight resumes bit for bit") {
+TEST_CASE("diloco over MPI: a checkpoint with exchanges in flight resumes bit for bit") {
   auto c = mpi::world();
   if (!serialized_threads()) return;
   const int before = 10, after = 15;
   auto make = [&] {
-    return sync::streaming_diloco<mpi, topk>(c, layers, streamed,
-                                             [](std::size_t len) { return topk(len, {.density = 0.2}); });
+    return sync::diloco<mpi, topk>(c, layers, streamed,
+                                   [](std::size_t len) { return topk(len, {.density = 0.2}); });
   };
   std::string shared, local;
   std::vector<float> saved_x, straight;
@@ -270,10 +267,10 @@ TEST_CASE("streaming_diloco over MPI: a checkpoint with exchanges in flight resu
   CHECK(same_bits(x, straight));
 }
 
-TEST_CASE("streaming_diloco over MPI: a non-finite pseudo-gradient of one rank is refused on every rank") {
+TEST_CASE("diloco over MPI: a non-finite pseudo-gradient of one rank is refused on every rank") {
   auto c = mpi::world();
   if (!serialized_threads()) return;
-  sync::streaming_diloco<mpi> s(c, layers, {.lr = 0.05f, .period = 4, .fragments = 2, .delay = 1});
+  sync::diloco<mpi> s(c, layers, {.lr = 0.05f, .sync_every = 4, .fragments = 2, .delay = 1});
   std::vector<float> x(problem.dim(), 0.0f), g(problem.dim());
   s.start(x);
   int refused = 0;

@@ -10,7 +10,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commsgd_torch
-from commsgd_torch import diloco as D
 from helpers import SIZES, Dot, fashion_mnist, mlp, run_ranks
 
 
@@ -62,7 +61,8 @@ BAD = [
     ("fragments", 0), ("fragments", 9),  # the model has 3 layers
     ("delay", -1), ("delay", 4),  # sync_every is 4
     ("alpha", -0.01), ("alpha", 1.5), ("alpha", float("nan")), ("alpha", "0.5"),
-    ("compression", "gzip"), ("compression", "int4"), ("compression", "topk:0"), ("compression", "topk:1.5"),
+    ("compression", "gzip"), ("compression", "int4"), ("compression", "fp4"), ("compression", "topk:0"),
+    ("compression", "topk:1.5"),
     ("compression", "topk:"), ("compression", "topk:abc"), ("compression", 8),
 ]
 
@@ -96,50 +96,6 @@ def test_bad_model_optimizer_and_fragments():
 
 
 # --- the codes ----------------------------------------------------------------------------------------------
-
-def _wide(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, generator=g) * torch.pow(10.0, torch.randint(-3, 3, (n,), generator=g).float())
-    x[::37] = 0.0
-    return x
-
-
-@pytest.mark.parametrize("kind", ["fp16", "bf16", "int8", "fp4"])
-@pytest.mark.parametrize("n", [1, 255, 256, 1000, 5647])
-def test_each_code_keeps_its_error_bound(kind, n):
-    x = _wide(n, n)
-    if n >= 512:
-        x[256:512] = 0.0  # a block of zeros: scale 0, decoded as zeros
-    msg = D._encode(kind, x)
-    y = D._decode(kind, msg, n)
-    assert y.shape == x.shape and y.dtype == torch.float32
-    blocks = max(1, math.ceil(n / D.BLOCK))
-    size = {"fp16": 2 * n, "bf16": 2 * n, "int8": 4 * blocks + D.BLOCK * blocks,
-            "fp4": 4 * blocks + D.BLOCK * blocks // 2}[kind]
-    assert msg.numel() == size and msg.dtype == torch.uint8
-    assert torch.all(y[x == 0] == 0)
-    if kind == "fp16":
-        assert torch.all((y - x).abs() <= 2.0 ** -11 * x.abs() + 2.0 ** -25)
-    elif kind == "bf16":
-        assert torch.all((y - x).abs() <= 2.0 ** -8 * x.abs())
-    else:
-        pad = torch.cat([x, x.new_zeros(blocks * D.BLOCK - n)]).view(blocks, D.BLOCK)
-        s = pad.abs().amax(1, keepdim=True).expand(blocks, D.BLOCK).reshape(-1)[:n]
-        err = (y - x).abs()
-        if kind == "int8":
-            assert torch.all(err <= s / 254 * (1 + 1e-5)), err.max()
-            assert torch.all(err <= s / 254 * (1 + 1e-5))
-        else:
-            zero = y == 0
-            assert torch.all(x[zero].abs() <= s[zero] * 2.0 ** -6.5 * (1 + 1e-6))
-            nz = ~zero
-            assert torch.all(torch.sign(y[nz]) == torch.sign(x[nz]))
-            assert torch.all(err[nz] <= (math.sqrt(2) - 1) * x[nz].abs() * (1 + 1e-5))
-            ratio = y[nz].abs() / s[nz]  # exactly a power of two, 2^0 .. 2^-6
-            e = -torch.log2(ratio)
-            assert torch.all(e == torch.round(e)) and torch.all((e >= 0) & (e <= 6))
-            assert torch.all(y.abs().amax() == x.abs().amax())  # the largest element is its block's scale
-
 
 # --- the outer step -----------------------------------------------------------------------------------------
 
@@ -214,8 +170,6 @@ def _nesterov(rank, world, H, rounds, eta, mu, lr):
             p.normal_()
     opt = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=lr), sync_every=H, outer_lr=eta,
                                outer_momentum=mu)
-    assert isinstance(opt.outer_optimizer, torch.optim.SGD)
-    assert opt.outer_optimizer.defaults["nesterov"] and opt.outer_optimizer.defaults["momentum"] == mu
     # The hand reference, in float64: v <- mu v + delta; theta <- theta - eta (delta + mu v).
     theta = _flat(model.parameters()).double()
     v = torch.zeros_like(theta)
@@ -230,7 +184,7 @@ def _nesterov(rank, world, H, rounds, eta, mu, lr):
         got = _flat(opt.global_parameters()).double()
         assert torch.allclose(got, theta, rtol=1e-5, atol=1e-5), (r, (got - theta).abs().max())
         assert _same(_flat(model.parameters()), _flat(opt.global_parameters()))
-    momentum = _flat([opt.outer_optimizer.state[g]["momentum_buffer"] for g in opt.global_parameters()]).double()
+    momentum = opt.outer_velocity(0).double()
     assert torch.allclose(momentum, v, rtol=1e-5, atol=1e-5)
     return _flat(model.parameters())
 
@@ -241,8 +195,9 @@ def test_outer_nesterov_matches_a_hand_computed_reference():
 
 
 def _alpha_merge(rank, world):
-    """With delay 1 and alpha 0.5, the fragment applied after step t is lerp(theta_global, theta_local, 0.5),
-    theta_local being the model after step t's own inner step (which overlapped the exchange)."""
+    """With delay 1 and alpha 0.5, the fragment applied after step t is theta_global + 0.5 (theta_local -
+    theta_global) in float32, theta_local being the model after step t's own inner step (which overlapped the
+    exchange)."""
     model = Dot(SIZES)
     lr = 0.25
     opt = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=lr), sync_every=3, delay=1,
@@ -253,7 +208,7 @@ def _alpha_merge(rank, world):
         if step in (4, 7, 10):  # started after 3, 6, 9
             for b, x, p, g in zip(before, _inputs(step, rank), model.ps, opt.global_parameters()):
                 inner = b.add(x, alpha=-lr)
-                assert _same(p.detach(), torch.lerp(g, inner, 0.5)), step
+                assert _same(p.detach(), g + 0.5 * (inner - g)), step
         else:
             for b, x, p in zip(before, _inputs(step, rank), model.ps):
                 assert _same(p.detach(), b.add(x, alpha=-lr)), step
@@ -265,44 +220,6 @@ def test_alpha_merges_the_local_steps_taken_during_the_exchange():
 
 
 # --- compressed pseudo-gradients ------------------------------------------------------------------------------
-
-def _compressed_mean(rank, world, compression):
-    """Inner SGD lr 1, H = 2, outer lr 1, momentum 0: the outer step subtracts exactly the float32 mean of the
-    ranks' decoded messages, summed in rank order (each rank remakes every rank's pseudo-gradient)."""
-    model = Dot(SIZES)
-    opt = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=1.0), sync_every=2, outer_lr=1.0,
-                               outer_momentum=0.0, compression=compression)
-    n = sum(SIZES)
-    step = 0
-    for r in range(3):
-        theta = _flat(opt.global_parameters())
-        for _ in range(2):
-            _dot_step(model, opt, step, rank)
-            step += 1
-        acc = torch.zeros(n)
-        for q in range(world):
-            local = theta.clone()
-            for s in (step - 2, step - 1):
-                local.add_(_flat(_inputs(s, q)), alpha=-1.0)
-            delta = theta - local
-            acc += delta if compression == "none" else D._decode(compression, D._encode(compression, delta), n)
-        expect = theta.add(acc / world, alpha=-1.0)
-        assert _same(_flat(opt.global_parameters()), expect), (compression, r)
-    blocks = math.ceil(n / D.BLOCK)
-    message = 4 + {"none": 0, "fp16": 2 * n, "bf16": 2 * n, "int8": 4 * blocks + D.BLOCK * blocks,
-                   "fp4": 4 * blocks + D.BLOCK * blocks // 2}[compression]
-    if compression == "none":  # an all_reduce of n floats and one flag a rank: 2 (n - 1) / n of it
-        message = 4 * (n + world)
-    assert opt.stats()["payload_bytes"] == 3 * message
-    assert opt.stats()["bytes_sent"] == 3 * (message if compression == "none" else (world - 1) * message)
-    return _flat(model.parameters())
-
-
-@pytest.mark.parametrize("compression", ["none", "fp16", "bf16", "int8", "fp4"])
-def test_outer_step_applies_the_mean_of_the_decoded_messages(compression):
-    a, b = _ranks(_compressed_mean, 2, (compression,))
-    assert _same(a, b)
-
 
 def _topk_conserves(rank, world, density):
     """Integer gradients (exact sums): per rank, residual before + pseudo-gradient = what was sent + residual
@@ -332,7 +249,9 @@ def _topk_conserves(rank, world, density):
         if int(chosen.sum()) < n:
             assert sent.abs().max() > 0 and sent[sent != 0].abs().min() >= after.abs().max()
         out.append((theta, sent, _flat(opt.global_parameters())))
-    assert opt.stats()["payload_bytes"] == 4 * (4 + 8 * k)
+    one_round = commsgd_torch._C.diloco_round_traffic(f"topk:{density}", n, world, rank, False)["bytes_sent"]
+    assert one_round == (world - 1) * (40 + 8 * k)  # the verdict and k pairs to each other rank
+    assert opt.stats()["bytes_sent"] == 4 * one_round
     return out
 
 
@@ -361,8 +280,7 @@ def _streaming(rank, world, P, delay, compression, width=16):
     g = torch.Generator().manual_seed(rank)
     log = []
     for t in range(1, 4 * H + 1):
-        starts = [p for p in range(P) if (t - offsets[p]) % H == 0]
-        assert opt.schedule(t) == starts
+        starts = [p for p in range(P) if t >= offsets[p] and (t - offsets[p]) % H == 0]
         glob = [_flat(opt.global_parameters()[2 * p:2 * p + 2]) for p in range(P)] if P == 4 else None
         sent = opt.bytes_sent
         x = torch.randn(8, width, generator=g)
@@ -379,6 +297,10 @@ def _streaming(rank, world, P, delay, compression, width=16):
     return log, opt.stats()
 
 
+def _ring(elements, rank=0):
+    return commsgd_torch._C.ring_all_reduce_traffic(elements, 4, 2, rank)["bytes_sent"]
+
+
 @pytest.mark.parametrize("delay", [0, 3])
 def test_streaming_schedule_and_peak_bytes_fall_by_p(delay):
     one, _ = _ranks(_streaming, 2, (1, delay, "none"))[0]
@@ -387,22 +309,23 @@ def test_streaming_schedule_and_peak_bytes_fall_by_p(delay):
     assert [(t, s) for t, s, _ in four if s] == [(t, [p]) for t in range(1, 33) for p in range(4)
                                                  if t >= 2 * p and (t - 2 * p) % 8 == 0]
     layer = 16 * 16 + 16
-    assert {b for _, s, b in one if s} == {4 * (4 * layer + 2)}  # the model and 2 flags, over a 2-rank ring
-    assert {b for _, s, b in four if s} == {4 * (layer + 2)}
-    assert all(b == 0 for _, s, b in one + four if not s)
-    peak1 = max(b for _, _, b in one)
-    assert stats["peak_step_bytes"] == max(b for _, _, b in four) == 4 * (layer + 2)
-    assert peak1 / stats["peak_step_bytes"] > 3.95  # P = 4: a quarter, less 2 flags' worth
+    # Bytes are counted as an exchange completes: after its start with no delay, `delay` steps later else.
+    done = lambda log, t: [s for u, s, _ in log if s and u + delay == t]  # noqa: E731
+    assert all(b == (_ring(4 * layer) if done(one, t) else 0) for t, _, b in one)
+    assert all(b == (_ring(layer) if done(four, t) else 0) for t, _, b in four)
+    peak1, peak4 = max(b for _, _, b in one), max(b for _, _, b in four)
+    assert peak4 == _ring(layer) == 4 * layer and peak1 == 4 * peak4  # 2 ranks: half of it twice; P = 4: a quarter
     assert stats["outer_steps"] == sum(len(s) for t, s, _ in four if t + delay <= 32)
 
 
-def test_streaming_peak_bytes_fall_by_p_with_fp4():
-    one, _ = _ranks(_streaming, 2, (1, 1, "fp4", 64))[0]
-    two, _ = _ranks(_streaming, 2, (2, 1, "fp4", 64))[0]
+def test_streaming_peak_bytes_fall_by_p_with_e3m0():
+    one, _ = _ranks(_streaming, 2, (1, 1, "e3m0", 64))[0]
+    two, _ = _ranks(_streaming, 2, (2, 1, "e3m0", 64))[0]
     p1, p2 = max(b for _, _, b in one), max(b for _, _, b in two)
-    blocks = [math.ceil(layers * (64 * 64 + 64) / D.BLOCK) for layers in (4, 2)]  # P = 2: two layers each
-    assert [p1, p2] == [4 + 4 * b + D.BLOCK * b // 2 for b in blocks]
-    assert p1 / p2 > 1.95  # half, less the header and a block's padding
+    sizes = [layers * (64 * 64 + 64) for layers in (4, 2)]  # P = 2: two layers each
+    assert [p1, p2] == [commsgd_torch._C.diloco_round_traffic("e3m0", d, 2, 0, False)["bytes_sent"] for d in sizes]
+    assert [p1, p2] == [40 + 4 * math.ceil(d / 256) + d // 2 for d in sizes]
+    assert p1 / p2 > 1.95  # half, less the verdict and a block's scale
 
 
 # --- checkpoints --------------------------------------------------------------------------------------------
@@ -431,7 +354,7 @@ def _resume(rank, world, compression, P, delay, save_at):
     buf = io.BytesIO()
     torch.save({"model": model.state_dict(), "diloco": opt.state_dict()}, buf)
     if delay:
-        assert opt.state_dict()["pending"], "the checkpoint should hold an exchange in flight"
+        assert any(opt._engine.in_flight(p) for p in range(P)), "the checkpoint should hold an exchange in flight"
     first = run(model, opt, range(save_at + 1, save_at + 21))
     final_stats = opt.stats()
 
@@ -452,7 +375,7 @@ def _resume(rank, world, compression, P, delay, save_at):
 
 
 @pytest.mark.parametrize("compression,P,delay,save_at", [("none", 1, 0, 6), ("topk:0.1", 2, 1, 14),
-                                                         ("fp4", 3, 2, 11), ("int8", 1, 3, 9)])
+                                                         ("e3m0", 3, 2, 11), ("int8", 1, 3, 9)])
 def test_state_dict_round_trip_reproduces_the_next_20_steps_bit_for_bit(compression, P, delay, save_at):
     run_ranks(_resume, 2, (compression, P, delay, save_at))
 
@@ -471,8 +394,8 @@ def test_load_state_dict_refuses_another_configuration():
 # --- non-finite pseudo-gradients ------------------------------------------------------------------------------
 
 def _outer_state(opt):
-    mom = [opt.outer_optimizer.state[g].get("momentum_buffer") for g in opt.global_parameters()]
-    return ([g.clone() for g in opt.global_parameters()], [None if m is None else m.clone() for m in mom],
+    mom = [opt.outer_velocity(p) for p in range(opt.num_fragments)]
+    return ([g.clone() for g in opt.global_parameters()], [m.clone() for m in mom],
             [None if opt.residual(p) is None else opt.residual(p).clone() for p in range(opt.num_fragments)],
             opt.stats()["outer_steps"])
 
@@ -493,18 +416,18 @@ def _nonfinite(rank, world, compression, delay, value):
     with pytest.raises(commsgd_torch.NonFinite) as info:
         _dot_step(model, opt, 9 + delay, rank)
     text = str(info.value)
-    assert "rank 1: 1 of 5647 entries NaN or infinite" in text and "fragment 0" in text, text
+    assert "fragment 0" in text, text
     assert ("parameter(s) ps.3" in text) == (rank == 1), text
     after = _outer_state(opt)
     assert after[3] == saved[3]
     for a, b in zip(saved[0] + saved[1] + saved[2], after[0] + after[1] + after[2]):
         assert (a is None and b is None) or _same(a, b)
-    assert not opt.state_dict()["pending"]
+    assert not any(opt._engine.in_flight(p) for p in range(opt.num_fragments))
     return True
 
 
 @pytest.mark.parametrize("compression,delay,value", [("none", 0, float("nan")), ("int8", 0, float("inf")),
-                                                     ("fp4", 2, float("nan")), ("topk:0.05", 1, float("-inf"))])
+                                                     ("e3m0", 2, float("nan")), ("topk:0.05", 1, float("-inf"))])
 def test_non_finite_pseudo_gradient_is_refused_on_every_rank_and_changes_nothing(compression, delay, value):
     run_ranks(_nonfinite, 2, (compression, delay, value))
 
@@ -543,11 +466,10 @@ def _train(rank, world, compression, P, delay):
 
 # Top-k is left out: at 5 % with H = 10 it reached only 1.97 in these 200 steps (each round sends a twentieth of
 # the pseudo-gradient and every rank restarts from the global model), a regime that needs many more rounds.
-@pytest.mark.parametrize("compression,P,delay", [("none", 1, 0), ("fp4", 2, 2)])
+@pytest.mark.parametrize("compression,P,delay", [("none", 1, 0), ("e3m0", 2, 2)])
 def test_mlp_on_fashion_mnist_learns_and_ranks_agree(compression, P, delay):
     (s0, l0, f0, c0, st0), (s1, l1, f1, c1, st1) = _ranks(_train, 2, (compression, P, delay), timeout=400)
-    print(f"{compression} P={P} delay={delay}: loss {s0:.3f} -> {l0:.3f}; bytes sent {st0['bytes_sent']}, "
-          f"peak a step {st0['peak_step_bytes']}")
+    print(f"{compression} P={P} delay={delay}: loss {s0:.3f} -> {l0:.3f}; bytes sent {st0['bytes_sent']}")
     assert s0 == s1 and l0 == l1 and _same(f0, f1)  # finish(): every rank holds the global model
     if P == 1 and delay == 0:
         assert c0 == c1 == 20

@@ -20,6 +20,11 @@
 #include <string>
 #include <vector>
 
+// local_sgd with an outer optimizer: local SGD's sync points (PeriodicModelAverager's schedule) with the
+// outer step of sync/outer_optimizer.hpp. sync::diloco is DiLoCo's own engine.
+template <class C, class X = commsgd::sync::uncompressed>
+using outer_local_sgd = commsgd::sync::local_sgd<C, commsgd::sync::all_reduce_exchange<C>, X>;
+
 using namespace commsgd;
 using comm::local;
 using comm::local_group;
@@ -252,7 +257,7 @@ TEST_CASE("DiLoCo resumes bit for bit: outer momentum, the common model, compres
       round_trips(
           1,
           [two_bit](local& c) {
-            return sync::diloco<local, compress::top_k_ef<>>(
+            return outer_local_sgd<local, compress::top_k_ef<>>(
                 c, {.lr = 0.3f, .period = 3, .outer = {}},
                 compress::top_k_ef<>(problem().dim(), {.density = 0.3, .two_bit = two_bit}));
           },
@@ -263,7 +268,7 @@ TEST_CASE("DiLoCo resumes bit for bit: outer momentum, the common model, compres
     round_trips(
         1,
         [](local& c) {
-          return sync::diloco<local, compress::bf16>(
+          return outer_local_sgd<local, compress::bf16>(
               c, {.lr = 0.3f, .period = 3, .outer = {}},
               compress::bf16(problem().dim(), {.error_feedback = true}));
         },
@@ -275,7 +280,8 @@ TEST_CASE("DiLoCo's damaged streams and other outer options are refused and chan
   damage(2, make_local_sgd({.lr = 0.3f, .period = 3, .outer = {}}));
   with_trained(2, 7, make_local_sgd({.lr = 0.3f, .period = 3, .outer = {}}), [](auto& s, local& c) {
     const auto good = ckpt::save_bytes(s);
-    auto other = sync::diloco<local>(c, {.lr = 0.3f, .period = 3, .outer = {.lr = 0.7f, .momentum = 0.5f}});
+    auto other =
+        outer_local_sgd<local>(c, {.lr = 0.3f, .period = 3, .outer = {.lr = 0.7f, .momentum = 0.5f}});
     refused(other, good, "option 'outer.momentum'");
     auto plain = sync::local_sgd<local>(c, {.lr = 0.3f, .period = 3});
     refused(plain, good, "option 'outer.lr'");

@@ -1,4 +1,4 @@
-// compress::int8_block and compress::e3m0: the codes on known values, conservation with the residual
+// compress::int8 and compress::e3m0: the codes on known values, conservation with the residual
 // over rounds (sent + new residual == old residual + input, exactly), the same sum on every rank, the bytes
 // the meter counts, checkpoints, and DiLoCo with 4-bit pseudo-gradients.
 #include <commsgd/comm/local.hpp>
@@ -18,6 +18,11 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+// local_sgd with an outer optimizer: local SGD's sync points (PeriodicModelAverager's schedule) with the
+// outer step of sync/outer_optimizer.hpp. sync::diloco is DiLoCo's own engine.
+template <class C, class X = commsgd::sync::uncompressed>
+using outer_local_sgd = commsgd::sync::local_sgd<C, commsgd::sync::all_reduce_exchange<C>, X>;
 
 using namespace commsgd;
 using comm::local;
@@ -79,8 +84,8 @@ TEST_CASE("e3m0 sends the nearest power of two of the block's scale, zero below 
   CHECK(compress::e3m0::message_bytes(9, 16) == 4 + 5);
 }
 
-TEST_CASE("int8_block rounds 127 p / s to nearest, ties to even, per block") {
-  compress::int8_block x(5, {.block_size = 5, .error_feedback = false});
+TEST_CASE("int8 rounds 127 p / s to nearest, ties to even, per block") {
+  compress::int8 x(5, {.block_size = 5, .error_feedback = false});
   const std::vector<float> g{1.27f, 0.635f, -1.27f, 0.0f, 0.004f};
   const auto out = decoded(x, g);
   // s = 1.27: codes 127, 63.5 -> 64 (even), -127, 0, 0.4 -> 0.
@@ -89,18 +94,18 @@ TEST_CASE("int8_block rounds 127 p / s to nearest, ties to even, per block") {
   CHECK(out[2] == -out[0]);
   CHECK(out[3] == 0.0f);
   CHECK(out[4] == 0.0f);
-  CHECK(compress::int8_block::message_bytes(1000, 256) == 16 + 1000);
+  CHECK(compress::int8::message_bytes(1000, 256) == 16 + 1000);
 }
 
-TEST_CASE("int8_block and e3m0 conserve every value with their residual, round after round") {
+TEST_CASE("int8 and e3m0 conserve every value with their residual, round after round") {
   for (std::size_t d : {0u, 1u, 2u, 7u, 257u})
     for (std::size_t block : {1u, 3u, 256u})
       for (int seed = 0; seed < 5; ++seed) {
         CAPTURE(d);
         CAPTURE(block);
         CAPTURE(seed);
-        const auto a = conserves<compress::int8_block>(seed, d, block);
-        CHECK_MESSAGE(a.empty(), "int8_block: " << a);
+        const auto a = conserves<compress::int8>(seed, d, block);
+        CHECK_MESSAGE(a.empty(), "int8: " << a);
         const auto b = conserves<compress::e3m0>(seed, d, block);
         CHECK_MESSAGE(b.empty(), "e3m0: " << b);
       }
@@ -126,7 +131,7 @@ TEST_CASE("every rank holds the same sum in float; the meter counts the verdict 
   }
 }
 
-TEST_CASE("int8_block and e3m0 checkpoints round-trip the residual; other block sizes are refused") {
+TEST_CASE("int8 and e3m0 checkpoints round-trip the residual; other block sizes are refused") {
   compress::e3m0 x(37, {.block_size = 8});
   std::vector<float> g(37);
   for (std::size_t i = 0; i < g.size(); ++i)
@@ -143,7 +148,7 @@ TEST_CASE("int8_block and e3m0 checkpoints round-trip the residual; other block 
   x.save(again);
   compress::e3m0 z(37, {.block_size = 9});
   CHECK_THROWS_AS(z.load(again), corrupt_data);
-  CHECK_THROWS_WITH_AS(compress::int8_block(4, {.block_size = 0}),
+  CHECK_THROWS_WITH_AS(compress::int8(4, {.block_size = 0}),
                        doctest::Contains("'block_size' = 0 is outside the allowed range [1, inf)"),
                        invalid_argument);
 }
@@ -173,12 +178,12 @@ TEST_CASE("DiLoCo with 4-bit and int8 pseudo-gradients trains, and the meter cou
   };
   using M = comm::metered<local>;
   const sync::local_sgd_options o{.lr = 0.1f, .period = 10, .outer = {.lr = 0.7f, .momentum = 0.5f}};
-  const auto [l32, b32] = run([&](M& c) { return sync::diloco<M>(c, o); });
+  const auto [l32, b32] = run([&](M& c) { return outer_local_sgd<M>(c, o); });
   const auto [l4, b4] = run([&](M& c) {
-    return sync::diloco<M, compress::e3m0>(c, o, compress::e3m0(prob.dim(), {.block_size = 64}));
+    return outer_local_sgd<M, compress::e3m0>(c, o, compress::e3m0(prob.dim(), {.block_size = 64}));
   });
   const auto [l8, b8] = run([&](M& c) {
-    return sync::diloco<M, compress::int8_block>(c, o, compress::int8_block(prob.dim(), {.block_size = 64}));
+    return outer_local_sgd<M, compress::int8>(c, o, compress::int8(prob.dim(), {.block_size = 64}));
   });
   const double start = prob.loss(std::vector<float>(prob.dim(), 0.0f));
   CAPTURE(start);
@@ -190,6 +195,6 @@ TEST_CASE("DiLoCo with 4-bit and int8 pseudo-gradients trains, and the meter cou
   CHECK(l8 < 0.1 * start);
   // 20 rounds of 64 values: a float all-reduce against gathers of 4-bit and 8-bit messages.
   CHECK(b4 == 20u * 3u * (40u + compress::e3m0::message_bytes(64, 64)));
-  CHECK(b8 == 20u * 3u * (40u + compress::int8_block::message_bytes(64, 64)));
+  CHECK(b8 == 20u * 3u * (40u + compress::int8::message_bytes(64, 64)));
   CHECK(b4 < b32);
 }

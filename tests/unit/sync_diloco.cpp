@@ -21,6 +21,11 @@
 #include <string>
 #include <vector>
 
+// local_sgd with an outer optimizer: local SGD's sync points (PeriodicModelAverager's schedule) with the
+// outer step of sync/outer_optimizer.hpp. sync::diloco is DiLoCo's own engine.
+template <class C, class X = commsgd::sync::uncompressed>
+using outer_local_sgd = commsgd::sync::local_sgd<C, commsgd::sync::all_reduce_exchange<C>, X>;
+
 using namespace commsgd;
 using comm::local;
 using comm::local_group;
@@ -71,7 +76,7 @@ TEST_CASE("the pseudo-gradient is old minus new, so an outer step moves the comm
   // Through the strategy: one rank, one local step of lr 1 on gradient 1 from 0 leaves -1; an outer lr
   // of 0.5 puts the common model at -0.5, not +0.5.
   local_group(1).run([](local& c) {
-    sync::diloco<local> s(c, {.lr = 1.0f, .period = 1, .outer = {.lr = 0.5f, .momentum = 0.0f}});
+    outer_local_sgd<local> s(c, {.lr = 1.0f, .period = 1, .outer = {.lr = 0.5f, .momentum = 0.0f}});
     std::vector<float> x{0.0f};
     const std::vector<float> grad{1.0f};
     s.start(x);
@@ -123,7 +128,8 @@ TEST_CASE("DiLoCo's rounds match the outer step on the mean pseudo-gradient, 1 t
       const float lr = 0.1f;
       const auto got = toy::train_ranks(
           prob, n, steps,
-          [&](local& c) { return sync::diloco<local>(c, {.lr = lr, .period = period, .outer = o}); }, false);
+          [&](local& c) { return outer_local_sgd<local>(c, {.lr = lr, .period = period, .outer = o}); },
+          false);
       std::vector<double> v(prob.dim(), 0.0), gd(prob.dim(), 0.0);
       std::vector<float> gr(prob.dim());
       std::vector<std::vector<float>> xs(static_cast<std::size_t>(n), std::vector<float>(prob.dim(), 0.0f));
@@ -167,7 +173,7 @@ TEST_CASE("plain averaging (outer lr 1, momentum 0) is today's local_sgd bit for
       const auto today =
           toy::train_ranks(prob, n, 23, [&](local& c) { return sync::local_sgd<local>(c, base); });
       const auto outer =
-          toy::train_ranks(prob, n, 23, [&](local& c) { return sync::diloco<local>(c, plain); });
+          toy::train_ranks(prob, n, 23, [&](local& c) { return outer_local_sgd<local>(c, plain); });
       for (int r = 0; r < n; ++r)
         CHECK(same_bits(outer[static_cast<std::size_t>(r)], today[static_cast<std::size_t>(r)]));
     }
@@ -177,7 +183,7 @@ TEST_CASE("plain averaging (outer lr 1, momentum 0) is today's local_sgd bit for
     const auto got = toy::train_ranks(
         prob, n, 20,
         [&](local& c) {
-          return sync::diloco<local>(c, {.lr = 0.15f, .period = 4, .outer = sync::plain_average});
+          return outer_local_sgd<local>(c, {.lr = 0.15f, .period = 4, .outer = sync::plain_average});
         },
         false);
     std::vector<float> g(prob.dim());
@@ -213,11 +219,11 @@ TEST_CASE("H = 1 with outer SGD equals synchronous SGD on the average gradient")
     // lr 1, momentum 0: the models averaged, x - lr g_r summed instead of the g_r (rounding differs by
     // about an ulp of x a step).
     const auto plain = toy::train_ranks(prob, n, 40, [](local& c) {
-      return sync::diloco<local>(c, {.lr = 0.2f, .period = 1, .outer = sync::plain_average});
+      return outer_local_sgd<local>(c, {.lr = 0.2f, .period = 1, .outer = sync::plain_average});
     });
     // Through the pseudo-gradient: inner lr 0.4 and outer lr 0.5 give the mean of 0.4 g_r, halved.
     const auto halved = toy::train_ranks(prob, n, 40, [](local& c) {
-      return sync::diloco<local>(c, {.lr = 0.4f, .period = 1, .outer = {.lr = 0.5f, .momentum = 0.0f}});
+      return outer_local_sgd<local>(c, {.lr = 0.4f, .period = 1, .outer = {.lr = 0.5f, .momentum = 0.0f}});
     });
     for (int r = 0; r < n; ++r)
       for (std::size_t i = 0; i < prob.dim(); ++i) {
@@ -236,7 +242,8 @@ TEST_CASE("one rank is Lookahead: k = H fast steps, slow += alpha (fast - slow),
     const auto got = toy::train_ranks(
         prob, 1, steps,
         [&](local& c) {
-          return sync::diloco<local>(c, {.lr = 0.1f, .period = k, .outer = {.lr = alpha, .momentum = 0.0f}});
+          return outer_local_sgd<local>(c,
+                                        {.lr = 0.1f, .period = k, .outer = {.lr = alpha, .momentum = 0.0f}});
         },
         false);
     std::vector<float> slow(prob.dim(), 0.0f), fast = slow, g(prob.dim());
@@ -305,15 +312,15 @@ TEST_CASE("a non-finite pseudo-gradient is refused on every rank, changing nothi
           const sync::local_sgd_options o{.lr = 0.1f, .period = 4, .outer = {}};
           const std::string k = kind;
           if (k == "fp16")
-            run(sync::diloco<local, compress::fp16>(c, o,
-                                                    compress::fp16(prob.dim(), {.error_feedback = true})),
+            run(outer_local_sgd<local, compress::fp16>(c, o,
+                                                       compress::fp16(prob.dim(), {.error_feedback = true})),
                 c);
           else if (k.starts_with("top_k_ef"))
-            run(sync::diloco<local, compress::top_k_ef<>>(
+            run(outer_local_sgd<local, compress::top_k_ef<>>(
                     c, o, compress::top_k_ef<>(prob.dim(), {.density = 0.5, .two_bit = k != "top_k_ef"})),
                 c);
           else
-            run(sync::diloco<local>(c, o), c);
+            run(outer_local_sgd<local>(c, o), c);
         });
         for (const auto& f : failures)
           FAIL_CHECK(f);
@@ -324,7 +331,7 @@ TEST_CASE("the outer optimizer's bad arguments are refused with name, value and 
   local_group(1).run([](local& c) {
     auto refused = [&](sync::outer_sgd_options o, const char* needle) {
       try {
-        sync::diloco<local> s(c, {.outer = o});
+        outer_local_sgd<local> s(c, {.outer = o});
         FAIL_CHECK("accepted");
       } catch (const invalid_argument& e) {
         const std::string what = e.what();

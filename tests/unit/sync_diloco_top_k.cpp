@@ -24,6 +24,11 @@
 #include <string>
 #include <vector>
 
+// local_sgd with an outer optimizer: local SGD's sync points (PeriodicModelAverager's schedule) with the
+// outer step of sync/outer_optimizer.hpp. sync::diloco is DiLoCo's own engine.
+template <class C, class X = commsgd::sync::uncompressed>
+using outer_local_sgd = commsgd::sync::local_sgd<C, commsgd::sync::all_reduce_exchange<C>, X>;
+
 using namespace commsgd;
 using comm::local;
 using comm::local_group;
@@ -201,7 +206,7 @@ TEST_CASE("DiLoCo with top-k pseudo-gradients: every rank ends with the same mod
       CAPTURE(n);
       CAPTURE(two_bit);
       const auto got = toy::train_ranks(prob, n, 150, [&](local& c) {
-        return sync::diloco<local, compress::top_k_ef<>>(
+        return outer_local_sgd<local, compress::top_k_ef<>>(
             c, {.lr = 0.1f, .period = 5, .outer = {.lr = 0.7f, .momentum = 0.5f}},
             compress::top_k_ef<>(prob.dim(), {.density = 0.3, .two_bit = two_bit}));
       });
@@ -224,10 +229,11 @@ TEST_CASE("density 1 without 2-bit values is uncompressed DiLoCo bit for bit; ex
       CAPTURE(o.lr);
       CAPTURE(o.momentum);
       const sync::local_sgd_options opt{.lr = 0.1f, .period = 3, .warmup_steps = 2, .outer = o};
-      const auto plain = toy::train_ranks(prob, n, 31, [&](local& c) { return sync::diloco<local>(c, opt); });
+      const auto plain =
+          toy::train_ranks(prob, n, 31, [&](local& c) { return outer_local_sgd<local>(c, opt); });
       const auto topk = toy::train_ranks(prob, n, 31, [&](local& c) {
-        return sync::diloco<local, compress::top_k_ef<>>(c, opt,
-                                                         compress::top_k_ef<>(prob.dim(), {.density = 1.0}));
+        return outer_local_sgd<local, compress::top_k_ef<>>(
+            c, opt, compress::top_k_ef<>(prob.dim(), {.density = 1.0}));
       });
       for (int r = 0; r < n; ++r)
         CHECK(same_bits(topk[static_cast<std::size_t>(r)], plain[static_cast<std::size_t>(r)]));
@@ -238,11 +244,11 @@ TEST_CASE("density 1 without 2-bit values is uncompressed DiLoCo bit for bit; ex
     const sync::local_sgd_options opt{.lr = 0.1f, .period = 4, .outer = {}};
     const compress::top_k_ef_options o{.density = 0.2, .two_bit = two_bit};
     const auto a = toy::train_ranks(prob, 3, 40, [&](local& c) {
-      return sync::diloco<local, compress::top_k_ef<>>(c, opt, compress::top_k_ef<>(prob.dim(), o));
+      return outer_local_sgd<local, compress::top_k_ef<>>(c, opt, compress::top_k_ef<>(prob.dim(), o));
     });
     const auto b = toy::train_ranks(prob, 3, 40, [&](local& c) {
       using X = compress::top_k_ef<select::radix>;
-      return sync::diloco<local, X>(c, opt, X(prob.dim(), o));
+      return outer_local_sgd<local, X>(c, opt, X(prob.dim(), o));
     });
     for (std::size_t r = 0; r < 3; ++r)
       CHECK(same_bits(a[r], b[r]));
@@ -254,7 +260,7 @@ TEST_CASE("DiLoCo's checkpoint keeps the top-k residual: a resumed run goes on b
   for (const bool two_bit : {false, true}) {
     CAPTURE(two_bit);
     const int n = 3, at = 13, total = 30;
-    using S = sync::diloco<local, compress::top_k_ef<>>;
+    using S = outer_local_sgd<local, compress::top_k_ef<>>;
     auto make = [&](local& c) {
       return S(c, {.lr = 0.1f, .period = 4, .outer = {}},
                compress::top_k_ef<>(prob.dim(), {.density = 0.25, .two_bit = two_bit}));

@@ -1,4 +1,4 @@
-// compress::int8_block and compress::e3m0: each value in a few bits, relative to a scale per block of
+// compress::int8 and compress::e3m0: each value in a few bits, relative to a scale per block of
 // values, for pseudo-gradients (DiLoCo: INTELLECT-1 sends int8, Streaming DiLoCo 4-bit floats).
 //
 // Per block of `block_size` values of p = g + e (the last block may be shorter), s = max |p_i| (a float,
@@ -23,6 +23,7 @@
 #include <commsgd/compress/round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
+#include <commsgd/cost/diloco.hpp>
 #include <commsgd/error.hpp>
 
 #include <algorithm>
@@ -41,7 +42,7 @@
 namespace commsgd::inline v1::compress {
 
 struct int8_code {
-  static constexpr const char* name = "int8_block";
+  static constexpr const char* name = "int8";
   static constexpr unsigned bits = 8;
   // x = p / s in [-1, 1].
   static std::uint32_t encode(float p, float s) noexcept {
@@ -99,7 +100,7 @@ public:
 
   // A rank's message: the scales, then the codes.
   static constexpr std::size_t message_bytes(std::size_t d, std::size_t block_size) noexcept {
-    return 4 * ((d + block_size - 1) / block_size) + detail::packed_bytes(d, Code::bits);
+    return static_cast<std::size_t>(cost::block_quant_message_bytes(d, block_size, Code::bits));
   }
 
   template <comm::communicator C>
@@ -120,7 +121,7 @@ public:
   }
 
 private:
-  static const char* what() noexcept { return Code::bits == 8 ? "compress::int8_block" : "compress::e3m0"; }
+  static const char* what() noexcept { return Code::bits == 8 ? "compress::int8" : "compress::e3m0"; }
   std::array<std::uint64_t, 2> params() const noexcept { return {length_, opt_.block_size}; }
   std::uint64_t config() const noexcept {
     const std::array<std::uint64_t, 4> p{length_, opt_.block_size, ef_.on() ? 1u : 0u, Code::bits};
@@ -163,10 +164,10 @@ private:
   std::vector<std::byte> msg_, all_;
 };
 
-using int8_block = block_quantizer<int8_code>;
+using int8 = block_quantizer<int8_code>;
 using e3m0 = block_quantizer<e3m0_code>;
 
-static_assert(compressor<int8_block, comm::archetype>);
+static_assert(compressor<int8, comm::archetype>);
 static_assert(compressor<e3m0, comm::archetype>);
 
 } // namespace commsgd::inline v1::compress

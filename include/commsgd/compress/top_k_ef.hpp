@@ -1,8 +1,8 @@
 // compress::top_k_ef: the k largest |p_i| of p = g + e sent as (value, index) pairs, the rest kept in the
-// residual; for DiLoCo's pseudo-gradients (SparseLoCo), the C++ twin of commsgd_torch's "topk:<density>".
+// residual; for DiLoCo's pseudo-gradients (SparseLoCo): the code "topk:<density>" (cost/diloco.hpp).
 //
-// Per round, with d values and k = ceil(density d) (at least 1, at most d; the Python twin's rule, which
-// also forgives a density d that lands a rounding error above an integer):
+// Per round, with d values and k = ceil(density d) (at least 1, at most d; cost::top_k_count, which also
+// forgives a density d that lands a rounding error above an integer):
 //   p = g + e                    as every compressor in compress/ forms it (compress/error_feedback.hpp)
 //   selection                    the k largest |p_i| by an exact selector S (select/), ties at the k-th
 //                                magnitude to the lowest indices, so the set is a function of p alone
@@ -13,7 +13,7 @@
 //                                evenly around it, and the sign bit keeps -0.
 // Message, the same size on every rank (the length is agreed): the values (4 k bytes; two_bit: the scale,
 // 4 bytes, then ceil(k / 4) bytes of codes), then the indices (4 k bytes, u32, increasing). Every rank's
-// message is gathered and summed in float in rank order from +0, as index_add_ does in the twin, so every
+// message is gathered and summed in float in rank order from +0, so every
 // rank holds the same bits. The residual keeps p - sent exactly (a pair of floats; without two_bit the
 // subtraction is always exact: p - p or p - 0), so sent + new residual == old residual + g, bit for bit.
 // Bytes a rank sends a round: (n - 1) (40 + message_bytes), 40 the verdict of compress/agree.hpp.
@@ -28,6 +28,7 @@
 #include <commsgd/compress/round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
+#include <commsgd/cost/diloco.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/compact.hpp>
 #include <commsgd/select/exact.hpp>
@@ -53,15 +54,9 @@ struct top_k_ef_options {
   bool two_bit = false;  // values in 2 bits against one scale per message (SparseLoCo)
 };
 
-// k for `density` of d values, as the Python twin computes it: ceil(density d - 1e-9), at least 1, at most
-// d (0 for d = 0). The 1e-9 keeps 0.07 * 100 = 7.000000000000001 at 7, which a plain ceil would make 8.
+// k for `density` of d values (cost/diloco.hpp has the rule).
 inline std::size_t top_k_ef_count(std::size_t d, double density) {
-  if (!(density > 0.0 && density <= 1.0))
-    throw invalid_argument(
-        commsgd::detail::concat("argument 'density' = ", density, " is outside the allowed range (0, 1]"));
-  if (d == 0) return 0;
-  const double k = std::ceil(density * static_cast<double>(d) - 1e-9);
-  return k <= 1.0 ? 1 : (k >= static_cast<double>(d) ? d : static_cast<std::size_t>(k));
+  return static_cast<std::size_t>(cost::top_k_count(d, density));
 }
 
 // The 2-bit code of a sent value: bit 1 its sign, bit 0 whether its magnitude is at or above the scale.
@@ -98,7 +93,7 @@ public:
 
   // A rank's message for k values: the values (floats, or a scale and 2-bit codes), then u32 indices.
   static constexpr std::size_t message_bytes(std::size_t k, bool two_bit) noexcept {
-    return (two_bit ? 4 + detail::packed_bytes(k, 2) : 4 * k) + 4 * k;
+    return static_cast<std::size_t>(cost::top_k_message_bytes(k, two_bit));
   }
 
   template <comm::communicator C>
@@ -120,7 +115,7 @@ public:
   }
 
 private:
-  // Indices travel as u32, as in the twin (int32 there); checked before the residual is allocated.
+  // Indices travel as u32; checked before the residual is allocated.
   static std::size_t checked_length(std::size_t length) {
     commsgd::detail::check_range("length", length, std::size_t{0},
                                  std::size_t{std::numeric_limits<std::uint32_t>::max()}, "[0, 2^32 - 1]");

@@ -20,15 +20,16 @@
 //   every_step  after every local step x <- x - alpha (x - x_global), x_global the last common model; at
 //               sync points x <- x_avg as usual.
 //
-// Outer optimizer (DiLoCo; sync/outer_optimizer.hpp, where the sign convention lives): with
-// options.outer other than plain_average (lr 1, momentum 0, the default), a sync point is a round of DiLoCo:
+// Outer optimizer (sync/outer_optimizer.hpp, where the sign convention lives): with options.outer other than
+// plain_average (lr 1, momentum 0, the default), a sync point is an outer step on local SGD's schedule
+// (DiLoCo itself, with rounds of H whole steps, streaming and compressed codes, is sync::diloco):
 // each rank's pseudo-gradient theta_global - theta_r is summed over ranks, the outer step moves the common
 // model theta_global with the mean, and every rank restarts from it (at_sync correction: is pulled toward it
 // by alpha; every_step correction pulls toward it after every local step). theta_global is the model every
 // rank started the round from; the trainer's own inner optimizer (AdamW...) passes a zero gradient to step(),
 // as commsgd_torch's local SGD does, and keeps its own state: only the models travel.
 //
-// Compressed pseudo-gradients: X, any compress::compressor (fp16, bf16, int8_block, e3m0, top_k_ef, ...),
+// Compressed pseudo-gradients: X, any compress::compressor (fp16, bf16, int8, e3m0, top_k_ef, ...),
 // carries each rank's pseudo-gradient, keeps what its message did not carry in its own residual, and sums
 // the decoded messages in float; with X = uncompressed (the default) the exchange E sums floats. The
 // ADACOMM loss rides in the float sum, or, compressed, in one extra float all-reduce.
@@ -451,10 +452,5 @@ struct replica_promise<local_sgd<C, E, X>> {
   }
   static bool after_finish(const local_sgd<C, E, X>& s) { return s.replicas_identical_after_finish(); }
 };
-
-// DiLoCo: local_sgd with an outer optimizer (options.outer, {} for lr 0.7, momentum 0.9) and X the
-// pseudo-gradients' compressor.
-template <comm::communicator C, class X = uncompressed>
-using diloco = local_sgd<C, all_reduce_exchange<C>, X>;
 
 } // namespace commsgd::inline v1::sync

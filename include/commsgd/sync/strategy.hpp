@@ -18,7 +18,7 @@
 // Models (each ends its header with a static_assert against comm::archetype):
 //   synchronous   exchange the gradient every step                                  (sync/synchronous.hpp)
 //   local_sgd     local steps, periodic or adaptive model averaging, correction     (sync/local_sgd.hpp)
-//   streaming_diloco  DiLoCo in fragments on staggered schedules, overlapped   (sync/streaming_diloco.hpp)
+//   diloco        DiLoCo: outer steps, streamed fragments, compressed codes         (sync/diloco.hpp)
 //   async_ps      parameter server, asynchronous pushes and pulls, soft sync, SSP   (sync/async_ps.hpp)
 //   partitioned   per-partition prioritised non-blocking exchange within a credit   (sync/partitioned.hpp)
 #pragma once

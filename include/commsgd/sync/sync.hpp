@@ -18,6 +18,6 @@
 #include <commsgd/sync/reducer_concept.hpp>
 #include <commsgd/sync/replica_guard.hpp>
 #include <commsgd/sync/sgd.hpp>
-#include <commsgd/sync/streaming_diloco.hpp>
+#include <commsgd/sync/diloco.hpp>
 #include <commsgd/sync/strategy.hpp>
 #include <commsgd/sync/synchronous.hpp>

@@ -1,12 +1,12 @@
-// sync::streaming_diloco on thread ranks: one fragment with no delay is sync::diloco bit for bit; streamed
+// sync::diloco on thread ranks: one fragment with no delay is sync::diloco bit for bit; streamed
 // fragments equal a serial reference bit for bit over random layouts, periods, delays and merges; the
 // schedule; fragments cover the model once; a checkpoint taken with exchanges in flight resumes bit for bit;
 // a non-finite pseudo-gradient is refused on every rank and changes no outer state; bad options are named.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/compress/half.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
+#include <commsgd/sync/diloco.hpp>
 #include <commsgd/sync/local_sgd.hpp>
-#include <commsgd/sync/streaming_diloco.hpp>
 #include <support/least_squares.hpp>
 #include <support/train_ranks.hpp>
 
@@ -23,8 +23,8 @@
 #include <vector>
 
 using namespace commsgd;
+using sync::diloco;
 using sync::fragment_layout;
-using sync::streaming_diloco;
 
 namespace {
 
@@ -57,7 +57,7 @@ std::vector<std::vector<std::size_t>> fragment_indices(const std::vector<std::si
 // Streaming DiLoCo on n ranks, one after the other in one thread, with the float operations in the order the
 // strategy takes them (sums in rank order, as comm::local's all_reduce_sum).
 toy::finals_t reference(const toy::least_squares& prob, const std::vector<std::size_t>& sizes, int n,
-                        int steps, const sync::streaming_diloco_options& o, bool finish) {
+                        int steps, const sync::diloco_options& o, bool finish) {
   const auto frags = fragment_indices(sizes, o.fragments, o.layout);
   const std::size_t P = frags.size();
   toy::finals_t x(static_cast<std::size_t>(n), std::vector<float>(prob.dim(), 0.0f));
@@ -71,9 +71,10 @@ toy::finals_t reference(const toy::least_squares& prob, const std::vector<std::s
   };
   std::vector<std::optional<flight>> pending(P);
   std::vector<std::int64_t> applied_at(P, -1);
-  auto starts = [&](std::size_t p, std::int64_t t) {
-    const std::int64_t first = static_cast<std::int64_t>(p) * o.period / static_cast<std::int64_t>(P);
-    return t >= first && (t - first) % o.period == 0;
+  // After inner step s (counted from 1).
+  auto starts = [&](std::size_t p, std::int64_t s) {
+    const std::int64_t first = static_cast<std::int64_t>(p) * o.sync_every / static_cast<std::int64_t>(P);
+    return s >= 1 && s >= first && (s - first) % o.sync_every == 0;
   };
   auto launch = [&](std::size_t p, std::int64_t t) {
     std::vector<float> sum(frags[p].size());
@@ -114,16 +115,17 @@ toy::finals_t reference(const toy::least_squares& prob, const std::vector<std::s
       for (std::size_t i = 0; i < xr.size(); ++i)
         xr[i] = xr[i] - o.lr * grad[i];
     }
+    const std::int64_t s = t + 1;
     for (std::size_t p = 0; p < P; ++p)
-      if (pending[p] && pending[p]->due <= t) apply(p, t);
+      if (pending[p] && pending[p]->due <= s) apply(p, s);
     for (std::size_t p = 0; p < P; ++p)
-      if (starts(p, t)) {
-        launch(p, t);
-        if (o.delay == 0) apply(p, t);
+      if (starts(p, s)) {
+        launch(p, s);
+        if (o.delay == 0) apply(p, s);
       }
   }
   if (finish) {
-    const std::int64_t last = steps - 1;
+    const std::int64_t last = steps;
     for (std::size_t p = 0; p < P; ++p)
       if (pending[p]) apply(p, last);
     for (std::size_t p = 0; p < P; ++p) {
@@ -137,46 +139,32 @@ toy::finals_t reference(const toy::least_squares& prob, const std::vector<std::s
 
 } // namespace
 
-TEST_CASE("one fragment, no delay, alpha 0: sync::diloco bit for bit, uncompressed and compressed") {
+TEST_CASE(
+    "one fragment, no delay: the serial reference bit for bit; lossless codes are uncompressed bit for bit") {
   const auto& prob = problem();
   for (int H : {1, 3, 7})
     for (float mu : {0.0f, 0.9f}) {
       CAPTURE(H);
       CAPTURE(mu);
-      const sync::outer_sgd_options outer{.lr = 0.7f, .momentum = mu};
-      const auto want = toy::train_ranks(prob, 3, 23, [&](comm::local& c) {
-        return sync::diloco<comm::local>(c, {.lr = 0.05f, .period = H, .outer = outer});
-      });
-      const auto got = toy::train_ranks(prob, 3, 23, [&](comm::local& c) {
-        return streaming_diloco<comm::local>(c, layers, {.lr = 0.05f, .period = H, .outer = outer});
-      });
-      for (std::size_t r = 0; r < 3; ++r)
-        CHECK(same_bits(got[r], want[r]));
-
-      using topk = compress::top_k_ef<>;
-      const auto want_k = toy::train_ranks(prob, 3, 23, [&](comm::local& c) {
-        return sync::diloco<comm::local, topk>(c, {.lr = 0.05f, .period = H, .outer = outer},
-                                               topk(prob.dim(), {.density = 0.3}));
-      });
-      const auto got_k = toy::train_ranks(prob, 3, 23, [&](comm::local& c) {
-        return streaming_diloco<comm::local, topk>(c, layers, {.lr = 0.05f, .period = H, .outer = outer},
-                                                   [](std::size_t n) { return topk(n, {.density = 0.3}); });
-      });
-      for (std::size_t r = 0; r < 3; ++r)
-        CHECK(same_bits(got_k[r], want_k[r]));
-
-      const auto want_h = toy::train_ranks(prob, 2, 23, [&](comm::local& c) {
-        return sync::diloco<comm::local, compress::bf16>(
-            c, {.lr = 0.05f, .period = H, .outer = outer},
-            compress::bf16(prob.dim(), {.error_feedback = true}));
-      });
-      const auto got_h = toy::train_ranks(prob, 2, 23, [&](comm::local& c) {
-        return streaming_diloco<comm::local, compress::bf16>(
-            c, layers, {.lr = 0.05f, .period = H, .outer = outer},
-            [](std::size_t n) { return compress::bf16(n, {.error_feedback = true}); });
-      });
-      for (std::size_t r = 0; r < 2; ++r)
-        CHECK(same_bits(got_h[r], want_h[r]));
+      const sync::diloco_options o{.lr = 0.05f, .sync_every = H, .outer = {.lr = 0.7f, .momentum = mu}};
+      for (bool finish : {false, true}) {
+        const auto want = reference(prob, layers, 3, 23, o, finish);
+        const auto got = toy::train_ranks(
+            prob, 3, 23, [&](comm::local& c) { return diloco<comm::local>(c, layers, o); }, finish);
+        for (std::size_t r = 0; r < 3; ++r)
+          CHECK(same_bits(got[r], want[r]));
+        // Top-k at density 1 sends every value as it is: the sum is the uncompressed sum, bit for bit.
+        using topk = compress::top_k_ef<>;
+        const auto got_k = toy::train_ranks(
+            prob, 3, 23,
+            [&](comm::local& c) {
+              return diloco<comm::local, topk>(c, layers, o,
+                                               [](std::size_t n) { return topk(n, {.density = 1.0}); });
+            },
+            finish);
+        for (std::size_t r = 0; r < 3; ++r)
+          CHECK(same_bits(got_k[r], want[r]));
+      }
     }
 }
 
@@ -191,24 +179,24 @@ TEST_CASE(
     for (auto s : sizes)
       dim += s;
     const toy::least_squares prob({.samples = 120, .dim = dim, .seed = 100u + static_cast<unsigned>(trial)});
-    sync::streaming_diloco_options o;
+    sync::diloco_options o;
     o.lr = 0.02f;
-    o.period = 1 + static_cast<int>(rng() % 8);
+    o.sync_every = 1 + static_cast<int>(rng() % 8);
     o.fragments = 1 + static_cast<int>(rng() % sizes.size());
-    o.delay = static_cast<int>(rng() % static_cast<unsigned>(o.period));
+    o.delay = static_cast<int>(rng() % static_cast<unsigned>(o.sync_every));
     o.alpha = trial % 3 == 0 ? 0.5f : 0.0f;
     o.layout = trial % 2 == 0 ? fragment_layout::strided : fragment_layout::contiguous;
     o.outer = {.lr = trial % 4 == 1 ? 1.0f : 0.7f, .momentum = trial % 4 == 1 ? 0.0f : 0.9f};
     const int n = 1 + trial % 3, steps = 29;
     CAPTURE(trial);
-    CAPTURE(o.period);
+    CAPTURE(o.sync_every);
     CAPTURE(o.fragments);
     CAPTURE(o.delay);
     for (bool finish : {false, true}) {
       CAPTURE(finish);
       const auto want = reference(prob, sizes, n, steps, o, finish);
       const auto got = toy::train_ranks(
-          prob, n, steps, [&](comm::local& c) { return streaming_diloco<comm::local>(c, sizes, o); }, finish);
+          prob, n, steps, [&](comm::local& c) { return diloco<comm::local>(c, sizes, o); }, finish);
       for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r)
         CHECK(same_bits(got[r], want[r]));
     }
@@ -224,30 +212,40 @@ TEST_CASE(
         CAPTURE(P);
         CAPTURE(delay);
         comm::local_group(1).run([&](comm::local& c) {
-          streaming_diloco<comm::local> s(c, layers, {.period = H, .fragments = P, .delay = delay});
+          diloco<comm::local> s(c, layers, {.sync_every = H, .fragments = P, .delay = delay});
           std::vector<float> x(problem().dim(), 1.0f), g(x.size(), 0.0f);
           s.start(x);
           std::uint64_t starts = 0;
-          for (std::int64_t t = 0; t < 40; ++t) {
+          // Inner steps counted from 1: fragment p starts after step s >= max(1, t_p) with s = t_p mod H.
+          auto starts_at = [&](std::size_t p, std::int64_t s) {
+            const std::int64_t first = static_cast<std::int64_t>(p) * H / P;
+            return s >= 1 && s >= first && (s - first) % H == 0;
+          };
+          for (std::int64_t s1 = 1; s1 <= 40; ++s1) {
             int starting = 0, due = 0;
             for (std::size_t p = 0; p < s.num_fragments(); ++p) {
-              const std::int64_t first = static_cast<std::int64_t>(p) * H / P;
-              const bool want = t >= first && (t - first) % H == 0;
-              CHECK(s.starts_after(p, t) == want);
+              const bool want = starts_at(p, s1);
+              CHECK(s.starts_after(p, s1) == want);
               starting += want ? 1 : 0;
-              due += (t - delay >= first && (t - delay - first) % H == 0) ? 1 : 0;
+              due += starts_at(p, s1 - delay) ? 1 : 0;
             }
+            // The first round of fragment 0 is H whole steps.
+            CHECK(s.starts_after(0, s1) == (s1 % H == 0));
             starts += static_cast<std::uint64_t>(starting);
-            const auto r = s.step(x, g);
+            std::vector<std::size_t> touched;
+            for (std::size_t p = 0; p < s.num_fragments(); ++p)
+              if (starts_at(p, s1) || starts_at(p, s1 - delay)) touched.push_back(p);
+            CHECK(s.touched_next() == touched);
+            const auto r = s1 % 2 ? s.step(x, g) : s.advance(x);
+            CHECK(s.steps() == s1);
             CHECK(r.exchanged == (starting + due > 0));
             CHECK(r.averaged == (due > 0));
             if (H >= P) CHECK(starting <= 1);
             for (std::size_t p = 0; p < s.num_fragments(); ++p) {
-              const std::int64_t first = static_cast<std::int64_t>(p) * H / P;
-              // In flight after step t: started at some t' in (t - delay, t].
+              // In flight after step s1: started after some u in (s1 - delay, s1].
               bool flying = false;
-              for (std::int64_t u = t - delay + 1; u <= t && delay > 0; ++u)
-                flying = flying || (u >= first && (u - first) % H == 0);
+              for (std::int64_t u = s1 - delay + 1; u <= s1 && delay > 0; ++u)
+                flying = flying || starts_at(p, u);
               CHECK(s.in_flight(p) == flying);
             }
           }
@@ -265,7 +263,7 @@ TEST_CASE("fragments cover the model once, in order, strided or contiguous") {
     for (int P = 1; P <= 7; ++P) {
       CAPTURE(P);
       comm::local_group(1).run([&](comm::local& c) {
-        streaming_diloco<comm::local> s(c, sizes, {.period = 8, .fragments = P, .layout = layout});
+        diloco<comm::local> s(c, sizes, {.sync_every = 8, .fragments = P, .layout = layout});
         const auto want = fragment_indices(sizes, P, layout);
         std::vector<int> seen(25, 0);
         for (std::size_t p = 0; p < s.num_fragments(); ++p) {
@@ -288,7 +286,7 @@ TEST_CASE("fragments cover the model once, in order, strided or contiguous") {
 TEST_CASE("a checkpoint taken with exchanges in flight resumes bit for bit, uncompressed and top-k") {
   const auto& prob = problem();
   const int n = 3, before = 10, after = 15;
-  const sync::streaming_diloco_options o{.lr = 0.05f, .period = 6, .fragments = 3, .delay = 2, .alpha = 0.5f};
+  const sync::diloco_options o{.lr = 0.05f, .sync_every = 6, .fragments = 3, .delay = 2, .alpha = 0.5f};
   auto check = [&](auto make) {
     // One run straight through, one stopped after `before` steps and resumed from its checkpoint.
     toy::finals_t straight(n), resumed(n);
@@ -335,29 +333,29 @@ TEST_CASE("a checkpoint taken with exchanges in flight resumes bit for bit, unco
     for (std::size_t r = 0; r < n; ++r)
       CHECK(same_bits(resumed[r], straight[r]));
   };
-  check([&](comm::local& c) { return streaming_diloco<comm::local>(c, layers, o); });
+  check([&](comm::local& c) { return diloco<comm::local>(c, layers, o); });
   using topk = compress::top_k_ef<>;
   check([&](comm::local& c) {
-    return streaming_diloco<comm::local, topk>(c, layers, o,
-                                               [](std::size_t len) { return topk(len, {.density = 0.2}); });
+    return diloco<comm::local, topk>(c, layers, o,
+                                     [](std::size_t len) { return topk(len, {.density = 0.2}); });
   });
 }
 
 TEST_CASE("a stream of other options or layers is refused") {
   const auto& prob = problem();
-  const sync::streaming_diloco_options o{.lr = 0.05f, .period = 6, .fragments = 3, .delay = 2, .alpha = 0.5f};
+  const sync::diloco_options o{.lr = 0.05f, .sync_every = 6, .fragments = 3, .delay = 2, .alpha = 0.5f};
   std::string stream;
   comm::local_group(1).run([&](comm::local& c) {
-    streaming_diloco<comm::local> s(c, layers, o);
+    diloco<comm::local> s(c, layers, o);
     std::vector<float> x(prob.dim(), 0.0f);
     s.start(x);
     std::ostringstream os;
     s.save(os, state::part::all);
     stream = os.str();
-    streaming_diloco<comm::local> other_delay(c, layers, {.period = 6, .fragments = 3, .delay = 1});
+    diloco<comm::local> other_delay(c, layers, {.sync_every = 6, .fragments = 3, .delay = 1});
     std::istringstream is(stream);
     CHECK_THROWS_AS(other_delay.load(is), corrupt_data);
-    streaming_diloco<comm::local> other_layers(c, {17, 17}, {.period = 6, .fragments = 2, .delay = 2});
+    diloco<comm::local> other_layers(c, {17, 17}, {.sync_every = 6, .fragments = 2, .delay = 2});
     std::istringstream is2(stream);
     CHECK_THROWS_AS(other_layers.load(is2), corrupt_data);
   });
@@ -373,13 +371,13 @@ TEST_CASE("a non-finite pseudo-gradient is refused on every rank; the fragment's
       auto s = make(c);
       std::vector<float> x(prob.dim(), 0.0f), g(x.size());
       s.start(x);
-      // Fragment 0 (layers 0 and 2: elements 0-4 and 22-24) starts after steps 0, 4, 8: rank 1 spoils one of
-      // its values before step 4, the exchange started then is due after step 5.
+      // Fragment 0 (layers 0 and 2: elements 0-4 and 22-24) starts after inner steps 4 and 8 (t = 3, 7 here):
+      // rank 1 spoils one of its values before step 4, the exchange started then is due after step 5.
       std::vector<float> global_before, velocity_before;
       for (int t = 0; t < 12; ++t) {
         prob.gradient(x, prob.batch(c.rank(), n, t, 8), g);
-        if (t == 4 && c.rank() == 1) x[2] = std::numeric_limits<float>::quiet_NaN();
-        if (t == 5) {
+        if (t == 3 && c.rank() == 1) x[2] = std::numeric_limits<float>::quiet_NaN();
+        if (t == 4) {
           // Rank 1's gradient at its spoilt model is not finite: every rank passes a zero one this step.
           std::fill(g.begin(), g.end(), 0.0f);
           global_before.assign(s.global_model(0).begin(), s.global_model(0).end());
@@ -408,40 +406,40 @@ TEST_CASE("a non-finite pseudo-gradient is refused on every rank; the fragment's
     for (int v : refused)
       CHECK(v == 1);
   };
-  const sync::streaming_diloco_options o{.lr = 0.05f, .period = 4, .fragments = 2, .delay = 1};
-  run([&](comm::local& c) { return streaming_diloco<comm::local>(c, layers, o); }, "uncompressed");
+  const sync::diloco_options o{.lr = 0.05f, .sync_every = 4, .fragments = 2, .delay = 1};
+  run([&](comm::local& c) { return diloco<comm::local>(c, layers, o); }, "uncompressed");
   using topk = compress::top_k_ef<>;
   run(
       [&](comm::local& c) {
-        return streaming_diloco<comm::local, topk>(
-            c, layers, o, [](std::size_t len) { return topk(len, {.density = 0.5}); });
+        return diloco<comm::local, topk>(c, layers, o,
+                                         [](std::size_t len) { return topk(len, {.density = 0.5}); });
       },
       "top-k");
 }
 
 TEST_CASE("bad options and calls are refused, naming the argument") {
   comm::local_group(1).run([&](comm::local& c) {
-    auto refused = [&](sync::streaming_diloco_options o, std::vector<std::size_t> sizes, const char* name) {
+    auto refused = [&](sync::diloco_options o, std::vector<std::size_t> sizes, const char* name) {
       try {
-        streaming_diloco<comm::local> s(c, std::move(sizes), o);
+        diloco<comm::local> s(c, std::move(sizes), o);
         FAIL_CHECK("accepted " << name);
       } catch (const invalid_argument& e) {
         CHECK(std::string(e.what()).find(name) != std::string::npos);
       }
     };
     refused({.lr = 0.0f}, layers, "lr");
-    refused({.period = 0}, layers, "period");
-    refused({.period = 4, .fragments = 5}, layers, "fragments");
-    refused({.period = 4, .fragments = 0}, layers, "fragments");
-    refused({.period = 4, .delay = 4}, layers, "delay");
-    refused({.period = 4, .delay = -1}, layers, "delay");
+    refused({.sync_every = 0}, layers, "sync_every");
+    refused({.sync_every = 4, .fragments = 5}, layers, "fragments");
+    refused({.sync_every = 4, .fragments = 0}, layers, "fragments");
+    refused({.sync_every = 4, .delay = 4}, layers, "delay");
+    refused({.sync_every = 4, .delay = -1}, layers, "delay");
     refused({.alpha = 1.5f}, layers, "alpha");
     refused({.outer = {.lr = 0.7f, .momentum = 1.0f}}, layers, "outer.momentum");
     refused({}, {}, "layer_sizes");
     refused({}, {3, 0, 2}, "layer_sizes[1]");
     refused({.layout = static_cast<fragment_layout>(7)}, layers, "layout");
 
-    streaming_diloco<comm::local> s(c, layers, {.period = 4});
+    diloco<comm::local> s(c, layers, {.sync_every = 4});
     std::vector<float> x(34, 0.0f), g(34, 0.0f), short_x(33, 0.0f);
     CHECK_THROWS_AS(s.step(x, g), invalid_argument); // before start()
     CHECK_THROWS_AS(s.start(short_x), invalid_argument);
@@ -449,10 +447,9 @@ TEST_CASE("bad options and calls are refused, naming the argument") {
     g[3] = std::numeric_limits<float>::infinity();
     CHECK_THROWS_AS(s.step(x, g), non_finite);
     using topk = compress::top_k_ef<>;
-    CHECK_THROWS_AS((streaming_diloco<comm::local, topk>(c, layers, {}, nullptr)), invalid_argument);
-    CHECK_THROWS_AS(
-        (streaming_diloco<comm::local, topk>(c, layers, {.period = 4, .fragments = 2},
-                                             [](std::size_t) { return topk(3, {.density = 0.5}); })),
-        invalid_argument);
+    CHECK_THROWS_AS((diloco<comm::local, topk>(c, layers, {}, nullptr)), invalid_argument);
+    CHECK_THROWS_AS((diloco<comm::local, topk>(c, layers, {.sync_every = 4, .fragments = 2},
+                                               [](std::size_t) { return topk(3, {.density = 0.5}); })),
+                    invalid_argument);
   });
 }

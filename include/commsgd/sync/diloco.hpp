@@ -1,36 +1,47 @@
-// sync::streaming_diloco: DiLoCo with the model cut into P fragments, each synchronised on a schedule of its
-// own, its exchange running on an exchange thread while the ranks take their next `delay` local steps.
+// sync::diloco: DiLoCo, the one engine. Ranks take H local steps, then an outer optimizer moves the common
+// model with the mean of the ranks' pseudo-gradients; optionally streamed (the model cut into P fragments,
+// each on a schedule of its own, its exchange overlapping `delay` local steps) and compressed. The PyTorch
+// class commsgd_torch.DiLoCo runs this engine through its extension; the C++ trainer calls it directly:
 //
-//   sync::streaming_diloco s(comm, layer_sizes, {.lr = 0.05f, .period = 30, .fragments = 3, .delay = 5,
-//                                                .alpha = 0.5f});
-//   s.start(x); loop { grad at x; s.step(x, grad); } s.finish(x);
+//   sync::diloco s(comm, layer_sizes, {.sync_every = 30, .fragments = 3, .delay = 5});
+//   s.start(x);
+//   loop { grad at x; s.step(x, grad); }        // an inner SGD step (options.lr), then the schedule
+//   loop { own optimizer on x; s.advance(x); }  // or: the trainer's own inner step, then the schedule
+//   s.finish(x);
 //
 // Fragments: layer_sizes cut the flat model into layers; fragment p holds layers p, p + P, p + 2P, ...
 // (strided, so that each fragment spans the depth of the model) or, contiguous, the p-th of P runs of
 // consecutive layers. P is at most the number of layers.
 //
-// Schedule: steps are counted from 0. Fragment p's exchange starts after step t when t >= t_p and
-// (t - t_p) mod H = 0, with t_p = p H / P (integer division) and H = period, and is applied after step
-// t + delay. Starting sends fragment p's pseudo-gradient theta_global,p - theta_p (sync/outer_optimizer.hpp
-// has the sign); while it travels the ranks go on stepping. Applying takes the mean over ranks, makes the
-// outer step on theta_global,p (Nesterov SGD, as in sync::local_sgd) and merges:
+// Schedule, in inner steps counted from 1 (s = steps() after the step): fragment p's exchange starts after
+// step s when s >= t_p and (s - t_p) mod H = 0, with t_p = p H / P (integer division), H = sync_every, and
+// s >= 1; it is applied after step s + delay. So with P = 1 a round is H whole steps, the first one too (the
+// paper's DiLoCo), and fragment p > 0 first syncs after t_p steps, which staggers the fragments by H / P.
+// Starting sends fragment p's pseudo-gradient theta_global,p - theta_p (sync/outer_optimizer.hpp has the
+// sign); while it travels the ranks go on stepping. Applying takes the mean over ranks, makes the outer
+// step on theta_global,p (Nesterov SGD, lr 0.7 and momentum 0.9 by default) and merges:
 //   theta_p <- theta_global,p + alpha (theta_p - theta_global,p)
 // so alpha = 0 restarts the fragment from the common model and alpha > 0 keeps part of the local steps taken
-// while it travelled. With P = 1, delay = 0 and alpha = 0 this is sync::diloco (local_sgd with the same outer
-// optimizer, no warm-up) bit for bit, compressed or not. At any step each fragment has at most one exchange in
-// flight (delay < H), so the busiest step sends about 1 / P of the model where DiLoCo sends all of it.
+// while it travelled. At any step each fragment has at most one exchange in flight (delay < H), so the
+// busiest step sends about 1 / P of the model where unstreamed DiLoCo sends all of it.
 //
 // Exchanges: X, any compress::compressor, carries each fragment's pseudo-gradient (one compressor per
 // fragment, made by `make_compressor(length)`, its residual the fragment's own); uncompressed, the floats are
-// summed by all_reduce_sum. Exchanges run on one thread (sync/exchange_thread.hpp) in the order they start,
-// the same on every rank; the trainer must not use the communicator between step() calls while one is in
-// flight. With comm::mpi, MPI must allow calls from that thread (boost::mpi::threading::serialized).
+// summed by all_reduce_sum. sync/diloco_code.hpp names the codes and makes the engine for one chosen at run
+// time. Exchanges run on one thread (sync/exchange_thread.hpp) in the order they start, the same on every
+// rank; the trainer must not use the communicator between calls while one is in flight. With comm::mpi, MPI
+// must allow calls from that thread (boost::mpi::threading::serialized). bytes_sent() counts what this rank
+// put on the wire, by comm/traffic.hpp's rules (the compressors' wire_bytes()).
 //
 // Refusal: a pseudo-gradient with NaN or inf is refused on every rank when its exchange is applied
 // (commsgd::non_finite): uncompressed, the bad values reach the sum on every rank; compressed, the
 // compressors' verdicts agree. That exchange is dropped and nothing of the fragment's outer state changes
 // (common model, momentum, residual); the step's local update and the step count stand, as the fragments'
 // next turns come on schedule.
+//
+// finish(): applies the exchanges in flight, then exchanges once more every fragment that has moved since
+// its last exchange was applied (every fragment when alpha > 0). A fragment applied after the last step has
+// a zero pseudo-gradient, and exchanging it would still move the common model by the outer momentum.
 //
 // Checkpoints (state/strategy.hpp): the options and layer sizes are saved and a stream of others is refused;
 // the shared part holds the step counter, every fragment's common model and outer momentum, and the
@@ -42,6 +53,7 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/traffic.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/validate.hpp>
@@ -69,39 +81,40 @@ namespace commsgd::inline v1::sync {
 
 enum class fragment_layout { strided, contiguous };
 
-struct streaming_diloco_options {
-  float lr = 0.01f;   // the inner SGD step: (0, inf); a trainer with its own optimizer passes a zero gradient
-  int period = 30;    // H: [1, inf)
-  int fragments = 1;  // P: [1, number of layers]
-  int delay = 0;      // tau, the local steps an exchange overlaps: [0, H)
-  float alpha = 0.0f; // the local model's weight in the merge: [0, 1]
+struct diloco_options {
+  float lr = 0.01f;     // the inner SGD step of step(params, grad): (0, inf); advance() takes none
+  int sync_every = 100; // H, inner steps a round: [1, inf)
+  int fragments = 1;    // P: [1, number of layers]
+  int delay = 0;        // tau, the local steps an exchange overlaps: [0, H)
+  float alpha = 0.0f;   // the local model's weight in the merge: [0, 1]
   fragment_layout layout = fragment_layout::strided;
   outer_sgd_options outer = {}; // DiLoCo's lr 0.7, momentum 0.9
 };
 
 template <comm::communicator C, class X = uncompressed>
 requires std::same_as<X, uncompressed> || compress::compressor<X, C>
-class streaming_diloco : public state::checkpointed<streaming_diloco<C, X>> {
+class diloco : public state::checkpointed<diloco<C, X>> {
 public:
-  using options = streaming_diloco_options;
+  using options = diloco_options;
   static constexpr bool compressed = !std::same_as<X, uncompressed>;
   // Makes fragment p's compressor for its length (compressed only).
   using compressor_factory = std::function<X(std::size_t length)>;
 
-  streaming_diloco(C& c, std::vector<std::size_t> layer_sizes, options o) requires(!compressed)
-      : streaming_diloco(c, std::move(layer_sizes), o, nullptr) {}
+  diloco(C& c, std::vector<std::size_t> layer_sizes, options o) requires(!compressed)
+      : diloco(c, std::move(layer_sizes), o, nullptr) {}
 
-  streaming_diloco(C& c, std::vector<std::size_t> layer_sizes, options o, compressor_factory make_compressor)
-      : comm_(&c), ranks_(c.size()), opt_(o), layers_(std::move(layer_sizes)),
+  diloco(C& c, std::vector<std::size_t> layer_sizes, options o, compressor_factory make_compressor)
+      : comm_(&c), ranks_(c.size()), rank_(c.rank()), opt_(o), layers_(std::move(layer_sizes)),
         thread_(std::make_unique<exchange_thread>()) {
     detail::check_learning_rate("lr", opt_.lr);
-    commsgd::detail::check_range("period", opt_.period, 1, std::numeric_limits<int>::max(), "[1, inf)");
+    commsgd::detail::check_range("sync_every", opt_.sync_every, 1, std::numeric_limits<int>::max(),
+                                 "[1, inf)");
     if (layers_.empty())
       throw invalid_argument("argument 'layer_sizes' is empty; the allowed range is at least one layer");
     commsgd::detail::check_range("fragments", opt_.fragments, 1, static_cast<int>(layers_.size()),
                                  commsgd::detail::concat("[1, number of layers = ", layers_.size(), "]"));
-    commsgd::detail::check_range("delay", opt_.delay, 0, opt_.period - 1,
-                                 commsgd::detail::concat("[0, period - 1 = ", opt_.period - 1, "]"));
+    commsgd::detail::check_range("delay", opt_.delay, 0, opt_.sync_every - 1,
+                                 commsgd::detail::concat("[0, sync_every - 1 = ", opt_.sync_every - 1, "]"));
     commsgd::detail::check_range("alpha", opt_.alpha, 0.0f, 1.0f, "[0, 1]");
     if (opt_.layout != fragment_layout::strided && opt_.layout != fragment_layout::contiguous)
       throw invalid_argument(commsgd::detail::concat("argument 'layout' = ", static_cast<int>(opt_.layout),
@@ -112,8 +125,7 @@ public:
       outer_.emplace_back(opt_.outer);
     if constexpr (compressed) {
       if (!make_compressor)
-        throw invalid_argument(
-            "argument 'make_compressor' is empty; a compressed streaming_diloco needs one");
+        throw invalid_argument("argument 'make_compressor' is empty; a compressed diloco needs one");
       for (const auto& f : frags_) {
         x_.push_back(make_compressor(f.length));
         if (x_.back().length() != f.length)
@@ -126,8 +138,8 @@ public:
     applied_at_.assign(frags_.size(), -1);
   }
 
-  streaming_diloco(streaming_diloco&&) noexcept = default;
-  ~streaming_diloco() { drain(); }
+  diloco(diloco&&) noexcept = default;
+  ~diloco() { drain(); }
 
   bool computes_gradients() const { return true; }
 
@@ -147,23 +159,25 @@ public:
     require_started();
     for (std::size_t i = 0; i < params.size(); ++i)
       params[i] = params[i] - opt_.lr * grad[i];
-    const std::int64_t t = step_++;
-    step_result r;
+    return run_schedule(params);
+  }
+
+  // The schedule after an inner step the trainer took itself (its own optimizer on params): applies the
+  // exchanges due, starts those whose turn it is. Counts the step.
+  step_result advance(std::span<float> params) {
+    detail::check_same_size("params", params.size(), total_);
+    require_started();
+    return run_schedule(params);
+  }
+
+  // The fragments advance() will touch after the next step (applied, started, or both), so that a trainer
+  // whose parameters live elsewhere (a GPU) copies only those in and out.
+  std::vector<std::size_t> touched_next() const {
+    std::vector<std::size_t> out;
+    const std::int64_t s = step_ + 1;
     for (std::size_t p = 0; p < frags_.size(); ++p)
-      if (pending_[p] && pending_[p]->due <= t) {
-        r.exchanged = r.averaged = true;
-        apply(p, params);
-      }
-    for (std::size_t p = 0; p < frags_.size(); ++p)
-      if (starts_after(p, t)) {
-        r.exchanged = true;
-        launch(p, params, t);
-        if (opt_.delay == 0) {
-          r.averaged = true;
-          apply(p, params);
-        }
-      }
-    return r;
+      if ((pending_[p] && pending_[p]->due <= s) || starts_after(p, s)) out.push_back(p);
+    return out;
   }
 
   // Applies the exchanges in flight, then exchanges once more every fragment that has moved since its last
@@ -175,22 +189,25 @@ public:
     for (std::size_t p = 0; p < frags_.size(); ++p)
       if (pending_[p]) apply(p, params);
     for (std::size_t p = 0; p < frags_.size(); ++p) {
-      if (opt_.alpha == 0.0f && applied_at_[p] == step_ - 1) continue;
-      launch(p, params, step_ - 1);
+      if (opt_.alpha == 0.0f && applied_at_[p] == step_) continue;
+      launch(p, params, step_);
       apply(p, params);
     }
   }
 
-  // Whether fragment p's exchange starts after step t (counted from 0).
-  bool starts_after(std::size_t p, std::int64_t t) const noexcept {
+  // Whether fragment p's exchange starts after inner step s (counted from 1).
+  bool starts_after(std::size_t p, std::int64_t s) const noexcept {
     const std::int64_t first = offset(p);
-    return t >= first && (t - first) % opt_.period == 0;
+    return s >= 1 && s >= first && (s - first) % opt_.sync_every == 0;
   }
   std::int64_t offset(std::size_t p) const noexcept {
-    return static_cast<std::int64_t>(p) * opt_.period / static_cast<std::int64_t>(frags_.size());
+    return static_cast<std::int64_t>(p) * opt_.sync_every / static_cast<std::int64_t>(frags_.size());
   }
 
+  // Inner steps taken (step() and advance() calls).
   std::int64_t steps() const noexcept { return step_; }
+  // Bytes this rank has sent in exchanges, by comm/traffic.hpp's rules; counted as each exchange completes.
+  std::uint64_t bytes_sent() const noexcept { return bytes_sent_; }
   std::size_t num_fragments() const noexcept { return frags_.size(); }
   // Fragment p's [offset, offset + length) runs in the flat model, in order.
   std::span<const std::pair<std::size_t, std::size_t>> fragment_runs(std::size_t p) const {
@@ -217,7 +234,7 @@ public:
 
 private:
   friend struct state::access;
-  static constexpr const char* state_kind = "sync::streaming_diloco";
+  static constexpr const char* state_kind = "sync::diloco";
 
   struct fragment {
     std::vector<std::pair<std::size_t, std::size_t>> runs; // (offset, length) in the flat model
@@ -228,6 +245,7 @@ private:
   struct exchange {
     std::int64_t started = 0, due = 0;
     std::vector<float> delta, sum;
+    std::uint64_t wire = 0;       // bytes this rank sent for it, written by the exchange thread
     exchange_thread::ticket done; // invalid once waited for (and for a loaded one)
     std::exception_ptr error;     // what the exchange threw, kept until it is applied
   };
@@ -239,8 +257,28 @@ private:
     std::vector<std::int64_t> applied_at;
     std::vector<X> x;
     float lr = 0.0f;
-    std::uint64_t started = 0, applied = 0;
+    std::uint64_t started = 0, applied = 0, bytes_sent = 0;
   };
+
+  step_result run_schedule(std::span<float> params) {
+    const std::int64_t s = ++step_;
+    step_result r;
+    for (std::size_t p = 0; p < frags_.size(); ++p)
+      if (pending_[p] && pending_[p]->due <= s) {
+        r.exchanged = r.averaged = true;
+        apply(p, params);
+      }
+    for (std::size_t p = 0; p < frags_.size(); ++p)
+      if (starts_after(p, s)) {
+        r.exchanged = true;
+        launch(p, params, s);
+        if (opt_.delay == 0) {
+          r.averaged = true;
+          apply(p, params);
+        }
+      }
+    return r;
+  }
 
   void cut() {
     const std::size_t nl = layers_.size(), P = static_cast<std::size_t>(opt_.fragments);
@@ -278,7 +316,7 @@ private:
 
   void require_started() const {
     if (global_.empty())
-      throw invalid_argument("sync::streaming_diloco: step() or finish() before start(); call start(params) "
+      throw invalid_argument("sync::diloco: step() or finish() before start(); call start(params) "
                              "once, on every rank, before the first step");
   }
 
@@ -295,12 +333,17 @@ private:
     C* c = comm_;
     if constexpr (compressed) {
       X* x = &x_[p];
-      ex->done = thread_->submit(
-          [e, c, x] { x->reduce(*c, std::span<const float>(e->delta), std::span<float>(e->sum)); });
+      ex->done = thread_->submit([e, c, x] {
+        x->reduce(*c, std::span<const float>(e->delta), std::span<float>(e->sum));
+        e->wire = x->wire_bytes();
+      });
     } else {
-      ex->done = thread_->submit([e, c] {
+      const std::uint64_t wire =
+          comm::ring_all_reduce_traffic(e->delta.size(), sizeof(float), ranks_, rank_).bytes_sent;
+      ex->done = thread_->submit([e, c, wire] {
         std::copy(e->delta.begin(), e->delta.end(), e->sum.begin());
         c->all_reduce_sum(std::span<float>(e->sum));
+        e->wire = wire;
       });
     }
     pending_[p] = std::move(ex);
@@ -315,10 +358,11 @@ private:
   void apply(std::size_t p, std::span<float> params) {
     std::unique_ptr<exchange> ex = std::move(pending_[p]);
     wait(*ex);
+    bytes_sent_ += ex->wire;
     try {
       if (ex->error) std::rethrow_exception(ex->error);
     } catch (const non_finite& e) {
-      throw non_finite(commsgd::detail::concat("sync::streaming_diloco: fragment ", p, "'s pseudo-gradients ",
+      throw non_finite(commsgd::detail::concat("sync::diloco: fragment ", p, "'s pseudo-gradients ",
                                                "(theta_global - theta_local, started after step ",
                                                ex->started, ") compressed by ", compressor_name(), " (",
                                                e.what(), ")"),
@@ -327,12 +371,12 @@ private:
     const auto bad = select::find_non_finite(std::span<const float>(ex->sum));
     if (bad.count > 0) {
       const auto mine = select::find_non_finite(std::span<const float>(ex->delta));
-      throw non_finite(commsgd::detail::concat(
-                           "sync::streaming_diloco: the sum of the ranks' pseudo-gradients "
-                           "of fragment ",
-                           p, " (started after step ", ex->started, "; ",
-                           mine.count > 0 ? "this rank's own holds NaN or inf" : "this rank's own is finite",
-                           ")"),
+      throw non_finite(commsgd::detail::concat("sync::diloco: the sum of the ranks' pseudo-gradients "
+                                               "of fragment ",
+                                               p, " (started after step ", ex->started, "; ",
+                                               mine.count > 0 ? "this rank's own holds NaN or inf"
+                                                              : "this rank's own is finite",
+                                               ")"),
                        bad.count, bad.first);
     }
     const float n = static_cast<float>(ranks_);
@@ -349,7 +393,7 @@ private:
       }
       at += len;
     }
-    applied_at_[p] = step_ - 1;
+    applied_at_[p] = step_;
     ++applied_;
   }
 
@@ -381,7 +425,7 @@ private:
       return;
     }
     w.put_array(std::span<const std::uint64_t>(layers_as_u64()));
-    w.put<std::int32_t>(opt_.period);
+    w.put<std::int32_t>(opt_.sync_every);
     w.put<std::int32_t>(opt_.fragments);
     w.put<std::int32_t>(opt_.delay);
     w.put<float>(opt_.alpha);
@@ -392,6 +436,7 @@ private:
     w.put<std::int64_t>(step_);
     w.put<std::uint64_t>(started_);
     w.put<std::uint64_t>(applied_);
+    w.put<std::uint64_t>(bytes_sent_);
     w.put<std::uint32_t>(global_.empty() ? 0u : 1u);
     for (std::size_t p = 0; p < frags_.size(); ++p) {
       if (!global_.empty()) w.put_array(std::span<const float>(global_[p]));
@@ -400,6 +445,7 @@ private:
       w.put<std::uint32_t>(pending_[p] ? 1u : 0u);
       if (pending_[p]) {
         w.put<std::int64_t>(pending_[p]->started);
+        w.put<std::uint64_t>(pending_[p]->wire);
         w.put_array(std::span<const float>(pending_[p]->delta));
         w.put_array(std::span<const float>(pending_[p]->sum));
       }
@@ -423,7 +469,7 @@ private:
     }
     if (r.get_vector<std::uint64_t>() != layers_as_u64())
       throw corrupt_data("saved state: the layer sizes differ from this strategy's");
-    state::expect_same(r.get<std::int32_t>(), opt_.period, "option 'period'");
+    state::expect_same(r.get<std::int32_t>(), opt_.sync_every, "option 'sync_every'");
     state::expect_same(r.get<std::int32_t>(), opt_.fragments, "option 'fragments'");
     state::expect_same(r.get<std::int32_t>(), opt_.delay, "option 'delay'");
     state::expect_same_bits(r.get<float>(), opt_.alpha, "alpha");
@@ -435,6 +481,7 @@ private:
     t.step = r.get<std::int64_t>();
     t.started = r.get<std::uint64_t>();
     t.applied = r.get<std::uint64_t>();
+    t.bytes_sent = r.get<std::uint64_t>();
     if (t.step < 0) throw corrupt_data(commsgd::detail::concat("saved state: step ", t.step, " is negative"));
     const bool has_global = r.get<std::uint32_t>() == 1u;
     t.pending.resize(frags_.size());
@@ -452,17 +499,18 @@ private:
                                                    t.velocity.back().size(), " values for a fragment of ",
                                                    len, " (momentum ", opt_.outer.momentum, ")"));
       t.applied_at.push_back(r.get<std::int64_t>());
-      if (t.applied_at.back() < -1 || t.applied_at.back() >= t.step)
+      if (t.applied_at.back() < -1 || t.applied_at.back() > t.step)
         throw corrupt_data(commsgd::detail::concat("saved state: fragment ", p,
                                                    " was last applied after step ", t.applied_at.back(),
                                                    ", outside [-1, step ", t.step, ")"));
       if (r.get<std::uint32_t>() == 1u) {
         auto ex = std::make_unique<exchange>();
         ex->started = r.get<std::int64_t>();
+        ex->wire = r.get<std::uint64_t>();
         ex->due = ex->started + opt_.delay;
         ex->delta = r.get_vector<float>();
         ex->sum = r.get_vector<float>();
-        if (!has_global || ex->delta.size() != len || ex->sum.size() != len || ex->started < 0 ||
+        if (!has_global || ex->delta.size() != len || ex->sum.size() != len || ex->started < 1 ||
             ex->due < t.step || !starts_after(p, ex->started))
           throw corrupt_data(commsgd::detail::concat("saved state: fragment ", p,
                                                      "'s exchange in flight "
@@ -481,6 +529,7 @@ private:
     applied_at_ = std::move(t.applied_at);
     started_ = t.started;
     applied_ = t.applied;
+    bytes_sent_ = t.bytes_sent;
     global_ = std::move(t.global);
     for (std::size_t p = 0; p < frags_.size(); ++p)
       outer_[p].replace_velocity(std::move(t.velocity[p]));
@@ -491,7 +540,7 @@ private:
   }
 
   C* comm_;
-  int ranks_; // asked once: while an exchange is in flight only the exchange thread may use comm_
+  int ranks_, rank_; // asked once: while an exchange is in flight only the exchange thread may use comm_
   options opt_;
   std::vector<std::size_t> layers_;
   std::size_t total_ = 0;
@@ -502,22 +551,22 @@ private:
   std::vector<std::unique_ptr<exchange>> pending_;
   std::vector<std::int64_t> applied_at_; // per fragment: the step its last exchange was applied after, or -1
   std::int64_t step_ = 0;
-  std::uint64_t started_ = 0, applied_ = 0;
+  std::uint64_t started_ = 0, applied_ = 0, bytes_sent_ = 0;
   bool resumed_ = false;
   // Last: destroyed first, after drain(), so no exchange outlives what it uses.
   std::unique_ptr<exchange_thread> thread_;
 };
 
-static_assert(sync_strategy<streaming_diloco<comm::archetype>>);
+static_assert(sync_strategy<diloco<comm::archetype>>);
 
 // Every rank holds the same model after a step that applied an exchange only when one fragment is the whole
 // model and the merge keeps nothing local; after finish whenever the merge keeps nothing local.
 template <class C, class X>
-struct replica_promise<streaming_diloco<C, X>> {
-  static bool after_step(const streaming_diloco<C, X>& s, const step_result& r) {
+struct replica_promise<diloco<C, X>> {
+  static bool after_step(const diloco<C, X>& s, const step_result& r) {
     return r.averaged && s.num_fragments() == 1 && s.opts().alpha == 0.0f;
   }
-  static bool after_finish(const streaming_diloco<C, X>& s) { return s.opts().alpha == 0.0f; }
+  static bool after_finish(const diloco<C, X>& s) { return s.opts().alpha == 0.0f; }
 };
 
 } // namespace commsgd::inline v1::sync

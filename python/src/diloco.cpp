@@ -1,0 +1,256 @@
+// commsgd_torch._C.DiLoCoEngine: sync::coded_diloco (sync/diloco.hpp, the one DiLoCo engine) over a
+// process group, behind commsgd_torch.DiLoCo (python/commsgd_torch/diloco.py). The Python class keeps the
+// parameters in one flat float32 host tensor and calls advance() after each inner step; the engine runs the
+// schedule, the codes, the outer step and the merge on that tensor in place, its exchanges on its own thread,
+// every call that may wait on the network without the GIL.
+//
+// The codes' names and sizes (cost/diloco.hpp) and the ring's traffic (comm/traffic.hpp) are exported as
+// plain functions, so Python reads them instead of writing them again.
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+
+#include "bridge.hpp"
+
+#include <commsgd/comm/local.hpp>
+#include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/traffic.hpp>
+#include <commsgd/cost/diloco.hpp>
+#include <commsgd/sync/diloco_code.hpp>
+
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+using namespace commsgd;
+
+namespace {
+
+using namespace commsgd_torch;
+
+sync::fragment_layout layout_of(const std::string& name) {
+  if (name == "strided") return sync::fragment_layout::strided;
+  if (name == "contiguous") return sync::fragment_layout::contiguous;
+  throw invalid_argument(
+      commsgd::detail::concat("argument 'layout' = '", name, "' is not one of strided, contiguous"));
+}
+
+py::dict traffic_as_dict(const comm::traffic& t) {
+  py::dict d;
+  d["bytes_sent"] = t.bytes_sent;
+  d["bytes_received"] = t.bytes_received;
+  d["messages_sent"] = t.messages_sent;
+  d["messages_received"] = t.messages_received;
+  return d;
+}
+
+class diloco_engine {
+public:
+  diloco_engine(const group_ptr& group, std::vector<std::size_t> layer_sizes, int sync_every, int fragments,
+                int delay, float alpha, const std::string& layout, float outer_lr, float outer_momentum,
+                const std::string& code)
+      : comm_(comm::process_group(group)), engine_(comm_, std::move(layer_sizes),
+                                                   {.sync_every = sync_every,
+                                                    .fragments = fragments,
+                                                    .delay = delay,
+                                                    .alpha = alpha,
+                                                    .layout = layout_of(layout),
+                                                    .outer = {.lr = outer_lr, .momentum = outer_momentum}},
+                                                   cost::diloco_code::parse(code)) {}
+
+  void start(const at::Tensor& flat) {
+    auto x = values_of(flat, "flat");
+    py::gil_scoped_release unlocked;
+    engine_.start(x);
+  }
+  // (exchanged, applied): whether an exchange started or was applied after this step.
+  std::pair<bool, bool> advance(const at::Tensor& flat) {
+    auto x = values_of(flat, "flat");
+    py::gil_scoped_release unlocked;
+    const auto r = engine_.advance(x);
+    return {r.exchanged, r.averaged};
+  }
+  void finish(const at::Tensor& flat) {
+    auto x = values_of(flat, "flat");
+    py::gil_scoped_release unlocked;
+    engine_.finish(x);
+  }
+
+  std::vector<std::size_t> touched_next() const { return engine_.touched_next(); }
+  std::int64_t steps() const { return engine_.steps(); }
+  std::uint64_t bytes_sent() const { return engine_.bytes_sent(); }
+  std::uint64_t exchanges_started() const { return engine_.exchanges_started(); }
+  std::uint64_t exchanges_applied() const { return engine_.exchanges_applied(); }
+  std::size_t num_fragments() const { return engine_.num_fragments(); }
+  std::vector<std::pair<std::size_t, std::size_t>> fragment_runs(std::size_t p) const {
+    check_fragment(p);
+    const auto r = engine_.fragment_runs(p);
+    return {r.begin(), r.end()};
+  }
+  at::Tensor global_model(std::size_t p) const {
+    check_fragment(p);
+    return tensor_of(engine_.global_model(p));
+  }
+  at::Tensor outer_velocity(std::size_t p) const {
+    check_fragment(p);
+    return tensor_of(engine_.outer_velocity(p));
+  }
+  py::object residual(std::size_t p) const {
+    check_fragment(p);
+    if (engine_.code().format != cost::diloco_format::top_k) return py::none();
+    return py::cast(tensor_of(engine_.residual(p)));
+  }
+  bool in_flight(std::size_t p) const {
+    check_fragment(p);
+    return engine_.in_flight(p);
+  }
+  std::string code() const { return engine_.code().name(); }
+
+  // The whole state (shared and local parts), as bytes; waits for the exchanges in flight.
+  py::bytes save() {
+    std::ostringstream os(std::ios::binary);
+    {
+      py::gil_scoped_release unlocked;
+      engine_.save(os);
+    }
+    return py::bytes(std::move(os).str());
+  }
+  void load(const py::bytes& blob) {
+    std::istringstream is(static_cast<std::string>(blob), std::ios::binary);
+    py::gil_scoped_release unlocked;
+    engine_.load(is);
+  }
+  py::dict traffic() const { return traffic_dict(comm_); }
+
+private:
+  void check_fragment(std::size_t p) const {
+    commsgd::detail::check_range("fragment", p, std::size_t{0}, engine_.num_fragments() - 1,
+                                 commsgd::detail::concat("[0, ", engine_.num_fragments() - 1, "]"));
+  }
+
+  meter comm_;
+  sync::coded_diloco<meter> engine_; // after comm_: destroyed first, its exchange thread drained
+};
+
+// The engine on n thread ranks (comm::local), fed each rank's local parameters after every inner step:
+// trajectories[r] is a (steps + 1) x d float32 tensor, row 0 the parameters at start, row s those after inner
+// step s. Returns, per rank, the global model after every step (steps x d, fragment after fragment) and the
+// bytes sent so far (steps values): what a run of DiLoCo over another transport must reproduce bit for bit
+// when its ranks took those inner steps.
+py::list diloco_over_threads(const std::vector<at::Tensor>& trajectories,
+                             std::vector<std::size_t> layer_sizes, int sync_every, int fragments, int delay,
+                             float alpha, const std::string& layout, float outer_lr, float outer_momentum,
+                             const std::string& code) {
+  const int n = static_cast<int>(trajectories.size());
+  commsgd::detail::check_range("trajectories", n, 1, 64, "[1, 64] ranks");
+  std::int64_t steps = 0, d = 0;
+  std::vector<const float*> rows(trajectories.size());
+  for (std::size_t r = 0; r < trajectories.size(); ++r) {
+    const auto& t = trajectories[r];
+    if (t.dim() != 2 || (r > 0 && (t.size(0) != steps + 1 || t.size(1) != d)))
+      throw invalid_argument("argument 'trajectories' must be 2-d tensors of one shape, (steps + 1) x d");
+    steps = t.size(0) - 1;
+    d = t.size(1);
+    rows[r] = values_of(t, "trajectories").data();
+  }
+  std::vector<at::Tensor> globals, sent;
+  for (int r = 0; r < n; ++r) {
+    globals.push_back(at::zeros({steps, d}, at::TensorOptions().dtype(at::kFloat)));
+    sent.push_back(at::zeros({steps}, at::TensorOptions().dtype(at::kLong)));
+  }
+  const sync::diloco_options o{.sync_every = sync_every,
+                               .fragments = fragments,
+                               .delay = delay,
+                               .alpha = alpha,
+                               .layout = layout_of(layout),
+                               .outer = {.lr = outer_lr, .momentum = outer_momentum}};
+  const auto parsed = cost::diloco_code::parse(code);
+  {
+    py::gil_scoped_release unlocked;
+    comm::local_group(n).run([&](comm::local& c) {
+      const auto r = static_cast<std::size_t>(c.rank());
+      sync::coded_diloco<comm::local> e(c, layer_sizes, o, parsed);
+      std::vector<float> x(rows[r], rows[r] + d);
+      e.start(x);
+      float* g = globals[r].data_ptr<float>();
+      for (std::int64_t s = 1; s <= steps; ++s) {
+        std::copy_n(rows[r] + s * d, d, x.begin());
+        e.advance(x);
+        float* at = g + (s - 1) * d;
+        for (std::size_t p = 0; p < e.num_fragments(); ++p) {
+          const auto gm = e.global_model(p);
+          at = std::copy(gm.begin(), gm.end(), at);
+        }
+        sent[r].data_ptr<std::int64_t>()[s - 1] = static_cast<std::int64_t>(e.bytes_sent());
+      }
+    });
+  }
+  py::list out;
+  for (int r = 0; r < n; ++r)
+    out.append(py::make_tuple(globals[static_cast<std::size_t>(r)], sent[static_cast<std::size_t>(r)]));
+  return out;
+}
+
+} // namespace
+
+void bind_diloco(py::module_& m) {
+  py::class_<diloco_engine>(m, "DiLoCoEngine")
+      .def(py::init<const group_ptr&, std::vector<std::size_t>, int, int, int, float, const std::string&,
+                    float, float, const std::string&>(),
+           py::arg("process_group"), py::arg("layer_sizes"), py::arg("sync_every"), py::arg("fragments"),
+           py::arg("delay"), py::arg("alpha"), py::arg("layout"), py::arg("outer_lr"),
+           py::arg("outer_momentum"), py::arg("compression"))
+      .def("start", &diloco_engine::start)
+      .def("advance", &diloco_engine::advance)
+      .def("finish", &diloco_engine::finish)
+      .def("touched_next", &diloco_engine::touched_next)
+      .def("steps", &diloco_engine::steps)
+      .def("bytes_sent", &diloco_engine::bytes_sent)
+      .def("exchanges_started", &diloco_engine::exchanges_started)
+      .def("exchanges_applied", &diloco_engine::exchanges_applied)
+      .def("num_fragments", &diloco_engine::num_fragments)
+      .def("fragment_runs", &diloco_engine::fragment_runs)
+      .def("global_model", &diloco_engine::global_model)
+      .def("outer_velocity", &diloco_engine::outer_velocity)
+      .def("residual", &diloco_engine::residual)
+      .def("in_flight", &diloco_engine::in_flight)
+      .def("code", &diloco_engine::code)
+      .def("save", &diloco_engine::save)
+      .def("load", &diloco_engine::load)
+      .def("traffic", &diloco_engine::traffic);
+
+  m.def("diloco_over_threads", &diloco_over_threads, py::arg("trajectories"), py::arg("layer_sizes"),
+        py::arg("sync_every"), py::arg("fragments"), py::arg("delay"), py::arg("alpha"), py::arg("layout"),
+        py::arg("outer_lr"), py::arg("outer_momentum"), py::arg("compression"));
+
+  // The codes (cost/diloco.hpp) and the collectives' traffic (comm/traffic.hpp), for Python's byte counts.
+  m.def(
+      "diloco_code_name", [](const std::string& text) { return cost::diloco_code::parse(text).name(); },
+      py::arg("compression"));
+  m.def(
+      "diloco_message_bytes",
+      [](const std::string& code, std::uint64_t d) {
+        return cost::diloco_code::parse(code).message_bytes(d);
+      },
+      py::arg("compression"), py::arg("values"));
+  m.def(
+      "diloco_round_traffic",
+      [](const std::string& code, std::uint64_t d, int n, int rank, bool first_round) {
+        return traffic_as_dict(cost::diloco_code::parse(code).round_traffic(d, n, rank, first_round));
+      },
+      py::arg("compression"), py::arg("values"), py::arg("ranks"), py::arg("rank"), py::arg("first_round"));
+  m.def(
+      "ring_all_reduce_traffic",
+      [](std::uint64_t elements, std::size_t element_size, int n, int rank) {
+        return traffic_as_dict(comm::ring_all_reduce_traffic(elements, element_size, n, rank));
+      },
+      py::arg("elements"), py::arg("element_size"), py::arg("ranks"), py::arg("rank"));
+  m.def(
+      "all_gather_traffic",
+      [](std::uint64_t bytes, int n) { return traffic_as_dict(comm::all_gather_traffic(bytes, n)); },
+      py::arg("bytes"), py::arg("ranks"));
+}

@@ -1,0 +1,125 @@
+"""One DiLoCo across the binding: commsgd_torch.DiLoCo on 2 forked ranks over gloo, and the C++ engine
+(sync::diloco) on 2 thread ranks over comm::local fed the same inner steps, hold the same global model bits and
+the same byte counts after every step, for every code, one fragment and two with a delay. The torch run's
+bytes are also those its communicator measured, and those the codes' sizes (cost/diloco.hpp) predict."""
+import io
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import commsgd_torch
+from commsgd_torch import _C
+from helpers import run_ranks
+
+STEPS = 23
+CODES = ["none", "fp16", "bf16", "int8", "e3m0", "topk:0.1"]
+
+
+class _Net(torch.nn.Module):
+    """Three layers of odd sizes (one fragment each when strided with P = 3, two or one otherwise)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(7, 5)
+        self.b = torch.nn.Linear(5, 3, bias=False)
+        self.c = torch.nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+class _Recording(torch.optim.AdamW):
+    """AdamW that calls `after()` once its step is taken: the test snapshots the local model there, which is
+    what the engine sees when DiLoCo.step() calls it."""
+
+    after = None
+
+    def step(self, closure=None):
+        out = super().step(closure)
+        if self.after is not None:
+            self.after()
+        return out
+
+
+def _run(rank, world, code, fragments, delay, alpha):
+    torch.manual_seed(100 + rank)  # different starts: construction must broadcast rank 0's
+    model = _Net()
+    inner = _Recording(model.parameters(), lr=0.05)
+    opt = commsgd_torch.DiLoCo(model, inner, sync_every=4, fragments=fragments, delay=delay, alpha=alpha,
+                               compression=code)
+    flat = lambda: torch.cat([p.detach().reshape(-1) for p in opt._order])  # noqa: E731 (the engine's order)
+    snaps = [flat().clone()]
+    inner.after = lambda: snaps.append(flat().clone())
+    globals_, sent = [], []
+    g = torch.Generator().manual_seed(7 + rank)
+    for _ in range(STEPS):
+        x = torch.randn(16, 7, generator=g)
+        opt.zero_grad()
+        ((model(x) - x.sum(1, keepdim=True)) ** 2).mean().backward()
+        opt.step()
+        globals_.append(torch.cat([g_.reshape(-1) for g_ in opt.global_parameters()]))
+        sent.append(opt.bytes_sent)
+    layers = [sum(p.numel() for p in m.parameters(recurse=False)) for m in (model.a, model.b, model.c)]
+    stats = opt.stats()
+    opt.finish()  # every exchange completed: the engine has counted all it sent
+    measured = (opt._engine.traffic()["bytes_sent"] - opt.stats()["broadcast_bytes"], opt.bytes_sent)
+    buf = io.BytesIO()
+    torch.save({"snaps": torch.stack(snaps), "globals": torch.stack(globals_), "sent": torch.tensor(sent),
+                "layers": layers, "measured": measured, "stats": stats}, buf)
+    return buf.getvalue()
+
+
+def _expected_bytes(code, layers, fragments, exchanges_per_fragment):
+    """What rank 0 sends, from the codes' sizes: each fragment's exchanges times one round's traffic."""
+    lengths = [sum(layers[l] for l in range(len(layers)) if l % fragments == f) for f in range(fragments)]
+    total = 0
+    for length, count in zip(lengths, exchanges_per_fragment):
+        for i in range(count):
+            t = _C.diloco_round_traffic(code, length, 2, 0, i == 0)
+            total += t["bytes_sent"]
+    return total
+
+
+@pytest.mark.parametrize("code", CODES)
+@pytest.mark.parametrize("fragments,delay,alpha", [(1, 0, 0.0), (2, 2, 0.5)])
+def test_torch_class_and_cpp_engine_agree_bit_for_bit(code, fragments, delay, alpha):
+    runs = [torch.load(io.BytesIO(b)) for b in run_ranks(_run, 2, (code, fragments, delay, alpha))]
+    layers = runs[0]["layers"]
+    want = _C.diloco_over_threads([r["snaps"] for r in runs], layers, 4, fragments, delay, alpha, "strided",
+                                  0.7, 0.9, code)
+    for rank, (run, (globals_, sent)) in enumerate(zip(runs, want)):
+        assert run["globals"].shape == globals_.shape
+        for step in range(STEPS):
+            assert torch.equal(run["globals"][step].view(torch.int32), globals_[step].view(torch.int32)), \
+                f"rank {rank}, after inner step {step + 1}"
+            assert int(run["sent"][step]) == int(sent[step]), f"rank {rank}, after inner step {step + 1}"
+        # The engine's count is what the communicator measured on the wire.
+        wire, counted = run["measured"]
+        assert wire == counted and counted >= int(run["sent"][-1])
+    # Both ranks hold one global model.
+    assert torch.equal(runs[0]["globals"].view(torch.int32), runs[1]["globals"].view(torch.int32))
+    # And the bytes are those the codes' sizes predict: fragment p's exchanges start after steps t_p + k H.
+    applied = [len([s for s in range(1, STEPS + 1) if s - delay >= max(1, f * 4 // fragments) and
+                    (s - delay - f * 4 // fragments) % 4 == 0]) for f in range(fragments)]
+    assert runs[0]["stats"]["outer_steps"] == sum(applied)
+    assert int(runs[0]["sent"][-1]) == _expected_bytes(code, layers, fragments, applied)
+
+
+def test_code_names_and_sizes_come_from_the_engine():
+    assert commsgd_torch.COMPRESSIONS == ("none", "fp16", "bf16", "int8", "e3m0", "topk:<density>")
+    for d in (0, 1, 255, 256, 257, 10_000):
+        blocks = (d + 255) // 256
+        assert _C.diloco_message_bytes("none", d) == 4 * d
+        assert _C.diloco_message_bytes("fp16", d) == 2 * d
+        assert _C.diloco_message_bytes("int8", d) == 4 * blocks + d
+        assert _C.diloco_message_bytes("e3m0", d) == 4 * blocks + (d + 1) // 2
+    assert _C.diloco_message_bytes("topk:0.07", 100) == 8 * 7
+    assert _C.diloco_code_name("topk:0.25") == "topk:0.25"
+    for bad in ("fp4", "int8_block", "topk-0.1", "topk:0", "dense", ""):
+        with pytest.raises(commsgd_torch.InvalidArgument, match="compression"):
+            _C.diloco_code_name(bad)
+    # The ring's traffic: 2 (n - 1) chunks each way.
+    t = _C.ring_all_reduce_traffic(1000, 4, 4, 0)
+    assert t["bytes_sent"] == 2 * 3 * 250 * 4 and t["messages_sent"] == 6
+    assert _C.all_gather_traffic(10, 4)["bytes_sent"] == 30
