@@ -17,8 +17,8 @@ from ._C import InvalidArgument, NonFinite
 
 __all__ = ["DiLoCo", "COMPRESSIONS"]
 
-#: The codes a rank's pseudo-gradient can travel in; ``"topk:<density>"`` takes a density in (0, 1].
-COMPRESSIONS = ("none", "fp16", "bf16", "int8", "e3m0", "topk:<density>")
+#: The codes a rank's pseudo-gradient can travel in; ``"topk-<density>"`` takes a density in (0, 1].
+COMPRESSIONS = ("dense", "fp16", "bf16", "int8", "e3m0", "topk-<density>")
 
 
 class _BadArgument(InvalidArgument, ValueError):
@@ -87,13 +87,13 @@ class DiLoCo:
 
     **Codes** (``compression``; sizes for d values, the names and sizes are the engine's, cost/diloco.hpp):
 
-    - ``"none"``: float32, summed by a ring all-reduce (4 d bytes).
+    - ``"dense"``: float32, summed by a ring all-reduce (4 d bytes).
     - ``"fp16"``, ``"bf16"``: a ring all-reduce with 16-bit values on the wire and float sums (2 d).
     - ``"int8"``: blocks of 256 values, each a float32 scale s = max|x| and round(127 x / s) (d + 4 d / 256),
       gathered from every rank and summed in float32 in rank order.
     - ``"e3m0"``: 4-bit floats, blocks of 256 with a float32 scale s = max|x|: a sign and a 3-bit exponent,
       k = 0 for zero and k in 1..7 for 2^(k-7) s, the power of two nearest |x| (d / 2 + 4 d / 256), gathered.
-    - ``"topk:<density>"``: top-k with error feedback. A residual e per fragment: e <- e + delta; the k =
+    - ``"topk-<density>"``: top-k with error feedback. A residual e per fragment: e <- e + delta; the k =
       ceil(density d) entries of e largest in magnitude (ties to the lowest index) are sent as float32 values
       and uint32 indices (8 k bytes) and zeroed in e, so what was sent plus the new residual is exactly
       e + delta.
@@ -135,8 +135,8 @@ class DiLoCo:
         delay (int): tau, the inner steps an exchange overlaps before it is applied, in [0, sync_every).
         alpha (float): the weight of the local parameters in the merge after an outer step, in [0, 1] (0:
             every rank restarts from the global model).
-        compression (str): ``"none"``, ``"fp16"``, ``"bf16"``, ``"int8"``, ``"e3m0"`` or
-            ``"topk:<density>"`` with a density in (0, 1]: the code of each rank's pseudo-gradient.
+        compression (str): ``"dense"``, ``"fp16"``, ``"bf16"``, ``"int8"``, ``"e3m0"`` or
+            ``"topk-<density>"`` with a density in (0, 1]: the code of each rank's pseudo-gradient.
 
     Example::
         >>> # xdoctest: +SKIP
@@ -152,11 +152,15 @@ class DiLoCo:
         >>> torch.save({"model": model.state_dict(), "diloco": opt.state_dict()}, path)
     """
 
+    #: Whether float32 CPU parameters are used in place (False: every parameter takes the host-copy path that
+    #: CUDA parameters take; the tests use it to check that path without a GPU).
+    _IN_PLACE = True
+
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *,
                  process_group: Optional[dist.ProcessGroup] = None, sync_every: int = 100,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  fragments: Union[int, Sequence[Union[torch.nn.Module, Iterable[torch.nn.Parameter]]]] = 1,
-                 delay: int = 0, alpha: float = 0.0, compression: str = "none") -> None:
+                 delay: int = 0, alpha: float = 0.0, compression: str = "dense") -> None:
         if not isinstance(model, torch.nn.Module):
             raise _bad("model", type(model).__name__, "a torch.nn.Module")
         if not isinstance(inner_optimizer, torch.optim.Optimizer):
@@ -193,7 +197,8 @@ class DiLoCo:
         self._order = [p for layer in layers for p in layer]
         self._names = {id(p): names.get(id(p), "?") for p in self._order}
         total = sum(p.numel() for p in self._order)
-        self._in_place = all(p.device.type == "cpu" and p.dtype == torch.float32 for p in self._order)
+        self._in_place = DiLoCo._IN_PLACE and all(p.device.type == "cpu" and p.dtype == torch.float32
+                                                  for p in self._order)
         pin = not self._in_place and torch.cuda.is_available()
         self._flat = torch.empty(total, dtype=torch.float32, pin_memory=pin)
         self._views = []
@@ -323,6 +328,12 @@ class DiLoCo:
             raise self._named(e) from None
         finally:
             self._copy_out(everything)
+
+    def close(self) -> None:
+        """Waits for the exchanges in flight without applying them, so that the script may end, or call
+        ``dist.destroy_process_group()``, on any step: every rank must call it (their collectives run
+        together). Garbage collection does the same; :meth:`finish` applies them instead."""
+        self._engine.drain()
 
     def _named(self, error: NonFinite) -> NonFinite:
         """The engine's refusal, with the names of this rank's parameters that hold NaN or inf."""

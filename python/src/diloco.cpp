@@ -80,6 +80,10 @@ public:
     engine_.finish(x);
   }
 
+  void drain() {
+    py::gil_scoped_release unlocked;
+    engine_.drain();
+  }
   std::vector<std::size_t> touched_next() const { return engine_.touched_next(); }
   std::int64_t steps() const { return engine_.steps(); }
   std::uint64_t bytes_sent() const { return engine_.bytes_sent(); }
@@ -207,6 +211,7 @@ void bind_diloco(py::module_& m) {
       .def("start", &diloco_engine::start)
       .def("advance", &diloco_engine::advance)
       .def("finish", &diloco_engine::finish)
+      .def("drain", &diloco_engine::drain)
       .def("touched_next", &diloco_engine::touched_next)
       .def("steps", &diloco_engine::steps)
       .def("bytes_sent", &diloco_engine::bytes_sent)

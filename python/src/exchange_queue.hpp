@@ -1,5 +1,5 @@
-// commsgd_torch::exchange_queue: runs one hook state's exchanges on a thread of its own, one at a time, in the
-// order the hook posted them, and hands DDP a future at once.
+// commsgd_torch::exchange_queue: runs one hook state's exchanges on a thread of its own (sync::exchange_thread),
+// one at a time, in the order the hook posted them, and hands DDP a future at once.
 //
 // DDP calls a communication hook as soon as a bucket is full and goes on with the rest of backward only when
 // the hook returns; its own allreduce returns a future of work still under way. A hook that exchanged inline
@@ -21,16 +21,14 @@
 #include <torch/csrc/jit/python/python_ivalue.h>
 #endif
 
-#include <condition_variable>
+#include <commsgd/sync/exchange_thread.hpp>
+
 #include <cstddef>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <utility>
-#include <vector>
 
 namespace commsgd_torch {
 
@@ -94,27 +92,22 @@ inline python_future new_future() {
   return pybind11::module_::import("torch.futures").attr("Future")();
 }
 
+// The hooks' side of sync::exchange_thread, the one exchange thread of the library (the DiLoCo engine runs
+// its exchanges on one too): a round posted here returns a future at once and completes it on the thread.
 class exchange_queue {
 public:
-  exchange_queue() = default;
+  exchange_queue() : thread_(std::make_unique<commsgd::sync::exchange_thread>()) {}
   exchange_queue(const exchange_queue&) = delete;
   exchange_queue& operator=(const exchange_queue&) = delete;
 
+  // Runs what is queued, then joins. The destructor may run with the GIL held (the state's Python object is
+  // collected), and the thread takes the GIL to complete a round's future: it is let go meanwhile.
   ~exchange_queue() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    if (worker_.joinable()) {
-      // The destructor may run with the GIL held (the state's Python object is collected), and the thread
-      // takes the GIL to complete a round's future.
-      if (PyGILState_Check()) {
-        pybind11::gil_scoped_release unlocked;
-        worker_.join();
-      } else {
-        worker_.join();
-      }
+    if (PyGILState_Check()) {
+      pybind11::gil_scoped_release unlocked;
+      thread_.reset();
+    } else {
+      thread_.reset();
     }
   }
 
@@ -138,73 +131,48 @@ public:
   void drain() {
     if (PyGILState_Check()) {
       pybind11::gil_scoped_release unlocked;
-      wait_idle();
+      wait_last();
     } else {
-      wait_idle();
+      wait_last();
     }
   }
 
   // Runs `round` in order after everything posted before it and waits for it; its error is rethrown here.
   at::Tensor run(std::function<at::Tensor()> round) {
-    auto slot = std::make_shared<std::pair<at::Tensor, std::exception_ptr>>();
-    enqueue([round = std::move(round), slot] {
-      try {
-        slot->first = round();
-      } catch (...) {
-        slot->second = std::current_exception();
-      }
-    });
-    drain();
-    if (slot->second) std::rethrow_exception(slot->second);
-    return slot->first;
-  }
-
-  std::size_t pending() const {
-    std::lock_guard lock(mutex_);
-    return pending_;
+    auto result = std::make_shared<at::Tensor>();
+    auto mine = enqueue([round = std::move(round), result] { *result = round(); });
+    std::exception_ptr error;
+    if (PyGILState_Check()) {
+      pybind11::gil_scoped_release unlocked;
+      error = mine.wait();
+    } else {
+      error = mine.wait();
+    }
+    if (error) std::rethrow_exception(error);
+    return *result;
   }
 
 private:
-  void enqueue(std::function<void()> job) {
+  // The thread runs in order: once a round has run, every round posted before it has.
+  commsgd::sync::exchange_thread::ticket enqueue(std::function<void()> job) {
+    std::lock_guard lock(mutex_);
+    last_ = thread_->submit(std::move(job));
+    return last_;
+  }
+
+  // Waits for the last round queued (a posted round completes its future rather than throwing).
+  void wait_last() {
+    commsgd::sync::exchange_thread::ticket last;
     {
       std::lock_guard lock(mutex_);
-      if (!worker_.joinable()) worker_ = std::thread([this] { serve(); });
-      jobs_.push_back(std::move(job));
-      ++pending_;
+      last = last_;
     }
-    wake_.notify_all();
+    last.wait();
   }
 
-  void wait_idle() {
-    std::unique_lock lock(mutex_);
-    idle_.wait(lock, [this] { return pending_ == 0; });
-  }
-
-  void serve() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock lock(mutex_);
-        wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return; // stopping, and nothing left to run
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-      {
-        std::lock_guard lock(mutex_);
-        --pending_;
-      }
-      idle_.notify_all();
-    }
-  }
-
-  mutable std::mutex mutex_;
-  std::condition_variable wake_, idle_;
-  std::deque<std::function<void()>> jobs_;
-  std::size_t pending_ = 0;
-  bool stopping_ = false;
-  std::thread worker_;
+  std::mutex mutex_;
+  commsgd::sync::exchange_thread::ticket last_;
+  std::unique_ptr<commsgd::sync::exchange_thread> thread_;
 };
 
 } // namespace commsgd_torch

@@ -339,3 +339,14 @@ def _no_device(rank, world):
 
 def test_cuda_bucket_without_the_cuda_part_says_what_to_do():
     run_ranks(_no_device, 1)
+
+
+# --- DiLoCo on CUDA parameters: the host-copy path, against the engine on threads ---------------------------
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (DiLoCo needs no _cuda part: the engine works on a host copy)")
+@pytest.mark.parametrize("code", ["dense", "fp16", "e3m0", "topk-0.1"])
+@pytest.mark.parametrize("fragments,delay,alpha", [(1, 0, 0.0), (2, 2, 0.5)])
+def test_diloco_on_cuda_parameters_agrees_with_the_engine_bit_for_bit(code, fragments, delay, alpha):
+    import test_diloco_conformance as conf
+    runs = [torch.load(io.BytesIO(b)) for b in run_ranks(conf._run, 2, (code, fragments, delay, alpha, "cuda"))]
+    conf.check_agreement(runs, code, fragments, delay, alpha)

@@ -13,7 +13,7 @@ from commsgd_torch import _C
 from helpers import run_ranks
 
 STEPS = 23
-CODES = ["none", "fp16", "bf16", "int8", "e3m0", "topk:0.1"]
+CODES = ["dense", "fp16", "bf16", "int8", "e3m0", "topk-0.1"]
 
 
 class _Net(torch.nn.Module):
@@ -42,19 +42,24 @@ class _Recording(torch.optim.AdamW):
         return out
 
 
-def _run(rank, world, code, fragments, delay, alpha):
+def _run(rank, world, code, fragments, delay, alpha, where="cpu"):
+    """One rank of DiLoCo; `where`: "cpu" (parameters in place), "cpu-copy" (the host-copy path CUDA
+    parameters take) or "cuda"."""
+    if where == "cpu-copy":
+        commsgd_torch.DiLoCo._IN_PLACE = False
+    device = "cuda" if where == "cuda" else "cpu"
     torch.manual_seed(100 + rank)  # different starts: construction must broadcast rank 0's
-    model = _Net()
+    model = _Net().to(device)
     inner = _Recording(model.parameters(), lr=0.05)
     opt = commsgd_torch.DiLoCo(model, inner, sync_every=4, fragments=fragments, delay=delay, alpha=alpha,
                                compression=code)
-    flat = lambda: torch.cat([p.detach().reshape(-1) for p in opt._order])  # noqa: E731 (the engine's order)
+    flat = lambda: torch.cat([p.detach().reshape(-1) for p in opt._order]).cpu()  # noqa: E731 (engine's order)
     snaps = [flat().clone()]
     inner.after = lambda: snaps.append(flat().clone())
     globals_, sent = [], []
     g = torch.Generator().manual_seed(7 + rank)
     for _ in range(STEPS):
-        x = torch.randn(16, 7, generator=g)
+        x = torch.randn(16, 7, generator=g).to(device)
         opt.zero_grad()
         ((model(x) - x.sum(1, keepdim=True)) ** 2).mean().backward()
         opt.step()
@@ -81,10 +86,8 @@ def _expected_bytes(code, layers, fragments, exchanges_per_fragment):
     return total
 
 
-@pytest.mark.parametrize("code", CODES)
-@pytest.mark.parametrize("fragments,delay,alpha", [(1, 0, 0.0), (2, 2, 0.5)])
-def test_torch_class_and_cpp_engine_agree_bit_for_bit(code, fragments, delay, alpha):
-    runs = [torch.load(io.BytesIO(b)) for b in run_ranks(_run, 2, (code, fragments, delay, alpha))]
+def check_agreement(runs, code, fragments, delay, alpha):
+    """The torch runs' global models and byte counts against the engine on threads fed their inner steps."""
     layers = runs[0]["layers"]
     want = _C.diloco_over_threads([r["snaps"] for r in runs], layers, 4, fragments, delay, alpha, "strided",
                                   0.7, 0.9, code)
@@ -106,17 +109,25 @@ def test_torch_class_and_cpp_engine_agree_bit_for_bit(code, fragments, delay, al
     assert int(runs[0]["sent"][-1]) == _expected_bytes(code, layers, fragments, applied)
 
 
+@pytest.mark.parametrize("code", CODES)
+@pytest.mark.parametrize("fragments,delay,alpha", [(1, 0, 0.0), (2, 2, 0.5)])
+@pytest.mark.parametrize("where", ["cpu", "cpu-copy"])
+def test_torch_class_and_cpp_engine_agree_bit_for_bit(code, fragments, delay, alpha, where):
+    runs = [torch.load(io.BytesIO(b)) for b in run_ranks(_run, 2, (code, fragments, delay, alpha, where))]
+    check_agreement(runs, code, fragments, delay, alpha)
+
+
 def test_code_names_and_sizes_come_from_the_engine():
-    assert commsgd_torch.COMPRESSIONS == ("none", "fp16", "bf16", "int8", "e3m0", "topk:<density>")
+    assert commsgd_torch.COMPRESSIONS == ("dense", "fp16", "bf16", "int8", "e3m0", "topk-<density>")
     for d in (0, 1, 255, 256, 257, 10_000):
         blocks = (d + 255) // 256
-        assert _C.diloco_message_bytes("none", d) == 4 * d
+        assert _C.diloco_message_bytes("dense", d) == 4 * d
         assert _C.diloco_message_bytes("fp16", d) == 2 * d
         assert _C.diloco_message_bytes("int8", d) == 4 * blocks + d
         assert _C.diloco_message_bytes("e3m0", d) == 4 * blocks + (d + 1) // 2
-    assert _C.diloco_message_bytes("topk:0.07", 100) == 8 * 7
-    assert _C.diloco_code_name("topk:0.25") == "topk:0.25"
-    for bad in ("fp4", "int8_block", "topk-0.1", "topk:0", "dense", ""):
+    assert _C.diloco_message_bytes("topk-0.07", 100) == 8 * 7
+    assert _C.diloco_code_name("topk-0.25") == "topk-0.25"
+    for bad in ("fp4", "int8_block", "topk:0.1", "topk-0", "none", ""):
         with pytest.raises(commsgd_torch.InvalidArgument, match="compression"):
             _C.diloco_code_name(bad)
     # The ring's traffic: 2 (n - 1) chunks each way.

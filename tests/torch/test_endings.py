@@ -30,6 +30,10 @@ dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_
 def make(kind):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    if kind == "diloco":  # no DDP: the engine's thread holds an exchange in flight at every ending
+        opt = commsgd_torch.DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=1e-3), sync_every=4,
+                                   fragments=2, delay=2, compression="e3m0")
+        return {"kind": kind, "ddp": model, "opt": opt, "state": None, "hook": None}
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.005)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.0 if kind in ("topk", "sign") else 0.9)
     if kind == "topk":
@@ -80,10 +84,11 @@ elif ending == "delete":
 print("trained", flush=True)
 '''
 
-# One setup per state class (sign: a compressor with the hook's momentum), and AutoState under dense (its own
-# allreduce round, as its fp16 choice) and top-k (which takes the optimizer's momentum over): every machinery
-# that holds a thread or a future at exit.
-KINDS = ["topk", "powersgd", "sign", "fp16", "local_sgd", "auto-dense", "auto-topk-0.1"]
+# One setup per state class (sign: a compressor with the hook's momentum), AutoState under dense (its own
+# allreduce round, as its fp16 choice) and top-k (which takes the optimizer's momentum over), and DiLoCo's
+# engine with an exchange in flight after the last step: every machinery that holds a thread or a future at
+# exit.
+KINDS = ["topk", "powersgd", "sign", "fp16", "local_sgd", "auto-dense", "auto-topk-0.1", "diloco"]
 ENDINGS = ["destroy", "delete", "exception", "exit"]
 
 

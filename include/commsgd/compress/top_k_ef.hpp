@@ -1,5 +1,5 @@
 // compress::top_k_ef: the k largest |p_i| of p = g + e sent as (value, index) pairs, the rest kept in the
-// residual; for DiLoCo's pseudo-gradients (SparseLoCo): the code "topk:<density>" (cost/diloco.hpp).
+// residual; for DiLoCo's pseudo-gradients (SparseLoCo): the code "topk-<density>" (cost/diloco.hpp).
 //
 // Per round, with d values and k = ceil(density d) (at least 1, at most d; cost::top_k_count, which also
 // forgives a density d that lands a rounding error above an integer):

@@ -1,13 +1,14 @@
 // The codes a DiLoCo pseudo-gradient travels in: their one set of names, their message sizes and the bytes a
 // rank sends a round. sync::diloco runs them (sync/diloco_code.hpp makes the engine for a code named at run
 // time), compress/ implements them, commsgd_torch reads names and sizes from here through its extension.
+// The names are those of the exchanges in cost/candidate.hpp ("dense", "fp16", "topk-<density>", ...).
 //
 //   name            compressor (compress/)         message (d values)                    the round
-//   none            (uncompressed floats)          4 d                                   ring all-reduce
+//   dense           (uncompressed floats)          4 d                                   ring all-reduce
 //   fp16, bf16      fp16, bf16                     2 d                                   16-bit ring all-reduce
 //   int8            int8 (blocks of 256)           4 ceil(d / 256) + d                   all-gather
 //   e3m0            e3m0 (blocks of 256)           4 ceil(d / 256) + ceil(d / 2)         all-gather
-//   topk:<density>  top_k_ef (error feedback)      8 k, k = ceil(density d)              all-gather
+//   topk-<density>  top_k_ef (error feedback)      8 k, k = ceil(density d)              all-gather
 //
 // Every gathered code also gathers the 40-byte verdict of compress/agree.hpp each round (fp16 and bf16 only
 // in their first): a refusal (NaN, inf, ranks built differently) reaches every rank with the payload.
@@ -28,7 +29,7 @@
 
 namespace commsgd::inline v1::cost {
 
-enum class diloco_format : std::uint8_t { none, fp16, bf16, int8, e3m0, top_k };
+enum class diloco_format : std::uint8_t { dense, fp16, bf16, int8, e3m0, top_k };
 
 // Values per scale of the int8 and e3m0 codes.
 inline constexpr std::uint64_t diloco_block_size = 256;
@@ -57,10 +58,10 @@ inline std::uint64_t top_k_count(std::uint64_t d, double density) {
 }
 
 struct diloco_code {
-  diloco_format format = diloco_format::none;
+  diloco_format format = diloco_format::dense;
   double density = 0.0; // top_k: the fraction of values sent, (0, 1]
 
-  static constexpr const char* names = "'none', 'fp16', 'bf16', 'int8', 'e3m0' or 'topk:<density>' with a "
+  static constexpr const char* names = "'dense', 'fp16', 'bf16', 'int8', 'e3m0' or 'topk-<density>' with a "
                                        "density in (0, 1]";
 
   // From its name; anything else is refused with the allowed names.
@@ -69,12 +70,12 @@ struct diloco_code {
       return invalid_argument(commsgd::detail::concat("argument 'compression' = '", text,
                                                       "' is not a code; the allowed codes are ", names));
     };
-    if (text == "none") return {diloco_format::none};
+    if (text == "dense") return {diloco_format::dense};
     if (text == "fp16") return {diloco_format::fp16};
     if (text == "bf16") return {diloco_format::bf16};
     if (text == "int8") return {diloco_format::int8};
     if (text == "e3m0") return {diloco_format::e3m0};
-    constexpr std::string_view prefix = "topk:";
+    constexpr std::string_view prefix = "topk-";
     if (!text.starts_with(prefix)) throw bad();
     const std::string_view number = text.substr(prefix.size());
     double density = 0.0;
@@ -86,8 +87,8 @@ struct diloco_code {
 
   std::string name() const {
     switch (format) {
-    case diloco_format::none:
-      return "none";
+    case diloco_format::dense:
+      return "dense";
     case diloco_format::fp16:
       return "fp16";
     case diloco_format::bf16:
@@ -97,7 +98,7 @@ struct diloco_code {
     case diloco_format::e3m0:
       return "e3m0";
     case diloco_format::top_k:
-      return commsgd::detail::concat("topk:", density);
+      return commsgd::detail::concat("topk-", density);
     }
     return "?";
   }
@@ -109,7 +110,7 @@ struct diloco_code {
   // Bytes of one rank's message for d values.
   std::uint64_t message_bytes(std::uint64_t d) const {
     switch (format) {
-    case diloco_format::none:
+    case diloco_format::dense:
       return 4 * d;
     case diloco_format::fp16:
     case diloco_format::bf16:
@@ -128,7 +129,7 @@ struct diloco_code {
   // the verdict then).
   comm::traffic round_traffic(std::uint64_t d, int n, int rank, bool first_round) const {
     switch (format) {
-    case diloco_format::none:
+    case diloco_format::dense:
       return comm::ring_all_reduce_traffic(d, sizeof(float), n, rank);
     case diloco_format::fp16:
     case diloco_format::bf16:

@@ -195,6 +195,14 @@ public:
     }
   }
 
+  // Waits for every exchange in flight without applying it (they stay due on their steps; what one threw is
+  // kept for then): for a trainer that stops early, or ends its process group, with exchanges in flight.
+  // The destructor and save() do the same. Collective in effect: the other ranks' exchanges must run too.
+  void drain() noexcept {
+    for (auto& ex : pending_)
+      if (ex) wait(*ex);
+  }
+
   // Whether fragment p's exchange starts after inner step s (counted from 1).
   bool starts_after(std::size_t p, std::int64_t s) const noexcept {
     const std::int64_t first = offset(p);
@@ -402,12 +410,6 @@ private:
       return X::name;
     else
       return "none";
-  }
-
-  // Waits for every exchange in flight (destructor, save); their errors are kept for apply().
-  void drain() noexcept {
-    for (auto& ex : pending_)
-      if (ex) wait(*ex);
   }
 
   void save_section(state::writer& w, state::part which) const {

@@ -1,21 +1,23 @@
-// sync::coded_diloco: sync::diloco with its pseudo-gradient code named at run time ("none", "fp16", "bf16",
-// "int8", "e3m0", "topk:<density>"; cost/diloco.hpp), for hosts that choose it from a flag or a Python
+// sync::coded_diloco: sync::diloco with its pseudo-gradient code named at run time ("dense", "fp16", "bf16",
+// "int8", "e3m0", "topk-<density>"; cost/diloco.hpp), for hosts that choose it from a flag or a Python
 // argument: commsgd_torch.DiLoCo, the benchmarks, the examples. Each code is the compressor of compress/
 // with the settings DiLoCo uses:
 //   fp16, bf16    the 16-bit ring all-reduce, no error feedback
 //   int8, e3m0    blocks of 256 values (cost::diloco_block_size), no error feedback: a pseudo-gradient is a
 //                 whole round's progress, and what its code drops is not owed to the next round
-//   topk:<d>      top_k_ef with float values and exact selection (ties to the lowest index), its residual
+//   topk-<d>      top_k_ef with float values and exact selection (ties to the lowest index), its residual
 //                 carried from round to round (the error feedback is the method)
 // Every call forwards to the engine of that code; see sync/diloco.hpp for what they do.
 #pragma once
 
+#include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/compress/block_quant.hpp>
 #include <commsgd/compress/half.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/cost/diloco.hpp>
 #include <commsgd/sync/diloco.hpp>
+#include <commsgd/sync/strategy.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -44,9 +46,10 @@ public:
   void start(std::span<float> params) {
     visit([&](auto& s) { s.start(params); });
   }
-  step_result step(std::span<float> params, std::span<const float> grad) {
-    return visit([&](auto& s) { return s.step(params, grad); });
+  step_result step(std::span<float> params, std::span<const float> grad, const step_info& info = {}) {
+    return visit([&](auto& s) { return s.step(params, grad, info); });
   }
+  bool computes_gradients() const { return true; }
   step_result advance(std::span<float> params) {
     return visit([&](auto& s) { return s.advance(params); });
   }
@@ -54,6 +57,12 @@ public:
     visit([&](auto& s) { s.finish(params); });
   }
 
+  void drain() noexcept {
+    visit([](auto& s) { s.drain(); });
+  }
+  bool starts_after(std::size_t p, std::int64_t s) const {
+    return visit([&](const auto& e) { return e.starts_after(p, s); });
+  }
   std::vector<std::size_t> touched_next() const {
     return visit([](const auto& s) { return s.touched_next(); });
   }
@@ -120,7 +129,7 @@ private:
   static engine make(C& c, std::vector<std::size_t> layers, diloco_options o, cost::diloco_code code) {
     using cost::diloco_format;
     switch (code.format) {
-    case diloco_format::none:
+    case diloco_format::dense:
       return engine(std::in_place_index<0>, c, std::move(layers), o);
     case diloco_format::fp16:
       return engine(std::in_place_index<1>, c, std::move(layers), o,
@@ -148,5 +157,7 @@ private:
   cost::diloco_code code_;
   engine e_;
 };
+
+static_assert(sync_strategy<coded_diloco<comm::archetype>>);
 
 } // namespace commsgd::inline v1::sync

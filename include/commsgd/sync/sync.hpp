@@ -19,5 +19,6 @@
 #include <commsgd/sync/replica_guard.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/diloco.hpp>
+#include <commsgd/sync/diloco_code.hpp>
 #include <commsgd/sync/strategy.hpp>
 #include <commsgd/sync/synchronous.hpp>

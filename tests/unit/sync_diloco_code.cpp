@@ -1,0 +1,138 @@
+// The codes of DiLoCo named at run time (cost/diloco.hpp, sync/diloco_code.hpp): names round-trip and bad
+// ones are refused; the sizes cost/ gives are the compressors' own; sync::coded_diloco is the engine of that
+// code bit for bit; the bytes the engine counts are those comm::metered measures and cost/ predicts.
+#include <commsgd/comm/local.hpp>
+#include <commsgd/comm/metered.hpp>
+#include <commsgd/cost/diloco.hpp>
+#include <commsgd/sync/diloco_code.hpp>
+#include <support/least_squares.hpp>
+#include <support/train_ranks.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace commsgd;
+using cost::diloco_code;
+using cost::diloco_format;
+
+namespace {
+
+const std::vector<std::size_t> layers = {5, 17, 3, 9};
+const char* const codes[] = {"dense", "fp16", "bf16", "int8", "e3m0", "topk-0.25"};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+} // namespace
+
+TEST_CASE("code names round-trip; anything else is refused naming the argument and the allowed codes") {
+  for (const char* name : codes)
+    CHECK(diloco_code::parse(name).name() == name);
+  CHECK(diloco_code::parse("topk-0.001").density == 0.001);
+  for (const char* bad : {"", "none", "fp4", "int8_block", "topk:0.1", "topk-", "topk-0", "topk-1.5",
+                          "topk-0.1x", "topk-nan", "FP16", "e3m0 "}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(diloco_code::parse(bad), doctest::Contains("argument 'compression'"),
+                         invalid_argument);
+    CHECK_THROWS_WITH_AS(diloco_code::parse(bad), doctest::Contains("'topk-<density>'"), invalid_argument);
+  }
+}
+
+TEST_CASE("the sizes in cost/ are the compressors' messages, for every length") {
+  for (std::size_t d : {0u, 1u, 2u, 255u, 256u, 257u, 1000u, 65537u}) {
+    CAPTURE(d);
+    CHECK(diloco_code::parse("dense").message_bytes(d) == 4 * d);
+    CHECK(diloco_code::parse("bf16").message_bytes(d) == 2 * d);
+    CHECK(diloco_code::parse("int8").message_bytes(d) == compress::int8::message_bytes(d, 256));
+    CHECK(diloco_code::parse("e3m0").message_bytes(d) == compress::e3m0::message_bytes(d, 256));
+    CHECK(diloco_code::parse("e3m0").message_bytes(d) == 4 * ((d + 255) / 256) + (d + 1) / 2);
+    if (d > 0) {
+      const compress::top_k_ef<> x(d, {.density = 0.1});
+      CHECK(diloco_code::parse("topk-0.1").message_bytes(d) == 8 * x.k());
+    }
+  }
+}
+
+TEST_CASE("coded_diloco is the engine of its code bit for bit, with the settings it documents") {
+  const toy::least_squares prob({.samples = 240, .dim = 34, .seed = 5});
+  const sync::diloco_options o{.lr = 0.05f, .sync_every = 3, .fragments = 2, .delay = 1, .alpha = 0.5f};
+  const int n = 3, steps = 17;
+  auto coded = [&](const char* name) {
+    return toy::train_ranks(prob, n, steps, [&](comm::local& c) {
+      return sync::coded_diloco<comm::local>(c, layers, o, diloco_code::parse(name));
+    });
+  };
+  auto typed = [&](auto make) {
+    return toy::train_ranks(prob, n, steps, [&](comm::local& c) {
+      using X = decltype(make(std::size_t{1}));
+      return sync::diloco<comm::local, X>(c, layers, o, make);
+    });
+  };
+  const auto dense = toy::train_ranks(
+      prob, n, steps, [&](comm::local& c) { return sync::diloco<comm::local>(c, layers, o); });
+  const auto got_dense = coded("dense");
+  const auto e3m0 =
+      typed([](std::size_t d) { return compress::e3m0(d, {.block_size = 256, .error_feedback = false}); });
+  const auto got_e3m0 = coded("e3m0");
+  const auto int8 =
+      typed([](std::size_t d) { return compress::int8(d, {.block_size = 256, .error_feedback = false}); });
+  const auto got_int8 = coded("int8");
+  const auto fp16 = typed([](std::size_t d) { return compress::fp16(d, {.error_feedback = false}); });
+  const auto got_fp16 = coded("fp16");
+  const auto topk = typed([](std::size_t d) { return compress::top_k_ef<>(d, {.density = 0.25}); });
+  const auto got_topk = coded("topk-0.25");
+  for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
+    CHECK(same_bits(got_dense[r], dense[r]));
+    CHECK(same_bits(got_e3m0[r], e3m0[r]));
+    CHECK(same_bits(got_int8[r], int8[r]));
+    CHECK(same_bits(got_fp16[r], fp16[r]));
+    CHECK(same_bits(got_topk[r], topk[r]));
+    CHECK_FALSE(same_bits(got_e3m0[r], dense[r])); // the code does change what travels
+  }
+}
+
+TEST_CASE("the bytes the engine counts are those the wire carried and those cost/ predicts, every code") {
+  const toy::least_squares prob({.samples = 240, .dim = 34, .seed = 5});
+  const sync::diloco_options o{.lr = 0.05f, .sync_every = 3, .fragments = 2, .delay = 1, .alpha = 0.5f};
+  for (const char* name : codes)
+    for (int n : {1, 2, 3}) {
+      CAPTURE(name);
+      CAPTURE(n);
+      const auto code = diloco_code::parse(name);
+      const int steps = 17;
+      comm::local_group(n).run([&](comm::local& base) {
+        comm::metered<comm::local> c(base);
+        sync::coded_diloco<comm::metered<comm::local>> s(c, layers, o, code);
+        std::vector<float> x(prob.dim(), 0.0f), g(x.size());
+        s.start(x);
+        const auto broadcast = c.counters().total().bytes_sent;
+        for (int t = 0; t < steps; ++t) {
+          prob.gradient(x, prob.batch(c.rank(), n, t, 8), g);
+          s.step(x, g);
+        }
+        s.finish(x);
+        CHECK(s.bytes_sent() == c.counters().total().bytes_sent - broadcast);
+        // Fragment p's exchanges: one after each step its schedule names, and one more in finish() (alpha > 0
+        // exchanges every fragment); each a round of the fragment's length, the first of a 16-bit ring also
+        // gathering the verdict.
+        std::uint64_t predicted = 0, rounds = 0;
+        for (std::size_t p = 0; p < s.num_fragments(); ++p) {
+          std::uint64_t k = 1;
+          for (std::int64_t step = 1; step <= steps; ++step)
+            k += s.starts_after(p, step) ? 1 : 0;
+          for (std::uint64_t i = 0; i < k; ++i)
+            predicted += code.round_traffic(s.fragment_length(p), n, c.rank(), i == 0).bytes_sent;
+          rounds += k;
+        }
+        CHECK(s.exchanges_started() == rounds);
+        CHECK(s.exchanges_applied() == rounds);
+        CHECK(s.bytes_sent() == predicted);
+        if (n > 1) CHECK(predicted > 0);
+      });
+    }
+}
