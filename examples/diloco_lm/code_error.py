@@ -5,13 +5,14 @@ Both codes send, per block of 256 values, a float32 scale s = max |x| of the blo
 bit and a 3-bit magnitude code, 0 meaning zero and the other seven the powers of two 2^-6 s .. s. They differ
 only in which grid point a value goes to:
 
-    log2    (commsgd_torch's "fp4", python/commsgd_torch/diloco.py): e = round(-log2(|x| / s)), half to even,
-            computed in float32; e in 0..6 is sent as 2^-e s (code e + 1), e >= 7 (|x| < 2^-6.5 s) as zero.
-            The sign bit is x < 0 (-0.0 travels as +0).
-    linear  (commsgd's compress::e3m0, include/commsgd/compress/block_quant.hpp): the power of two nearest
-            |x| / s in linear terms, computed in double: between 2^(j-1) and 2^j the midpoint is 0.75 2^j and a
-            tie goes to the smaller power; |x| / s < 2^-7 is zero (code k = 0), else code k = j + 7 in 1..7
-            means 2^(k-7) s. The sign bit is signbit(x) (-0.0 travels as -0).
+    log2    (commsgd_torch's former "fp4", python/commsgd_torch/diloco.py until it ran the C++ engine):
+            e = round(-log2(|x| / s)), half to even, computed in float32; e in 0..6 is sent as 2^-e s
+            (code e + 1), e >= 7 (|x| < 2^-6.5 s) as zero. The sign bit is x < 0 (-0.0 travels as +0).
+    linear  (commsgd's compress::e3m0, include/commsgd/compress/block_quant.hpp; commsgd_torch's "e3m0"
+            since): the power of two nearest |x| / s in linear terms, computed in double: between 2^(j-1)
+            and 2^j the midpoint is 0.75 2^j and a tie goes to the smaller power; |x| / s < 2^-7 is zero
+            (code k = 0), else code k = j + 7 in 1..7 means 2^(k-7) s. The sign bit is signbit(x) (-0.0
+            travels as -0).
     A block of zeros (s = 0) decodes to zeros in both.
 
 This script trains one process of examples/diloco_lm/train.py's model with its inner AdamW and schedule for
@@ -162,10 +163,14 @@ def _cpp_scalar(p, s):
 
 def _load_python_fp4():
     """diloco.py's _fp4_encode / _fp4_decode, loaded from its source without the compiled _C (only its error
-    types come from there). None when the source is not there."""
+    types come from there). None when the source is not there or no longer has them (diloco.py runs the C++
+    engine, whose "e3m0" is the linear rounding, since 2026-11-27)."""
     path = os.path.join(HERE, "..", "..", "python", "commsgd_torch", "diloco.py")
     if not os.path.exists(path):
         return None
+    with open(path) as f:
+        if "def _fp4_encode" not in f.read():
+            return None
     pkg = types.ModuleType("_cgd_stub")
     pkg.__path__ = []
     c = types.ModuleType("_cgd_stub._C")
@@ -295,7 +300,7 @@ def self_check(seeds=200, verbose=True):
     if verbose:
         print(f"check: {seeds} seeds x sizes {sizes}: {elements} values; linear strictly nearer in {worse}, "
               f"an equal error at another grid point in {ties}, never farther; both on the grid; "
-              f"log2 = diloco.py's fp4 {'bit for bit' if ref is not None else '(diloco.py not found: skipped)'}; "
+              f"log2 = diloco.py's fp4 {'bit for bit' if ref is not None else '(not in diloco.py: skipped)'}; "
               f"linear = the C++ e3m0 transliteration on {cross} values")
 
 

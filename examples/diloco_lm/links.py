@@ -31,7 +31,8 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "netcluster"))
 import launch  # noqa: E402
 from launch import rate_bits  # noqa: E402
 
-# name -> train.py options. DiLoCo's H is in the name; "stream" adds P fragments with a delay and a merge.
+# name -> train.py options. DiLoCo's H is in the name, then its code (commsgd_torch.DiLoCo's compression,
+# "topk-0.03" as "topk0.03"); "stream" adds P fragments with a delay and a merge.
 ARMS = {
     "ddp": ["--arm", "ddp"],
     "ddp-powersgd": ["--arm", "ddp-powersgd", "--psgd-rank", "4"],
@@ -41,11 +42,19 @@ ARMS = {
 for h in (10, 30, 100):
     base = ["--arm", "diloco", "--sync-every", str(h)]
     ARMS[f"diloco-h{h}"] = base
-    for c in ("fp16", "int8", "fp4", "topk:0.03"):
-        ARMS[f"diloco-h{h}-{c.replace(':', '')}"] = base + ["--compression", c]
+    for c in ("fp16", "int8", "e3m0", "topk-0.03"):
+        ARMS[f"diloco-h{h}-{c.replace('-', '')}"] = base + ["--compression", c]
     ARMS[f"diloco-h{h}-stream"] = base + ["--fragments", "2", "--delay", str(max(1, h // 6)), "--alpha", "0.5"]
-    ARMS[f"diloco-h{h}-stream-fp4"] = ARMS[f"diloco-h{h}-stream"] + ["--compression", "fp4"]
+    ARMS[f"diloco-h{h}-stream-e3m0"] = ARMS[f"diloco-h{h}-stream"] + ["--compression", "e3m0"]
     ARMS[f"torchft-diloco-h{h}"] = ["--arm", "torchft-diloco", "--sync-every", str(h)]
+
+# Arms that older runs logged (bench/results/diloco-lm-*-2026-11-26) and `report` still reads, with the options
+# they ran with; `run` refuses them. "fp4" was commsgd_torch's 4-bit code before the C++ engine: E3M0 rounded
+# to the nearest power of two in log2 terms; "e3m0" rounds to the nearest in linear terms.
+RETIRED = {}
+for h in (10, 30, 100):
+    RETIRED[f"diloco-h{h}-fp4"] = ["--arm", "diloco", "--sync-every", str(h), "--compression", "fp4"]
+    RETIRED[f"diloco-h{h}-stream-fp4"] = ARMS[f"diloco-h{h}-stream"] + ["--compression", "fp4"]
 
 
 # train.py's arms that exchange only every H steps: `run --local-steps` gives them a longer run (the same token
@@ -54,13 +63,20 @@ for h in (10, 30, 100):
 LOCAL_STEP_ARMS = ("diloco", "postlocal", "torchft-diloco")
 
 
-def arm_options(name):
-    """train.py options of an arm: a name from ARMS, optionally followed by overrides of train.py options,
-    `+option=value` each (`diloco-h30+outer-lr=1+outer-momentum=0` is DiLoCo at H = 30 with plain averaging)."""
+def arm_options(name, retired=False):
+    """train.py options of an arm: a name from ARMS (or, with `retired`, from RETIRED: an old log's), optionally
+    followed by overrides of train.py options, `+option=value` each (`diloco-h30+outer-lr=1+outer-momentum=0`
+    is DiLoCo at H = 30 with plain averaging)."""
     base, *extra = name.split("+")
-    if base not in ARMS:
+    if base in RETIRED and retired:
+        opts = list(RETIRED[base])
+    elif base in RETIRED:
+        raise SystemExit(f"links.py: arm '{base}' is retired (its code 'fp4' is gone); "
+                         f"use '{base.replace('fp4', 'e3m0')}'")
+    elif base not in ARMS:
         raise SystemExit(f"links.py: unknown arm '{base}' (known: {', '.join(ARMS)})")
-    opts = list(ARMS[base])
+    else:
+        opts = list(ARMS[base])
     for e in extra:
         key, sep, value = e.partition("=")
         if not sep or not key:
@@ -114,8 +130,11 @@ def time_to(records, target):
 
 
 def exchanges(arm_opts, last):
-    """How many exchanges the arm made up to its `last` log record (at the run's last step, DiLoCo exchanges
-    every fragment once more)."""
+    """How many exchanges the arm made up to its `last` log record: DiLoCo's own count where train.py logged
+    it; else (other arms, and DiLoCo's logs from before 2026-11-27, whose finish() exchanged every fragment
+    once more at the run's last step) from the schedule."""
+    if last.get("exchanges") is not None:
+        return last["exchanges"]
     opts = dict(zip(arm_opts[::2], arm_opts[1::2]))
     steps = last["step"]
     if opts["--arm"] not in ("diloco", "torchft-diloco"):
@@ -164,7 +183,7 @@ def report(args):
         sent = sent_to if sent_to is not None else last["bytes_sent"]
         # The busiest exchange is known from the totals only where every exchange has the same size.
         even = arm == "ddp" or "diloco" in arm
-        n_ex = exchanges(arm_options(arm), last) if even else None
+        n_ex = exchanges(arm_options(arm, retired=True), last) if even else None
         busiest = last["bytes_sent"] / n_ex if last["bytes_sent"] and n_ex else None
         ref_bytes = ddp_to.get(rate) or next((b for b in ddp_to.values() if b), None)
         lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {:.4f} ({}) | {} | {} | {} | {:.1f} |".format(

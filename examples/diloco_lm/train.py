@@ -18,7 +18,7 @@ Arms (all with AdamW, the same learning-rate schedule, the same global batch):
     postlocal      DDP with PyTorch's post-local-SGD hook and PostLocalSGDOptimizer + PeriodicModelAverager
                    (dense for --warmup steps, then model averaging every --sync-every steps)
     diloco         commsgd_torch.DiLoCo over AdamW (--sync-every, --outer-lr, --outer-momentum, --fragments,
-                   --delay, --compression)
+                   --delay, --alpha, --compression: dense, fp16, bf16, int8, e3m0 or topk-<density>)
     torchft-diloco torchft's DiLoCo (torchft.local_sgd.DiLoCo; pip install torchft) over AdamW, each rank a
                    replica group of one, a lighthouse started by rank 0 (--sync-every, --outer-lr,
                    --outer-momentum, --fragments as contiguous groups of blocks, --delay, --alpha; float32
@@ -27,7 +27,8 @@ Arms (all with AdamW, the same learning-rate schedule, the same global batch):
 Log (--log, JSON lines, rank 0): per evaluation step, wall_s (since the start of training), train_s (time in
 training steps, communication not hidden included, evaluation excluded), compute_s (steps x this rank's
 forward + backward + AdamW step timed without any exchange before training), val_loss (nats per byte, of the
-global model), bytes_sent (this rank's, by the ring algorithms' count; see below).
+global model), bytes_sent (this rank's, by comm/traffic.hpp's count through commsgd_torch._C; see below), and
+for diloco exchanges (fragment exchanges started: DiLoCo.stats()["exchanges_started"]).
 
     torchrun --nproc_per_node 4 examples/diloco_lm/train.py --arm diloco --steps 2000 --log diloco.jsonl
     python3 examples/diloco_lm/train.py --arm ddp --steps 200      # WORLD_SIZE unset: one process
@@ -139,10 +140,19 @@ def lm_loss(model, x, y):
 
 # --- bytes of PyTorch's collectives ------------------------------------------------------------------------------
 
+def ring_bytes_sent(elements, element_size, group=None):
+    """The bytes this rank sends in a ring all-reduce of `elements` values of `element_size` bytes over `group`:
+    comm/traffic.hpp's exact count (chunk j of the n holds m (j + 1) / n - m j / n values; about
+    2 (n - 1) / n of the buffer), the rule commsgd's own counters use."""
+    from commsgd_torch import _C
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    return _C.ring_all_reduce_traffic(elements, element_size, n, rank)["bytes_sent"]
+
+
 class AllReduceMeter:
     """Counts the bytes this rank sends in torch.distributed.all_reduce, which DDP's allreduce hook, PyTorch's
     PowerSGD hook, the post-local-SGD hook and PeriodicModelAverager all call, charged as a ring all-reduce
-    (2 (n - 1) / n of the buffer, n the group's size): the rule commsgd's counters use."""
+    over the call's group (ring_bytes_sent)."""
 
     def __init__(self):
         self.bytes_sent = 0
@@ -153,8 +163,7 @@ class AllReduceMeter:
     def _all_reduce(self, tensor, *args, **kwargs):
         if self.on:
             group = kwargs.get("group", args[1] if len(args) > 1 else None)
-            n = dist.get_world_size(group) if group is not None else dist.get_world_size()
-            self.bytes_sent += 2 * (n - 1) * tensor.numel() * tensor.element_size() // n
+            self.bytes_sent += ring_bytes_sent(tensor.numel(), tensor.element_size(), group)
         return self._inner(tensor, *args, **kwargs)
 
 
@@ -173,13 +182,19 @@ def make_arm(args, model, inner):
         opt = commsgd_torch.DiLoCo(model, inner, sync_every=args.sync_every, outer_lr=args.outer_lr,
                                    outer_momentum=args.outer_momentum, fragments=args.fragments,
                                    delay=args.delay, alpha=args.alpha, compression=args.compression)
-        # The global model is the outer optimizer's copy (equal on every rank after each outer step; with
-        # fragments, each fragment's copy as of its last outer step). global_parameters() lists it fragment
-        # after fragment, so map it back to the model's order through fragment_parameters().
+        # The global model is the engine's copy (equal on every rank after each outer step; with fragments,
+        # each fragment's copy as of its last outer step). global_parameters() returns a copy of it, one tensor
+        # per parameter, fragment after fragment in fragment_parameters() order: map it back to the model's
+        # order by position.
+        local = [p for f in range(opt.num_fragments) for p in opt.fragment_parameters(f)]
+        where = {id(p): i for i, p in enumerate(local)}
+        if len(where) != len(local) or set(where) != {id(p) for p in params}:
+            raise SystemExit("diloco_lm: DiLoCo's fragments do not cover the model's parameters once each")
+        order = [where[id(p)] for p in params]
+
         def global_params():
-            local = [p for f in range(opt.num_fragments) for p in opt.fragment_parameters(f)]
-            by_id = {id(p): g for p, g in zip(local, opt.global_parameters())}
-            return [by_id[id(p)] for p in params]
+            copies = opt.global_parameters()
+            return [copies[i] for i in order]
         return model, opt, (lambda: opt.bytes_sent), global_params
     if args.arm == "torchft-diloco":
         return torchft_arm(args, model, inner)
@@ -278,7 +293,6 @@ def torchft_arm(args, model, inner):
                            fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha)
     diloco.__enter__()
     params = list(model.parameters())
-    frag_bytes = [sum(p.numel() * p.element_size() for p in f.parameters()) for f in frags]
 
     # The global model: each fragment's copy as of its last outer step (torchft's backup of it).
     def global_params():
@@ -287,10 +301,12 @@ def torchft_arm(args, model, inner):
             for name, p in frag.named_parameters():
                 by_id[id(p)] = f.original_parameters[name]
         return [by_id[id(p)] for p in params]
-    # One ring all-reduce of one fragment per outer step (manager.current_step() counts them), in turn.
+    # One float32 ring all-reduce of one fragment per outer step (manager.current_step() counts them), in turn.
+    frag_sent = [ring_bytes_sent(sum(p.numel() for p in f.parameters()), 4) for f in frags]
+
     def sent():
         rounds, extra = divmod(manager.current_step(), P)
-        return 2 * (world - 1) * (rounds * sum(frag_bytes) + sum(frag_bytes[:extra])) // world
+        return rounds * sum(frag_sent) + sum(frag_sent[:extra])
     return model, inner, sent, global_params
 
 
@@ -321,12 +337,22 @@ def parse(argv):
     p.add_argument("--fragments", type=int, default=1)
     p.add_argument("--delay", type=int, default=0)
     p.add_argument("--alpha", type=float, default=0.0)
-    p.add_argument("--compression", default="none")
+    p.add_argument("--compression", default="dense",
+                   help="diloco's code of the pseudo-gradients (commsgd_torch.DiLoCo's compression): dense "
+                        "(float32, the default), fp16, bf16, int8, e3m0 (4-bit, blocks of 256) or "
+                        "topk-<density> (top-k with error feedback, density in (0, 1], e.g. topk-0.01)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--stop-at", type=float, default=None,
                    help="stop after the first evaluation whose validation loss is at or below this (a time-to-"
                         "target run need not train on; the schedule still spans --steps)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.arm == "diloco":  # refused here, before any rank starts, rather than by DiLoCo on every rank
+        from commsgd_torch import InvalidArgument, _C
+        try:
+            _C.diloco_code_name(args.compression)
+        except InvalidArgument as e:
+            p.error(f"--compression: {e}")
+    return args
 
 
 def init_group():
@@ -422,7 +448,9 @@ def main(argv=None):
         if step % args.eval_every == 0 or step == args.steps:
             if args.arm == "diloco" and step == args.steps:
                 t0 = time.perf_counter()
-                opt.finish()  # one last exchange of every fragment: the final model is the synchronised one
+                # The exchanges in flight applied, and every fragment that moved since its last one exchanged
+                # once more: the final model is the synchronised one.
+                opt.finish()
                 train_s += time.perf_counter() - t0
             sent = bytes_sent()
             rec = {"arm": args.arm, "step": step, "of": args.steps,
@@ -431,6 +459,8 @@ def main(argv=None):
                    "train_loss": round(loss.item(), 4),
                    "val_loss": round(evaluate(eval_model, global_params(), windows), 5),
                    "bytes_sent": int(sent) if sent is not None else None}
+            if args.arm == "diloco":
+                rec["exchanges"] = opt.stats()["exchanges_started"]
             records.append(rec)
             if rank == 0:
                 print(json.dumps(rec), flush=True)

@@ -125,15 +125,12 @@ class Counter:
         self.bytes_sent = self.bytes_received = self.messages_sent = self.messages_received = 0
 
     def all_reduce(self, tensor, element_size=None):
-        n, p, i = tensor.numel(), self.world, self.rank
         esz = element_size or tensor.element_size()
-        if p == 1:
-            return
-        chunk = [n * (j + 1) // p - n * j // p for j in range(p)]
-        self.bytes_sent += esz * ((n - chunk[(i + 1) % p]) + (n - chunk[(i + 2) % p]))
-        self.bytes_received += esz * ((n - chunk[i]) + (n - chunk[(i + 1) % p]))
-        self.messages_sent += 2 * (p - 1)
-        self.messages_received += 2 * (p - 1)
+        t = commsgd_torch._C.ring_all_reduce_traffic(tensor.numel(), esz, self.world, self.rank)
+        self.bytes_sent += t["bytes_sent"]
+        self.bytes_received += t["bytes_received"]
+        self.messages_sent += t["messages_sent"]
+        self.messages_received += t["messages_received"]
 
     def traffic(self):
         return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,

@@ -330,7 +330,7 @@ class AutoState:
         t_big = _timed(lambda: dist.all_reduce(big, group=self.process_group), 3)
         rounds = 2 * (self.world - 1)
         latency = t_small / rounds
-        wire = 4.0 * big.numel() * rounds / self.world
+        wire = float(_C.ring_all_reduce_traffic(big.numel(), 4, self.world, self.rank)["bytes_sent"])
         bandwidth = wire / max(t_big - rounds * latency, 1e-9)
         return latency, bandwidth
 
