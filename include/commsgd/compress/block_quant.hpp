@@ -108,7 +108,7 @@ public:
     const auto v = detail::take_input(g, out.size(), length_, ef_, p_);
     detail::agree(c, what(), length_, config(), v, verdicts_);
     encode();
-    detail::gather_and_sum(c, msg_, all_, out, d_, [&](auto m, auto&& sink) { decode(m, sink); });
+    sum_gathered(c, out);
     wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
                 .bytes_sent;
     return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), length_, false);
@@ -147,10 +147,33 @@ private:
                       });
   }
 
+  // Every rank's message gathered and summed in rank order from +0, as compress/round.hpp's gather_and_sum,
+  // but a chunk of blocks at a time across the ranks, so that each chunk of `out` is written once from
+  // cache rather than read and written again for every rank; this rank's own decoded message only when error
+  // feedback keeps the rest of it.
+  template <comm::communicator C>
+  void sum_gathered(C& c, std::span<float> out) {
+    const auto n = static_cast<std::size_t>(c.size());
+    const std::size_t bytes = msg_.size();
+    all_.resize(n * bytes);
+    c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
+    const std::size_t chunk = std::max<std::size_t>(1, 16384 / opt_.block_size);
+    const std::span<const std::byte> all(all_);
+    for (std::size_t k0 = 0; k0 < blocks(); k0 += chunk) {
+      const std::size_t k1 = std::min(blocks(), k0 + chunk);
+      decode(all.first(bytes), k0, k1, [&](std::size_t i, float x) { out[i] = 0.0f + x; });
+      for (std::size_t r = 1; r < n; ++r)
+        decode(all.subspan(r * bytes, bytes), k0, k1, [&](std::size_t i, float x) { out[i] += x; });
+    }
+    if (ef_.on())
+      decode(std::span<const std::byte>(msg_), 0, blocks(), [&](std::size_t i, float x) { d_[i] = x; });
+  }
+
+  // Calls sink(i, x) for the values of blocks [k0, k1) of message m.
   template <class Sink>
-  void decode(std::span<const std::byte> m, Sink&& sink) const {
+  void decode(std::span<const std::byte> m, std::size_t k0, std::size_t k1, Sink&& sink) const {
     const std::size_t b = opt_.block_size;
-    for (std::size_t k = 0; k < blocks(); ++k) {
+    for (std::size_t k = k0; k < k1; ++k) {
       float s;
       std::memcpy(&s, m.data() + 4 * k, 4);
       const std::size_t first = k * b, count = std::min(length_, first + b) - first;

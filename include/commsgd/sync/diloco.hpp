@@ -254,6 +254,7 @@ private:
     std::int64_t started = 0, due = 0;
     std::vector<float> delta, sum;
     std::uint64_t wire = 0;       // bytes this rank sent for it, written by the exchange thread
+    bool own_finite = true;       // uncompressed: whether this rank's pseudo-gradient was finite
     exchange_thread::ticket done; // invalid once waited for (and for a loaded one)
     std::exception_ptr error;     // what the exchange threw, kept until it is applied
   };
@@ -333,29 +334,43 @@ private:
     auto ex = std::make_unique<exchange>();
     ex->started = t;
     ex->due = t + opt_.delay;
-    gather(p, params, ex->delta);
-    // delta <- global - local, in place: the local values are no longer needed.
-    pseudo_gradient(global_[p], ex->delta, ex->delta);
-    ex->sum.resize(ex->delta.size());
     exchange* e = ex.get();
     C* c = comm_;
     if constexpr (compressed) {
+      // delta <- global - local, gathered from the fragment's runs in one pass.
+      pseudo_gradient_of(p, params, ex->delta);
+      ex->sum.resize(ex->delta.size());
       X* x = &x_[p];
       ex->done = thread_->submit([e, c, x] {
         x->reduce(*c, std::span<const float>(e->delta), std::span<float>(e->sum));
         e->wire = x->wire_bytes();
       });
     } else {
+      // Summed in place: the pseudo-gradient itself is not kept, only whether it was finite (for the
+      // refusal's wording).
+      pseudo_gradient_of(p, params, ex->sum);
+      ex->own_finite = select::find_non_finite(std::span<const float>(ex->sum)).count == 0;
       const std::uint64_t wire =
-          comm::ring_all_reduce_traffic(e->delta.size(), sizeof(float), ranks_, rank_).bytes_sent;
+          comm::ring_all_reduce_traffic(e->sum.size(), sizeof(float), ranks_, rank_).bytes_sent;
       ex->done = thread_->submit([e, c, wire] {
-        std::copy(e->delta.begin(), e->delta.end(), e->sum.begin());
         c->all_reduce_sum(std::span<float>(e->sum));
         e->wire = wire;
       });
     }
     pending_[p] = std::move(ex);
     ++started_;
+  }
+
+  // out <- global_p - params over fragment p's runs (pseudo_gradient's sign, sync/outer_optimizer.hpp).
+  void pseudo_gradient_of(std::size_t p, std::span<const float> params, std::vector<float>& out) const {
+    out.resize(frags_[p].length);
+    const auto& g = global_[p];
+    std::size_t at = 0;
+    for (const auto& [off, len] : frags_[p].runs) {
+      pseudo_gradient(std::span<const float>(g).subspan(at, len), params.subspan(off, len),
+                      std::span<float>(out).subspan(at, len));
+      at += len;
+    }
   }
 
   static void wait(exchange& e) noexcept {
@@ -378,27 +393,25 @@ private:
     }
     const auto bad = select::find_non_finite(std::span<const float>(ex->sum));
     if (bad.count > 0) {
-      const auto mine = select::find_non_finite(std::span<const float>(ex->delta));
-      throw non_finite(commsgd::detail::concat("sync::diloco: the sum of the ranks' pseudo-gradients "
-                                               "of fragment ",
-                                               p, " (started after step ", ex->started, "; ",
-                                               mine.count > 0 ? "this rank's own holds NaN or inf"
-                                                              : "this rank's own is finite",
-                                               ")"),
+      const bool mine_bad =
+          compressed ? select::find_non_finite(std::span<const float>(ex->delta)).count > 0 : !ex->own_finite;
+      throw non_finite(commsgd::detail::concat(
+                           "sync::diloco: the sum of the ranks' pseudo-gradients "
+                           "of fragment ",
+                           p, " (started after step ", ex->started, "; ",
+                           mine_bad ? "this rank's own holds NaN or inf" : "this rank's own is finite", ")"),
                        bad.count, bad.first);
     }
-    const float n = static_cast<float>(ranks_);
-    for (auto& v : ex->sum)
-      v = v / n;
+    // The outer step on the mean and the merge, run by run in one pass (outer_sgd::step's arithmetic).
     auto& g = global_[p];
-    outer_[p].step(g, ex->sum);
     const float a = opt_.alpha;
     std::size_t at = 0;
     for (const auto& [off, len] : frags_[p].runs) {
-      for (std::size_t i = 0; i < len; ++i) {
-        float& x = params[off + i];
-        x = a == 0.0f ? g[at + i] : g[at + i] + a * (x - g[at + i]);
-      }
+      float* x = params.data() + off;
+      outer_[p].step_on_sum(g, ex->sum, static_cast<float>(ranks_), at, len, [&](std::size_t j, float gj) {
+        float& xi = x[j - at];
+        xi = a == 0.0f ? gj : gj + a * (xi - gj);
+      });
       at += len;
     }
     applied_at_[p] = step_;
@@ -448,7 +461,8 @@ private:
       if (pending_[p]) {
         w.put<std::int64_t>(pending_[p]->started);
         w.put<std::uint64_t>(pending_[p]->wire);
-        w.put_array(std::span<const float>(pending_[p]->delta));
+        w.put_array(std::span<const float>(pending_[p]->delta)); // empty uncompressed
+        w.put<std::uint32_t>(pending_[p]->own_finite ? 1u : 0u);
         w.put_array(std::span<const float>(pending_[p]->sum));
       }
     }
@@ -504,16 +518,17 @@ private:
       if (t.applied_at.back() < -1 || t.applied_at.back() > t.step)
         throw corrupt_data(commsgd::detail::concat("saved state: fragment ", p,
                                                    " was last applied after step ", t.applied_at.back(),
-                                                   ", outside [-1, step ", t.step, ")"));
+                                                   ", outside [-1, step ", t.step, "]"));
       if (r.get<std::uint32_t>() == 1u) {
         auto ex = std::make_unique<exchange>();
         ex->started = r.get<std::int64_t>();
         ex->wire = r.get<std::uint64_t>();
         ex->due = ex->started + opt_.delay;
         ex->delta = r.get_vector<float>();
+        ex->own_finite = r.get<std::uint32_t>() == 1u;
         ex->sum = r.get_vector<float>();
-        if (!has_global || ex->delta.size() != len || ex->sum.size() != len || ex->started < 1 ||
-            ex->due < t.step || !starts_after(p, ex->started))
+        if (!has_global || ex->delta.size() != (compressed ? len : 0) || ex->sum.size() != len ||
+            ex->started < 1 || ex->due < t.step || !starts_after(p, ex->started))
           throw corrupt_data(commsgd::detail::concat("saved state: fragment ", p,
                                                      "'s exchange in flight "
                                                      "(started after step ",
