@@ -57,7 +57,7 @@ struct cli {
          "                      partitioned[:<elements>[:<credit KiB>]]  SSGD overlapped with backward\n"
          "                      topk_ar:<method>:<density> top-k summed by the sparse all-reduce\n"
          "                      powersgd:<r>               PowerSGD, rank r, error feedback\n"
-         "                      qsgd:<s>[:ef], sign, randomk:<density>, fp16[:ef], bf16[:ef]\n"
+         "                      qsgd:<s>[:ef], sign, random_k:<density>, fp16[:ef], bf16[:ef]\n"
          "                                                 the other compressors of commsgd/compress\n"
          "  --schemes A,B,..  experiment: the schemes to compare (default: every family, families.hpp)\n"
          "  --ranks N         data-parallel ranks (threads on comm::local; default 4)\n"

@@ -17,7 +17,7 @@
 //                                      the backward pass still runs (ByteScheduler / DDP buckets)
 //   powersgd:<r>                       SSGD on rank-r PowerSGD approximations (schemes_powersgd.hpp)
 //
-//   fp16[:ef], bf16[:ef], sign, qsgd:<s>[:ef], randomk:<density>
+//   fp16[:ef], bf16[:ef], sign, qsgd:<s>[:ef], random_k:<density>
 //                                      SSGD with a compressor of commsgd/compress (schemes_compress.hpp)
 //
 // (asgd[:<j>] runs in trainer.hpp: a parameter server has no common step to put in this slot.)
@@ -396,7 +396,7 @@ scheme_ptr<Comm> make_scheme(const std::string& spec, Comm& comm, float lr,
       "' is not one of ring, allgather, topk:<method>:<density>, topk_ar:<method>:<density>, "
       "cssgd:<r>[:xor|int32], asgd[:<j>], local:<H>, local_adaptive:<H0>[:<pull>], "
       "partitioned[:<elements>[:<credit KiB>]], fp16[:ef], bf16[:ef], sign, qsgd:<s>[:ef], "
-      "randomk:<density>, powersgd:<r>");
+      "random_k:<density>, powersgd:<r>");
 }
 
 } // namespace fmnist

@@ -4,7 +4,7 @@
 //   fp16[:ef]  bf16[:ef]        every value in 16 bits, all-gathered; ef: with error feedback
 //   sign                        EF-SignSGD: one scale per layer, 1 bit per value, all-gathered
 //   qsgd:<s>[:ef]               QSGD with s levels, one norm per layer, all-gathered; ef: error feedback
-//   randomk:<density>           random-k with error feedback, positions from a shared seed, values
+//   random_k:<density>           random-k with error feedback, positions from a shared seed, values
 //                               all-reduced
 //
 // The compressor's whole round is charged as this rank's compute, in thread CPU time, as the top-k schemes
@@ -130,7 +130,7 @@ scheme_ptr<Comm> try_make_compress(const std::vector<std::string>& parts, const 
                                    float lr, const std::vector<std::size_t>& layer_sizes) {
   if (parts.empty()) return nullptr;
   const std::string& name = parts[0];
-  if (name != "fp16" && name != "bf16" && name != "sign" && name != "qsgd" && name != "randomk")
+  if (name != "fp16" && name != "bf16" && name != "sign" && name != "qsgd" && name != "random_k")
     return nullptr;
   auto bad = [&](const std::string& why) {
     return commsgd::invalid_argument("argument 'scheme' = '" + spec + "': " + why);
@@ -170,7 +170,7 @@ scheme_ptr<Comm> try_make_compress(const std::vector<std::string>& parts, const 
     o.qsgd.error_feedback = flag_ef(2);
     return make.template operator()<commsgd::compress::qsgd>();
   }
-  if (parts.size() < 2) throw bad("randomk needs its density, as randomk:<density>");
+  if (parts.size() < 2) throw bad("random_k needs its density, as random_k:<density>");
   o.random_k.density = std::stod(parts[1]);
   o.random_k.seed = 1;
   return make.template operator()<commsgd::compress::random_k>();

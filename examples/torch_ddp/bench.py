@@ -11,7 +11,7 @@ gives the same curves and bytes.
 Scheme variants (suffixes after '+', for the ablations):
     +nowm      top-k without momentum in the dense warm-up (with the default masking: the hook as it was)
     +keep      top-k keeping its momentum where sent instead of DGC's masking
-    +optmom    momentum left in the optimizer instead of the hook (top-k, sign, qsgd, randomk)
+    +optmom    momentum left in the optimizer instead of the hook (top-k, sign, qsgd, random_k)
     +dgcwarmN  top-k with DGC's density warm-up, N steps a stage
     +denseN    top-k after N dense iterations instead of the common warm-up
     +layer     top-k per parameter (k = ceil(density * size) each) instead of over the whole bucket
@@ -54,8 +54,8 @@ import commsgd_torch
 ALPHA = 50e-6
 BANDWIDTHS = {"1G": 125e6, "10G": 1250e6}
 WARMUP = 20  # dense iterations before compression starts, the same for PowerSGD, top-k and local SGD
-# commsgd's compressors behind commsgd_torch.compressor_hook (commsgd-qsgd<levels>, commsgd-randomk<density>).
-COMPRESSORS = ("commsgd-fp16", "commsgd-bf16", "commsgd-sign", "commsgd-qsgd", "commsgd-randomk")
+# commsgd's compressors behind commsgd_torch.compressor_hook (commsgd-qsgd<levels>, commsgd-random_k<density>).
+COMPRESSORS = ("commsgd-fp16", "commsgd-bf16", "commsgd-sign", "commsgd-qsgd", "commsgd-random_k")
 
 
 # ---- data and models -------------------------------------------------------------------------------------
@@ -105,11 +105,11 @@ MODELS = {"mlp": mlp, "cnn": CNN, "wide": wide}
 
 SCHEMES = ["ddp", "fp16", "bf16", "powersgd-r1", "powersgd-r2", "powersgd-r4", "commsgd-powersgd-r1",
            "commsgd-powersgd-r2", "commsgd-powersgd-r4", "commsgd-fp16", "commsgd-bf16", "commsgd-sign",
-           "commsgd-qsgd4", "commsgd-randomk0.1",
+           "commsgd-qsgd4", "commsgd-random_k0.1",
            "topk-laplace-1e-3", "topk-laplace-1e-2", "topk-radix-1e-3", "topk-radix-1e-2", "localsgd-h8"]
 # Compressors whose momentum moves into the hook (fp16 and bf16 are close enough to dense to keep it in the
 # optimizer, as PyTorch's fp16 hook does).
-HOOK_MOMENTUM = ("commsgd-sign", "commsgd-qsgd", "commsgd-randomk")
+HOOK_MOMENTUM = ("commsgd-sign", "commsgd-qsgd", "commsgd-random_k")
 
 
 # ---- traffic of PyTorch's hooks --------------------------------------------------------------------------
@@ -202,8 +202,8 @@ def attach(ddp, model, opt, a, scheme, variants, world, counter):
         if name.startswith("qsgd"):
             state = commsgd_torch.CompressorState(kind="qsgd", start_iter=WARMUP, levels=int(name[4:]),
                                                   seed=a.seed, **m)
-        elif name.startswith("randomk"):
-            state = commsgd_torch.CompressorState(kind="randomk", start_iter=WARMUP, density=float(name[7:]),
+        elif name.startswith("random_k"):
+            state = commsgd_torch.CompressorState(kind="random_k", start_iter=WARMUP, density=float(name[7:]),
                                                   seed=a.seed, **m)
         elif name in ("fp16", "bf16"):
             state = commsgd_torch.CompressorState(kind=name, start_iter=0)

@@ -16,7 +16,7 @@ Options by kind (anything else raises InvalidArgument):
     fp16, bf16  error_feedback=False, overflow="refuse" (or "clamp": send the largest finite value instead)
     sign        error_feedback=True, layerwise=True (one scale per parameter, else one per bucket)
     qsgd        levels=8, error_feedback=False, seed=0, layerwise=True (one norm per parameter)
-    randomk     density=0.01, error_feedback=True, seed=0
+    random_k     density=0.01, error_feedback=True, seed=0
     all         start_iter=2: iterations averaged densely first. DDP rebuilds its buckets at its second
                 iteration, and a bucket whose layout changes once compressed raises (its residual would land
                 on other parameters), so start_iter must be >= 2 where a bucket keeps state (error feedback
@@ -37,14 +37,14 @@ from ._state import IterCounted, own_group
 
 __all__ = ["CompressorState", "compressor_hook", "KINDS"]
 
-KINDS = ("fp16", "bf16", "sign", "qsgd", "randomk")
+KINDS = ("fp16", "bf16", "sign", "qsgd", "random_k")
 
 _DEFAULTS = {
     "fp16": {"error_feedback": False, "overflow": "refuse"},
     "bf16": {"error_feedback": False, "overflow": "refuse"},
     "sign": {"error_feedback": True, "layerwise": True},
     "qsgd": {"levels": 8, "error_feedback": False, "seed": 0, "layerwise": True},
-    "randomk": {"density": 0.01, "error_feedback": True, "seed": 0},
+    "random_k": {"density": 0.01, "error_feedback": True, "seed": 0},
 }
 
 
@@ -122,7 +122,7 @@ class CompressorState(IterCounted):
         return self._c.steps(key)
 
     def indices(self, key: int) -> List[int]:
-        """randomk: the positions bucket `key` sent in its last round, the same on every rank."""
+        """random_k: the positions bucket `key` sent in its last round, the same on every rank."""
         return self._c.indices(key)
 
     def state_dict(self) -> Dict[str, Any]:

@@ -45,13 +45,13 @@ using size_list = std::vector<std::int64_t>;
 using any_compressor =
     std::variant<compress::fp16, compress::bf16, compress::sign, compress::qsgd, compress::random_k>;
 
-const char* const kind_names[] = {"fp16", "bf16", "sign", "qsgd", "randomk"};
+const char* const kind_names[] = {"fp16", "bf16", "sign", "qsgd", "random_k"};
 
 std::size_t kind_of(const std::string& kind) {
   for (std::size_t i = 0; i < std::size(kind_names); ++i)
     if (kind == kind_names[i]) return i;
   throw invalid_argument(commsgd::detail::concat("argument 'kind' = '", kind,
-                                                 "' is not one of fp16, bf16, sign, qsgd, randomk"));
+                                                 "' is not one of fp16, bf16, sign, qsgd, random_k"));
 }
 
 struct compressor_settings {
@@ -199,7 +199,7 @@ public:
   // random-k's positions of the bucket's last round.
   std::vector<std::size_t> indices(std::int64_t index) {
     const auto* x = std::get_if<compress::random_k>(&find(index).x);
-    if (!x) throw unsupported("indices(): only the randomk compressor sends chosen positions");
+    if (!x) throw unsupported("indices(): only the random_k compressor sends chosen positions");
     return {x->indices().begin(), x->indices().end()};
   }
 

@@ -33,7 +33,7 @@ def make_states(c):
         "AutoState": lambda m, o: (c.AutoState(model=m, optimizer=o, profile_steps=10), c.auto_hook),
     }
     # random-k at its default density (1 %) needs far more than 100 steps; a quarter of the values trains here.
-    options = {"fp16": {}, "sign": {}, "qsgd": {}, "randomk": {"density": 0.25}}
+    options = {"fp16": {}, "sign": {}, "qsgd": {}, "random_k": {"density": 0.25}}
     for kind, extra in options.items():
         made[f"CompressorState({kind})"] = (lambda k, x: lambda m, o: (
             c.CompressorState(kind=k, momentum=0.9, **x), c.compressor_hook))(kind, extra)

@@ -1,4 +1,4 @@
-"""commsgd_torch.compressor_hook (fp16, bf16, sign, qsgd, randomk) on forked gloo ranks, against references
+"""commsgd_torch.compressor_hook (fp16, bf16, sign, qsgd, random_k) on forked gloo ranks, against references
 computed here from what each rank contributed."""
 import math
 
@@ -233,8 +233,8 @@ def test_qsgd_decodes_onto_its_grid_within_one_step(levels):
     run_ranks(_qsgd, 2, (levels,))
 
 
-def _randomk(rank, world, density):
-    s = _state("randomk", density=density, seed=5)
+def _random_k(rank, world, density):
+    s = _state("random_k", density=density, seed=5)
     for step in range(3):
         grads = _grads(rank, step)
         p = _flat(grads) + (s.residual(0) if step else 0)
@@ -250,19 +250,19 @@ def _randomk(rank, world, density):
         kept = p.clone()
         kept[idx] = 0.0
         assert _bits(s.residual(0)) == _bits(kept)
-        assert sent == _expected_bytes("randomk", d, 1, world, rank, k=k) == s.wire_bytes(0)
+        assert sent == _expected_bytes("random_k", d, 1, world, rank, k=k) == s.wire_bytes(0)
     return True
 
 
 @pytest.mark.parametrize("density", [0.1, 1.0])
-def test_randomk_sends_the_same_positions_on_every_rank(density):
-    run_ranks(_randomk, 2, (density,))
+def test_random_k_sends_the_same_positions_on_every_rank(density):
+    run_ranks(_random_k, 2, (density,))
 
 
 # ---- state, errors, DDP ----------------------------------------------------------------------------------
 
 OPTIONS = {"fp16": {"error_feedback": True}, "bf16": {"error_feedback": True}, "sign": {},
-           "qsgd": {"levels": 4, "error_feedback": True, "seed": 9}, "randomk": {"density": 0.05, "seed": 2}}
+           "qsgd": {"levels": 4, "error_feedback": True, "seed": 9}, "random_k": {"density": 0.05, "seed": 2}}
 
 
 def _round_trip(rank, world):
@@ -301,12 +301,12 @@ def test_state_dict_round_trip_continues_bit_identically():
 
 def _bad_options(rank, world):
     cases = [(dict(kind="fp32"), "kind"), (dict(kind="qsgd", levels=0), "levels"),
-             (dict(kind="qsgd", levels=65536), "levels"), (dict(kind="randomk", density=0.0), "density"),
-             (dict(kind="randomk", density=1.5), "density"), (dict(kind="fp16", overflow="wrap"), "overflow"),
+             (dict(kind="qsgd", levels=65536), "levels"), (dict(kind="random_k", density=0.0), "density"),
+             (dict(kind="random_k", density=1.5), "density"), (dict(kind="fp16", overflow="wrap"), "overflow"),
              (dict(kind="sign", levels=4), "levels"), (dict(kind="sign", start_iter=1), "start_iter"),
              (dict(kind="fp16", error_feedback=True, start_iter=1), "start_iter"),
              (dict(kind="fp16", start_iter=-1), "start_iter"), (dict(kind="qsgd", seed=-1), "seed"),
-             (dict(kind="sign", momentum=1.0), "momentum"), (dict(kind="randomk", momentum=-0.1), "momentum")]
+             (dict(kind="sign", momentum=1.0), "momentum"), (dict(kind="random_k", momentum=-0.1), "momentum")]
     for kwargs, word in cases:
         with pytest.raises(commsgd_torch.InvalidArgument, match=word):
             commsgd_torch.CompressorState(**kwargs)
@@ -382,7 +382,7 @@ def _ddp_train(rank, world, kind, options):
 
 
 # The kinds whose per-bucket state (residual, draw counter) DDP's buckets must keep apart.
-@pytest.mark.parametrize("kind,options", [("sign", {}), ("randomk", {"density": 0.1})])
+@pytest.mark.parametrize("kind,options", [("sign", {}), ("random_k", {"density": 0.1})])
 def test_ddp_trains_and_keeps_replicas_identical(kind, options):
     out = run_ranks(_ddp_train, 2, (kind, options))
     for first, last, _, buckets in out:
