@@ -121,9 +121,9 @@ private:
     try {
       group.comm.broadcast(std::span<std::uint32_t>(packet_), root);
     } catch (const size_mismatch& e) {
-      throw corrupt_data(commsgd::detail::concat("CSSGD packet of ", packet_.size(),
-                                                 " words from group rank ", root, " of group ", group.order,
-                                                 " does not have the size both sides derive: ", e.what()));
+      throw corrupt_data(commsgd::concat("CSSGD packet of ", packet_.size(), " words from group rank ", root,
+                                         " of group ", group.order,
+                                         " does not have the size both sides derive: ", e.what()));
     }
   }
 

@@ -49,8 +49,8 @@ public:
   // a caller selecting on a non-blocking stream synchronises that stream first.
   void restore(float threshold) {
     if (!(threshold >= 0.0f) || commsgd::select::magnitude_key(threshold) >= commsgd::select::infinite_key)
-      throw invalid_argument(commsgd::detail::concat("laplace_bisect state threshold = ", threshold,
-                                                     " is outside the allowed range [0, +inf)"));
+      throw invalid_argument(commsgd::concat("laplace_bisect state threshold = ", threshold,
+                                             " is outside the allowed range [0, +inf)"));
     check(cudaMemcpy(previous_.data(), &threshold, sizeof(float), cudaMemcpyHostToDevice),
           "cudaMemcpy(restored threshold)");
     clear_tracker();

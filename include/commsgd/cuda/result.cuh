@@ -36,8 +36,8 @@ inline select::threshold to_threshold(const device_result& r, std::string_view w
     throw internal_error("the CUDA selection engine's histogram counts disagreed with its own search state "
                          "(fewer keys in the bins than still to select); the threshold is unknown");
   if (r.flags & ties_exceed_tolerance)
-    throw unsupported(commsgd::detail::concat("more entries tie at threshold ", r.value,
-                                              " than the tolerance allows (", r.above + r.at, " selected)"));
+    throw unsupported(commsgd::concat("more entries tie at threshold ", r.value,
+                                      " than the tolerance allows (", r.above + r.at, " selected)"));
   return select::threshold{r.value, static_cast<std::size_t>(r.above), static_cast<std::size_t>(r.at)};
 }
 

@@ -183,7 +183,7 @@ public:
       : length_(length), opt_(opt), selector_(std::move(selector)) {
     sparsify::check_index_fits<Index>(length_);
     k_ = select::k_for_density(length_, opt_.density); // checks density in (0, 1]
-    commsgd::detail::check_range("momentum", opt_.momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
+    commsgd::check_range("momentum", opt_.momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
     residual_ = device_buffer<float>(length_);
     work_ = device_buffer<float>(length_);
     if (has_momentum()) {
@@ -289,9 +289,9 @@ public:
       count = static_cast<std::size_t>(host_scalars_.data()->count);
     }
     if (count != t.count())
-      throw error(commsgd::detail::concat("selector '", Selector::name, "' broke its contract: it reported ",
-                                          t.count(), " entries (", t.above, " above ", t.value, ", ", t.at,
-                                          " at it) but compaction found ", count));
+      throw error(commsgd::concat("selector '", Selector::name, "' broke its contract: it reported ",
+                                  t.count(), " entries (", t.above, " above ", t.value, ", ", t.at,
+                                  " at it) but compaction found ", count));
 
     std::swap(residual_, work_);
     if (has_momentum()) std::swap(momentum_, work_u_);
@@ -313,8 +313,8 @@ public:
   // The host sparsifier's format (sparsify::top_k::save with one layer). Synchronises `stream`.
   void save(std::vector<std::byte>& out, cudaStream_t stream = nullptr) const {
     // Device selectors' warm-start memory is not saved.
-    out = state::detail::write_top_k_state(name, layout(), steps_, residual_to_host(stream),
-                                           momentum_to_host(stream));
+    out =
+        state::write_top_k_state(name, layout(), steps_, residual_to_host(stream), momentum_to_host(stream));
   }
   void save(std::ostream& os, cudaStream_t stream = nullptr) const { state::write_saved(os, *this, stream); }
 
@@ -322,7 +322,7 @@ public:
   // Synchronises `stream`. The selector restarts cold (see the top).
   void load(std::span<const std::byte> blob, cudaStream_t stream = nullptr) {
     // A host selector's state (if any) means nothing to a device selector.
-    const state::detail::top_k_contents c = state::detail::read_top_k_state(blob, name, layout());
+    const state::top_k_contents c = state::read_top_k_state(blob, name, layout());
     // Into the scratch buffers first, so a failing copy leaves the state as it was.
     if (length_ > 0) {
       check(cudaMemcpyAsync(work_.data(), c.residual.data(), length_ * sizeof(float), cudaMemcpyHostToDevice,
@@ -350,9 +350,7 @@ private:
   };
 
   // What the saved state must agree on: the host top_k's layout with one layer and one selector.
-  state::detail::top_k_layout layout() const noexcept {
-    return {length_, sizeof(Index), has_momentum(), 1, 1};
-  }
+  state::top_k_layout layout() const noexcept { return {length_, sizeof(Index), has_momentum(), 1, 1}; }
 
   std::vector<float> to_host(const float* d, cudaStream_t stream) const {
     std::vector<float> h(length_);

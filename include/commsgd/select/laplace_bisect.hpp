@@ -186,10 +186,10 @@ private:
 
   [[noreturn]] void refuse_ties(std::uint32_t key, std::size_t above, std::size_t equal, std::size_t k,
                                 std::size_t limit) const {
-    throw unsupported(commsgd::detail::concat(
-        "laplace_bisect cannot land in [k, ceil((1 + tol) k)] = [", k, ", ", limit, "] with tol = ", opt_.tol,
-        ": ", equal, " entries tie at |x| = ", key_magnitude(key), " with ", above,
-        " above it; use options.trim to select exactly k, or a larger tol"));
+    throw unsupported(commsgd::concat("laplace_bisect cannot land in [k, ceil((1 + tol) k)] = [", k, ", ",
+                                      limit, "] with tol = ", opt_.tol, ": ", equal,
+                                      " entries tie at |x| = ", key_magnitude(key), " with ", above,
+                                      " above it; use options.trim to select exactly k, or a larger tol"));
   }
 
   threshold settle(std::uint32_t key, std::size_t above, std::size_t equal, std::size_t k,

@@ -84,10 +84,10 @@ private:
                    std::size_t limit) const {
     if (opt_.trim) return detail::exact_result(key, above, k);
     if (above + equal > limit)
-      throw unsupported(commsgd::detail::concat(
-          "sampled cannot land in [k, ceil((1 + tol) k)] = [", k, ", ", limit, "] with tol = ", opt_.tol,
-          ": ", equal, " entries tie at |x| = ", key_magnitude(key), " with ", above,
-          " above it; use options.trim to select exactly k, or a larger tol"));
+      throw unsupported(commsgd::concat("sampled cannot land in [k, ceil((1 + tol) k)] = [", k, ", ", limit,
+                                        "] with tol = ", opt_.tol, ": ", equal,
+                                        " entries tie at |x| = ", key_magnitude(key), " with ", above,
+                                        " above it; use options.trim to select exactly k, or a larger tol"));
     return threshold{key_magnitude(key), above, equal};
   }
 

@@ -56,7 +56,7 @@ inline std::size_t k_for_density(std::size_t n, double density) {
 
 // The one check of a tolerance, shared by every approximate method on host and device.
 inline void check_tolerance(double tol) {
-  commsgd::detail::check_range("tol", tol, 0.0, 1e9, "[0, 1e9]");
+  commsgd::check_range("tol", tol, 0.0, 1e9, "[0, 1e9]");
 }
 
 // The largest count an approximate method may return for k and tolerance tol: ceil((1 + tol) k), with tol
@@ -94,7 +94,7 @@ COMMSGD_HOST_DEVICE inline std::size_t count_limit(std::size_t k, double tol) {
 inline void check_k(std::size_t k, std::size_t n) {
   if (k > n)
     throw invalid_argument(
-        commsgd::detail::concat("argument 'k' = ", k, " is outside the allowed range [0, N = ", n, "]"));
+        commsgd::concat("argument 'k' = ", k, " is outside the allowed range [0, N = ", n, "]"));
 }
 
 } // namespace commsgd::inline v1::select

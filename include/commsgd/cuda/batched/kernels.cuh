@@ -18,6 +18,7 @@
 
 #include <commsgd/cuda/batched/gradient.cuh>
 #include <commsgd/cuda/batched/layout.cuh>
+#include <commsgd/cuda/result.cuh>
 #include <commsgd/select/key.hpp>
 
 #include <cstdint>
