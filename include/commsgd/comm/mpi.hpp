@@ -49,6 +49,7 @@
 
 #include <commsgd/comm/agreement.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/poll.hpp>
 #include <commsgd/error.hpp>
 
 #include <boost/mpi/communicator.hpp>
@@ -65,7 +66,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -141,25 +141,20 @@ inline comm_error mpi_timed_out(const std::string& what, double seconds) {
 
 inline void mpi_check_usable(const mpi_deadline& d) {
   if (d.broken)
-    throw comm_error(commsgd::detail::concat("this communicator timed out earlier (timeout_s = ", d.seconds,
-                                             ") and cannot be used again: end the process and resume"));
+    throw comm_error(commsgd::concat("this communicator timed out earlier (timeout_s = ", d.seconds,
+                                     ") and cannot be used again: end the process and resume"));
 }
 
 // Polls until `done()` holds, or throws at the deadline (marking `d` broken). MPI_Test* drive MPI's
-// progress engine as a blocking wait would. A wait that lasts (a slow link, a straggler) polls every 50 us
-// after the first 64 tries instead of spinning, so ranks that share cores keep them for their compute.
+// progress engine as a blocking wait would; comm::poll_until backs off so that a wait that lasts (a slow
+// link, a straggler) leaves the cores to ranks that share them.
 template <class Done, class What>
 void mpi_poll_bounded(mpi_deadline& d, Done&& done, What&& what) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(d.seconds);
-  for (int idle = 0; !done(); ++idle) {
-    if (std::chrono::steady_clock::now() > until) {
-      d.broken = true;
-      throw mpi_timed_out(what(), d.seconds);
-    }
-    if (idle < 64)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  const auto until = poll_clock::now() + std::chrono::duration_cast<poll_clock::duration>(
+                                             std::chrono::duration<double>(d.seconds));
+  if (!poll_until(done, until)) {
+    d.broken = true;
+    throw mpi_timed_out(what(), d.seconds);
   }
 }
 
@@ -275,8 +270,9 @@ private:
     if (next_ >= parts_.size()) return;
     if (detail::mpi_usable()) {
       const bool bounded = deadline_ && deadline_->seconds > 0;
-      const auto until = std::chrono::steady_clock::now() +
-                         std::chrono::duration<double>(bounded ? deadline_->seconds : 0.0);
+      const auto until =
+          poll_clock::now() + std::chrono::duration_cast<poll_clock::duration>(
+                                  std::chrono::duration<double>(bounded ? deadline_->seconds : 0.0));
       for (std::size_t i = next_; i < parts_.size(); ++i) {
         auto& h = parts_[i].handle;
         if (h == MPI_REQUEST_NULL) continue;
@@ -285,11 +281,12 @@ private:
           MPI_Wait(&h, MPI_STATUS_IGNORE);
           continue;
         }
+        // An error from MPI_Test ends the wait too: the request is freed below, as one never done.
         int done = 0;
-        while (!deadline_->broken && MPI_Test(&h, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
-          if (std::chrono::steady_clock::now() > until) deadline_->broken = true;
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
-        }
+        if (!deadline_->broken &&
+            !poll_until([&] { return MPI_Test(&h, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done != 0; },
+                        until))
+          deadline_->broken = true;
         if (!done && h != MPI_REQUEST_NULL) MPI_Request_free(&h);
       }
     }

@@ -45,6 +45,7 @@
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/clock.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/poll.hpp>
 #include <commsgd/comm/simulated.hpp>
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
@@ -291,7 +292,7 @@ private:
   }
 
   using request_type = comm::request_t<C>;
-  using clock = std::chrono::steady_clock;
+  using clock = comm::poll_clock;
 
   struct receive_slot {
     std::vector<std::uint32_t> buffer;
@@ -331,26 +332,19 @@ private:
 
   void wait_bounded(request_type& r, const char* what) {
     const auto deadline = after(clock::now(), opt_.timeout_s);
-    poll_until([&] { return r.test(); }, deadline, what);
+    wait_until([&] { return r.test(); }, deadline, what);
   }
 
   // The message gives the time really waited: a rank's wait for the sum may start before its delay ends
   // and lasts 2 x timeout_s (the root's own wait, then the sum's way down).
   template <class Done>
-  void poll_until(Done&& done, clock::time_point deadline, const char* what) {
+  void wait_until(Done&& done, clock::time_point deadline, const char* what) {
     const auto entered = clock::now();
-    int idle = 0;
-    while (!done()) {
-      if (clock::now() > deadline)
-        throw comm_error(commsgd::detail::concat(
-            "first_arrivals: rank ", comm_->rank(), " waited ",
-            std::chrono::duration<double>(clock::now() - entered).count(), " s for ", what, " in round ",
-            step_, " (timeout_s = ", opt_.timeout_s, "; the root's sum is waited for twice that)"));
-      if (++idle < 64)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    if (!comm::poll_until(done, deadline))
+      throw comm_error(commsgd::concat("first_arrivals: rank ", comm_->rank(), " waited ",
+                                       std::chrono::duration<double>(clock::now() - entered).count(),
+                                       " s for ", what, " in round ", step_, " (timeout_s = ", opt_.timeout_s,
+                                       "; the root's sum is waited for twice that)"));
   }
 
   static void copy_payload(std::span<const std::uint32_t> msg, std::span<float> out) noexcept {
@@ -424,13 +418,13 @@ private:
         report_.sent = true;
       }
       const auto deadline = after(stopped ? start : ready, opt_.timeout_s * 2);
-      if (!have_sum) poll_until([&] { return down_request_.test(); }, deadline, "the root's sum");
+      if (!have_sum) wait_until([&] { return down_request_.test(); }, deadline, "the root's sum");
       const auto h = detail::get_header(down_);
       if (h.round != step_ ||
           (h.status != detail::arrival_status::sum && h.status != detail::arrival_status::failed))
-        throw corrupt_data(commsgd::detail::concat(
-            "first_arrivals: rank ", me, " expected the sum of round ", step_,
-            " from the root and got status ", static_cast<std::uint32_t>(h.status), " of round ", h.round));
+        throw corrupt_data(commsgd::concat("first_arrivals: rank ", me, " expected the sum of round ", step_,
+                                           " from the root and got status ",
+                                           static_cast<std::uint32_t>(h.status), " of round ", h.round));
       report_.responders = h.set;
       if (h.status == detail::arrival_status::failed) throw too_few(code, static_cast<int>(h.count));
       report_.used = code.used(h.set);
@@ -472,14 +466,7 @@ private:
       }
       return answered >= needed;
     };
-    int idle = 0;
-    while (!progress()) {
-      if (clock::now() > deadline) break;
-      if (++idle < 64)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    comm::poll_until(progress, deadline); // on the deadline, answered < needed says so below
     report_.responders = responders;
     auto fan_out = [&](detail::arrival_header h, bool with_sum) {
       for (int k = 0; k < n; ++k) {

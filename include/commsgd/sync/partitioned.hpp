@@ -39,10 +39,10 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/poll.hpp>
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/state/strategy.hpp>
-#include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/strategy.hpp>
@@ -221,9 +221,12 @@ public:
     detail::check_same_size("params", params.size(), dim_);
     for (std::size_t l = 0; l < layers_.size(); ++l)
       if (!ready_[l])
-        throw invalid_argument(commsgd::detail::concat("partitioned::finish_step: layer ", l,
-                                                       " was never marked ready in this step"));
-    detail::poll_until([&] { return complete(); }, [&] { return pump(); }, std::chrono::microseconds(50));
+        throw invalid_argument(
+            commsgd::concat("partitioned::finish_step: layer ", l, " was never marked ready in this step"));
+    comm::poll_until([&] {
+      if (complete()) return comm::poll_step::done;
+      return pump() ? comm::poll_step::moved : comm::poll_step::idle;
+    });
     if (comm_->size() == 1) std::copy(grad_.begin(), grad_.end(), sum_.begin());
     apply_mean_sum(params, sum_, comm_->size(), opt_.lr);
     in_step_ = false;

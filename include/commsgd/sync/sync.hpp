@@ -14,10 +14,9 @@
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/measure_network.hpp>
 #include <commsgd/sync/partitioned.hpp>
-#include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/reducer_concept.hpp>
 #include <commsgd/sync/replica_guard.hpp>
 #include <commsgd/sync/sgd.hpp>
-#include <commsgd/sync/streaming_diloco.hpp>
 #include <commsgd/sync/strategy.hpp>
+#include <commsgd/sync/streaming_diloco.hpp>
 #include <commsgd/sync/synchronous.hpp>

@@ -17,13 +17,13 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/poll.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/async_ps/checkpoint.hpp>
 #include <commsgd/sync/async_ps/log.hpp>
 #include <commsgd/sync/async_ps/options.hpp>
 #include <commsgd/sync/async_ps/wire.hpp>
-#include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/strategy.hpp>
 
@@ -291,8 +291,12 @@ private:
       peers_[i].pushes = pushes_[i];
     for (auto& p : peers_)
       post(p);
-    detail::poll_until([&] { return active_ == 0; }, [&] { return serve_once(); },
-                       std::chrono::microseconds(100));
+    comm::poll_until(
+        [&] {
+          if (active_ == 0) return comm::poll_step::done;
+          return serve_once() ? comm::poll_step::moved : comm::poll_step::idle;
+        },
+        comm::poll_clock::time_point::max(), std::chrono::microseconds(100));
     while (try_apply()) {
     }
     for (std::size_t i = 0; i < peers_.size(); ++i)
