@@ -1,5 +1,6 @@
 // compress::reducer<Compressor, Scheme, C>: a compressor as the reducer a strategy sums through
-// (sync/reducer_concept.hpp), and policy::compressor_traits, the traits a compressor policy inherits.
+// (sync/reducer_concept.hpp). The traits a compressor policy inherits, policy::compressor_traits, are in
+// policy/compressor.hpp.
 //
 // reduce(blocks, out) takes this rank's one block gradient and lets the compressor run its round. Scheme is
 // the coding scheme that fixed the block assignment (one block per rank); the reducer owns it and the

@@ -1,5 +1,5 @@
-// compress::powersgd: rank-r PowerSGD with error feedback and warm start, and policy::powersgd, its tag for
-// data_parallel.
+// compress::powersgd: rank-r PowerSGD with error feedback and warm start (its tag for data_parallel,
+// policy::powersgd, is in policy/powersgd.hpp).
 //
 // One round on each rank, per compressed layer M (rows x cols, row-major, see powersgd_plan.hpp):
 //   M = g + e                        error feedback (e = 0 at start)
