@@ -7,7 +7,6 @@
 
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 #include <commsgd/sparsify/finite.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/sparsifier.hpp>
