@@ -11,7 +11,7 @@
 // vectors: n - 1 messages of 4 d bytes each way (cost::all_gather).
 #pragma once
 
-#include <commsgd/cost/traffic.hpp>
+#include <commsgd/cost/coding_traffic.hpp>
 
 #include <cstdint>
 #include <span>

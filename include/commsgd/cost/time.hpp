@@ -13,7 +13,7 @@
 #include <commsgd/coding/cssgd.hpp>
 #include <commsgd/coding/subsets.hpp>
 #include <commsgd/comm/simulated.hpp>
-#include <commsgd/cost/traffic.hpp>
+#include <commsgd/cost/coding_traffic.hpp>
 
 #include <algorithm>
 #include <cstdint>
