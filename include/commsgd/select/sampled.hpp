@@ -21,7 +21,7 @@ namespace commsgd::inline v1::select {
 
 class sampled {
 public:
-  static constexpr bool is_exact = false;
+  static constexpr bool is_exact = false; // not for every options: see exact()
   static constexpr const char* name = "sampled";
   struct options {
     double fraction = 0.01;        // share of x in the sample
@@ -33,9 +33,12 @@ public:
 
   sampled() = default;
   explicit sampled(options opt) : opt_(opt) {
-    commsgd::detail::check_range("fraction", opt.fraction, std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
+    commsgd::check_range("fraction", opt.fraction, std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
     check_tolerance(opt.tol);
   }
+
+  // With trim every call selects exactly k.
+  bool exact() const noexcept { return opt_.trim; }
 
   unsigned last_passes() const noexcept { return passes_; }
 
