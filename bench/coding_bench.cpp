@@ -22,8 +22,8 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/simulated.hpp>
+#include <commsgd/cost/coding_traffic.hpp>
 #include <commsgd/cost/time.hpp>
-#include <commsgd/cost/traffic.hpp>
 
 #include <benchmark/benchmark.h>
 

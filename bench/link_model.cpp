@@ -49,7 +49,7 @@ double parse_rate(std::string_view s) {
   else if (unit == "gbit")
     scale = 1e9;
   if (!(scale > 0) || !(v > 0))
-    throw invalid_argument(detail::concat("link_model: '--rate' = '", s,
+    throw invalid_argument(commsgd::concat("link_model: '--rate' = '", s,
                                           "' is not a rate; expected a number with kbit, mbit or gbit"));
   return v * scale;
 }
@@ -63,7 +63,7 @@ std::uint64_t parse_size(std::string_view s) {
   const auto v = std::strtoull(std::string(digits).c_str(), nullptr, 10);
   if (v == 0 || digits.find_first_not_of("0123456789") != std::string_view::npos)
     throw invalid_argument(
-        detail::concat("link_model: size '", s, "' is not a size; expected e.g. 1k, 64k, 16m"));
+        commsgd::concat("link_model: size '", s, "' is not a size; expected e.g. 1k, 64k, 16m"));
   return v * scale;
 }
 
@@ -92,7 +92,7 @@ options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) throw invalid_argument(detail::concat("link_model: '", a, "' needs a value"));
+      if (i + 1 >= argc) throw invalid_argument(commsgd::concat("link_model: '", a, "' needs a value"));
       return argv[++i];
     };
     if (a == "--rate")
@@ -116,16 +116,16 @@ options parse(int argc, char** argv) {
         list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
       }
     } else
-      throw invalid_argument(detail::concat("link_model: unknown argument '", a, "'"));
+      throw invalid_argument(commsgd::concat("link_model: unknown argument '", a, "'"));
   }
   for (const auto& op : o.ops)
     if (op != "all_reduce" && op != "all_gather" && op != "ring16")
       throw invalid_argument(
-          detail::concat("link_model: '--ops' has '", op, "'; allowed: all_reduce, all_gather, ring16"));
+          commsgd::concat("link_model: '--ops' has '", op, "'; allowed: all_reduce, all_gather, ring16"));
   if (!(o.latency_s >= 0))
-    throw invalid_argument(detail::concat("link_model: '--latency' = ", o.latency_s, " is outside [0, inf)"));
+    throw invalid_argument(commsgd::concat("link_model: '--latency' = ", o.latency_s, " is outside [0, inf)"));
   if (!(o.seconds > 0))
-    throw invalid_argument(detail::concat("link_model: '--seconds' = ", o.seconds, " is outside (0, inf)"));
+    throw invalid_argument(commsgd::concat("link_model: '--seconds' = ", o.seconds, " is outside (0, inf)"));
   return o;
 }
 
@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
     const auto o = parse(argc, argv);
     if (o.predict) {
       if (o.ranks < 2)
-        throw invalid_argument(detail::concat("link_model: '--ranks' = ", o.ranks, " is outside [2, inf)"));
+        throw invalid_argument(commsgd::concat("link_model: '--ranks' = ", o.ranks, " is outside [2, inf)"));
       std::printf("op,ranks,bytes,reps,measured_s,model_nominal_s,model_tcp_s,model_half_s\n");
       for (const auto& op : o.ops)
         for (const auto bytes : o.sizes)

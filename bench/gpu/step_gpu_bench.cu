@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
       if (!wanted(method)) return;
       auto tk = make();
       std::size_t last = 0;
-      const bool exact = decltype(make())::selector_type::is_exact;
+      const bool exact = commsgd::select::selects_exactly(tk.selector());
       const auto limit = exact ? k : static_cast<u64>(std::ceil((1.0 + tol) * static_cast<double>(k)));
       drive(method, "f32",
             {.step = [&](u64) { last = tk.step(g32.data()).size(); },

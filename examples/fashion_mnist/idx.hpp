@@ -44,14 +44,12 @@ inline void read_exact(gzFile f, const std::string& path, void* out, std::size_t
     if (got < 0) {
       int code = 0;
       const char* msg = gzerror(f, &code);
-      throw commsgd::corrupt_data(commsgd::detail::concat("IDX file '", path, "': cannot decompress the ",
-                                                          what, " (zlib: ", msg ? msg : "unknown error",
-                                                          ")"));
+      throw commsgd::corrupt_data(commsgd::concat("IDX file '", path, "': cannot decompress the ", what,
+                                                  " (zlib: ", msg ? msg : "unknown error", ")"));
     }
     if (got == 0)
-      throw commsgd::corrupt_data(commsgd::detail::concat("IDX file '", path, "' is truncated: the ", what,
-                                                          " needs ", size, " bytes but only ", done,
-                                                          " are present"));
+      throw commsgd::corrupt_data(commsgd::concat("IDX file '", path, "' is truncated: the ", what, " needs ",
+                                                  size, " bytes but only ", done, " are present"));
     done += static_cast<std::size_t>(got);
   }
 }
@@ -72,18 +70,18 @@ inline std::string hex_word(const std::array<unsigned char, 4>& b) {
 // so one code path serves both forms.
 inline idx_array read_idx(const std::string& path, int expected_rank) {
   if (!std::filesystem::exists(path))
-    throw commsgd::invalid_argument(commsgd::detail::concat(
+    throw commsgd::invalid_argument(commsgd::concat(
         "IDX file '", path,
         "' does not exist (install the Debian package dataset-fashion-mnist, or pass --data DIR)"));
   std::unique_ptr<gzFile_s, detail::gz_closer> f(gzopen(path.c_str(), "rb"));
-  if (!f) throw commsgd::invalid_argument(commsgd::detail::concat("IDX file '", path, "' cannot be opened"));
+  if (!f) throw commsgd::invalid_argument(commsgd::concat("IDX file '", path, "' cannot be opened"));
 
   std::array<unsigned char, 4> magic{};
   detail::read_exact(f.get(), path, magic.data(), magic.size(), "magic number");
   if (magic[0] != 0 || magic[1] != 0 || magic[2] != 0x08 || magic[3] != expected_rank)
-    throw commsgd::corrupt_data(commsgd::detail::concat(
-        "IDX file '", path, "' has magic ", detail::hex_word(magic), " but 0x0000080", expected_rank,
-        " (unsigned bytes, ", expected_rank, " dimensions) is expected"));
+    throw commsgd::corrupt_data(commsgd::concat("IDX file '", path, "' has magic ", detail::hex_word(magic),
+                                                " but 0x0000080", expected_rank, " (unsigned bytes, ",
+                                                expected_rank, " dimensions) is expected"));
 
   idx_array out;
   std::size_t total = 1;
@@ -98,7 +96,7 @@ inline idx_array read_idx(const std::string& path, int expected_rank) {
   // Guards against a corrupt header asking for an absurd allocation before the data is even read.
   if (total > (std::size_t{1} << 32))
     throw commsgd::corrupt_data(
-        commsgd::detail::concat("IDX file '", path, "' declares ", total, " elements, more than 2^32"));
+        commsgd::concat("IDX file '", path, "' declares ", total, " elements, more than 2^32"));
   out.data.resize(total);
   detail::read_exact(f.get(), path, out.data.data(), total, "data");
   return out;
@@ -126,9 +124,8 @@ inline dataset load_set(const std::string& dir, const std::string& prefix, std::
   const auto img = read_idx(image_path, 3);
   const auto lab = read_idx(label_path, 1);
   if (img.dims[0] != lab.dims[0])
-    throw commsgd::corrupt_data(commsgd::detail::concat("'", image_path, "' holds ", img.dims[0],
-                                                        " images but '", label_path, "' holds ", lab.dims[0],
-                                                        " labels"));
+    throw commsgd::corrupt_data(commsgd::concat("'", image_path, "' holds ", img.dims[0], " images but '",
+                                                label_path, "' holds ", lab.dims[0], " labels"));
   dataset ds;
   ds.count = img.dims[0];
   if (limit != 0 && limit < ds.count) ds.count = limit;
@@ -139,8 +136,8 @@ inline dataset load_set(const std::string& dir, const std::string& prefix, std::
   ds.labels.assign(lab.data.begin(), lab.data.begin() + static_cast<std::ptrdiff_t>(ds.count));
   for (std::size_t i = 0; i < ds.count; ++i)
     if (ds.labels[i] > 9)
-      throw commsgd::corrupt_data(commsgd::detail::concat("'", label_path, "': label ", int(ds.labels[i]),
-                                                          " at index ", i, " is outside [0, 9]"));
+      throw commsgd::corrupt_data(commsgd::concat("'", label_path, "': label ", int(ds.labels[i]),
+                                                  " at index ", i, " is outside [0, 9]"));
   return ds;
 }
 

@@ -120,8 +120,8 @@ void train_async(Comm& comm, const train_options& o, const dataset& train, const
   auto& plain = sim.inner();
   const int rank = comm.rank(), n = comm.size();
   if (n < 2)
-    throw commsgd::invalid_argument(commsgd::detail::concat(
-        "scheme 'asgd' needs argument 'ranks' >= 2 (a server and a worker), got ", n));
+    throw commsgd::invalid_argument(
+        commsgd::concat("scheme 'asgd' needs argument 'ranks' >= 2 (a server and a worker), got ", n));
   const auto p = split_spec(o.scheme);
   commsgd::sync::async_ps_options ao;
   ao.lr = o.lr;
@@ -237,8 +237,8 @@ void train_rank(Base base, const train_options& o, const dataset& train, const d
 
   const std::size_t steps_per_epoch = train.count / o.batch;
   if (steps_per_epoch == 0)
-    throw commsgd::invalid_argument(commsgd::detail::concat(
-        "argument 'batch' = ", o.batch, " is larger than the training set (", train.count, ")"));
+    throw commsgd::invalid_argument(commsgd::concat("argument 'batch' = ", o.batch,
+                                                    " is larger than the training set (", train.count, ")"));
   const std::size_t total_steps = steps_per_epoch * static_cast<std::size_t>(o.epochs);
   const std::size_t eval_every =
       std::max<std::size_t>(1, steps_per_epoch / static_cast<std::size_t>(std::max(1, o.evals_per_epoch)));

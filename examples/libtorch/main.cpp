@@ -193,7 +193,7 @@ int main(int argc, char** argv) try {
     throw invalid_argument("argument '--comm' = '" + a.comm + "' is not one of gloo, mpi");
   if (a.ranks < 1 || a.ranks > 64)
     throw invalid_argument(
-        commsgd::detail::concat("argument '--ranks' = ", a.ranks, " is outside the allowed range [1, 64]"));
+        commsgd::concat("argument '--ranks' = ", a.ranks, " is outside the allowed range [1, 64]"));
   char tmpl[] = "/tmp/commsgd-libtorch-XXXXXX";
   if (!mkdtemp(tmpl)) throw comm_error("cannot create a temporary folder for the store");
   std::vector<pid_t> children;

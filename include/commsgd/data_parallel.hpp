@@ -143,7 +143,7 @@ public:
   sync::step_result step(std::span<float> params, coding::block_gradients blocks,
                          const sync::step_info& info = {}) {
     check_length(params.size());
-    coding::detail::check_block_sizes(blocks, my_blocks().size(), length_);
+    coding::check_block_sizes(blocks, my_blocks().size(), length_);
     sync::step_result r;
     if constexpr (sums_blocks)
       r = strategy_.step(params, blocks, reducer_, info);
@@ -174,15 +174,15 @@ public:
   // strategy's and the step count; the model is the trainer's. Every rank saves part::all, or rank 0
   // part::shared and every rank part::local. After load, start(params) with the saved model goes on.
   void save(std::ostream& os, state::part p = state::part::all) const {
-    state::detail::save<Coding, Compression, Sync>(*this, os, p, comm_->size(), comm_->rank(), steps_);
+    state::save_data_parallel<Coding, Compression, Sync>(*this, os, p, comm_->size(), comm_->rank(), steps_);
   }
   void load(std::istream& is) {
-    steps_ = state::detail::load<Coding, Compression, Sync>(*this, is, comm_->size(), comm_->rank());
+    steps_ = state::load_data_parallel<Coding, Compression, Sync>(*this, is, comm_->size(), comm_->rank());
     guard_.resume(steps_);
   }
   void load(std::istream& shared, std::istream& local) {
-    steps_ =
-        state::detail::load<Coding, Compression, Sync>(*this, shared, local, comm_->size(), comm_->rank());
+    steps_ = state::load_data_parallel<Coding, Compression, Sync>(*this, shared, local, comm_->size(),
+                                                                  comm_->rank());
     guard_.resume(steps_);
   }
 
@@ -216,8 +216,8 @@ private:
 
   void check_length(std::size_t got) const {
     if (got != length_)
-      throw size_mismatch(commsgd::detail::concat(
-          "argument 'params' holds ", got, " values; this data_parallel was made for length ", length_));
+      throw size_mismatch(commsgd::concat("argument 'params' holds ", got,
+                                          " values; this data_parallel was made for length ", length_));
   }
 
   static constexpr coding::exchange_result no_coding_{};

@@ -75,8 +75,11 @@ public:
   explicit internal_error(const std::string& what) : error("internal error: " + what) {}
 };
 
-namespace detail {
+// Every part of commsgd words its errors with these two, and a policy of your own may too, so that its
+// messages read like the built-in ones.
 
+// The parts streamed one after another, numbers at full double precision (17 digits), so that a value in a
+// message is the value that was checked.
 template <class... Parts>
 std::string concat(const Parts&... parts) {
   std::ostringstream out;
@@ -94,5 +97,10 @@ void check_range(std::string_view name, const T& value, const U& lo, const V& hi
         concat("argument '", name, "' = ", value, " is outside the allowed range ", range));
 }
 
+// The names these had before they were public: the same functions, for callers not yet moved to the public
+// names. To be removed once none is left.
+namespace detail {
+using commsgd::check_range;
+using commsgd::concat;
 } // namespace detail
 } // namespace commsgd::inline v1

@@ -1,14 +1,14 @@
 // The 64-bit mixer behind every seeded draw and fingerprint in commsgd: SplitMix64. One copy, so that the
 // streams of different parts (compress/'s counter streams and fingerprints, coding/'s cyclic code, sync/'s
 // delay model, PowerSGD's initial Q) are all the same function and a seed means the same bits wherever it is
-// given. Host and device code share it.
+// given. Host and device code share it; public, so that a policy of your own can draw its streams the same way.
 #pragma once
 
 #include <commsgd/config.hpp>
 
 #include <cstdint>
 
-namespace commsgd::inline v1::detail {
+namespace commsgd::inline v1 {
 
 // SplitMix64's increment: 2^64 over the golden ratio, made odd.
 inline constexpr std::uint64_t golden_gamma = 0x9e3779b97f4a7c15ull;
@@ -28,4 +28,11 @@ COMMSGD_HOST_DEVICE constexpr std::uint64_t splitmix64(std::uint64_t& s) noexcep
   return z;
 }
 
-} // namespace commsgd::inline v1::detail
+// The names these had before they were public: the same entities, for callers not yet moved.
+namespace detail {
+using commsgd::golden_gamma;
+using commsgd::mix64;
+using commsgd::splitmix64;
+} // namespace detail
+
+} // namespace commsgd::inline v1

@@ -16,6 +16,7 @@ that bucket's next round (waiting for that step alone, long over by then): it st
 that no peer waits) and its future raises NonFinite.
 """
 import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -27,10 +28,10 @@ try:
 except ImportError:  # built without nvcc
     _cuda = None
 
-_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_DTYPES: Dict[torch.dtype, str] = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def _stream(device):
+def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
@@ -38,9 +39,11 @@ class _Bucket:
     """One bucket's device step and its two messages (int32 indices, then float32 values, in one tensor, so
     one all-gather carries both; two, so a round never writes the message a peer may still be reading)."""
 
-    def __init__(self, step, params, sizes, device, dtype):
+    # step: a _cuda.TopK (the extension ships no type stubs).
+    def __init__(self, step: Any, params: List[int], sizes: List[int], device: torch.device,
+                 dtype: torch.dtype) -> None:
         self.step, self.params, self.sizes, self.device, self.dtype = step, params, sizes, device, dtype
-        self.offsets = [0]
+        self.offsets: List[int] = [0]
         for s in sizes[:-1]:
             self.offsets.append(self.offsets[-1] + s)
         self.length = sum(sizes)
@@ -48,20 +51,20 @@ class _Bucket:
         # Zeros: a message always holds indices in range, even where a refused step left slots unwritten.
         self.messages = [torch.zeros(2 * k, dtype=torch.int32, device=device) for _ in range(2)]
         self.turn = 0
-        self.last = None
+        self.last: Optional[torch.Tensor] = None
         self.stepped = False
 
-    def split(self, msg):
+    def split(self, msg: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         k = self.step.total_k
         return msg[:k], msg[k:].view(torch.float32)
 
-    def residual(self):
+    def residual(self) -> torch.Tensor:
         out = torch.empty(self.length, dtype=torch.float32, device=self.device)
         with torch.cuda.device(self.device):
             self.step.residual_into(out.data_ptr(), _stream(self.device))
         return out
 
-    def momentum(self):
+    def momentum(self) -> Optional[torch.Tensor]:
         if not self.step.has_momentum:
             return None
         out = torch.empty(self.length, dtype=torch.float32, device=self.device)
@@ -73,23 +76,27 @@ class _Bucket:
 class CudaTopK:
     """The CUDA half of a TopKState (see TopKState and docs/pytorch.md, CUDA buckets)."""
 
-    def __init__(self, group, density, momentum, momentum_rule, start_iter, dgc_warmup_steps_per_stage,
-                 warmup_momentum, layerwise):
+    def __init__(self, group: dist.ProcessGroup, density: float, momentum: float, momentum_rule: str,
+                 start_iter: int, dgc_warmup_steps_per_stage: int, warmup_momentum: bool,
+                 layerwise: bool) -> None:
         self.group = group
         self.density, self.momentum_factor, self.momentum_rule = density, momentum, momentum_rule
         self.dense_warmup, self.dgc_warmup = start_iter, dgc_warmup_steps_per_stage
         self.warmup_momentum, self.layerwise = warmup_momentum, layerwise
         self.iteration = 0
         self.used = False
-        self.buckets = {}
-        self.owner = {}  # parameter index -> key of the bucket holding its residual
-        self.warm = {}   # parameter index -> momentum of the dense warm-up (float32, on the device)
-        self.error = None  # the last round's, for exchange()
-        self.counters = dict(bytes_sent=0, bytes_received=0, messages_sent=0, messages_received=0, calls=0)
+        self.buckets: Dict[str, _Bucket] = {}
+        # parameter index -> key of the bucket holding its residual
+        self.owner: Dict[int, str] = {}
+        # parameter index -> momentum of the dense warm-up (float32, on the device)
+        self.warm: Dict[int, torch.Tensor] = {}
+        self.error: Optional[Error] = None  # the last round's, for exchange()
+        self.counters: Dict[str, int] = dict(bytes_sent=0, bytes_received=0, messages_sent=0, messages_received=0,
+                                             calls=0)
 
     # --- a round ----------------------------------------------------------------------------------------------
 
-    def exchange(self, buf, params, sizes, last):
+    def exchange(self, buf: torch.Tensor, params: Sequence[int], sizes: Sequence[int], last: bool) -> torch.Tensor:
         """The round, waited for; its own error raised as it is (a future may wrap what its callback raised)."""
         self.error = None
         fut = self.exchange_async(buf, params, sizes, last)
@@ -100,7 +107,8 @@ class CudaTopK:
                 raise
         raise self.error
 
-    def exchange_async(self, buf, params, sizes, last):
+    def exchange_async(self, buf: torch.Tensor, params: Sequence[int], sizes: Sequence[int],
+                       last: bool) -> "torch.futures.Future[torch.Tensor]":
         self._check(buf, sizes)
         self.used = True
         if self.iteration < self.dense_warmup:
@@ -111,7 +119,7 @@ class CudaTopK:
             self.iteration += 1
         return fut
 
-    def _check(self, buf, sizes):
+    def _check(self, buf: torch.Tensor, sizes: Sequence[int]) -> None:
         if _cuda is None:
             raise Unsupported("commsgd: TopKState got a CUDA bucket, but commsgd_torch was built without its CUDA "
                               "part (_cuda): rebuild it where nvcc (the CUDA toolkit) is found, or keep the "
@@ -126,10 +134,11 @@ class CudaTopK:
             raise InvalidArgument(f"commsgd: the bucket's parameters hold {sum(sizes)} elements, the bucket "
                                   f"{buf.numel()}")
 
-    def _world(self):
+    def _world(self) -> int:
         return dist.get_world_size(self.group)
 
-    def _dense(self, buf, params, sizes):
+    def _dense(self, buf: torch.Tensor, params: Sequence[int],
+               sizes: Sequence[int]) -> "torch.futures.Future[torch.Tensor]":
         world = self._world()
         total = buf.to(torch.float32, copy=True)
         work = dist.all_reduce(total, group=self.group, async_op=True)
@@ -137,7 +146,7 @@ class CudaTopK:
         momentum = self.momentum_factor if self.warmup_momentum else 0.0
         offsets = [sum(sizes[:j]) for j in range(len(sizes))]
 
-        def average(fut):
+        def average(fut: "torch.futures.Future[Any]") -> torch.Tensor:
             out = total.div_(world)
             if momentum > 0.0:
                 # Momentum SGD's update v <- m v + mean(g), the same on every rank; top-k's momentum starts
@@ -152,12 +161,13 @@ class CudaTopK:
 
         return work.get_future().then(average)
 
-    def _sparse(self, buf, params, sizes):
+    def _sparse(self, buf: torch.Tensor, params: Sequence[int],
+                sizes: Sequence[int]) -> "torch.futures.Future[torch.Tensor]":
         b = self._find(buf, params, sizes)
         msg = b.messages[b.turn]
         b.turn ^= 1
         index, value = b.split(msg)
-        error = None
+        error: Optional[Error] = None
         grad = buf.contiguous()
         try:
             with torch.cuda.device(buf.device):
@@ -176,7 +186,7 @@ class CudaTopK:
         self._count(8 * b.step.total_k * (world - 1), world)
         n, dtype = buf.numel(), buf.dtype
 
-        def average(fut):
+        def average(fut: "torch.futures.Future[Any]") -> torch.Tensor:
             if error is not None:
                 raise error
             out = torch.zeros(n, dtype=torch.float32, device=msg.device)
@@ -188,7 +198,7 @@ class CudaTopK:
 
         return work.get_future().then(average)
 
-    def _count(self, bytes_per_peer_total, world):
+    def _count(self, bytes_per_peer_total: int, world: int) -> None:
         c = self.counters
         c["bytes_sent"] += bytes_per_peer_total
         c["bytes_received"] += bytes_per_peer_total
@@ -198,13 +208,14 @@ class CudaTopK:
 
     # --- buckets ----------------------------------------------------------------------------------------------
 
-    def _make(self, params, sizes, device, dtype):
+    def _make(self, params: Sequence[int], sizes: Sequence[int], device: torch.device,
+              dtype: torch.dtype) -> _Bucket:
         lengths = list(sizes) if self.layerwise else [sum(sizes)]
         with torch.cuda.device(device):
             step = _cuda.TopK(lengths, self.density, self.momentum_factor, self.momentum_rule, _DTYPES[dtype])
         return _Bucket(step, list(params), list(sizes), device, dtype)
 
-    def _find(self, buf, params, sizes):
+    def _find(self, buf: torch.Tensor, params: Sequence[int], sizes: Sequence[int]) -> _Bucket:
         key = ",".join(str(p) for p in params)
         b = self.buckets.get(key)
         if b is not None and b.dtype == buf.dtype and b.device == buf.device and b.sizes == list(sizes):
@@ -218,12 +229,13 @@ class CudaTopK:
         self.buckets = {k: v for k, v in self.buckets.items() if k in owned}
         return b
 
-    def _adopt(self, b):
+    def _adopt(self, b: _Bucket) -> None:
         """Each parameter's residual (and momentum) from the bucket that held it before (DDP rebuilds its
         buckets after the first iteration), and the dense warm-up's momentum for a parameter's first round."""
         residual = torch.zeros(b.length, dtype=torch.float32, device=b.device)
         velocity = torch.zeros_like(residual) if b.step.has_momentum else None
-        states, moved = {}, False
+        states: Dict[str, Tuple[torch.Tensor, Optional[torch.Tensor]]] = {}
+        moved = False
         for p, to, n in zip(b.params, b.offsets, b.sizes):
             key = self.owner.get(p)
             if key is None or key not in self.buckets:
@@ -249,18 +261,18 @@ class CudaTopK:
 
     # --- reading the state ------------------------------------------------------------------------------------
 
-    def keys(self):
+    def keys(self) -> List[str]:
         return sorted(self.buckets)
 
-    def residual(self, key):
+    def residual(self, key: str) -> Optional[torch.Tensor]:
         b = self.buckets.get(key)
         return None if b is None else b.residual()
 
-    def momentum_buffer(self, key):
+    def momentum_buffer(self, key: str) -> Optional[torch.Tensor]:
         b = self.buckets.get(key)
         return None if b is None else b.momentum()
 
-    def last_sent(self, key):
+    def last_sent(self, key: str) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """(indices as int64, values) of the bucket's last message, on its device."""
         b = self.buckets.get(key)
         if b is None or b.last is None:
@@ -268,14 +280,14 @@ class CudaTopK:
         i, v = b.split(b.last)
         return i.long(), v.clone()
 
-    def report(self, key):
+    def report(self, key: str) -> Optional[Dict[str, Any]]:
         b = self.buckets.get(key)
         if b is None:
             return None
         with torch.cuda.device(b.device):
             return b.step.report(_stream(b.device))
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         buckets = {}
         for key, b in self.buckets.items():
             with torch.cuda.device(b.device):
@@ -283,11 +295,12 @@ class CudaTopK:
             buckets[key] = (b.params, b.sizes, str(b.dtype).replace("torch.", ""), b.device.index, blob)
         return {"iteration": self.iteration, "buckets": buckets, "warmup_velocity": dict(self.warm)}
 
-    def load_state_dict(self, d):
+    def load_state_dict(self, d: Dict[str, Any]) -> None:
         if _cuda is None and d["buckets"]:
             raise Unsupported("commsgd: the saved state holds CUDA buckets, but commsgd_torch was built without "
                               "its CUDA part (_cuda): rebuild it where nvcc (the CUDA toolkit) is found")
-        loaded, owner = {}, {}
+        loaded: Dict[str, _Bucket] = {}
+        owner: Dict[int, str] = {}
         for key, (params, sizes, dtype, index, blob) in d["buckets"].items():
             # The saved device where this process has it, else the current one.
             device = torch.device("cuda", index if index < torch.cuda.device_count() else torch.cuda.current_device())

@@ -369,6 +369,52 @@ TEST_CASE("approximate methods refuse when ties exceed the tolerance") {
   CHECK_THROWS_AS(run(s, x, 10), commsgd::unsupported);
 }
 
+TEST_CASE("a laplace_bisect call refused for ties leaves the warm start where the last good call put it") {
+  const auto good = make(100000, shape::laplace, 4);
+  cu::laplace_bisect m;
+  const threshold t = run(m, good, 100);
+  float before = 0.0f;
+  CHECK(cudaMemcpy(&before, m.previous_threshold(), sizeof before, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(before == t.value);
+  // All zeros: every entry ties at 0, far beyond the tolerance.
+  CHECK_THROWS_AS(run(m, make(100000, shape::zeros, 1), 100), commsgd::unsupported);
+  float after = -1.0f;
+  CHECK(cudaMemcpy(&after, m.previous_threshold(), sizeof after, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(after == before);
+  // The next call starts warm from that threshold and selects within the contract.
+  const auto next = make(100000, shape::laplace, 5);
+  check_approximate(next, 100, run(m, next, 100), 0.01);
+}
+
+TEST_CASE("exactness follows trim: selects_exactly and cuda::top_k's pair buffers") {
+  CHECK(commsgd::select::selects_exactly(cu::radix{}));
+  CHECK(!commsgd::select::selects_exactly(cu::laplace_bisect{}));
+  CHECK(commsgd::select::selects_exactly(cu::laplace_bisect({.trim = true})));
+  CHECK(!commsgd::select::selects_exactly(cu::sampled{}));
+  CHECK(commsgd::select::selects_exactly(cu::sampled({.trim = true})));
+  const std::size_t n = 100000;
+  cu::top_k<cu::laplace_bisect> trimmed(n, {.density = 0.01}, cu::laplace_bisect({.trim = true}));
+  CHECK(trimmed.pair_capacity() == trimmed.k());
+  cu::top_k<cu::laplace_bisect> approx(n, {.density = 0.01});
+  CHECK(approx.pair_capacity() > approx.k());
+}
+
+TEST_CASE("no non-finite value reads as no_nonfinite_index, never as index 0") {
+  const auto x = make(1000, shape::laplace, 6);
+  cu::device_buffer<float> d(x.size());
+  CHECK(cudaMemcpy(d.data(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  cu::radix m;
+  std::size_t bytes = 0;
+  m.select(nullptr, bytes, d.data(), x.size(), 10, nullptr);
+  cu::device_buffer<char> ws(bytes);
+  cu::device_buffer<cu::device_result> out(1);
+  m.select(ws.data(), bytes, d.data(), x.size(), 10, out.data());
+  cu::device_result r{};
+  CHECK(cudaMemcpy(&r, out.data(), sizeof r, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(r.nonfinite_count == 0);
+  CHECK(r.first_nonfinite == cu::no_nonfinite_index);
+}
+
 TEST_CASE("non-finite input is refused with the count and the first index") {
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                     -std::numeric_limits<float>::infinity()}) {

@@ -4,7 +4,7 @@
 #include <commsgd/coding/coding.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/mpi.hpp>
-#include <commsgd/cost/traffic.hpp>
+#include <commsgd/cost/coding_traffic.hpp>
 
 #include <bit>
 #include <cstdint>

@@ -9,8 +9,10 @@
 #
 # The MPI part runs when --mpi-program names the program that holds comm_mpi.cpp's tests (its own, or its
 # batch's); the torch part when --torch-python names an interpreter that imports torch and commsgd_torch
-# (PYTHONPATH comes from ctest's environment). Where the machine cannot host a cluster (not root, no
-# namespaces) it exits 77, which ctest reports as skipped.
+# (PYTHONPATH comes from ctest's environment). A part that was asked for and cannot run fails the test, as
+# does a machine that cannot host a cluster (not root, no namespaces): a test that passes having run nothing
+# proves nothing. To skip what cannot run here on purpose, set COMMSGD_NETCLUSTER_ALLOW_SKIP=1: then such a
+# machine exits 77 (ctest reports it skipped) and such a part says it was skipped and the rest runs.
 set -uo pipefail
 
 readonly skip=77
@@ -26,10 +28,22 @@ while (($#)); do
 done
 [[ -x $tool ]] || { echo "netcluster_test: --tool $tool: not an executable" >&2; exit 2; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+allow_skip=${COMMSGD_NETCLUSTER_ALLOW_SKIP:-0}
+[[ $allow_skip == 0 || $allow_skip == 1 ]] ||
+  { echo "netcluster_test: COMMSGD_NETCLUSTER_ALLOW_SKIP=$allow_skip: expected 0 or 1" >&2; exit 2; }
+
+# The whole test cannot run here: skipped only when that was allowed, a failure otherwise.
+cannot_run() {
+  if ((allow_skip)); then
+    echo "skipped (COMMSGD_NETCLUSTER_ALLOW_SKIP=1): $*"
+    exit "$skip"
+  fi
+  echo "FAILED: $* (set COMMSGD_NETCLUSTER_ALLOW_SKIP=1 to skip what cannot run on this machine)" >&2
+  exit 1
+}
 
 if ((EUID != 0)); then
-  echo "skipped: the emulated cluster needs root (network namespaces, veth and tc)"
-  exit "$skip"
+  cannot_run "the emulated cluster needs root (network namespaces, veth and tc)"
 fi
 
 # A name no user would pick, so the test never meets (or removes) someone's own cluster.
@@ -39,6 +53,13 @@ fail() {
   echo "FAILED: $*" >&2
   exit 1
 }
+# A part that was asked for cannot run: said and passed over only when skipping was allowed.
+part_cannot_run() {
+  ((allow_skip)) || fail "$* (set COMMSGD_NETCLUSTER_ALLOW_SKIP=1 to skip what cannot run on this machine)"
+  echo "skipped (COMMSGD_NETCLUSTER_ALLOW_SKIP=1): $*"
+  skipped_parts+=("${*%%:*}")
+}
+skipped_parts=()
 cleanup() {
   local rc=$?
   if ((up)); then
@@ -61,10 +82,7 @@ port_bytes() {
 t0=$SECONDS
 out=$("$tool" up -n 2 --rate 100mbit --name "$name" 2>&1)
 rc=$?
-if ((rc == skip)); then
-  echo "skipped: $out"
-  exit "$skip"
-fi
+((rc != skip)) || cannot_run "netcluster up: $out"
 up=1 # also after a failed up: down removes whatever its state file lists
 ((rc == 0)) || fail "netcluster up: $out"
 echo "$out"
@@ -73,7 +91,7 @@ echo "$out"
 #    the Ethernet, IP and TCP headers of each 1514-byte frame take the rest).
 out=$("$tool" measure --name "$name" --from 0 --to 1 --seconds 3 2>&1)
 rc=$?
-((rc != skip)) || { echo "skipped: $out"; exit "$skip"; }
+((rc != skip)) || cannot_run "netcluster measure: $out"
 ((rc == 0)) || fail "netcluster measure: $out"
 echo "$out" | grep -v '^result '
 mbit=$(sed -n 's/^result .*"mbit_per_s": \([0-9.]*\).*/\1/p' <<<"$out")
@@ -93,7 +111,7 @@ if [[ -n $mpi_program ]]; then
   ((moved >= 8000)) || fail "rank 1's port carried $moved bytes during the all-reduce; the ranks talked some other way"
   echo "comm::mpi all-reduce across namespaces: ok ($moved bytes into rank 1's port)"
 else
-  echo "comm::mpi part skipped: no MPI test program (commsgd::mpi not built)"
+  echo "comm::mpi part not asked for: no --mpi-program (commsgd::mpi not built in this tree)"
 fi
 
 # 2b. A pulled cable: rank 1's port goes down while both ranks all-reduce with a 2 s timeout. Each rank must
@@ -130,14 +148,14 @@ if [[ -n $mpi_fault_program ]]; then
   echo "cable back: 5 all-reduces across the namespaces again: ok"
   rm -rf "$logs"
 else
-  echo "comm::mpi fault part skipped: no fault program (commsgd::mpi not built)"
+  echo "comm::mpi fault part not asked for: no --mpi-fault-program (commsgd::mpi not built in this tree)"
 fi
 
 # 3. Two DDP steps with commsgd_torch's top-k hook over gloo, one rank per namespace.
 if [[ -z $torch_python ]]; then
-  echo "torch part skipped: commsgd_torch is not built in this tree"
+  echo "torch part not asked for: no --torch-python (commsgd_torch not built in this tree)"
 elif ! why=$("$torch_python" -c 'import torch, commsgd_torch' 2>&1); then
-  echo "torch part skipped: $torch_python cannot import torch and commsgd_torch: ${why##*$'\n'}"
+  part_cannot_run "torch part: $torch_python cannot import torch and commsgd_torch: ${why##*$'\n'}"
 else
   before=$(port_bytes 1)
   timeout 120 "$tool" run --name "$name" -- "$torch_python" "$here/torch_step.py" ||
@@ -155,4 +173,8 @@ left=$(ip netns list | awk -v p="netcluster-$name-" 'index($1, p) == 1 { print $
 [[ ! -e /run/commsgd-netcluster/$name ]] || fail "state left after down: /run/commsgd-netcluster/$name"
 new_links=$(comm -13 <(echo "$links_before") <(root_links) | grep -E '^(p[0-9]+|br0|eth0)$' || true)
 [[ -z $new_links ]] || fail "links left in this namespace after down: $new_links"
-echo "netcluster: all parts passed in $((SECONDS - t0)) s; nothing left behind"
+if ((${#skipped_parts[@]})); then
+  echo "netcluster: passed in $((SECONDS - t0)) s, but skipped: ${skipped_parts[*]}; nothing left behind"
+else
+  echo "netcluster: every part asked for passed in $((SECONDS - t0)) s; nothing left behind"
+fi

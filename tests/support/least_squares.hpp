@@ -38,10 +38,10 @@ struct rows {
 class least_squares {
 public:
   explicit least_squares(least_squares_options o = {}) : opt_(o) {
-    commsgd::detail::check_range("samples", opt_.samples, std::size_t{1},
-                                 std::numeric_limits<std::size_t>::max(), "[1, inf)");
-    commsgd::detail::check_range("dim", opt_.dim, std::size_t{1}, std::numeric_limits<std::size_t>::max(),
-                                 "[1, inf)");
+    commsgd::check_range("samples", opt_.samples, std::size_t{1}, std::numeric_limits<std::size_t>::max(),
+                         "[1, inf)");
+    commsgd::check_range("dim", opt_.dim, std::size_t{1}, std::numeric_limits<std::size_t>::max(),
+                         "[1, inf)");
     std::uint64_t state = opt_.seed;
     optimum_.resize(opt_.dim);
     for (auto& v : optimum_)
@@ -68,9 +68,8 @@ public:
 
   // Rank `rank` of `ranks` gets samples / ranks rows (the first samples % ranks ranks one more).
   rows shard(int rank, int ranks) const {
-    commsgd::detail::check_range("ranks", ranks, 1, std::numeric_limits<int>::max(), "[1, inf)");
-    commsgd::detail::check_range("rank", rank, 0, ranks - 1,
-                                 commsgd::detail::concat("[0, ranks = ", ranks, ")"));
+    commsgd::check_range("ranks", ranks, 1, std::numeric_limits<int>::max(), "[1, inf)");
+    commsgd::check_range("rank", rank, 0, ranks - 1, commsgd::concat("[0, ranks = ", ranks, ")"));
     const auto n = static_cast<std::size_t>(ranks), r = static_cast<std::size_t>(rank);
     return {opt_.samples * r / n, opt_.samples * (r + 1) / n - opt_.samples * r / n};
   }
@@ -79,10 +78,9 @@ public:
   // is never used, so every batch of every rank has exactly batch_size rows.
   rows batch(int rank, int ranks, std::int64_t step, std::size_t batch_size) const {
     const rows s = shard(rank, ranks);
-    commsgd::detail::check_range("batch_size", batch_size, std::size_t{1}, s.count,
-                                 commsgd::detail::concat("[1, shard size = ", s.count, "]"));
-    commsgd::detail::check_range("step", step, std::int64_t{0}, std::numeric_limits<std::int64_t>::max(),
-                                 "[0, inf)");
+    commsgd::check_range("batch_size", batch_size, std::size_t{1}, s.count,
+                         commsgd::concat("[1, shard size = ", s.count, "]"));
+    commsgd::check_range("step", step, std::int64_t{0}, std::numeric_limits<std::int64_t>::max(), "[0, inf)");
     const std::size_t per_epoch = s.count / batch_size;
     return {s.first + (static_cast<std::size_t>(step) % per_epoch) * batch_size, batch_size};
   }
@@ -92,7 +90,7 @@ public:
     check(x, r);
     if (out.size() != opt_.dim)
       throw size_mismatch(
-          commsgd::detail::concat("argument 'out' has ", out.size(), " elements, expected ", opt_.dim));
+          commsgd::concat("argument 'out' has ", out.size(), " elements, expected ", opt_.dim));
     // Local, not a member: ranks of a thread group share one problem and call this at the same time.
     std::vector<double> acc(opt_.dim, 0.0);
     for (std::size_t i = r.first; i < r.first + r.count; ++i) {
@@ -135,12 +133,11 @@ private:
 
   void check(std::span<const float> x, rows r) const {
     if (x.size() != opt_.dim)
-      throw size_mismatch(
-          commsgd::detail::concat("argument 'x' has ", x.size(), " elements, expected ", opt_.dim));
+      throw size_mismatch(commsgd::concat("argument 'x' has ", x.size(), " elements, expected ", opt_.dim));
     if (r.first > opt_.samples || r.count > opt_.samples - r.first || r.count == 0)
-      throw invalid_argument(commsgd::detail::concat("argument 'rows' = [", r.first, ", ", r.first + r.count,
-                                                     ") is outside the allowed range: non-empty within [0, ",
-                                                     opt_.samples, ")"));
+      throw invalid_argument(commsgd::concat("argument 'rows' = [", r.first, ", ", r.first + r.count,
+                                             ") is outside the allowed range: non-empty within [0, ",
+                                             opt_.samples, ")"));
   }
 
   least_squares_options opt_;

@@ -1,12 +1,12 @@
 // The cost model against what runs: comm::metered's byte counts and comm::simulated's clock must equal
-// cost/traffic.hpp and cost/time.hpp exactly, for every exchange and every (n, r) up to 7 nodes.
+// cost/coding_traffic.hpp and cost/time.hpp exactly, for every exchange and every (n, r) up to 7 nodes.
 #include <commsgd/coding/coding.hpp>
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/simulated.hpp>
+#include <commsgd/cost/coding_traffic.hpp>
 #include <commsgd/cost/redundancy.hpp>
 #include <commsgd/cost/time.hpp>
-#include <commsgd/cost/traffic.hpp>
 
 #include <doctest/doctest.h>
 

@@ -111,7 +111,7 @@ TEST_CASE("for_each_selected visits exactly the contract's set, in index order, 
         CAPTURE(k);
         const sel::threshold t = sel::exact{}.select(x, k);
         std::vector<std::size_t> got;
-        const auto r = sel::detail::for_each_selected(x, t, [&](std::size_t i) { got.push_back(i); });
+        const auto r = sel::for_each_selected(x, t, [&](std::size_t i) { got.push_back(i); });
         const auto want = expected_indices(x, t);
         CHECK(std::equal(got.begin(), got.end(), want.begin(), want.end()));
         CHECK(r.taken == k);
@@ -126,13 +126,13 @@ TEST_CASE("for_each_selected stops short of an entry beyond the count, and may o
   // Claims one entry above 3 and one at it; there are two above.
   const sel::threshold under{3.0f, 1, 1};
   std::vector<std::size_t> got;
-  auto r = sel::detail::for_each_selected(x, under, [&](std::size_t i) { got.push_back(i); });
+  auto r = sel::for_each_selected(x, under, [&](std::size_t i) { got.push_back(i); });
   CHECK(r.more);
   CHECK(r.taken == 2);
   CHECK(got == std::vector<std::size_t>{1, 2});
   // Claims more than there are: the loop runs to the end and reports what it found.
   const sel::threshold over{3.0f, 2, 9};
-  r = sel::detail::for_each_selected(x, over, [&](std::size_t i) { x[i] = 0.0f; });
+  r = sel::for_each_selected(x, over, [&](std::size_t i) { x[i] = 0.0f; });
   CHECK_FALSE(r.more);
   CHECK(r.taken == 6);
   CHECK(r.ties == 4);

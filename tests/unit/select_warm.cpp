@@ -156,6 +156,44 @@ TEST_CASE("warm path refuses non-finite input like a cold call") {
   CHECK_THROWS_AS(l.select(x, 10), commsgd::non_finite);
 }
 
+TEST_CASE("a call refused for ties or non-finite input does not become the warm start") {
+  const std::vector<float> good = select_data::make(shape::laplace, 20000, 4);
+  sel::laplace_bisect l;
+  const sel::threshold t = l.select(good, 20);
+  REQUIRE(t.value > 0.0f);
+  CHECK(l.saved_state().threshold == t.value);
+  // 1000 entries tie at 2 and k = 500 falls inside the tie: beyond a 1 % tolerance.
+  std::vector<float> tied = select_data::make(shape::gaussian, 20000, 9, 1e-3f);
+  for (std::size_t i = 0; i < 1000; ++i)
+    tied[i * 13] = 2.0f;
+  CHECK_THROWS_AS(l.select(tied, 500), commsgd::unsupported);
+  CHECK(l.saved_state().threshold == t.value);
+  std::vector<float> bad = good;
+  bad[77] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_AS(l.select(bad, 20), commsgd::non_finite);
+  CHECK(l.saved_state().threshold == t.value);
+  // From there the next call is warm from the last good threshold, and right.
+  const std::vector<float> next = select_data::make(shape::laplace, 20000, 5);
+  check_contract(next, 20, l.select(next, 20), 0.01);
+}
+
+TEST_CASE("exactness follows trim: selects_exactly asks the object") {
+  CHECK(sel::selects_exactly(sel::exact{}));
+  CHECK(sel::selects_exactly(sel::radix{}));
+  CHECK(!sel::selects_exactly(sel::laplace_bisect{}));
+  CHECK(sel::selects_exactly(sel::laplace_bisect(warm_opts(true))));
+  CHECK(!sel::selects_exactly(sel::sampled{}));
+  sel::sampled::options o;
+  o.trim = true;
+  CHECK(sel::selects_exactly(sel::sampled(o)));
+  // And a trimmed object keeps its word: exactly k on a tie it would otherwise refuse.
+  std::vector<float> tied = select_data::make(shape::gaussian, 20000, 9, 1e-3f);
+  for (std::size_t i = 0; i < 1000; ++i)
+    tied[i * 13] = 2.0f;
+  sel::laplace_bisect trimmed(warm_opts(true));
+  CHECK(trimmed.select(tied, 500).count() == 500);
+}
+
 TEST_CASE("a warm start whose sample overstates the tail still finishes exactly") {
   // The 64 sampled pieces hold the largest values and everything else is small, so the sample's bound
   // lies above the true threshold: the pass from it misses, and the next takes everything below.

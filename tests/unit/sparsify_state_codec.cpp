@@ -27,10 +27,9 @@ std::vector<std::byte> bytes_of(std::initializer_list<int> v) {
   return out;
 }
 
-std::string refusal(std::span<const std::byte> blob, const state::detail::top_k_layout& layout) {
+std::string refusal(std::span<const std::byte> blob, const state::top_k_layout& layout) {
   try {
-    (void)state::detail::read_top_k_state(blob, "top_k", layout,
-                                          [](std::size_t, std::span<const std::byte>) {});
+    (void)state::read_top_k_state(blob, "top_k", layout, [](std::size_t, std::span<const std::byte>) {});
   } catch (const commsgd::corrupt_data& e) {
     return e.what();
   }
@@ -79,20 +78,19 @@ TEST_CASE("write_top_k_state and read_top_k_state round-trip every field") {
         CAPTURE(length);
         CAPTURE(momentum);
         CAPTURE(selectors);
-        const state::detail::top_k_layout layout{length, 4, momentum, selectors == 0 ? 1 : selectors,
-                                                 selectors};
+        const state::top_k_layout layout{length, 4, momentum, selectors == 0 ? 1 : selectors, selectors};
         const std::vector<float> residual = test_data::gradient(length, rng());
         const std::vector<float> mom = momentum ? test_data::gradient(length, rng()) : std::vector<float>{};
         std::vector<std::vector<std::byte>> states(selectors);
         for (std::size_t i = 0; i < states.size(); ++i)
           states[i].resize(i * 5, static_cast<std::byte>(i + 1));
         const std::uint64_t steps = rng();
-        const auto blob = state::detail::write_top_k_state("top_k", layout, steps, residual, mom,
-                                                           [&](std::size_t i) { return states[i]; });
+        const auto blob = state::write_top_k_state("top_k", layout, steps, residual, mom,
+                                                   [&](std::size_t i) { return states[i]; });
         std::vector<std::vector<std::byte>> got(selectors);
         std::size_t calls = 0;
-        const state::detail::top_k_contents c = state::detail::read_top_k_state(
-            blob, "top_k", layout, [&](std::size_t i, std::span<const std::byte> b) {
+        const state::top_k_contents c =
+            state::read_top_k_state(blob, "top_k", layout, [&](std::size_t i, std::span<const std::byte> b) {
               CHECK(i == calls++);
               got[i].assign(b.begin(), b.end());
             });
@@ -105,14 +103,14 @@ TEST_CASE("write_top_k_state and read_top_k_state round-trip every field") {
 }
 
 TEST_CASE("read_top_k_state refuses a state of another shape, naming the field") {
-  const state::detail::top_k_layout layout{10, 4, true, 2, 2};
+  const state::top_k_layout layout{10, 4, true, 2, 2};
   const std::vector<float> residual(10, 1.0f), mom(10, 2.0f);
-  const auto blob = state::detail::write_top_k_state("top_k", layout, 5, residual, mom, [](std::size_t) {
+  const auto blob = state::write_top_k_state("top_k", layout, 5, residual, mom, [](std::size_t) {
     return bytes_of({1, 2});
   });
   CHECK(refusal(blob, layout).empty());
   auto changed = [&](auto edit) {
-    state::detail::top_k_layout l = layout;
+    state::top_k_layout l = layout;
     edit(l);
     return refusal(blob, l);
   };
@@ -123,12 +121,12 @@ TEST_CASE("read_top_k_state refuses a state of another shape, naming the field")
   CHECK(changed([](auto& l) { l.selectors = 3; }).find("selector count is 2") != std::string::npos);
   // Another kind, and a callback that refuses its bytes.
   CHECK_THROWS_AS(
-      state::detail::read_top_k_state(blob, "none", layout, [](std::size_t, std::span<const std::byte>) {}),
+      state::read_top_k_state(blob, "none", layout, [](std::size_t, std::span<const std::byte>) {}),
       commsgd::corrupt_data);
-  CHECK_THROWS_WITH_AS(state::detail::read_top_k_state(blob, "top_k", layout,
-                                                       [](std::size_t i, std::span<const std::byte>) {
-                                                         if (i == 1)
-                                                           throw commsgd::corrupt_data("selector 1 refused");
-                                                       }),
+  CHECK_THROWS_WITH_AS(state::read_top_k_state(blob, "top_k", layout,
+                                               [](std::size_t i, std::span<const std::byte>) {
+                                                 if (i == 1)
+                                                   throw commsgd::corrupt_data("selector 1 refused");
+                                               }),
                        "commsgd: selector 1 refused", commsgd::corrupt_data);
 }

@@ -30,20 +30,18 @@ namespace commsgd::inline v1::coding {
 // configuration is a mistake, not a workload.
 inline constexpr std::uint64_t max_blocks = std::uint64_t{1} << 20;
 
-namespace detail {
-
+// The limits every coding scheme (and the cost of one, cost/) puts on n nodes and redundancy r: 1 <= n <=
+// max_nodes, 1 <= r <= n, and at most max_blocks blocks and groups.
 inline void check_nodes_and_redundancy(int n, int r) {
-  commsgd::detail::check_range("n", n, 1, max_nodes, commsgd::detail::concat("[1, ", max_nodes, "]"));
-  commsgd::detail::check_range("r", r, 1, n, commsgd::detail::concat("[1, n = ", n, "]"));
+  commsgd::check_range("n", n, 1, max_nodes, commsgd::concat("[1, ", max_nodes, "]"));
+  commsgd::check_range("r", r, 1, n, commsgd::concat("[1, n = ", n, "]"));
   const auto p = binomial(n, r);
   const auto g = binomial(n, r + 1);
   if (p > max_blocks || g > max_blocks)
-    throw invalid_argument(commsgd::detail::concat("arguments n = ", n, ", r = ", r, " give C(n, r) = ", p,
-                                                   " blocks and C(n, r+1) = ", g, " groups; at most ",
-                                                   max_blocks, " of each are supported"));
+    throw invalid_argument(commsgd::concat("arguments n = ", n, ", r = ", r, " give C(n, r) = ", p,
+                                           " blocks and C(n, r+1) = ", g, " groups; at most ", max_blocks,
+                                           " of each are supported"));
 }
-
-} // namespace detail
 
 // Where one node finds each block during an exchange: a block it computes is blocks[held[q]] of what it
 // passes in; a block it receives lands in slot lacking[q] of its receive buffer.
@@ -58,7 +56,7 @@ struct block_slots {
 class assignment {
 public:
   assignment(int n, int r, std::span<const double> weights = {}) : n_(n), r_(r) {
-    detail::check_nodes_and_redundancy(n, r);
+    check_nodes_and_redundancy(n, r);
     blocks_ = subsets_lex(n, r);
     index_.reserve(blocks_.size());
     for (std::size_t q = 0; q < blocks_.size(); ++q)
@@ -79,8 +77,7 @@ public:
 
   // The blocks node i computes, ascending.
   std::span<const std::size_t> blocks_of(int node) const {
-    commsgd::detail::check_range("node", node, 0, n_ - 1,
-                                 commsgd::detail::concat("[0, n - 1 = ", n_ - 1, "]"));
+    commsgd::check_range("node", node, 0, n_ - 1, commsgd::concat("[0, n - 1 = ", n_ - 1, "]"));
     return per_node_[static_cast<std::size_t>(node)];
   }
 
@@ -100,8 +97,7 @@ public:
   std::size_t index_of(node_set s) const {
     auto it = index_.find(s);
     if (it == index_.end())
-      throw invalid_argument(
-          commsgd::detail::concat("node set ", s, " is not an ", r_, "-subset of ", n_, " nodes"));
+      throw invalid_argument(commsgd::concat("node set ", s, " is not an ", r_, "-subset of ", n_, " nodes"));
     return it->second;
   }
 
@@ -139,12 +135,12 @@ private:
     equal_ = true;
     if (w.empty()) return;
     if (w.size() != static_cast<std::size_t>(n_))
-      throw size_mismatch(commsgd::detail::concat("argument 'weights' holds ", w.size(),
-                                                  " values; it must hold one per node, n = ", n_));
+      throw size_mismatch(commsgd::concat("argument 'weights' holds ", w.size(),
+                                          " values; it must hold one per node, n = ", n_));
     for (std::size_t i = 0; i < w.size(); ++i)
       if (!(std::isfinite(w[i]) && w[i] > 0))
-        throw invalid_argument(commsgd::detail::concat("argument 'weights[", i, "]' = ", w[i],
-                                                       " is outside the allowed range (0, inf)"));
+        throw invalid_argument(commsgd::concat("argument 'weights[", i, "]' = ", w[i],
+                                               " is outside the allowed range (0, inf)"));
     if (r_ == n_) return;
     double total = 0;
     for (double x : w)

@@ -13,7 +13,7 @@
 // it lacks, so it ends with every block gradient and sums them in block order.
 //
 // Per node and step, in packets of L words (4 bytes): C(n-1, r) multicasts sent, each to r receivers, and
-// r * C(n-1, r) packets received (cost/traffic.hpp states it in bytes). Packets carry no header: sizes,
+// r * C(n-1, r) packets received (cost/coding_traffic.hpp states it in bytes). Packets carry no header: sizes,
 // senders and contents are all derivable on both sides. The words past a short last segment must decode to
 // zero; anything else, or a packet of another size, raises corrupt_data (decode_cssgd_packet,
 // coding/cssgd_packet.hpp, a pure function with a fuzz target).
@@ -121,9 +121,9 @@ private:
     try {
       group.comm.broadcast(std::span<std::uint32_t>(packet_), root);
     } catch (const size_mismatch& e) {
-      throw corrupt_data(commsgd::detail::concat("CSSGD packet of ", packet_.size(),
-                                                 " words from group rank ", root, " of group ", group.order,
-                                                 " does not have the size both sides derive: ", e.what()));
+      throw corrupt_data(commsgd::concat("CSSGD packet of ", packet_.size(), " words from group rank ", root,
+                                         " of group ", group.order,
+                                         " does not have the size both sides derive: ", e.what()));
     }
   }
 

@@ -32,23 +32,23 @@ void decode_cssgd_packet(std::span<std::uint32_t> packet, std::size_t packet_wor
                          int from) {
   if (out.size() > packet_words)
     throw invalid_argument(
-        commsgd::detail::concat("decode_cssgd_packet: argument 'out' holds ", out.size(),
-                                " words, outside the allowed range [0, packet_words = ", packet_words, "]"));
+        commsgd::concat("decode_cssgd_packet: argument 'out' holds ", out.size(),
+                        " words, outside the allowed range [0, packet_words = ", packet_words, "]"));
   for (std::size_t j = 0; j < own.size(); ++j)
     if (own[j].size() > packet_words)
-      throw invalid_argument(commsgd::detail::concat(
-          "decode_cssgd_packet: argument 'own[", j, "]' holds ", own[j].size(),
-          " values, outside the allowed range [0, packet_words = ", packet_words, "]"));
+      throw invalid_argument(
+          commsgd::concat("decode_cssgd_packet: argument 'own[", j, "]' holds ", own[j].size(),
+                          " values, outside the allowed range [0, packet_words = ", packet_words, "]"));
   if (packet.size() != packet_words)
-    throw corrupt_data(commsgd::detail::concat("CSSGD packet from node ", from, " holds ", packet.size(),
-                                               " words; both sides derive ", packet_words));
+    throw corrupt_data(commsgd::concat("CSSGD packet from node ", from, " holds ", packet.size(),
+                                       " words; both sides derive ", packet_words));
   for (auto seg : own)
     Combiner::remove(packet, seg);
   for (std::size_t e = out.size(); e < packet_words; ++e)
     if (packet[e] != 0u)
-      throw corrupt_data(commsgd::detail::concat("CSSGD packet from node ", from, " decodes to ", packet[e],
-                                                 " in padding word ", e, " (segment of ", out.size(),
-                                                 " words); it was corrupted or the ranks disagree on data"));
+      throw corrupt_data(commsgd::concat("CSSGD packet from node ", from, " decodes to ", packet[e],
+                                         " in padding word ", e, " (segment of ", out.size(),
+                                         " words); it was corrupted or the ranks disagree on data"));
   std::copy(packet.begin(), packet.begin() + static_cast<std::ptrdiff_t>(out.size()), out.begin());
 }
 
@@ -58,9 +58,9 @@ void decode_cssgd_packet(std::span<const std::byte> bytes, std::size_t packet_wo
                          std::span<const std::span<const float>> own, std::span<std::uint32_t> out,
                          int from) {
   if (bytes.size() % sizeof(std::uint32_t) != 0 || bytes.size() / sizeof(std::uint32_t) != packet_words)
-    throw corrupt_data(commsgd::detail::concat("CSSGD packet from node ", from, " holds ", bytes.size(),
-                                               " bytes; both sides derive ", packet_words, " words (",
-                                               packet_words * sizeof(std::uint32_t), " bytes)"));
+    throw corrupt_data(commsgd::concat("CSSGD packet from node ", from, " holds ", bytes.size(),
+                                       " bytes; both sides derive ", packet_words, " words (",
+                                       packet_words * sizeof(std::uint32_t), " bytes)"));
   std::vector<std::uint32_t> words(packet_words);
   if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
   decode_cssgd_packet<Combiner>(std::span<std::uint32_t>(words), packet_words, own, out, from);

@@ -92,14 +92,13 @@ public:
   using kind_type = Kind;
 
   gradient_code(int n, int r) : n_(n), r_(r) {
-    commsgd::detail::check_range("n", n, 1, max_nodes, commsgd::detail::concat("[1, ", max_nodes, "]"));
-    commsgd::detail::check_range("r", r, 1, n, commsgd::detail::concat("[1, n = ", n, "]"));
+    commsgd::check_range("n", n, 1, max_nodes, commsgd::concat("[1, ", max_nodes, "]"));
+    commsgd::check_range("r", r, 1, n, commsgd::concat("[1, n = ", n, "]"));
     if constexpr (std::same_as<Kind, fractional_repetition>)
       if (n % r != 0)
-        throw invalid_argument(
-            commsgd::detail::concat("argument 'r' = ", r, " must divide n = ", n,
-                                    " for a fractional repetition code (groups of r nodes); "
-                                    "use the cyclic code for any r in [1, n]"));
+        throw invalid_argument(commsgd::concat("argument 'r' = ", r, " must divide n = ", n,
+                                               " for a fractional repetition code (groups of r nodes); "
+                                               "use the cyclic code for any r in [1, n]"));
     blocks_.resize(static_cast<std::size_t>(n));
     holders_.assign(static_cast<std::size_t>(n), 0);
     for (int i = 0; i < n; ++i) {
@@ -149,8 +148,8 @@ public:
   double coefficient(int node, std::size_t block) const {
     check_node(node);
     if (block >= block_count())
-      throw invalid_argument(commsgd::detail::concat(
-          "argument 'block' = ", block, " is outside the allowed range [0, n - 1 = ", n_ - 1, "]"));
+      throw invalid_argument(commsgd::concat("argument 'block' = ", block,
+                                             " is outside the allowed range [0, n - 1 = ", n_ - 1, "]"));
     if (!contains(holders_[block], node)) return 0.0;
     if constexpr (std::same_as<Kind, cyclic>) return b_[static_cast<std::size_t>(node * n_) + block];
     return 1.0;
@@ -210,15 +209,15 @@ public:
   void decode(node_set responders, std::span<const std::span<const float>> coded, std::span<float> out) {
     const node_set u = used(responders);
     if (coded.size() != static_cast<std::size_t>(set_size(responders)))
-      throw size_mismatch(commsgd::detail::concat("argument 'coded' holds ", coded.size(),
-                                                  " vectors; the responder set has ", set_size(responders),
-                                                  " members"));
+      throw size_mismatch(commsgd::concat("argument 'coded' holds ", coded.size(),
+                                          " vectors; the responder set has ", set_size(responders),
+                                          " members"));
     const std::size_t d = out.size();
     const auto who = members(responders);
     for (std::size_t k = 0; k < who.size(); ++k)
       if (contains(u, who[k]) && coded[k].size() != d)
-        throw size_mismatch(commsgd::detail::concat("argument 'coded[", k, "]' holds ", coded[k].size(),
-                                                    " values; it must match out.size() = ", d));
+        throw size_mismatch(commsgd::concat("argument 'coded[", k, "]' holds ", coded[k].size(),
+                                            " values; it must match out.size() = ", d));
     if constexpr (std::same_as<Kind, cyclic>) {
       const auto& a = decoding_vector(responders);
       std::size_t used_k = 0;
@@ -273,9 +272,8 @@ public:
     }
     // B is built so that any n - s rows span the all-ones vector; a residual this large means they do not.
     if (!(rho < 1e-6))
-      throw internal_error(commsgd::detail::concat("cyclic gradient code n = ", n_, ", r = ", r_,
-                                                   ": responder set ", u, " gives a decoding residual of ",
-                                                   rho));
+      throw internal_error(commsgd::concat("cyclic gradient code n = ", n_, ", r = ", r_, ": responder set ",
+                                           u, " gives a decoding residual of ", rho));
     auto& entry = cache_[u];
     entry.a = std::move(a);
     entry.residual = rho;
@@ -316,20 +314,19 @@ private:
   };
 
   void check_node(int node) const {
-    commsgd::detail::check_range("node", node, 0, n_ - 1,
-                                 commsgd::detail::concat("[0, n - 1 = ", n_ - 1, "]"));
+    commsgd::check_range("node", node, 0, n_ - 1, commsgd::concat("[0, n - 1 = ", n_ - 1, "]"));
   }
   void check_set(node_set s) const {
     if (n_ < max_nodes && (s >> n_) != 0)
-      throw invalid_argument(commsgd::detail::concat("argument 'responders' = ", s,
-                                                     " names nodes outside [0, n - 1 = ", n_ - 1, "]"));
+      throw invalid_argument(
+          commsgd::concat("argument 'responders' = ", s, " names nodes outside [0, n - 1 = ", n_ - 1, "]"));
   }
   stragglers_exceeded too_few(node_set responders) const {
     return stragglers_exceeded(
-        commsgd::detail::concat(gradient_code_name<Kind>, " gradient code, n = ", n_, ", r = ", r_, ": ",
-                                set_size(responders), " node(s) answered (set ", responders,
-                                "), which do not hold every block; it tolerates at most s = ", stragglers(),
-                                " missing"),
+        commsgd::concat(gradient_code_name<Kind>, " gradient code, n = ", n_, ", r = ", r_, ": ",
+                        set_size(responders), " node(s) answered (set ", responders,
+                        "), which do not hold every block; it tolerates at most s = ", stragglers(),
+                        " missing"),
         0, set_size(responders), needed());
   }
 
@@ -350,8 +347,8 @@ private:
         double sum = 0;
         for (int j = 0; j + 1 < n_; ++j) {
           // A fixed stream, so that every rank builds the same B without communicating.
-          const auto bits = commsgd::detail::mix64((attempt << 40) ^ (static_cast<std::uint64_t>(row) << 20) ^
-                                                   static_cast<std::uint64_t>(j) ^ 0x67c0deull);
+          const auto bits = commsgd::mix64((attempt << 40) ^ (static_cast<std::uint64_t>(row) << 20) ^
+                                           static_cast<std::uint64_t>(j) ^ 0x67c0deull);
           const double v = static_cast<double>(bits >> 11) * 0x1.0p-53 * 2.0 - 1.0;
           h[static_cast<std::size_t>(row) * n + static_cast<std::size_t>(j)] = v;
           sum += v;

@@ -47,28 +47,28 @@ concept coding_scheme = comm::communicator<typename S::communicator_type> &&
   { s.exchange(blocks, out) } -> std::same_as<exchange_result>;
 };
 
-namespace detail {
-
-// Every scheme checks its input the same way so that errors read the same whatever the scheme. The sizes
+// Every scheme (and data_parallel before a step) checks its input the same way so that errors read the same whatever the scheme. The sizes
 // alone first: data_parallel checks them before a step and leaves the one scan for finiteness to whichever
 // part reads the values (a scheme's exchange, or a sparsifier's fused pass).
 inline void check_block_sizes(block_gradients blocks, std::size_t expected_blocks, std::size_t d) {
   if (blocks.size() != expected_blocks)
-    throw size_mismatch(commsgd::detail::concat("argument 'blocks' holds ", blocks.size(),
-                                                " block gradients; this rank computes ", expected_blocks,
-                                                " blocks (my_blocks().size())"));
+    throw size_mismatch(commsgd::concat("argument 'blocks' holds ", blocks.size(),
+                                        " block gradients; this rank computes ", expected_blocks,
+                                        " blocks (my_blocks().size())"));
   for (std::size_t j = 0; j < blocks.size(); ++j)
     if (blocks[j].size() != d)
-      throw size_mismatch(commsgd::detail::concat("argument 'blocks[", j, "]' holds ", blocks[j].size(),
-                                                  " values; it must match out.size() = ", d));
+      throw size_mismatch(commsgd::concat("argument 'blocks[", j, "]' holds ", blocks[j].size(),
+                                          " values; it must match out.size() = ", d));
 }
+
+namespace detail {
 
 inline void check_blocks(block_gradients blocks, std::size_t expected_blocks, std::size_t d) {
   check_block_sizes(blocks, expected_blocks, d);
   for (std::size_t j = 0; j < blocks.size(); ++j) {
     const auto bad = select::find_non_finite(blocks[j]);
     if (bad.count != 0)
-      throw non_finite(commsgd::detail::concat("block gradient 'blocks[", j, "]'"), bad.count, bad.first);
+      throw non_finite(commsgd::concat("block gradient 'blocks[", j, "]'"), bad.count, bad.first);
   }
 }
 

@@ -16,15 +16,15 @@ namespace commsgd::inline v1::comm::detail {
 
 inline size_mismatch ranks_disagree(const char* op, const char* arg, std::size_t mine,
                                     std::pair<std::uint64_t, std::uint64_t> range) {
-  return size_mismatch(commsgd::detail::concat(op, ": ranks disagree on ", arg, " (this rank has ", mine,
-                                               ", the ranks have values from ", range.first, " to ",
-                                               range.second, ")"));
+  return size_mismatch(commsgd::concat(op, ": ranks disagree on ", arg, " (this rank has ", mine,
+                                       ", the ranks have values from ", range.first, " to ", range.second,
+                                       ")"));
 }
 
 // all_gather's output must hold size() * mine.size() values; `where` says which rank's does not.
 inline size_mismatch all_gather_size_mismatch(std::size_t mine, std::size_t all, int size,
                                               const char* where) {
-  return size_mismatch(commsgd::detail::concat(
+  return size_mismatch(commsgd::concat(
       "all_gather: on ", where,
       " argument 'all' does not hold size() * mine.size() elements (this rank: all.size() = ", all,
       ", size() * mine.size() = ", size, " * ", mine, ")"));
@@ -32,8 +32,8 @@ inline size_mismatch all_gather_size_mismatch(std::size_t mine, std::size_t all,
 
 inline void check_rank(const char* name, int value, int size) {
   if (value < 0 || value >= size)
-    throw invalid_argument(commsgd::detail::concat("argument '", name, "' = ", value,
-                                                   " is outside the allowed range [0, ", size, ")"));
+    throw invalid_argument(
+        commsgd::concat("argument '", name, "' = ", value, " is outside the allowed range [0, ", size, ")"));
 }
 
 // A rank's value as an unsigned key whose order is the ints' order (and back), so that one unsigned range
@@ -67,9 +67,9 @@ void check_broadcast(std::size_t count, int root, int size, bool verify, Ranges&
     // Root and size travel together, so a rank with another root (even an invalid one) fails everywhere.
     const auto mm = ranges(std::array<std::uint64_t, 2>{count, ordered_key(root)});
     if (mm[1].first != mm[1].second)
-      throw invalid_argument(commsgd::detail::concat(
-          "broadcast: ranks disagree on 'root' (this rank passed ", root, ", others passed values from ",
-          from_ordered_key(mm[1].first), " to ", from_ordered_key(mm[1].second), ")"));
+      throw invalid_argument(commsgd::concat("broadcast: ranks disagree on 'root' (this rank passed ", root,
+                                             ", others passed values from ", from_ordered_key(mm[1].first),
+                                             " to ", from_ordered_key(mm[1].second), ")"));
     check_rank("root", root, size);
     if (mm[0].first != mm[0].second) throw ranks_disagree("broadcast", "data.size()", count, mm[0]);
   } else {

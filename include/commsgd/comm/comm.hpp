@@ -5,4 +5,5 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/poll.hpp>
 #include <commsgd/comm/simulated.hpp>

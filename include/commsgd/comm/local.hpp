@@ -87,8 +87,7 @@ struct local_context {
     for (int r = 0; r < size(); ++r)
       if (waiting_on(r) &&
           world->exited[static_cast<std::size_t>(members[static_cast<std::size_t>(r)])].load())
-        throw comm_error(
-            commsgd::detail::concat("rank ", r, " returned while this rank waited for it in ", what));
+        throw comm_error(commsgd::concat("rank ", r, " returned while this rank waited for it in ", what));
   }
 
   void barrier(const char* what) {
@@ -110,14 +109,14 @@ struct local_context {
 
 inline void check_peer(const char* name, int value, int size) {
   if (value < 0 || value >= size)
-    throw invalid_argument(commsgd::detail::concat("argument '", name, "' = ", value,
-                                                   " is outside the allowed range [0, ", size, ")"));
+    throw invalid_argument(
+        commsgd::concat("argument '", name, "' = ", value, " is outside the allowed range [0, ", size, ")"));
 }
 
 inline void check_tag(int tag) {
   if (tag < 0)
     throw invalid_argument(
-        commsgd::detail::concat("argument 'tag' = ", tag, " is outside the allowed range [0, inf)"));
+        commsgd::concat("argument 'tag' = ", tag, " is outside the allowed range [0, inf)"));
 }
 
 // Adds in wrap-around arithmetic for integers (signed overflow would be undefined), plainly for floats.
@@ -167,9 +166,9 @@ private:
     auto it = ch.messages.find(seq_);
     if (it == ch.messages.end()) return false;
     if (it->second.size() != out_.size())
-      throw comm_error(commsgd::detail::concat(
-          "message of ", it->second.size(), " bytes from rank ", std::get<0>(key_), " with tag ",
-          std::get<2>(key_), " does not fit the receive buffer of ", out_.size(), " bytes"));
+      throw comm_error(commsgd::concat("message of ", it->second.size(), " bytes from rank ",
+                                       std::get<0>(key_), " with tag ", std::get<2>(key_),
+                                       " does not fit the receive buffer of ", out_.size(), " bytes"));
     if (!out_.empty()) std::memcpy(out_.data(), it->second.data(), out_.size());
     ch.messages.erase(it);
     done_ = true;
@@ -238,9 +237,9 @@ public:
       check_equal_counts("all_gather", "mine.size()");
       for (int r = 0; r < size(); ++r)
         if (slot(r).a == 0)
-          throw size_mismatch(commsgd::detail::concat(
-              "all_gather: on rank ", r, " argument 'all' must hold size() * mine.size() = ", size(), " * ",
-              slot(r).count, " elements"));
+          throw size_mismatch(commsgd::concat("all_gather: on rank ", r,
+                                              " argument 'all' must hold size() * mine.size() = ", size(),
+                                              " * ", slot(r).count, " elements"));
     });
     const std::size_t m = mine.size();
     for (int r = 0; r < size(); ++r)
@@ -273,9 +272,8 @@ public:
     agree("broadcast", [&] {
       for (int r = 0; r < size(); ++r)
         if (slot(r).a != root)
-          throw invalid_argument(commsgd::detail::concat("broadcast: ranks disagree on 'root' (rank ", r,
-                                                         " passed ", slot(r).a, ", rank ", rank_, " passed ",
-                                                         root, ")"));
+          throw invalid_argument(commsgd::concat("broadcast: ranks disagree on 'root' (rank ", r, " passed ",
+                                                 slot(r).a, ", rank ", rank_, " passed ", root, ")"));
       detail::check_peer("root", root, size());
       check_equal_counts("broadcast", "data.size()");
     });
@@ -318,8 +316,8 @@ public:
     agree("split", [&] {
       for (int r = 0; r < size(); ++r)
         if (slot(r).a < 0)
-          throw invalid_argument(commsgd::detail::concat("split: argument 'color' = ", slot(r).a, " on rank ",
-                                                         r, " is outside the allowed range [0, inf)"));
+          throw invalid_argument(commsgd::concat("split: argument 'color' = ", slot(r).a, " on rank ", r,
+                                                 " is outside the allowed range [0, inf)"));
     });
     // Members of my color, ordered by (key, rank); the first of them creates the shared context.
     std::vector<int> group;
@@ -376,9 +374,8 @@ private:
   void check_equal_counts(const char* op, const char* arg) const {
     for (int r = 1; r < size(); ++r)
       if (slot(r).count != slot(0).count)
-        throw size_mismatch(commsgd::detail::concat(op, ": ranks disagree on ", arg, " (rank 0 has ",
-                                                    slot(0).count, ", rank ", r, " has ", slot(r).count,
-                                                    ")"));
+        throw size_mismatch(commsgd::concat(op, ": ranks disagree on ", arg, " (rank 0 has ", slot(0).count,
+                                            ", rank ", r, " has ", slot(r).count, ")"));
   }
 
   static std::pair<std::size_t, std::size_t> chunk(std::size_t n, int parts, int which) {
@@ -408,8 +405,7 @@ class local_group {
 public:
   explicit local_group(int n) : n_(n) {
     if (n < 1)
-      throw invalid_argument(
-          commsgd::detail::concat("argument 'n' = ", n, " is outside the allowed range [1, inf)"));
+      throw invalid_argument(commsgd::concat("argument 'n' = ", n, " is outside the allowed range [1, inf)"));
   }
 
   int size() const noexcept { return n_; }

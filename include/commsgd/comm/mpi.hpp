@@ -49,6 +49,7 @@
 
 #include <commsgd/comm/agreement.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/poll.hpp>
 #include <commsgd/error.hpp>
 
 #include <boost/mpi/communicator.hpp>
@@ -65,7 +66,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -77,12 +77,12 @@ namespace detail {
 inline std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return commsgd::detail::concat("MPI error ", code);
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return commsgd::concat("MPI error ", code);
   return std::string(text, static_cast<std::size_t>(len));
 }
 
 inline void mpi_check(int code, const char* call) {
-  if (code != MPI_SUCCESS) throw comm_error(commsgd::detail::concat(call, " failed: ", mpi_error_text(code)));
+  if (code != MPI_SUCCESS) throw comm_error(commsgd::concat(call, " failed: ", mpi_error_text(code)));
 }
 
 inline bool mpi_usable() noexcept {
@@ -133,7 +133,7 @@ struct mpi_deadline {
 };
 
 inline comm_error mpi_timed_out(const std::string& what, double seconds) {
-  return comm_error(commsgd::detail::concat(
+  return comm_error(commsgd::concat(
       what, " did not complete within timeout_s = ", seconds,
       " s: a peer, or the link to it, stopped answering. MPI cannot cancel the call, so this communicator "
       "is unusable now: save this rank's own state, end the process and resume from the last checkpoint"));
@@ -141,25 +141,20 @@ inline comm_error mpi_timed_out(const std::string& what, double seconds) {
 
 inline void mpi_check_usable(const mpi_deadline& d) {
   if (d.broken)
-    throw comm_error(commsgd::detail::concat("this communicator timed out earlier (timeout_s = ", d.seconds,
-                                             ") and cannot be used again: end the process and resume"));
+    throw comm_error(commsgd::concat("this communicator timed out earlier (timeout_s = ", d.seconds,
+                                     ") and cannot be used again: end the process and resume"));
 }
 
 // Polls until `done()` holds, or throws at the deadline (marking `d` broken). MPI_Test* drive MPI's
-// progress engine as a blocking wait would. A wait that lasts (a slow link, a straggler) polls every 50 us
-// after the first 64 tries instead of spinning, so ranks that share cores keep them for their compute.
+// progress engine as a blocking wait would; comm::poll_until backs off so that a wait that lasts (a slow
+// link, a straggler) leaves the cores to ranks that share them.
 template <class Done, class What>
 void mpi_poll_bounded(mpi_deadline& d, Done&& done, What&& what) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(d.seconds);
-  for (int idle = 0; !done(); ++idle) {
-    if (std::chrono::steady_clock::now() > until) {
-      d.broken = true;
-      throw mpi_timed_out(what(), d.seconds);
-    }
-    if (idle < 64)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  const auto until = poll_clock::now() + std::chrono::duration_cast<poll_clock::duration>(
+                                             std::chrono::duration<double>(d.seconds));
+  if (!poll_until(done, until)) {
+    d.broken = true;
+    throw mpi_timed_out(what(), d.seconds);
   }
 }
 
@@ -193,8 +188,8 @@ public:
       detail::mpi_poll_bounded(
           *deadline_, [&] { return test(); },
           [&] {
-            return commsgd::detail::concat(receive_ ? "irecv from rank " : "isend to rank ", peer_,
-                                           " with tag ", tag_);
+            return commsgd::concat(receive_ ? "irecv from rank " : "isend to rank ", peer_, " with tag ",
+                                   tag_);
           });
       return;
     }
@@ -252,7 +247,7 @@ private:
       abandon();
       int cls = 0;
       MPI_Error_class(rc, &cls);
-      throw comm_error(commsgd::detail::concat(
+      throw comm_error(commsgd::concat(
           receive_ ? "irecv from rank " : "isend to rank ", peer_, " with tag ", tag_,
           cls == MPI_ERR_TRUNCATE ? ": the message is longer than the receive buffer of " : ": ",
           cls == MPI_ERR_TRUNCATE ? std::to_string(units_) + " MPI element(s): " : std::string(),
@@ -263,9 +258,9 @@ private:
     MPI_Get_count(&status, type_, &got);
     if (got != parts_[i].expected) {
       abandon();
-      throw comm_error(commsgd::detail::concat("irecv from rank ", peer_, " with tag ", tag_,
-                                               ": the message ended after ", i * limit_ + got,
-                                               " MPI element(s), the receive buffer holds ", units_));
+      throw comm_error(commsgd::concat("irecv from rank ", peer_, " with tag ", tag_,
+                                       ": the message ended after ", i * limit_ + got,
+                                       " MPI element(s), the receive buffer holds ", units_));
     }
   }
 
@@ -275,8 +270,9 @@ private:
     if (next_ >= parts_.size()) return;
     if (detail::mpi_usable()) {
       const bool bounded = deadline_ && deadline_->seconds > 0;
-      const auto until = std::chrono::steady_clock::now() +
-                         std::chrono::duration<double>(bounded ? deadline_->seconds : 0.0);
+      const auto until =
+          poll_clock::now() + std::chrono::duration_cast<poll_clock::duration>(
+                                  std::chrono::duration<double>(bounded ? deadline_->seconds : 0.0));
       for (std::size_t i = next_; i < parts_.size(); ++i) {
         auto& h = parts_[i].handle;
         if (h == MPI_REQUEST_NULL) continue;
@@ -285,11 +281,12 @@ private:
           MPI_Wait(&h, MPI_STATUS_IGNORE);
           continue;
         }
+        // An error from MPI_Test ends the wait too: the request is freed below, as one never done.
         int done = 0;
-        while (!deadline_->broken && MPI_Test(&h, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
-          if (std::chrono::steady_clock::now() > until) deadline_->broken = true;
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
-        }
+        if (!deadline_->broken &&
+            !poll_until([&] { return MPI_Test(&h, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done != 0; },
+                        until))
+          deadline_->broken = true;
         if (!done && h != MPI_REQUEST_NULL) MPI_Request_free(&h);
       }
     }
@@ -328,7 +325,7 @@ public:
     try {
       comm_ = boost::mpi::communicator(comm, kind);
     } catch (const boost::mpi::exception& e) {
-      throw comm_error(commsgd::detail::concat("creating the communicator failed: ", e.what()));
+      throw comm_error(commsgd::concat("creating the communicator failed: ", e.what()));
     }
     if (kind != boost::mpi::comm_attach)
       detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
@@ -360,7 +357,7 @@ public:
   std::size_t max_chunk_elements() const noexcept { return max_chunk_; }
   // Every rank must set the same limit: pieces of collectives and messages must line up.
   void set_max_chunk_elements(std::size_t limit) {
-    commsgd::detail::check_range("limit", limit, std::size_t{1}, default_max_chunk_elements, "[1, INT_MAX]");
+    commsgd::check_range("limit", limit, std::size_t{1}, default_max_chunk_elements, "[1, INT_MAX]");
     max_chunk_ = limit;
   }
 
@@ -372,8 +369,8 @@ public:
   // does. After a call runs out the communicator is broken for good (see the top of the file).
   void set_timeout(double seconds) {
     if (!(seconds > 0)) // NaN too
-      throw invalid_argument(commsgd::detail::concat("argument 'seconds' = ", seconds,
-                                                     " is outside the allowed range (0, inf]"));
+      throw invalid_argument(
+          commsgd::concat("argument 'seconds' = ", seconds, " is outside the allowed range (0, inf]"));
     deadline_->seconds = std::isinf(seconds) ? 0.0 : seconds;
   }
   double timeout() const noexcept {
@@ -539,7 +536,7 @@ public:
       if (rc != MPI_SUCCESS) {
         int cls = 0;
         MPI_Error_class(rc, &cls);
-        throw comm_error(commsgd::detail::concat(
+        throw comm_error(commsgd::concat(
             "recv from rank ", source, " with tag ", tag,
             cls == MPI_ERR_TRUNCATE ? ": the message is longer than the receive buffer of " : ": ",
             cls == MPI_ERR_TRUNCATE ? std::to_string(units) + " MPI element(s): " : std::string(),
@@ -548,9 +545,9 @@ public:
       int got = 0;
       MPI_Get_count(&status, wire::type(), &got);
       if (got != len)
-        throw comm_error(commsgd::detail::concat(
-            "recv from rank ", source, " with tag ", tag, ": the message ended after ",
-            lo + static_cast<std::size_t>(got), " MPI element(s), the receive buffer holds ", units));
+        throw comm_error(commsgd::concat("recv from rank ", source, " with tag ", tag,
+                                         ": the message ended after ", lo + static_cast<std::size_t>(got),
+                                         " MPI element(s), the receive buffer holds ", units));
     });
   }
 
@@ -594,9 +591,9 @@ public:
             return MPI_Iallreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, raw_, r);
           });
     if (lowest < 0)
-      throw invalid_argument(commsgd::detail::concat("split: argument 'color' = ", lowest,
-                                                     lowest == color ? "" : " (on another rank)",
-                                                     " is outside the allowed range [0, inf)"));
+      throw invalid_argument(commsgd::concat("split: argument 'color' = ", lowest,
+                                             lowest == color ? "" : " (on another rank)",
+                                             " is outside the allowed range [0, inf)"));
     MPI_Comm child = MPI_COMM_NULL;
     detail::mpi_check(MPI_Comm_split(raw_, color, key, &child), "MPI_Comm_split");
     mpi out(child, boost::mpi::comm_take_ownership);
@@ -659,7 +656,7 @@ private:
           rc = MPI_Test(&req, &done, status);
           return rc != MPI_SUCCESS || done != 0;
         },
-        [&] { return commsgd::detail::concat(name, " on rank ", rank_, " of ", size_); });
+        [&] { return commsgd::concat(name, " on rank ", rank_, " of ", size_); });
     return rc;
   }
 
@@ -672,7 +669,7 @@ private:
 
   void check_tag(int tag) const {
     if (tag < 0 || tag > tag_ub_)
-      throw invalid_argument(commsgd::detail::concat(
+      throw invalid_argument(commsgd::concat(
           "argument 'tag' = ", tag, " is outside the allowed range [0, MPI_TAG_UB = ", tag_ub_, "]"));
   }
 

@@ -159,7 +159,7 @@ inline void pg_wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what
   try {
     work->wait();
   } catch (const std::exception& e) {
-    throw comm_error(commsgd::detail::concat(what, " failed: ", e.what()));
+    throw comm_error(commsgd::concat(what, " failed: ", e.what()));
   }
 }
 
@@ -170,7 +170,7 @@ auto pg_call(const char* what, F&& f) {
   } catch (const commsgd::error&) {
     throw;
   } catch (const std::exception& e) {
-    throw comm_error(commsgd::detail::concat(what, " failed: ", e.what()));
+    throw comm_error(commsgd::concat(what, " failed: ", e.what()));
   }
 }
 
@@ -202,8 +202,8 @@ inline void pg_run_recv(pg_recv_op& op, const std::shared_future<void>& before,
     void* target = op.data;
     if (op.abandoned || got != op.bytes) {
       if (!op.abandoned)
-        failure = commsgd::detail::concat("recv from rank ", peer, " with tag ", tag, ": the message holds ",
-                                          got, " byte(s), the receive buffer holds ", op.bytes);
+        failure = commsgd::concat("recv from rank ", peer, " with tag ", tag, ": the message holds ", got,
+                                  " byte(s), the receive buffer holds ", op.bytes);
       op.scratch.resize(got);
       target = op.scratch.data();
     }
@@ -463,9 +463,9 @@ public:
     for (int r = 0; r < size_; ++r)
       lowest = std::min(lowest, all[2 * static_cast<std::size_t>(r)]);
     if (lowest < 0)
-      throw invalid_argument(commsgd::detail::concat("split: argument 'color' = ", lowest,
-                                                     lowest == color ? "" : " (on another rank)",
-                                                     " is outside the allowed range [0, inf)"));
+      throw invalid_argument(commsgd::concat("split: argument 'color' = ", lowest,
+                                             lowest == color ? "" : " (on another rank)",
+                                             " is outside the allowed range [0, inf)"));
     std::vector<std::pair<std::int32_t, int>> members; // (key, rank) of this colour
     for (int r = 0; r < size_; ++r)
       if (all[2 * static_cast<std::size_t>(r)] == color)
@@ -475,7 +475,7 @@ public:
     while (members[static_cast<std::size_t>(new_rank)].second != rank_)
       ++new_rank;
     const int new_size = static_cast<int>(members.size());
-    const std::string prefix = commsgd::detail::concat(prefix_, "/", splits_++, "/", color);
+    const std::string prefix = commsgd::concat(prefix_, "/", splits_++, "/", color);
     if (!store_)
       throw unsupported("split: this process_group was made without a store, so it cannot create groups; "
                         "pass the store the group was created with");
@@ -498,13 +498,13 @@ private:
       return make_gloo_group(store, rank, size, gloo->getOptions());
 #endif
 #if COMMSGD_TORCH_GLOO
-    throw unsupported(
-        commsgd::detail::concat("split: no group factory was given and backend '", group().getBackendName(),
-                                "' has no gloo CPU backend to copy; pass a group_factory to the "
-                                "constructor"));
+    throw unsupported(commsgd::concat("split: no group factory was given and backend '",
+                                      group().getBackendName(),
+                                      "' has no gloo CPU backend to copy; pass a group_factory to the "
+                                      "constructor"));
 #else
     (void)store, (void)rank, (void)size;
-    throw unsupported(commsgd::detail::concat(
+    throw unsupported(commsgd::concat(
         "split: no group factory was given and this build has no gloo headers to make a group of backend '",
         group().getBackendName(), "'; pass a group_factory to the constructor"));
 #endif
@@ -531,12 +531,12 @@ private:
   void check_p2p(const char* name, int peer, int tag) const {
     check_peer(name, peer);
     if (tag < 0)
-      throw invalid_argument(commsgd::detail::concat("argument 'tag' = ", tag,
-                                                     " is outside the allowed range [0, ", INT_MAX, "]"));
+      throw invalid_argument(
+          commsgd::concat("argument 'tag' = ", tag, " is outside the allowed range [0, ", INT_MAX, "]"));
     // c10d backends have no messages to self.
     if (peer == rank_)
-      throw unsupported(commsgd::detail::concat("point-to-point with this rank itself (", peer,
-                                                ") is not supported over a c10d process group"));
+      throw unsupported(commsgd::concat("point-to-point with this rank itself (", peer,
+                                        ") is not supported over a c10d process group"));
   }
 
   // Posts the header and the payload (when not empty) of one message.

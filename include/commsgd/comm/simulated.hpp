@@ -70,11 +70,11 @@ struct network_model {
   static network_model tcp_link(double bits_per_s, double latency_s = 50e-6, int mtu = 1500, int framing = 14,
                                 comm::medium m = comm::medium::switched) {
     if (!(mtu > 52 && mtu <= 65536))
-      throw invalid_argument(commsgd::detail::concat("network_model::tcp_link: 'mtu' = ", mtu,
-                                                     " is outside the allowed range [53, 65536]"));
+      throw invalid_argument(commsgd::concat("network_model::tcp_link: 'mtu' = ", mtu,
+                                             " is outside the allowed range [53, 65536]"));
     if (framing < 0)
-      throw invalid_argument(commsgd::detail::concat("network_model::tcp_link: 'framing' = ", framing,
-                                                     " is outside the allowed range [0, inf)"));
+      throw invalid_argument(commsgd::concat("network_model::tcp_link: 'framing' = ", framing,
+                                             " is outside the allowed range [0, inf)"));
     const double payload = static_cast<double>(mtu - 52) / static_cast<double>(mtu + framing);
     network_model net{latency_s, bits_per_s / 8 * payload, m};
     net.validate();
@@ -83,15 +83,15 @@ struct network_model {
 
   void validate() const {
     if (!(std::isfinite(latency_s) && latency_s >= 0))
-      throw invalid_argument(commsgd::detail::concat("network_model: 'latency_s' = ", latency_s,
-                                                     " is outside the allowed range [0, inf)"));
+      throw invalid_argument(commsgd::concat("network_model: 'latency_s' = ", latency_s,
+                                             " is outside the allowed range [0, inf)"));
     if (!(std::isfinite(bandwidth_bytes_per_s) && bandwidth_bytes_per_s > 0))
       throw invalid_argument(
-          commsgd::detail::concat("network_model: 'bandwidth_bytes_per_s' = ", bandwidth_bytes_per_s,
-                                  " is outside the allowed range (0, inf)"));
+          commsgd::concat("network_model: 'bandwidth_bytes_per_s' = ", bandwidth_bytes_per_s,
+                          " is outside the allowed range (0, inf)"));
     if (duplex != comm::duplex::full && duplex != comm::duplex::half)
-      throw invalid_argument(commsgd::detail::concat("network_model: 'duplex' = ", static_cast<int>(duplex),
-                                                     " is neither duplex::full nor duplex::half"));
+      throw invalid_argument(commsgd::concat("network_model: 'duplex' = ", static_cast<int>(duplex),
+                                             " is neither duplex::full nor duplex::half"));
   }
 };
 
@@ -199,8 +199,8 @@ public:
   // Adds measured or modelled computation after the communication charged so far.
   void advance(double seconds) {
     if (!(std::isfinite(seconds) && seconds >= 0))
-      throw invalid_argument(commsgd::detail::concat("argument 'seconds' = ", seconds,
-                                                     " is outside the allowed range [0, inf)"));
+      throw invalid_argument(
+          commsgd::concat("argument 'seconds' = ", seconds, " is outside the allowed range [0, inf)"));
     clock_->base = now() + seconds;
     clock_->load = {};
   }

@@ -62,7 +62,7 @@ public:
       first = std::max(first, start + b.count);
     }
     if (auto_tags_end - first < count)
-      throw invalid_argument(commsgd::detail::concat(
+      throw invalid_argument(commsgd::concat(
           who, ": no block of ", count, " free tags is left in [", user_tags_end, ", ", auto_tags_end,
           ") on this communicator (", blocks.size(), " block(s) reserved); pass tags by hand or use fewer"));
     blocks.emplace(first, block{count, std::string(who)});
@@ -72,14 +72,14 @@ public:
   void reserve_at(const void* comm, int first, int count, std::string_view who) {
     check_count(count, who);
     if (first < 0 || static_cast<long long>(first) + count - 1 > std::numeric_limits<int>::max())
-      throw invalid_argument(commsgd::detail::concat(who, ": argument 'tag_base' = ", first, " with ", count,
-                                                     " tags is outside the allowed range [0, INT_MAX - ",
-                                                     count - 1, "]"));
+      throw invalid_argument(commsgd::concat(who, ": argument 'tag_base' = ", first, " with ", count,
+                                             " tags is outside the allowed range [0, INT_MAX - ", count - 1,
+                                             "]"));
     std::lock_guard lock(mu_);
     auto& blocks = owners_[comm];
     for (const auto& [start, b] : blocks)
       if (start < first + count && first < start + b.count)
-        throw invalid_argument(commsgd::detail::concat(
+        throw invalid_argument(commsgd::concat(
             who, ": argument 'tag_base' = ", first, " takes tags [", first, ", ", first + count,
             "), which overlap tags [", start, ", ", start + b.count, ") held by ", b.who,
             " on the same communicator; leave the tag base at its default (-1, chosen free) or move it"));
@@ -109,9 +109,9 @@ private:
 
   static void check_count(int count, std::string_view who) {
     if (count < 1 || count > auto_tags_end - user_tags_end)
-      throw invalid_argument(commsgd::detail::concat(who, ": a block of ", count,
-                                                     " tags is outside the allowed range [1, ",
-                                                     auto_tags_end - user_tags_end, "]"));
+      throw invalid_argument(commsgd::concat(who, ": a block of ", count,
+                                             " tags is outside the allowed range [1, ",
+                                             auto_tags_end - user_tags_end, "]"));
   }
 
   std::mutex mu_;

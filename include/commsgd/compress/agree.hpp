@@ -60,7 +60,7 @@ template <class Range>
 std::uint64_t fingerprint(const Range& params) noexcept {
   std::uint64_t h = std::size(params);
   for (auto v : params)
-    h = commsgd::detail::mix64(h ^ commsgd::detail::mix64(static_cast<std::uint64_t>(v)));
+    h = commsgd::mix64(h ^ commsgd::mix64(static_cast<std::uint64_t>(v)));
   return h;
 }
 
@@ -71,21 +71,19 @@ inline void throw_verdict(const char* what, const std::string& who, const std::u
   case input_problem::none:
     break;
   case input_problem::gradient_size:
-    throw size_mismatch(commsgd::detail::concat(what, ": ", who, " argument 'gradient' has ", o[2],
-                                                " elements, the compressor's length is ", o[0]));
+    throw size_mismatch(commsgd::concat(what, ": ", who, " argument 'gradient' has ", o[2],
+                                        " elements, the compressor's length is ", o[0]));
   case input_problem::output_size:
-    throw size_mismatch(commsgd::detail::concat(what, ": ", who, " argument 'out' has ", o[2],
-                                                " elements, the compressor's length is ", o[0]));
+    throw size_mismatch(commsgd::concat(what, ": ", who, " argument 'out' has ", o[2],
+                                        " elements, the compressor's length is ", o[0]));
   case input_problem::non_finite:
-    throw non_finite(commsgd::detail::concat(what, ": ", who, " gradient (plus its residual)"), o[1] >> 8,
-                     o[2]);
+    throw non_finite(commsgd::concat(what, ": ", who, " gradient (plus its residual)"), o[1] >> 8, o[2]);
   case input_problem::overflow:
-    throw invalid_argument(commsgd::detail::concat(what, ": ", who, " gradient (plus its residual) value ",
-                                                   std::bit_cast<double>(o[3]), " at index ", o[2],
-                                                   " is outside the allowed range ", range));
+    throw invalid_argument(commsgd::concat(what, ": ", who, " gradient (plus its residual) value ",
+                                           std::bit_cast<double>(o[3]), " at index ", o[2],
+                                           " is outside the allowed range ", range));
   default:
-    throw corrupt_data(
-        commsgd::detail::concat(what, ": ", who, " verdict has an unknown code ", o[1] & 0xff));
+    throw corrupt_data(commsgd::concat(what, ": ", who, " verdict has an unknown code ", o[1] & 0xff));
   }
 }
 
@@ -107,15 +105,14 @@ void agree(C& c, const char* what, std::size_t length, std::uint64_t config, con
   c.all_gather(std::span<const std::uint64_t>(h), std::span<std::uint64_t>(buf));
   for (std::size_t r = 0; r < n; ++r) {
     const std::uint64_t* o = buf.data() + h.size() * r;
-    const std::string who = static_cast<int>(r) == c.rank() ? std::string("this rank's")
-                                                            : commsgd::detail::concat("rank ", r, "'s");
+    const std::string who =
+        static_cast<int>(r) == c.rank() ? std::string("this rank's") : commsgd::concat("rank ", r, "'s");
     throw_verdict(what, who, o, range);
     if (o[0] != buf[0])
-      throw size_mismatch(
-          commsgd::detail::concat(what, ": ranks disagree on the compressor's 'length' (rank 0 has ", buf[0],
-                                  ", rank ", r, " has ", o[0], ")"));
+      throw size_mismatch(commsgd::concat(what, ": ranks disagree on the compressor's 'length' (rank 0 has ",
+                                          buf[0], ", rank ", r, " has ", o[0], ")"));
     if (o[4] != buf[4])
-      throw invalid_argument(commsgd::detail::concat(
+      throw invalid_argument(commsgd::concat(
           what,
           ": ranks disagree on the compressor's parameters (k, seed, levels, layers, error feedback or "
           "overflow policy): rank ",

@@ -1,5 +1,6 @@
 // compress::reducer<Compressor, Scheme, C>: a compressor as the reducer a strategy sums through
-// (sync/reducer_concept.hpp), and policy::compressor_traits, the traits a compressor policy inherits.
+// (sync/reducer_concept.hpp). The traits a compressor policy inherits, policy::compressor_traits, are in
+// policy/compressor.hpp.
 //
 // reduce(blocks, out) takes this rank's one block gradient and lets the compressor run its round. Scheme is
 // the coding scheme that fixed the block assignment (one block per rank); the reducer owns it and the
@@ -30,8 +31,8 @@ public:
 
   const comm::exchange_report& reduce(std::span<const std::span<const float>> blocks, std::span<float> out) {
     if (blocks.size() != 1)
-      throw size_mismatch(commsgd::detail::concat("argument 'blocks' holds ", blocks.size(),
-                                                  " block gradients; a compressor takes one per rank"));
+      throw size_mismatch(commsgd::concat("argument 'blocks' holds ", blocks.size(),
+                                          " block gradients; a compressor takes one per rank"));
     last_ = x_.reduce(*comm_, blocks[0], out);
     return last_;
   }

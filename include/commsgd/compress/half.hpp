@@ -161,10 +161,10 @@ public:
     // The sum is checked as it is copied out, in one pass; only a bad sum is scanned again, for the message.
     if (!copy_if_finite(sum_, out)) {
       const auto bad = detail::check_finite(sum_);
-      throw non_finite(commsgd::detail::concat(what(),
-                                               ": the 16-bit sum (another rank refused its input, or "
-                                               "a partial sum left the range ",
-                                               range(), "; overflow clamp saturates instead)"),
+      throw non_finite(commsgd::concat(what(),
+                                       ": the 16-bit sum (another rank refused its input, or "
+                                       "a partial sum left the range ",
+                                       range(), "; overflow clamp saturates instead)"),
                        bad.count, bad.where);
     }
     wire_ = cost::half_traffic(length_, c.size(), c.rank(), first).bytes_sent;

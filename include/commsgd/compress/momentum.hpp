@@ -29,7 +29,7 @@ class hook_momentum {
 public:
   // factor in [0, 1); length: the values of the gradient it follows (0 for none yet: see resize()).
   explicit hook_momentum(float factor, std::size_t length = 0) : m_(factor), u_(length, 0.0f) {
-    commsgd::detail::check_range("momentum", factor, 0.0f, std::nextafter(1.0f, 0.0f), "[0, 1)");
+    commsgd::check_range("momentum", factor, 0.0f, std::nextafter(1.0f, 0.0f), "[0, 1)");
   }
 
   float factor() const noexcept { return m_; }
@@ -71,7 +71,7 @@ public:
       if constexpr (std::signed_integral<I>) negative = i < 0;
       if (negative || static_cast<std::size_t>(i) >= u_.size())
         throw invalid_argument(
-            commsgd::detail::concat("argument 'sent' holds position ", i, ", outside [0, ", u_.size(), ")"));
+            commsgd::concat("argument 'sent' holds position ", i, ", outside [0, ", u_.size(), ")"));
       u_[static_cast<std::size_t>(i)] = 0.0f;
     }
   }
@@ -79,8 +79,8 @@ public:
 private:
   void check_length(std::size_t n, const char* what) const {
     if (n != u_.size())
-      throw size_mismatch(commsgd::detail::concat("argument '", what, "' has ", n,
-                                                  " values, the momentum follows ", u_.size()));
+      throw size_mismatch(
+          commsgd::concat("argument '", what, "' has ", n, " values, the momentum follows ", u_.size()));
   }
 
   float m_;

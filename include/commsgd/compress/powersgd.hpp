@@ -1,5 +1,5 @@
-// compress::powersgd: rank-r PowerSGD with error feedback and warm start, and policy::powersgd, its tag for
-// data_parallel.
+// compress::powersgd: rank-r PowerSGD with error feedback and warm start (its tag for data_parallel,
+// policy::powersgd, is in policy/powersgd.hpp).
 //
 // One round on each rank, per compressed layer M (rows x cols, row-major, see powersgd_plan.hpp):
 //   M = g + e                        error feedback (e = 0 at start)
@@ -82,7 +82,7 @@ namespace detail {
 
 // Standard normal draws for the stream (seed, a, b): the same values on every machine.
 inline void standard_normals(std::uint64_t seed, std::uint64_t a, std::uint64_t b, std::span<float> out) {
-  using commsgd::detail::splitmix64;
+  using commsgd::splitmix64;
   std::uint64_t s = seed;
   s = splitmix64(s) ^ a;
   s = splitmix64(s) ^ b;
@@ -153,13 +153,13 @@ public:
     if (!(opt_.orthogonalization_epsilon >= 0.0f &&
           opt_.orthogonalization_epsilon < std::numeric_limits<float>::infinity()))
       throw invalid_argument(
-          commsgd::detail::concat("argument 'orthogonalization_epsilon' = ", opt_.orthogonalization_epsilon,
-                                  " is outside the allowed range [0, inf)"));
+          commsgd::concat("argument 'orthogonalization_epsilon' = ", opt_.orthogonalization_epsilon,
+                          " is outside the allowed range [0, inf)"));
     if (!opt_.initial_q.empty()) {
       if (opt_.initial_q.size() != plan_.q_size)
-        throw size_mismatch(commsgd::detail::concat("argument 'initial_q' has ", opt_.initial_q.size(),
-                                                    " values, the compressed layers' Q hold ", plan_.q_size,
-                                                    " (cols x rank each, in gradient order)"));
+        throw size_mismatch(commsgd::concat("argument 'initial_q' has ", opt_.initial_q.size(),
+                                            " values, the compressed layers' Q hold ", plan_.q_size,
+                                            " (cols x rank each, in gradient order)"));
       select::check_finite(opt_.initial_q, "argument 'initial_q'");
       for (const auto& mx : plan_.matrices)
         for (std::size_t j = 0; j < mx.cols; ++j)
@@ -191,11 +191,11 @@ public:
     std::exception_ptr local;
     try {
       if (g.size() != length())
-        throw size_mismatch(commsgd::detail::concat("argument 'g' has ", g.size(),
-                                                    " elements, the compressor's length is ", length()));
+        throw size_mismatch(commsgd::concat("argument 'g' has ", g.size(),
+                                            " elements, the compressor's length is ", length()));
       if (out.size() != length())
-        throw size_mismatch(commsgd::detail::concat("argument 'out' has ", out.size(),
-                                                    " elements, the compressor's length is ", length()));
+        throw size_mismatch(commsgd::concat("argument 'out' has ", out.size(),
+                                            " elements, the compressor's length is ", length()));
       compress_locally(g);
     } catch (const commsgd::error&) {
       local = std::current_exception();
@@ -290,12 +290,12 @@ public:
   void load(std::istream& is) {
     const auto blob = state::read_frame(is);
     state::reader r(blob, name);
-    state::writer mine(name);
-    put_layout(mine);
-    const auto expect = std::move(mine).finish();
     // The layout is the writer's fields after the frame's kind: compare them byte for byte.
-    const std::size_t head = state::detail::state_prefix_bytes + 4 + std::char_traits<char>::length(name);
-    const std::size_t layout_bytes = expect.size() - head - 8;
+    state::writer mine(name);
+    const std::size_t head = mine.size();
+    put_layout(mine);
+    const std::size_t layout_bytes = mine.size() - head;
+    const auto expect = std::move(mine).finish();
     std::vector<std::byte> saved(layout_bytes);
     for (auto& b : saved)
       b = r.get<std::byte>();
@@ -395,9 +395,8 @@ private:
   static void check_sum(std::span<const float> x, const char* what) {
     const auto bad = select::find_non_finite(x);
     if (bad.count == 0) return;
-    throw non_finite(
-        commsgd::detail::concat(what, " (some rank's gradient is non-finite, or the sum overflows)"),
-        bad.count, bad.first);
+    throw non_finite(commsgd::concat(what, " (some rank's gradient is non-finite, or the sum overflows)"),
+                     bad.count, bad.first);
   }
 
   powersgd_options opt_;

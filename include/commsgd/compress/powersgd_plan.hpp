@@ -65,20 +65,19 @@ inline powersgd_plan make_powersgd_plan(std::size_t length, std::span<const laye
                                         std::size_t rank, double min_compression_rate) {
   if (rank == 0) throw invalid_argument("argument 'rank' = 0 is outside the allowed range [1, inf)");
   if (!(min_compression_rate > 0.0 && min_compression_rate < std::numeric_limits<double>::infinity()))
-    throw invalid_argument(commsgd::detail::concat("argument 'min_compression_rate' = ", min_compression_rate,
-                                                   " is outside the allowed range (0, inf)"));
+    throw invalid_argument(commsgd::concat("argument 'min_compression_rate' = ", min_compression_rate,
+                                           " is outside the allowed range (0, inf)"));
   if (layers.empty() && length > 0)
-    throw size_mismatch(
-        commsgd::detail::concat("argument 'layers' is empty, but the gradient has ", length,
-                                " elements; give every layer's rows x cols (a vector is rows x 1)"));
+    throw size_mismatch(commsgd::concat("argument 'layers' is empty, but the gradient has ", length,
+                                        " elements; give every layer's rows x cols (a vector is rows x 1)"));
   powersgd_plan plan;
   plan.length = length;
   std::size_t off = 0;
   for (std::size_t l = 0; l < layers.size(); ++l) {
     const layer_shape s = layers[l];
     if (s.cols != 0 && s.rows > (std::numeric_limits<std::size_t>::max() - off) / s.cols)
-      throw size_mismatch(commsgd::detail::concat("argument 'layers': layer ", l, " (", s.rows, " x ", s.cols,
-                                                  ") overflows the gradient length"));
+      throw size_mismatch(commsgd::concat("argument 'layers': layer ", l, " (", s.rows, " x ", s.cols,
+                                          ") overflows the gradient length"));
     const std::size_t size = s.rows * s.cols;
     if (powersgd_compresses(s, rank, min_compression_rate)) {
       const std::size_t r = std::min({s.rows, s.cols, rank});
@@ -93,7 +92,7 @@ inline powersgd_plan make_powersgd_plan(std::size_t length, std::span<const laye
   }
   if (off != length)
     throw size_mismatch(
-        commsgd::detail::concat("argument 'layers' describes ", off, " elements, the gradient has ", length));
+        commsgd::concat("argument 'layers' describes ", off, " elements, the gradient has ", length));
   return plan;
 }
 

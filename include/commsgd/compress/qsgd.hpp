@@ -91,7 +91,7 @@ private:
   }
 
   static qsgd_options checked(qsgd_options o) {
-    commsgd::detail::check_range("levels", o.levels, 1u, qsgd_options::max_levels, "[1, 65535]");
+    commsgd::check_range("levels", o.levels, 1u, qsgd_options::max_levels, "[1, 65535]");
     return o;
   }
 

@@ -14,13 +14,13 @@ namespace commsgd::inline v1::compress::detail {
 // The key of one stream: distinct (seed, step, lane) give unrelated streams.
 COMMSGD_HOST_DEVICE constexpr std::uint64_t stream_key(std::uint64_t seed, std::uint64_t step,
                                                        std::uint64_t lane) noexcept {
-  using commsgd::detail::mix64;
+  using commsgd::mix64;
   return mix64(mix64(mix64(seed) ^ step) ^ lane);
 }
 
 // Draw `i` of the stream `key`.
 COMMSGD_HOST_DEVICE constexpr std::uint64_t draw(std::uint64_t key, std::uint64_t i) noexcept {
-  using commsgd::detail::mix64;
+  using commsgd::mix64;
   return mix64(key ^ mix64(i));
 }
 

@@ -103,13 +103,12 @@ private:
   static std::size_t count(std::size_t length, const random_k_options& o) {
     if (o.k) {
       if (length == 0)
-        commsgd::detail::check_range("k", *o.k, 0, 0, "[0, 0] (the length is 0)");
+        commsgd::check_range("k", *o.k, 0, 0, "[0, 0] (the length is 0)");
       else
-        commsgd::detail::check_range("k", *o.k, 1, length,
-                                     commsgd::detail::concat("[1, length = ", length, "]"));
+        commsgd::check_range("k", *o.k, 1, length, commsgd::concat("[1, length = ", length, "]"));
       return *o.k;
     }
-    commsgd::detail::check_range("density", o.density, std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
+    commsgd::check_range("density", o.density, std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
     return std::min(length, static_cast<std::size_t>(std::ceil(o.density * static_cast<double>(length))));
   }
   std::array<std::uint64_t, 3> params() const noexcept { return {length_, k_, opt_.seed}; }

@@ -54,9 +54,8 @@ inline constexpr const char* candidate_forms =
 namespace detail {
 
 inline invalid_argument unknown_candidate(std::string_view name, std::string_view why = {}) {
-  return invalid_argument(commsgd::detail::concat("argument 'candidate' = '", name,
-                                                  "' is not a known exchange", why,
-                                                  "; the allowed forms are ", candidate_forms));
+  return invalid_argument(commsgd::concat("argument 'candidate' = '", name, "' is not a known exchange", why,
+                                          "; the allowed forms are ", candidate_forms));
 }
 
 inline std::uint64_t parse_count(std::string_view name, std::string_view digits) {
@@ -118,22 +117,20 @@ struct bucket_shape {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> matrices;
 };
 
-namespace detail {
-
+// The checks every cost entry point makes of its inputs, public so that the exchange choice (sync/choose_*.hpp)
+// refuses the same inputs with the same words.
 inline void check_network(const comm::network_model& net) {
   if (!(std::isfinite(net.latency_s) && net.latency_s >= 0))
-    throw invalid_argument(commsgd::detail::concat("argument 'latency_s' = ", net.latency_s,
-                                                   " is outside the allowed range [0, inf)"));
-  if (!(net.bandwidth_bytes_per_s > 0)) // +inf passes: a free network
     throw invalid_argument(
-        commsgd::detail::concat("argument 'bandwidth_bytes_per_s' = ", net.bandwidth_bytes_per_s,
-                                " is outside the allowed range (0, inf]"));
+        commsgd::concat("argument 'latency_s' = ", net.latency_s, " is outside the allowed range [0, inf)"));
+  if (!(net.bandwidth_bytes_per_s > 0)) // +inf passes: a free network
+    throw invalid_argument(commsgd::concat("argument 'bandwidth_bytes_per_s' = ", net.bandwidth_bytes_per_s,
+                                           " is outside the allowed range (0, inf]"));
 }
 
 inline void check_ranks(int n) {
   if (n < 1)
-    throw invalid_argument(
-        commsgd::detail::concat("argument 'n' = ", n, " is outside the allowed range [1, inf)"));
+    throw invalid_argument(commsgd::concat("argument 'n' = ", n, " is outside the allowed range [1, inf)"));
 }
 
 inline void check_shape(const bucket_shape& s) {
@@ -142,12 +139,14 @@ inline void check_shape(const bucket_shape& s) {
   for (std::size_t m = 0; m < s.matrices.size(); ++m) {
     const auto [rows, cols] = s.matrices[m];
     if (rows < 1 || cols < 1 || rows > s.values / cols || rows * cols > s.values - in_matrices)
-      throw size_mismatch(commsgd::detail::concat("argument 'matrices': matrix ", m, " (", rows, " x ", cols,
-                                                  ") is empty or does not fit in the bucket's ", s.values,
-                                                  " values beside the matrices before it"));
+      throw size_mismatch(commsgd::concat("argument 'matrices': matrix ", m, " (", rows, " x ", cols,
+                                          ") is empty or does not fit in the bucket's ", s.values,
+                                          " values beside the matrices before it"));
     in_matrices += rows * cols;
   }
 }
+
+namespace detail {
 
 // A ring all-reduce of d values of `size` bytes, at its slowest rank; an empty buffer is not sent.
 inline double ring_seconds(std::uint64_t d, std::size_t size, int n, const comm::network_model& net) {
@@ -218,9 +217,9 @@ inline double qsgd_seconds(std::uint64_t levels, const bucket_shape& s, int n,
 // Network seconds of one bucket's exchange over n ranks.
 inline double exchange_seconds(const candidate& c, const bucket_shape& s, int n,
                                const comm::network_model& net) {
-  detail::check_ranks(n);
-  detail::check_network(net);
-  detail::check_shape(s);
+  check_ranks(n);
+  check_network(net);
+  check_shape(s);
   switch (c.kind) {
   case candidate_kind::dense:
     return detail::ring_seconds(s.values, 4, n, net);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <commsgd/cost/candidate.hpp>
+#include <commsgd/cost/coding_traffic.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/cost/diloco.hpp>
 #include <commsgd/cost/gradient_code.hpp>
@@ -11,4 +12,3 @@
 #include <commsgd/cost/sparse.hpp>
 #include <commsgd/cost/sparse_allreduce.hpp>
 #include <commsgd/cost/time.hpp>
-#include <commsgd/cost/traffic.hpp>

@@ -11,7 +11,7 @@
 // vectors: n - 1 messages of 4 d bytes each way (cost::all_gather).
 #pragma once
 
-#include <commsgd/cost/traffic.hpp>
+#include <commsgd/cost/coding_traffic.hpp>
 
 #include <cstdint>
 #include <span>
@@ -25,7 +25,7 @@ inline constexpr std::uint64_t first_arrivals_message_bytes(std::uint64_t d) noe
 // One round on `rank`: whether it sent its vector and, on the root, how many messages it took in.
 inline comm::traffic first_arrivals_round(int n, std::uint64_t d, int rank, int root, bool sent,
                                           std::uint64_t received = 0) {
-  commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
+  commsgd::coding::check_nodes_and_redundancy(n, 1);
   detail::check_node(n, rank);
   detail::check_node(n, root);
   const std::uint64_t m = first_arrivals_message_bytes(d);
@@ -40,12 +40,12 @@ inline comm::traffic first_arrivals_round(int n, std::uint64_t d, int rank, int 
 // A real-time run of `rounds` rounds and finish(), where vectors[k] is how many vectors rank k sent.
 inline comm::traffic first_arrivals_run(int n, std::uint64_t d, int rank, int root, std::uint64_t rounds,
                                         std::span<const std::uint64_t> vectors) {
-  commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
+  commsgd::coding::check_nodes_and_redundancy(n, 1);
   detail::check_node(n, rank);
   detail::check_node(n, root);
   if (vectors.size() != static_cast<std::size_t>(n))
-    throw size_mismatch(commsgd::detail::concat("argument 'vectors' holds ", vectors.size(),
-                                                " counts; it must hold one per rank, n = ", n));
+    throw size_mismatch(commsgd::concat("argument 'vectors' holds ", vectors.size(),
+                                        " counts; it must hold one per rank, n = ", n));
   const std::uint64_t m = first_arrivals_message_bytes(d);
   if (n == 1) return {};
   if (rank == root) {

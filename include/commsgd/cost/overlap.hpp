@@ -60,7 +60,7 @@ namespace detail {
 inline void check_seconds(std::string_view name, double v) {
   if (!(std::isfinite(v) && v >= 0))
     throw invalid_argument(
-        commsgd::detail::concat("argument '", name, "' = ", v, " is outside the allowed range [0, inf)"));
+        commsgd::concat("argument '", name, "' = ", v, " is outside the allowed range [0, inf)"));
 }
 
 inline void check_profile(const step_profile& p) {
@@ -70,15 +70,15 @@ inline void check_profile(const step_profile& p) {
   double previous = 0;
   for (std::size_t i = 0; i < p.buckets.size(); ++i) {
     const auto& b = p.buckets[i];
-    const auto field = [i](const char* f) { return commsgd::detail::concat("buckets[", i, "].", f); };
+    const auto field = [i](const char* f) { return commsgd::concat("buckets[", i, "].", f); };
     check_seconds(field("call_s"), b.call_s);
     check_seconds(field("async_s"), b.async_s);
     check_seconds(field("exchange_s"), b.exchange_s);
     // Hooks fire in bucket order, so a bucket cannot be ready before the one called ahead of it.
     if (!(b.ready_s >= previous && b.ready_s <= p.backward_s))
-      throw invalid_argument(commsgd::detail::concat(
+      throw invalid_argument(commsgd::concat(
           "argument '", field("ready_s"), "' = ", b.ready_s, " is outside the allowed range [",
-          i == 0 ? std::string("0") : commsgd::detail::concat(previous, " (the previous bucket's ready_s)"),
+          i == 0 ? std::string("0") : commsgd::concat(previous, " (the previous bucket's ready_s)"),
           ", backward_s = ", p.backward_s, "]"));
     previous = b.ready_s;
   }

@@ -49,12 +49,12 @@ struct redundancy_plan {
 };
 
 inline redundancy_plan choose_redundancy(const step_model& m) {
-  commsgd::coding::detail::check_nodes_and_redundancy(m.n, 1);
+  commsgd::coding::check_nodes_and_redundancy(m.n, 1);
   m.network.validate();
   if (!(std::isfinite(m.compute_seconds_per_sample) && m.compute_seconds_per_sample >= 0))
     throw invalid_argument(
-        commsgd::detail::concat("argument 'compute_seconds_per_sample' = ", m.compute_seconds_per_sample,
-                                " is outside the allowed range [0, inf)"));
+        commsgd::concat("argument 'compute_seconds_per_sample' = ", m.compute_seconds_per_sample,
+                        " is outside the allowed range [0, inf)"));
   redundancy_plan plan;
   const double t_calc = m.compute_seconds_per_sample * static_cast<double>(m.batch) / m.n;
   const double comm_r1 =

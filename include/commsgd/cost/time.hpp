@@ -13,7 +13,7 @@
 #include <commsgd/coding/cssgd.hpp>
 #include <commsgd/coding/subsets.hpp>
 #include <commsgd/comm/simulated.hpp>
-#include <commsgd/cost/traffic.hpp>
+#include <commsgd/cost/coding_traffic.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -22,7 +22,7 @@ namespace commsgd::inline v1::cost {
 
 inline comm::traffic all_gather_load(int n, std::uint64_t d, std::size_t element_size,
                                      const comm::network_model& net) {
-  commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
+  commsgd::coding::check_nodes_and_redundancy(n, 1);
   return comm::load::all_gather(d * element_size, n, net.medium);
 }
 
@@ -30,7 +30,7 @@ inline comm::traffic all_gather_load(int n, std::uint64_t d, std::size_t element
 // stands in each group) are exact too.
 inline comm::traffic cssgd_load(int n, int r, std::uint64_t d, std::size_t element_size, int rank,
                                 const comm::network_model& net) {
-  commsgd::coding::detail::check_nodes_and_redundancy(n, r);
+  commsgd::coding::check_nodes_and_redundancy(n, r);
   detail::check_node(n, rank);
   using namespace commsgd::coding;
   comm::traffic l;

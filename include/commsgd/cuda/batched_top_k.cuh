@@ -70,7 +70,7 @@ public:
   static constexpr const char* name = "top_k"; // the host sparsifier's: the same saved format
 
   explicit batched_top_k(std::span<const std::size_t> lengths, options opt = {}) : opt_(std::move(opt)) {
-    commsgd::detail::check_range("momentum", opt_.momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
+    commsgd::check_range("momentum", opt_.momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
     layout_ = detail::batched::make_layout(lengths, opt_.density, opt_.k);
     const std::size_t n = layout_.length;
     for (int b = 0; b < 2; ++b) {
@@ -270,14 +270,14 @@ public:
 
   // The host top_k's format, one layer per tensor. Waits for `stream`.
   void save(std::vector<std::byte>& out, cudaStream_t stream = nullptr) const {
-    out = state::detail::write_top_k_state(name, saved_layout(), host_ctl_.data()->committed,
-                                           residual_to_host(stream), momentum_to_host(stream));
+    out = state::write_top_k_state(name, saved_layout(), host_ctl_.data()->committed,
+                                   residual_to_host(stream), momentum_to_host(stream));
   }
   void save(std::ostream& os, cudaStream_t stream = nullptr) const { state::write_saved(os, *this, stream); }
   // Everything is parsed and checked before anything changes, so a bad blob changes nothing. Waits for
   // `stream`; the warm start begins again.
   void load(std::span<const std::byte> blob, cudaStream_t stream = nullptr) {
-    const state::detail::top_k_contents c = state::detail::read_top_k_state(blob, name, saved_layout());
+    const state::top_k_contents c = state::read_top_k_state(blob, name, saved_layout());
     reset(stream);
     copy_in(e_[0], c.residual, stream);
     if (has_momentum()) copy_in(u_[0], c.momentum, stream);
@@ -292,12 +292,12 @@ public:
 private:
   const detail::batched::segment& segment(std::size_t t) const {
     if (t >= tensors())
-      throw invalid_argument(commsgd::detail::concat("argument 't' = ", t,
-                                                     " is outside the allowed range [0, ", tensors(), ")"));
+      throw invalid_argument(
+          commsgd::concat("argument 't' = ", t, " is outside the allowed range [0, ", tensors(), ")"));
     return layout_.segments[t];
   }
 
-  state::detail::top_k_layout saved_layout() const noexcept {
+  state::top_k_layout saved_layout() const noexcept {
     return {layout_.length, sizeof(std::uint32_t), has_momentum(), tensors(), tensors()};
   }
 
@@ -371,19 +371,19 @@ private:
   void throw_if_refused() {
     const detail::batched::control& c = *host_ctl_.data();
     if (c.broken)
-      throw internal_error(commsgd::detail::concat(
-          "the batched top-k step's counts disagreed with its search (code ", c.broken, ")"));
+      throw internal_error(
+          commsgd::concat("the batched top-k step's counts disagreed with its search (code ", c.broken, ")"));
     if (c.refused > reported_refusals_) {
       reported_refusals_ = c.refused;
       const auto& s = c.first_refusal;
       if (s.grad_count > 0)
-        throw non_finite(commsgd::detail::concat("gradient (step ", c.first_refused_step,
-                                                 ", refused: the state is unchanged)"),
-                         s.grad_count, s.grad_first);
-      throw non_finite(commsgd::detail::concat(
-                           has_momentum() ? "error-feedback sum v + u" : "error-feedback sum g + e",
-                           " (overflow; step ", c.first_refused_step, ", refused: the state is unchanged)"),
-                       s.sum_count, s.sum_first);
+        throw non_finite(
+            commsgd::concat("gradient (step ", c.first_refused_step, ", refused: the state is unchanged)"),
+            s.grad_count, s.grad_first);
+      throw non_finite(
+          commsgd::concat(has_momentum() ? "error-feedback sum v + u" : "error-feedback sum g + e",
+                          " (overflow; step ", c.first_refused_step, ", refused: the state is unchanged)"),
+          s.sum_count, s.sum_first);
     }
   }
 

@@ -38,8 +38,8 @@ requires(std::is_same_v<Index, std::uint32_t> || std::is_same_v<Index, std::uint
   void* scan_storage = carver.take_bytes(scan_bytes);
   if (detail::size_query(workspace, workspace_bytes, carver.bytes())) return;
   if (std::is_same_v<Index, std::uint32_t> && n > std::numeric_limits<std::uint32_t>::max())
-    throw invalid_argument(commsgd::detail::concat(
-        "argument 'n' = ", n, " is outside the allowed range of uint32 indices [0, 2^32 - 1]"));
+    throw invalid_argument(commsgd::concat("argument 'n' = ", n,
+                                           " is outside the allowed range of uint32 indices [0, 2^32 - 1]"));
   if (d_threshold == nullptr || d_count == nullptr)
     throw invalid_argument("argument 'd_threshold' or 'd_count' is null");
   if (tiles == 0) {

@@ -242,9 +242,12 @@ __global__ void engine_finalize_kernel(const result_state* st, device_result* ou
   r.above = st->res_above;
   r.at = st->res_at;
   r.nonfinite_count = st->nonfinite;
-  r.first_nonfinite = st->nonfinite ? st->first_nonfinite : 0;
+  r.first_nonfinite = st->nonfinite ? st->first_nonfinite : no_nonfinite_index;
   *out = r;
-  if (previous && st->nonfinite == 0 && st->k > 0) *previous = st->value;
+  // A refused call (non-finite input, ties beyond the tolerance, an engine fault) is no warm start.
+  if (previous && st->nonfinite == 0 && st->k > 0 &&
+      !(st->flags & (ties_exceed_tolerance | internal_inconsistency)))
+    *previous = st->value;
 }
 
 } // namespace commsgd::inline v1::cuda::detail

@@ -159,7 +159,7 @@ COMMSGD_HOST_DEVICE State initial_state(u64 n, u64 k, u64 limit = 0, u32 approx 
   State st{};
   st.n = n;
   st.k = k;
-  st.first_nonfinite = ~0ull;
+  st.first_nonfinite = no_nonfinite_index;
   st.value = select::key_magnitude(select::infinite_key);
   if constexpr (std::is_base_of_v<search_state, State>) {
     st.cap = cap;

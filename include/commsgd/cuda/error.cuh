@@ -9,8 +9,8 @@ namespace commsgd::inline v1::cuda {
 
 inline void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
-    throw error(commsgd::detail::concat("CUDA error in ", what, ": ", cudaGetErrorName(status), ": ",
-                                        cudaGetErrorString(status)));
+    throw error(commsgd::concat("CUDA error in ", what, ": ", cudaGetErrorName(status), ": ",
+                                cudaGetErrorString(status)));
 }
 
 // Launch errors are sticky in cudaGetLastError until read: read right after each launch so the message

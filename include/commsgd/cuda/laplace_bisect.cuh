@@ -31,8 +31,11 @@ struct laplace_bisect_options {
 
 class laplace_bisect {
 public:
-  static constexpr bool is_exact = false;
+  static constexpr bool is_exact = false; // not for every options: see exact()
   static constexpr const char* name = "laplace_bisect";
+
+  // With trim every call selects exactly k (select::selects_exactly asks this).
+  bool exact() const noexcept { return options_.trim; }
 
   explicit laplace_bisect(laplace_bisect_options options = {})
       : options_(options), previous_(1), tracker_(1) {
@@ -49,15 +52,18 @@ public:
   // a caller selecting on a non-blocking stream synchronises that stream first.
   void restore(float threshold) {
     if (!(threshold >= 0.0f) || commsgd::select::magnitude_key(threshold) >= commsgd::select::infinite_key)
-      throw invalid_argument(commsgd::detail::concat("laplace_bisect state threshold = ", threshold,
-                                                     " is outside the allowed range [0, +inf)"));
+      throw invalid_argument(commsgd::concat("laplace_bisect state threshold = ", threshold,
+                                             " is outside the allowed range [0, +inf)"));
     check(cudaMemcpy(previous_.data(), &threshold, sizeof(float), cudaMemcpyHostToDevice),
           "cudaMemcpy(restored threshold)");
     clear_tracker();
     has_previous_ = threshold > 0.0f;
   }
   bool warm() const noexcept { return options_.warm_start && has_previous_; }
-  // Device copy of the last threshold; callers that save state copy it out.
+  // Device copy of the last threshold; callers that save state copy it out. A call refused for non-finite
+  // input or for ties beyond the tolerance writes neither it nor the record of how it moved: the next call
+  // starts from the last accepted threshold. Cold calls sum |x| with double atomics, so an approximate
+  // threshold may differ in its last bits from run to run (select/selector.hpp, Determinism).
   const float* previous_threshold() const noexcept { return previous_.data(); }
   const laplace_bisect_options& options() const noexcept { return options_; }
 

@@ -129,7 +129,8 @@ __global__ void __launch_bounds__(block_threads)
 template <class = void>
 __global__ void warm_record_kernel(const laplace_bisect_state* st, const float* previous,
                                    select::warm_tracker* tracker, bool had_previous) {
-  if (st->nonfinite != 0 || st->k == 0) return;
+  if (st->nonfinite != 0 || st->k == 0 || (st->flags & (ties_exceed_tolerance | internal_inconsistency)))
+    return;
   tracker->record(had_previous ? *previous : 0.0f, st->value);
 }
 

@@ -97,8 +97,8 @@ inline bool size_query(void* workspace, std::size_t& workspace_bytes, std::size_
     return true;
   }
   if (workspace_bytes < needed)
-    throw invalid_argument(commsgd::detail::concat("argument 'workspace_bytes' = ", workspace_bytes,
-                                                   " is outside the allowed range [", needed, ", inf)"));
+    throw invalid_argument(commsgd::concat("argument 'workspace_bytes' = ", workspace_bytes,
+                                           " is outside the allowed range [", needed, ", inf)"));
   return false;
 }
 

@@ -18,12 +18,15 @@ struct sampled_options {
 
 class sampled {
 public:
-  static constexpr bool is_exact = false;
+  static constexpr bool is_exact = false; // not for every options: see exact()
   static constexpr const char* name = "sampled";
+
+  // With trim every call selects exactly k (select::selects_exactly asks this).
+  bool exact() const noexcept { return options_.trim; }
 
   explicit sampled(sampled_options options = {}) : options_(options) {
     commsgd::select::check_tolerance(options_.tol);
-    commsgd::detail::check_range("sample_fraction", options_.sample_fraction, 1e-9, 1.0, "[1e-9, 1]");
+    commsgd::check_range("sample_fraction", options_.sample_fraction, 1e-9, 1.0, "[1e-9, 1]");
   }
 
   void select(void* workspace, std::size_t& workspace_bytes, const float* x, std::size_t n, std::size_t k,

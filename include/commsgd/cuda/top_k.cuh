@@ -85,7 +85,7 @@ struct top_k_options {
 namespace detail {
 
 // Non-finite values met by the fused update: in the gradient, and (with a finite gradient) in what it
-// produced, which can overflow. first_* is ~0 when the count is 0.
+// produced, which can overflow. first_* is no_nonfinite_index when its count is 0.
 struct top_k_status {
   u64 grad_count;
   u64 grad_first;
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(block_threads)
 // The threshold that selects every entry: +0, with all n entries counted as tied at it.
 template <class = void>
 __global__ void top_k_all_kernel(device_result* out, u64 n) {
-  *out = device_result{0.0f, 0u, 0ull, n, 0ull, ~0ull};
+  *out = device_result{0.0f, 0u, 0ull, n, 0ull, no_nonfinite_index};
 }
 
 // Page-locked host array: the target of the asynchronous copies of the pairs.
@@ -183,7 +183,7 @@ public:
       : length_(length), opt_(opt), selector_(std::move(selector)) {
     sparsify::check_index_fits<Index>(length_);
     k_ = select::k_for_density(length_, opt_.density); // checks density in (0, 1]
-    commsgd::detail::check_range("momentum", opt_.momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
+    commsgd::check_range("momentum", opt_.momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
     residual_ = device_buffer<float>(length_);
     work_ = device_buffer<float>(length_);
     if (has_momentum()) {
@@ -194,10 +194,12 @@ public:
     host_scalars_ = detail::pinned_array<detail::top_k_scalars>(1);
     zero_state(nullptr);
     check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
-    // Exact selectors return k pairs; approximate ones up to about (1 + tol) k: a margin, grown on demand.
-    grow_device_pairs(Selector::is_exact ? k_
-                                         : std::min(length_, k_ + k_ / top_k_tuning::margin_divisor +
-                                                                 top_k_tuning::margin_extra));
+    // Exact selectors (trimmed ones too) return k pairs; approximate ones up to about (1 + tol) k: a margin,
+    // grown on demand.
+    grow_device_pairs(
+        select::selects_exactly(selector_)
+            ? k_
+            : std::min(length_, k_ + k_ / top_k_tuning::margin_divisor + top_k_tuning::margin_extra));
   }
 
   std::size_t length() const noexcept { return length_; }
@@ -206,6 +208,8 @@ public:
   const options& config() const noexcept { return opt_; }
   bool has_momentum() const noexcept { return opt_.momentum > 0.0; }
   Selector& selector() noexcept { return selector_; }
+  // Pairs the device buffers hold without growing: k for an exact selector, a margin above it otherwise.
+  std::size_t pair_capacity() const noexcept { return capacity_; }
 
   // Device pointers to the state: e (v under momentum correction), and DGC's u (null without momentum).
   const float* residual() const noexcept { return residual_.data(); }
@@ -233,6 +237,7 @@ public:
     if (length_ > 0 && d_grad == nullptr) throw invalid_argument("argument 'd_grad' is null with length > 0");
     auto* sc = scalars_.data();
     check(cudaMemsetAsync(&sc->status, 0, sizeof sc->status, stream), "cudaMemsetAsync(status)");
+    static_assert(no_nonfinite_index == ~0ull); // what the two memsets of 0xff write
     check(cudaMemsetAsync(&sc->status.grad_first, 0xff, sizeof sc->status.grad_first, stream),
           "cudaMemsetAsync(status)");
     check(cudaMemsetAsync(&sc->status.sum_first, 0xff, sizeof sc->status.sum_first, stream),
@@ -289,9 +294,9 @@ public:
       count = static_cast<std::size_t>(host_scalars_.data()->count);
     }
     if (count != t.count())
-      throw error(commsgd::detail::concat("selector '", Selector::name, "' broke its contract: it reported ",
-                                          t.count(), " entries (", t.above, " above ", t.value, ", ", t.at,
-                                          " at it) but compaction found ", count));
+      throw error(commsgd::concat("selector '", Selector::name, "' broke its contract: it reported ",
+                                  t.count(), " entries (", t.above, " above ", t.value, ", ", t.at,
+                                  " at it) but compaction found ", count));
 
     std::swap(residual_, work_);
     if (has_momentum()) std::swap(momentum_, work_u_);
@@ -313,8 +318,8 @@ public:
   // The host sparsifier's format (sparsify::top_k::save with one layer). Synchronises `stream`.
   void save(std::vector<std::byte>& out, cudaStream_t stream = nullptr) const {
     // Device selectors' warm-start memory is not saved.
-    out = state::detail::write_top_k_state(name, layout(), steps_, residual_to_host(stream),
-                                           momentum_to_host(stream));
+    out =
+        state::write_top_k_state(name, layout(), steps_, residual_to_host(stream), momentum_to_host(stream));
   }
   void save(std::ostream& os, cudaStream_t stream = nullptr) const { state::write_saved(os, *this, stream); }
 
@@ -322,7 +327,7 @@ public:
   // Synchronises `stream`. The selector restarts cold (see the top).
   void load(std::span<const std::byte> blob, cudaStream_t stream = nullptr) {
     // A host selector's state (if any) means nothing to a device selector.
-    const state::detail::top_k_contents c = state::detail::read_top_k_state(blob, name, layout());
+    const state::top_k_contents c = state::read_top_k_state(blob, name, layout());
     // Into the scratch buffers first, so a failing copy leaves the state as it was.
     if (length_ > 0) {
       check(cudaMemcpyAsync(work_.data(), c.residual.data(), length_ * sizeof(float), cudaMemcpyHostToDevice,
@@ -350,9 +355,7 @@ private:
   };
 
   // What the saved state must agree on: the host top_k's layout with one layer and one selector.
-  state::detail::top_k_layout layout() const noexcept {
-    return {length_, sizeof(Index), has_momentum(), 1, 1};
-  }
+  state::top_k_layout layout() const noexcept { return {length_, sizeof(Index), has_momentum(), 1, 1}; }
 
   std::vector<float> to_host(const float* d, cudaStream_t stream) const {
     std::vector<float> h(length_);

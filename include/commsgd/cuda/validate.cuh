@@ -7,7 +7,7 @@ namespace commsgd::inline v1::cuda {
 
 struct non_finite_count {
   unsigned long long count;
-  unsigned long long first_index; // ~0 when count == 0
+  unsigned long long first_index; // no_nonfinite_index when count == 0
 };
 
 namespace detail {
@@ -29,6 +29,7 @@ __global__ void __launch_bounds__(block_threads)
 inline void count_non_finite(const float* x, std::size_t n, non_finite_count* d_out,
                              cudaStream_t stream = nullptr) {
   check(cudaMemsetAsync(d_out, 0, sizeof(unsigned long long), stream), "cudaMemsetAsync");
+  static_assert(no_nonfinite_index == ~0ull); // what a memset of 0xff writes
   check(cudaMemsetAsync(&d_out->first_index, 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync");
   if (n == 0) return;
   detail::count_non_finite_kernel<><<<detail::grid_for(n), detail::block_threads, 0, stream>>>(x, n, d_out);

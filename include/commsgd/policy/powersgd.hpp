@@ -11,8 +11,8 @@
 
 namespace commsgd::inline v1::policy {
 
-// PowerSGD as data_parallel's compressor. Its settings come from the options' `powersgd` member
-// (its options, compress::powersgd_options: rank and layer shapes).
+// PowerSGD as data_parallel's compressor; its options are compress::powersgd_options (rank and layer
+// shapes), the type of the options' `compression` field.
 struct powersgd {};
 
 template <>

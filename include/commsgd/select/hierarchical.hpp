@@ -38,8 +38,8 @@ public:
 
   hierarchical() = default;
   explicit hierarchical(options opt) : opt_(opt) {
-    commsgd::detail::check_range("segment", opt.segment, std::size_t{1}, static_cast<std::size_t>(-1),
-                                 "[1, SIZE_MAX]");
+    commsgd::check_range("segment", opt.segment, std::size_t{1}, static_cast<std::size_t>(-1),
+                         "[1, SIZE_MAX]");
   }
 
   // Whether the last call had to fall back to a whole-input radix select.

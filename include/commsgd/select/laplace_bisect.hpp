@@ -39,7 +39,7 @@ namespace commsgd::inline v1::select {
 
 class laplace_bisect {
 public:
-  static constexpr bool is_exact = false;
+  static constexpr bool is_exact = false; // not for every options: see exact()
   static constexpr const char* name = "laplace_bisect";
 
   enum class location {
@@ -70,11 +70,15 @@ public:
   laplace_bisect() = default;
   explicit laplace_bisect(options opt) : opt_(opt) { check_tolerance(opt.tol); }
 
+  // With trim every call selects exactly k.
+  bool exact() const noexcept { return opt_.trim; }
+
+  // A call that raised (non-finite input, ties beyond the tolerance) left it as it was.
   state saved_state() const noexcept { return state_; }
   void restore(state s) {
     if (!(s.threshold >= 0.0f) || magnitude_key(s.threshold) >= infinite_key)
-      throw invalid_argument(commsgd::detail::concat("laplace_bisect state threshold = ", s.threshold,
-                                                     " is outside the allowed range [0, +inf)"));
+      throw invalid_argument(commsgd::concat("laplace_bisect state threshold = ", s.threshold,
+                                             " is outside the allowed range [0, +inf)"));
     state_ = s;
     track_ = tracker{};
   }
@@ -186,10 +190,10 @@ private:
 
   [[noreturn]] void refuse_ties(std::uint32_t key, std::size_t above, std::size_t equal, std::size_t k,
                                 std::size_t limit) const {
-    throw unsupported(commsgd::detail::concat(
-        "laplace_bisect cannot land in [k, ceil((1 + tol) k)] = [", k, ", ", limit, "] with tol = ", opt_.tol,
-        ": ", equal, " entries tie at |x| = ", key_magnitude(key), " with ", above,
-        " above it; use options.trim to select exactly k, or a larger tol"));
+    throw unsupported(commsgd::concat("laplace_bisect cannot land in [k, ceil((1 + tol) k)] = [", k, ", ",
+                                      limit, "] with tol = ", opt_.tol, ": ", equal,
+                                      " entries tie at |x| = ", key_magnitude(key), " with ", above,
+                                      " above it; use options.trim to select exactly k, or a larger tol"));
   }
 
   threshold settle(std::uint32_t key, std::size_t above, std::size_t equal, std::size_t k,

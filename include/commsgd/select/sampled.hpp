@@ -21,7 +21,7 @@ namespace commsgd::inline v1::select {
 
 class sampled {
 public:
-  static constexpr bool is_exact = false;
+  static constexpr bool is_exact = false; // not for every options: see exact()
   static constexpr const char* name = "sampled";
   struct options {
     double fraction = 0.01;        // share of x in the sample
@@ -33,9 +33,12 @@ public:
 
   sampled() = default;
   explicit sampled(options opt) : opt_(opt) {
-    commsgd::detail::check_range("fraction", opt.fraction, std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
+    commsgd::check_range("fraction", opt.fraction, std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
     check_tolerance(opt.tol);
   }
+
+  // With trim every call selects exactly k.
+  bool exact() const noexcept { return opt_.trim; }
 
   unsigned last_passes() const noexcept { return passes_; }
 
@@ -84,10 +87,10 @@ private:
                    std::size_t limit) const {
     if (opt_.trim) return detail::exact_result(key, above, k);
     if (above + equal > limit)
-      throw unsupported(commsgd::detail::concat(
-          "sampled cannot land in [k, ceil((1 + tol) k)] = [", k, ", ", limit, "] with tol = ", opt_.tol,
-          ": ", equal, " entries tie at |x| = ", key_magnitude(key), " with ", above,
-          " above it; use options.trim to select exactly k, or a larger tol"));
+      throw unsupported(commsgd::concat("sampled cannot land in [k, ceil((1 + tol) k)] = [", k, ", ", limit,
+                                        "] with tol = ", opt_.tol, ": ", equal,
+                                        " entries tie at |x| = ", key_magnitude(key), " with ", above,
+                                        " above it; use options.trim to select exactly k, or a larger tol"));
     return threshold{key_magnitude(key), above, equal};
   }
 

@@ -17,6 +17,17 @@
 // - Approximate methods select every |x_i| >= value and land in [k, ceil((1 + tol) k)]; where they cannot
 //   (more than tol k values tie at the threshold) they raise commsgd::unsupported saying so.
 // - k == 0 gives value = +inf and an empty set; k == N selects everything.
+// - Exactness: S::is_exact says every object of S is exact, whatever its options; an object of a method
+//   that options can make exact (laplace_bisect and sampled with trim) says so through exact(), and
+//   selects_exactly(s) asks whichever the object has. Code that sizes buffers for, or checks the count of,
+//   one selector's results asks selects_exactly, not is_exact.
+// - Determinism: exact methods are deterministic (the same set on every run, on CPU and GPU). Approximate
+//   methods need not be run to run: the CUDA laplace_bisect's cold call sums |x| with double atomics, whose
+//   order varies, so the threshold can differ in its last bits between runs (every result still meets the
+//   [k, ceil((1 + tol) k)] contract). Where ranks or runs must agree bit for bit, use an exact method or
+//   trim (trimmed results are the exact set whatever threshold the search found).
+// - Warm start: a call that raises (non-finite input, ties beyond the tolerance) does not become the next
+//   call's warm start; the state stays what the last successful call left.
 #pragma once
 
 #include <commsgd/config.hpp>
@@ -46,17 +57,28 @@ concept selector = requires(S& s, std::span<const float> x, std::size_t k) {
   { S::name } -> std::convertible_to<const char*>;
 };
 
+// Whether this selector object selects exactly k (see the contract above); host and device selectors alike.
+template <class S>
+constexpr bool selects_exactly(const S& s) noexcept {
+  if constexpr (requires {
+                  { s.exact() } -> std::convertible_to<bool>;
+                })
+    return s.exact();
+  else
+    return S::is_exact;
+}
+
 // k for a density in (0, 1]: ceil(density * n), so a positive density never selects nothing from a
 // non-empty vector.
 inline std::size_t k_for_density(std::size_t n, double density) {
-  commsgd::detail::check_range("density", density, std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
+  commsgd::check_range("density", density, std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
   const double k = std::ceil(density * static_cast<double>(n));
   return k >= static_cast<double>(n) ? n : static_cast<std::size_t>(k);
 }
 
 // The one check of a tolerance, shared by every approximate method on host and device.
 inline void check_tolerance(double tol) {
-  commsgd::detail::check_range("tol", tol, 0.0, 1e9, "[0, 1e9]");
+  commsgd::check_range("tol", tol, 0.0, 1e9, "[0, 1e9]");
 }
 
 // The largest count an approximate method may return for k and tolerance tol: ceil((1 + tol) k), with tol
@@ -94,7 +116,7 @@ COMMSGD_HOST_DEVICE inline std::size_t count_limit(std::size_t k, double tol) {
 inline void check_k(std::size_t k, std::size_t n) {
   if (k > n)
     throw invalid_argument(
-        commsgd::detail::concat("argument 'k' = ", k, " is outside the allowed range [0, N = ", n, "]"));
+        commsgd::concat("argument 'k' = ", k, " is outside the allowed range [0, N = ", n, "]"));
 }
 
 } // namespace commsgd::inline v1::select

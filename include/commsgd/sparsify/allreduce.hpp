@@ -61,11 +61,11 @@ struct allreduce_options {
 
 inline void validate(const allreduce_options& o) {
   if (o.refresh_steps < 1)
-    throw invalid_argument(commsgd::detail::concat("argument 'refresh_steps' = ", o.refresh_steps,
-                                                   " is outside the allowed range [1, inf)"));
+    throw invalid_argument(commsgd::concat("argument 'refresh_steps' = ", o.refresh_steps,
+                                           " is outside the allowed range [1, inf)"));
   if (!(o.drift >= 1.0))
     throw invalid_argument(
-        commsgd::detail::concat("argument 'drift' = ", o.drift, " is outside the allowed range [1, inf]"));
+        commsgd::concat("argument 'drift' = ", o.drift, " is outside the allowed range [1, inf]"));
 }
 
 // comm::exchange_report's fields (dense, the total and the per-rank counts of announced pairs) and what this
@@ -173,9 +173,9 @@ public:
     for (std::size_t r = 0; r < un; ++r) {
       const auto* h = head_in_.data() + hf * r;
       if (h[2] == detail::allreduce_refused)
-        throw comm_aborted(commsgd::detail::concat("sparse all-reduce: rank ", r,
-                                                   " refused its gradient before the exchange (that rank "
-                                                   "raised the reason)"));
+        throw comm_aborted(commsgd::concat("sparse all-reduce: rank ", r,
+                                           " refused its gradient before the exchange (that rank "
+                                           "raised the reason)"));
       detail::raise_message_problem(static_cast<int>(r), me, h);
       agree(r, "length", h0[1], h[1]);
       agree(r, "k_global", h0[5], h[5]);
@@ -239,8 +239,8 @@ public:
       for (const auto& e : from) {
         const auto i = static_cast<std::uint64_t>(e.index);
         if (i < lo || i >= hi)
-          throw corrupt_data(commsgd::detail::concat("sparse all-reduce: rank ", r, " sent index ", i,
-                                                     " to the owner of region [", lo, ", ", hi, ")"));
+          throw corrupt_data(commsgd::concat("sparse all-reduce: rank ", r, " sent index ", i,
+                                             " to the owner of region [", lo, ", ", hi, ")"));
         auto& s = seen_[static_cast<std::size_t>(i - lo)];
         if (!s) {
           s = 1;
@@ -276,9 +276,9 @@ public:
       for (std::size_t j = 0; j < got[r]; ++j, ++pos) {
         const auto i = static_cast<std::uint64_t>(gathered_[pos].index);
         if (i < bounds_[r] || i >= bounds_[r + 1] || (pos > 0 && i <= prev))
-          throw corrupt_data(commsgd::detail::concat("sparse all-reduce: owner ", r, " selected index ", i,
-                                                     " outside its region [", bounds_[r], ", ",
-                                                     bounds_[r + 1], ") or out of order"));
+          throw corrupt_data(commsgd::concat("sparse all-reduce: owner ", r, " selected index ", i,
+                                             " outside its region [", bounds_[r], ", ", bounds_[r + 1],
+                                             ") or out of order"));
         prev = i;
       }
     std::uint64_t bad = 0, first = 0;
@@ -344,9 +344,8 @@ private:
 
   static void agree(std::size_t r, const char* what, std::uint64_t first, std::uint64_t theirs) {
     if (first != theirs)
-      throw size_mismatch(commsgd::detail::concat("sparse all-reduce: ranks disagree on '", what,
-                                                  "' (rank 0 has ", first, ", rank ", r, " has ", theirs,
-                                                  ")"));
+      throw size_mismatch(commsgd::concat("sparse all-reduce: ranks disagree on '", what, "' (rank 0 has ",
+                                          first, ", rank ", r, " has ", theirs, ")"));
   }
 
   // The magnitude key from which the reduced sums of every region reach k_global: the lower edge of the bin

@@ -50,8 +50,8 @@ public:
 
   const allreduce_report& reduce(std::span<const std::span<const float>> blocks, std::span<float> out) {
     if (blocks.size() != 1)
-      throw size_mismatch(commsgd::detail::concat("argument 'blocks' holds ", blocks.size(),
-                                                  " block gradients; a sparsifier takes one per rank"));
+      throw size_mismatch(commsgd::concat("argument 'blocks' holds ", blocks.size(),
+                                          " block gradients; a sparsifier takes one per rank"));
     const std::uint64_t k = sparsifier_.k_at(sparsifier_.steps());
     typename Sparsifier::message_type mine;
     try {

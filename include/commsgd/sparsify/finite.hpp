@@ -32,8 +32,8 @@ inline void throw_non_finite(std::span<const float> x, std::string_view what) {
 
 inline void check_gradient_size(std::size_t got, std::size_t length) {
   if (got != length)
-    throw size_mismatch(commsgd::detail::concat("argument 'gradient' has ", got,
-                                                " elements, the sparsifier's length is ", length));
+    throw size_mismatch(
+        commsgd::concat("argument 'gradient' has ", got, " elements, the sparsifier's length is ", length));
 }
 
 } // namespace detail

@@ -7,7 +7,6 @@
 
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/policy/traits.hpp>
 #include <commsgd/sparsify/finite.hpp>
 #include <commsgd/sparsify/sparse_vector.hpp>
 #include <commsgd/sparsify/sparsifier.hpp>
@@ -74,7 +73,7 @@ public:
     const auto len = r.get<std::uint64_t>();
     if (len != length_)
       throw corrupt_data(
-          commsgd::detail::concat("saved state: length ", len, " differs from this sparsifier's ", length_));
+          commsgd::concat("saved state: length ", len, " differs from this sparsifier's ", length_));
     const auto steps = r.get<std::uint64_t>();
     r.expect_end();
     steps_ = steps;

@@ -82,25 +82,24 @@ message_problem inspect_message(const sparse_view<Index>& m, std::span<float> ou
 // exception on every rank.
 inline void raise_message_problem(int r, int me, const std::uint64_t* h) {
   const auto code = static_cast<message_problem>(h[2] & 0xff);
-  const std::string who = r == me ? std::string("this rank's") : commsgd::detail::concat("rank ", r, "'s");
+  const std::string who = r == me ? std::string("this rank's") : commsgd::concat("rank ", r, "'s");
   switch (code) {
   case message_problem::none:
     return;
   case message_problem::output_size:
-    throw size_mismatch(commsgd::detail::concat("sparse exchange: ", who, " argument 'out' has ", h[3],
-                                                " elements, its message's length is ", h[1]));
+    throw size_mismatch(commsgd::concat("sparse exchange: ", who, " argument 'out' has ", h[3],
+                                        " elements, its message's length is ", h[1]));
   case message_problem::ragged:
-    throw size_mismatch(commsgd::detail::concat("sparse exchange: ", who, " message has ", h[0],
-                                                " indices but ", h[3], " values"));
+    throw size_mismatch(
+        commsgd::concat("sparse exchange: ", who, " message has ", h[0], " indices but ", h[3], " values"));
   case message_problem::bad_index:
-    throw invalid_argument(
-        commsgd::detail::concat("sparse exchange: ", who, " message argument 'indices' at position ", h[3],
-                                " is out of range [0, ", h[1], ") or not strictly rising"));
+    throw invalid_argument(commsgd::concat("sparse exchange: ", who,
+                                           " message argument 'indices' at position ", h[3],
+                                           " is out of range [0, ", h[1], ") or not strictly rising"));
   case message_problem::non_finite:
     throw non_finite(who + " sparse message values", h[2] >> 8, h[3]);
   }
-  throw corrupt_data(
-      commsgd::detail::concat("sparse exchange: rank ", r, " sent an unknown header code ", h[2]));
+  throw corrupt_data(commsgd::concat("sparse exchange: rank ", r, " sent an unknown header code ", h[2]));
 }
 
 } // namespace detail
@@ -129,8 +128,8 @@ public:
       detail::raise_message_problem(r, c.rank(), h);
       if (h[1] != length)
         throw size_mismatch(
-            commsgd::detail::concat("sparse exchange: ranks disagree on the message 'length' (rank 0 has ",
-                                    length, ", rank ", r, " has ", h[1], ")"));
+            commsgd::concat("sparse exchange: ranks disagree on the message 'length' (rank 0 has ", length,
+                            ", rank ", r, " has ", h[1], ")"));
       rep.counts[static_cast<std::size_t>(r)] = h[0];
       rep.total += h[0];
     }
@@ -149,14 +148,14 @@ public:
     const auto got = c.all_gather_v(std::span<const entry<Index>>(packed_), gathered_);
     for (int r = 0; r < n; ++r)
       if (got[static_cast<std::size_t>(r)] != rep.counts[static_cast<std::size_t>(r)])
-        throw comm_error(commsgd::detail::concat("sparse exchange: rank ", r, " announced ",
-                                                 rep.counts[static_cast<std::size_t>(r)], " pairs but sent ",
-                                                 got[static_cast<std::size_t>(r)]));
+        throw comm_error(commsgd::concat("sparse exchange: rank ", r, " announced ",
+                                         rep.counts[static_cast<std::size_t>(r)], " pairs but sent ",
+                                         got[static_cast<std::size_t>(r)]));
     // Every rank checked its own indices before sending; this guards the write against a damaged transport.
     for (const auto& e : gathered_) {
       if (static_cast<std::uint64_t>(e.index) >= length)
-        throw corrupt_data(commsgd::detail::concat("sparse exchange: received index ", e.index,
-                                                   " outside the vector's length ", length));
+        throw corrupt_data(commsgd::concat("sparse exchange: received index ", e.index,
+                                           " outside the vector's length ", length));
       out[static_cast<std::size_t>(e.index)] += e.value;
     }
     return rep;
@@ -166,8 +165,8 @@ public:
   template <comm::communicator C>
   comm::exchange_report sum(C& c, dense_view mine, std::span<float> out) {
     if (out.size() != mine.length())
-      throw size_mismatch(commsgd::detail::concat("argument 'out' has ", out.size(),
-                                                  " elements, the message's length is ", mine.length()));
+      throw size_mismatch(commsgd::concat("argument 'out' has ", out.size(),
+                                          " elements, the message's length is ", mine.length()));
     if (out.data() != mine.values.data()) std::copy(mine.values.begin(), mine.values.end(), out.begin());
     c.all_reduce_sum(out);
     return {true, mine.length(), {}};

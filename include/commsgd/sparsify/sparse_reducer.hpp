@@ -48,8 +48,8 @@ public:
 
   const comm::exchange_report& reduce(std::span<const std::span<const float>> blocks, std::span<float> out) {
     if (blocks.size() != 1)
-      throw size_mismatch(commsgd::detail::concat("argument 'blocks' holds ", blocks.size(),
-                                                  " block gradients; a sparsifier takes one per rank"));
+      throw size_mismatch(commsgd::concat("argument 'blocks' holds ", blocks.size(),
+                                          " block gradients; a sparsifier takes one per rank"));
     last_ = exchanger_.sum(*comm_, sparsifier_.step(blocks[0]), out);
     return last_;
   }

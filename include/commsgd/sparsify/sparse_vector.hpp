@@ -30,10 +30,10 @@ constexpr bool index_fits(std::size_t length) noexcept {
 template <sparse_index Index>
 void check_index_fits(std::size_t length) {
   if (!index_fits<Index>(length))
-    throw invalid_argument(commsgd::detail::concat(
-        "argument 'length' = ", length, " is outside the allowed range [0, ",
-        std::size_t{std::numeric_limits<Index>::max()} + 1, "] of ", sizeof(Index) * 8,
-        "-bit indices; use 64-bit indices (sparse_vector64, top_k<S, std::uint64_t>)"));
+    throw invalid_argument(
+        commsgd::concat("argument 'length' = ", length, " is outside the allowed range [0, ",
+                        std::size_t{std::numeric_limits<Index>::max()} + 1, "] of ", sizeof(Index) * 8,
+                        "-bit indices; use 64-bit indices (sparse_vector64, top_k<S, std::uint64_t>)"));
 }
 
 // One pair as it travels: packed so that a rank's message is one contiguous array.
@@ -92,7 +92,7 @@ public:
   // Checked append for hand-built vectors: indices must rise strictly and stay below length().
   void push_back(Index i, float v) {
     if (static_cast<std::size_t>(i) >= length_ || (!indices_.empty() && i <= indices_.back()))
-      throw invalid_argument(commsgd::detail::concat(
+      throw invalid_argument(commsgd::concat(
           "argument 'index' = ", i, " must be below length ", length_, " and above the last index ",
           indices_.empty() ? std::string("(none)") : std::to_string(indices_.back())));
     push_back_unchecked(i, v);
@@ -103,8 +103,8 @@ public:
   // dense[i] += value for every pair: how a receiver applies one message.
   void add_to(std::span<float> dense) const {
     if (dense.size() != length_)
-      throw size_mismatch(commsgd::detail::concat("argument 'dense' has ", dense.size(),
-                                                  " elements, the sparse vector's length is ", length_));
+      throw size_mismatch(commsgd::concat("argument 'dense' has ", dense.size(),
+                                          " elements, the sparse vector's length is ", length_));
     for (std::size_t j = 0; j < indices_.size(); ++j)
       dense[indices_[j]] += values_[j];
   }

@@ -184,13 +184,12 @@ public:
   // length() and every value finite; all are checked before anything changes.
   void restore_unsent(std::span<const Index> indices, std::span<const float> values) {
     if (indices.size() != values.size())
-      throw size_mismatch(commsgd::detail::concat("argument 'indices' holds ", indices.size(),
-                                                  " entries but 'values' holds ", values.size()));
+      throw size_mismatch(commsgd::concat("argument 'indices' holds ", indices.size(),
+                                          " entries but 'values' holds ", values.size()));
     for (std::size_t j = 0; j < indices.size(); ++j)
       if (static_cast<std::uint64_t>(indices[j]) >= length_)
-        throw invalid_argument(commsgd::detail::concat("argument 'indices' at position ", j, " = ",
-                                                       indices[j], " is outside the allowed range [0, ",
-                                                       length_, ")"));
+        throw invalid_argument(commsgd::concat("argument 'indices' at position ", j, " = ", indices[j],
+                                               " is outside the allowed range [0, ", length_, ")"));
     detail::throw_non_finite(values, "returned values");
     for (std::size_t j = 0; j < indices.size(); ++j) {
       float& e = residual_[static_cast<std::size_t>(indices[j])];
@@ -211,11 +210,11 @@ public:
   // `momentum` is empty unless momentum correction is on. Checked before anything changes.
   void assign(std::uint64_t steps, std::span<const float> residual, std::span<const float> momentum = {}) {
     if (residual.size() != length_)
-      throw size_mismatch(commsgd::detail::concat("argument 'residual' holds ", residual.size(),
-                                                  " values; this top_k's length is ", length_));
+      throw size_mismatch(commsgd::concat("argument 'residual' holds ", residual.size(),
+                                          " values; this top_k's length is ", length_));
     if (momentum.size() != momentum_.size())
-      throw size_mismatch(commsgd::detail::concat("argument 'momentum' holds ", momentum.size(),
-                                                  " values; this top_k holds ", momentum_.size()));
+      throw size_mismatch(commsgd::concat("argument 'momentum' holds ", momentum.size(),
+                                          " values; this top_k holds ", momentum_.size()));
     detail::throw_non_finite(residual, "residual");
     detail::throw_non_finite(momentum, "momentum");
     std::copy(residual.begin(), residual.end(), residual_.begin());
@@ -225,7 +224,7 @@ public:
   }
 
   void save(std::vector<std::byte>& out) const {
-    out = state::detail::write_top_k_state(name, layout(), steps_, residual_, momentum_, [&](std::size_t i) {
+    out = state::write_top_k_state(name, layout(), steps_, residual_, momentum_, [&](std::size_t i) {
       std::vector<std::byte> bytes;
       const Selector& s = selectors_[i];
       if constexpr (selector_with_value_state<Selector>) {
@@ -247,15 +246,15 @@ public:
   // Everything is parsed and checked before anything is replaced, so a bad stream changes nothing.
   void load(std::span<const std::byte> blob) {
     std::vector<Selector> selectors = selectors_;
-    state::detail::top_k_contents c = state::detail::read_top_k_state(
-        blob, name, layout(), [&](std::size_t i, std::span<const std::byte> bytes) {
+    state::top_k_contents c =
+        state::read_top_k_state(blob, name, layout(), [&](std::size_t i, std::span<const std::byte> bytes) {
           Selector& s = selectors[i];
           if constexpr (selector_with_value_state<Selector>) {
             using state_t = decltype(s.saved_state());
             if (bytes.size() != sizeof(state_t))
-              throw corrupt_data(commsgd::detail::concat("saved state: selector state of ", bytes.size(),
-                                                         " bytes, selector '", Selector::name, "' keeps ",
-                                                         sizeof(state_t)));
+              throw corrupt_data(commsgd::concat("saved state: selector state of ", bytes.size(),
+                                                 " bytes, selector '", Selector::name, "' keeps ",
+                                                 sizeof(state_t)));
             state_t st;
             std::memcpy(&st, bytes.data(), sizeof st);
             try {
@@ -268,8 +267,8 @@ public:
                                   std::ios::binary);
             s.load(is);
           } else if (!bytes.empty()) {
-            throw corrupt_data(commsgd::detail::concat("saved state: holds selector state, but selector '",
-                                                       Selector::name, "' keeps none"));
+            throw corrupt_data(commsgd::concat("saved state: holds selector state, but selector '",
+                                               Selector::name, "' keeps none"));
           }
         });
     residual_.swap(c.residual);
@@ -283,17 +282,17 @@ public:
 private:
   void validate() {
     check_index_fits<Index>(length_);
-    commsgd::detail::check_range("density", opt_.density, std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
+    commsgd::check_range("density", opt_.density, std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
     for (std::size_t j = 0; j < opt_.warmup.size(); ++j)
-      commsgd::detail::check_range("warmup[" + std::to_string(j) + "].density", opt_.warmup[j].density,
-                                   std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
-    commsgd::detail::check_range("momentum", opt_.momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
+      commsgd::check_range("warmup[" + std::to_string(j) + "].density", opt_.warmup[j].density,
+                           std::nextafter(0.0, 1.0), 1.0, "(0, 1]");
+    commsgd::check_range("momentum", opt_.momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
     if (opt_.masking != momentum_masking::keep && opt_.masking != momentum_masking::dgc)
-      throw invalid_argument(commsgd::detail::concat("argument 'masking' = ", static_cast<int>(opt_.masking),
-                                                     " is not one of keep (0), dgc (1)"));
+      throw invalid_argument(commsgd::concat("argument 'masking' = ", static_cast<int>(opt_.masking),
+                                             " is not one of keep (0), dgc (1)"));
     if (!(opt_.clip_norm >= 0.0) || std::isinf(opt_.clip_norm))
-      throw invalid_argument(commsgd::detail::concat("argument 'clip_norm' = ", opt_.clip_norm,
-                                                     " is outside the allowed range [0, inf) (0: off)"));
+      throw invalid_argument(commsgd::concat("argument 'clip_norm' = ", opt_.clip_norm,
+                                             " is outside the allowed range [0, inf) (0: off)"));
     if (opt_.k) {
       select::check_k(*opt_.k, length_);
       if (!opt_.layer_offsets.empty())
@@ -306,19 +305,19 @@ private:
     }
     const auto& o = opt_.layer_offsets;
     if (o.size() < 2 || o.front() != 0 || o.back() != length_)
-      throw invalid_argument(commsgd::detail::concat(
+      throw invalid_argument(commsgd::concat(
           "argument 'layer_offsets' must start at 0 and end at length = ", length_, " (it has ", o.size(),
-          " entries",
-          o.empty() ? std::string() : commsgd::detail::concat(", from ", o.front(), " to ", o.back()), ")"));
+          " entries", o.empty() ? std::string() : commsgd::concat(", from ", o.front(), " to ", o.back()),
+          ")"));
     for (std::size_t j = 1; j < o.size(); ++j)
       if (o[j] < o[j - 1])
-        throw invalid_argument(commsgd::detail::concat("argument 'layer_offsets' must not decrease, but [",
-                                                       j - 1, "] = ", o[j - 1], " > [", j, "] = ", o[j]));
+        throw invalid_argument(commsgd::concat("argument 'layer_offsets' must not decrease, but [", j - 1,
+                                               "] = ", o[j - 1], " > [", j, "] = ", o[j]));
     layers_ = o;
   }
 
   // What the saved state must agree on.
-  state::detail::top_k_layout layout() const noexcept {
+  state::top_k_layout layout() const noexcept {
     return {length_, sizeof(Index), has_momentum(), layer_count(), selectors_.size()};
   }
 
@@ -374,17 +373,17 @@ private:
     float* u = has_momentum() && opt_.masking == momentum_masking::dgc ? work_u_.data() + lo : nullptr;
     const std::size_t before = next_.size();
     next_.reserve(before + t.count());
-    const select::detail::compaction r =
-        select::detail::for_each_selected(std::span<const float>(p, n), t, [&](std::size_t i) {
+    const select::compaction r =
+        select::for_each_selected(std::span<const float>(p, n), t, [&](std::size_t i) {
           next_.push_back_unchecked(static_cast<Index>(lo + i), p[i]);
           p[i] = 0.0f;
           if (u) u[i] = 0.0f;
         });
     if (r.more || r.taken != t.count())
-      throw error(commsgd::detail::concat("selector '", Selector::name, "' broke its contract: it reported ",
-                                          t.count(), " entries (", t.above, " above ", t.value, ", ", t.at,
-                                          " at it) but the layer at offset ", lo, " holds ",
-                                          r.more ? std::string("more than that") : std::to_string(r.taken)));
+      throw error(commsgd::concat("selector '", Selector::name, "' broke its contract: it reported ",
+                                  t.count(), " entries (", t.above, " above ", t.value, ", ", t.at,
+                                  " at it) but the layer at offset ", lo, " holds ",
+                                  r.more ? std::string("more than that") : std::to_string(r.taken)));
   }
 
   std::size_t length_;

@@ -90,8 +90,8 @@ void save(const DP& dp, std::ostream& os, state::part p, int size, int rank, std
                 "load(shared, local) (state/strategy.hpp says what a strategy supplies)");
   const auto bits = static_cast<std::uint32_t>(p);
   if (bits < 1 || bits > 3)
-    throw invalid_argument(commsgd::detail::concat("argument 'part' = ", bits,
-                                                   " is outside the allowed range {shared, local, all}"));
+    throw invalid_argument(
+        commsgd::concat("argument 'part' = ", bits, " is outside the allowed range {shared, local, all}"));
   const identity id = identity_of<Coding, Compression, Sync>(dp, size, rank);
   state::writer w(kind);
   w.put<std::uint32_t>(bits);
@@ -132,8 +132,8 @@ struct parsed {
 
 inline void expect_name(std::string_view saved, const std::string& mine, const char* what) {
   if (saved != mine)
-    throw corrupt_data(commsgd::detail::concat("saved state: the ", what, " policy is '", saved,
-                                               "', this data_parallel's is '", mine, "'"));
+    throw corrupt_data(commsgd::concat("saved state: the ", what, " policy is '", saved,
+                                       "', this data_parallel's is '", mine, "'"));
 }
 
 template <class DP>
@@ -142,7 +142,7 @@ void parse(const DP& dp, const identity& id, std::span<const std::byte> blob, st
   state::reader r(blob, kind);
   const auto p = r.get<std::uint32_t>();
   if (p != static_cast<std::uint32_t>(expected))
-    throw corrupt_data(commsgd::detail::concat(
+    throw corrupt_data(commsgd::concat(
         "saved state: the stream holds the ", state::part_name(p), " part of the state where the ",
         state::part_name(static_cast<std::uint32_t>(expected)), " part is expected"));
   state::expect_same(r.get<std::uint32_t>(), id.size, "group size");
@@ -164,13 +164,13 @@ void parse(const DP& dp, const identity& id, std::span<const std::byte> blob, st
     const auto mine = dp.my_blocks();
     const auto saved = r.get_vector<std::size_t>();
     if (!std::equal(saved.begin(), saved.end(), mine.begin(), mine.end()))
-      throw corrupt_data(commsgd::detail::concat("saved state: this rank's ", saved.size(),
-                                                 " blocks differ from the ", mine.size(),
-                                                 " this data_parallel assigns it"));
+      throw corrupt_data(commsgd::concat("saved state: this rank's ", saved.size(),
+                                         " blocks differ from the ", mine.size(),
+                                         " this data_parallel assigns it"));
     const auto has = r.get<std::uint32_t>();
     if (has != (compression_with_state<DP> ? 1u : 0u))
-      throw corrupt_data(commsgd::detail::concat("saved state: sparsifier state flag is ", has, ", expected ",
-                                                 compression_with_state<DP> ? 1 : 0));
+      throw corrupt_data(commsgd::concat("saved state: sparsifier state flag is ", has, ", expected ",
+                                         compression_with_state<DP> ? 1 : 0));
     out.has_sparsifier = has == 1;
     out.sparsifier = r.get_bytes();
     if (!out.has_sparsifier && !out.sparsifier.empty())
@@ -230,3 +230,26 @@ std::uint64_t load(DP& dp, std::istream& shared, std::istream& local, int size, 
 }
 
 } // namespace commsgd::inline v1::state::detail
+
+namespace commsgd::inline v1::state {
+
+// data_parallel's saved state, the body its save and load write and read (data_parallel.hpp calls these):
+// one frame of kind "data_parallel" naming the composition, the world and the parts it holds.
+template <class Coding, class Compression, class Sync, class DP>
+void save_data_parallel(const DP& dp, std::ostream& os, part p, int size, int rank, std::uint64_t steps) {
+  detail::save<Coding, Compression, Sync>(dp, os, p, size, rank, steps);
+}
+
+// Returns the steps the saved trainer had taken.
+template <class Coding, class Compression, class Sync, class DP>
+std::uint64_t load_data_parallel(DP& dp, std::istream& is, int size, int rank) {
+  return detail::load<Coding, Compression, Sync>(dp, is, size, rank);
+}
+
+// The same from a shared part and this rank's local part saved apart.
+template <class Coding, class Compression, class Sync, class DP>
+std::uint64_t load_data_parallel(DP& dp, std::istream& shared, std::istream& local, int size, int rank) {
+  return detail::load<Coding, Compression, Sync>(dp, shared, local, size, rank);
+}
+
+} // namespace commsgd::inline v1::state

@@ -48,8 +48,8 @@ struct access {
   static void save(const S& s, std::ostream& os, state::part p) {
     const auto bits = static_cast<std::uint32_t>(p);
     if (bits < 1 || bits > 3)
-      throw invalid_argument(commsgd::detail::concat("argument 'part' = ", bits,
-                                                     " is outside the allowed range {shared, local, all}"));
+      throw invalid_argument(
+          commsgd::concat("argument 'part' = ", bits, " is outside the allowed range {shared, local, all}"));
     state::writer w(S::state_kind);
     w.put<std::uint32_t>(bits);
     const auto at = place(s);
@@ -95,7 +95,7 @@ struct access {
     state::reader r(blob, S::state_kind);
     const auto p = r.get<std::uint32_t>();
     if (p != static_cast<std::uint32_t>(expected))
-      throw corrupt_data(commsgd::detail::concat(
+      throw corrupt_data(commsgd::concat(
           "saved state: the stream holds the ", state::part_name(p), " part of the state where the ",
           state::part_name(static_cast<std::uint32_t>(expected)), " part is expected"));
     const auto at = place(s);
@@ -130,7 +130,7 @@ inline float read_learning_rate(state::reader& r) {
   const auto lr = r.get<float>();
   if (!(lr > 0.0f) || !(lr < std::numeric_limits<float>::infinity()))
     throw corrupt_data(
-        commsgd::detail::concat("saved state: learning rate ", lr, " is outside the allowed range (0, inf)"));
+        commsgd::concat("saved state: learning rate ", lr, " is outside the allowed range (0, inf)"));
   return lr;
 }
 

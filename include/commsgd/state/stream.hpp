@@ -116,6 +116,9 @@ public:
   void put_bytes(std::span<const std::byte> b) { put_array(b); }
   void put_string(std::string_view s) { put_bytes(std::as_bytes(std::span<const char>(s.data(), s.size()))); }
 
+  // Bytes put so far, the frame's prefix and kind included: where the next field will start in the blob.
+  std::size_t size() const noexcept { return buf_.size(); }
+
   std::vector<std::byte> finish() && {
     const std::uint64_t total = buf_.size() + sizeof(std::uint64_t);
     std::memcpy(buf_.data() + 16, &total, sizeof total);
@@ -137,23 +140,21 @@ class reader {
 public:
   reader(std::span<const std::byte> blob, std::string_view kind) : blob_(blob) {
     if (blob.size() < detail::state_prefix_bytes + 4 + 8)
-      throw corrupt_data(commsgd::detail::concat("saved state: ", blob.size(),
-                                                 " bytes is too short to be a commsgd saved state"));
+      throw corrupt_data(
+          commsgd::concat("saved state: ", blob.size(), " bytes is too short to be a commsgd saved state"));
     if (std::memcmp(blob.data(), detail::state_magic, sizeof detail::state_magic) != 0)
       throw corrupt_data("saved state: not a commsgd saved state (magic bytes differ)");
     pos_ = sizeof detail::state_magic;
     const auto version = get<std::uint32_t>();
     if (version != detail::state_version)
-      throw corrupt_data(commsgd::detail::concat("saved state: format version ", version,
-                                                 " is not supported (this build reads ",
-                                                 detail::state_version, ")"));
+      throw corrupt_data(commsgd::concat("saved state: format version ", version,
+                                         " is not supported (this build reads ", detail::state_version, ")"));
     if (get<std::uint32_t>() != detail::byte_order_mark)
       throw corrupt_data("saved state: written on a machine of another byte order");
     const auto total = get<std::uint64_t>();
     if (total != blob.size())
-      throw corrupt_data(commsgd::detail::concat("saved state: header says ", total,
-                                                 " bytes, the stream has ", blob.size(),
-                                                 " (truncated or padded)"));
+      throw corrupt_data(commsgd::concat("saved state: header says ", total, " bytes, the stream has ",
+                                         blob.size(), " (truncated or padded)"));
     std::uint64_t stored;
     std::memcpy(&stored, blob.data() + blob.size() - 8, 8);
     if (stored != detail::fnv1a(blob.first(blob.size() - 8)))
@@ -165,7 +166,7 @@ public:
     pos_ += kind_len;
     if (saved_kind != kind)
       throw corrupt_data(
-          commsgd::detail::concat("saved state: is the state of '", saved_kind, "', not of '", kind, "'"));
+          commsgd::concat("saved state: is the state of '", saved_kind, "', not of '", kind, "'"));
   }
 
   template <class T>
@@ -184,7 +185,7 @@ public:
     const auto n = get<std::uint64_t>();
     if (n != out.size())
       throw corrupt_data(
-          commsgd::detail::concat("saved state: ", what, " has ", n, " elements, expected ", out.size()));
+          commsgd::concat("saved state: ", what, " has ", n, " elements, expected ", out.size()));
     need(out.size_bytes());
     if (!out.empty()) std::memcpy(out.data(), blob_.data() + pos_, out.size_bytes());
     pos_ += out.size_bytes();
@@ -221,7 +222,7 @@ public:
 
   void expect_end() const {
     if (pos_ != end_)
-      throw corrupt_data(commsgd::detail::concat("saved state: ", end_ - pos_, " unexpected trailing bytes"));
+      throw corrupt_data(commsgd::concat("saved state: ", end_ - pos_, " unexpected trailing bytes"));
   }
 
 private:
@@ -258,8 +259,7 @@ inline std::vector<std::byte> read_frame(std::istream& is) {
   std::uint64_t total;
   std::memcpy(&total, blob.data() + 16, sizeof total);
   if (total < detail::state_prefix_bytes + 12 || total > detail::state_max_bytes)
-    throw corrupt_data(
-        commsgd::detail::concat("saved state: header claims an impossible size of ", total, " bytes"));
+    throw corrupt_data(commsgd::concat("saved state: header claims an impossible size of ", total, " bytes"));
   // The header's size is not trusted with memory: the blob grows only as bytes actually arrive, so a
   // corrupt size costs at most one chunk before the stream runs out.
   constexpr std::size_t chunk = std::size_t{1} << 20;
@@ -269,9 +269,9 @@ inline std::vector<std::byte> read_frame(std::istream& is) {
     blob.resize(have + want);
     is.read(reinterpret_cast<char*>(blob.data() + have), static_cast<std::streamsize>(want));
     if (is.gcount() != static_cast<std::streamsize>(want))
-      throw corrupt_data(commsgd::detail::concat("saved state: the stream ends after ",
-                                                 have + static_cast<std::size_t>(is.gcount()), " of ", total,
-                                                 " bytes (truncated)"));
+      throw corrupt_data(commsgd::concat("saved state: the stream ends after ",
+                                         have + static_cast<std::size_t>(is.gcount()), " of ", total,
+                                         " bytes (truncated)"));
   }
   return blob;
 }
@@ -280,8 +280,7 @@ inline std::vector<std::byte> read_frame(std::istream& is) {
 template <class T, class U>
 void expect_same(T saved, U mine, std::string_view what) {
   if (saved != static_cast<T>(mine))
-    throw corrupt_data(
-        commsgd::detail::concat("saved state: ", what, " is ", saved, ", this one's is ", mine));
+    throw corrupt_data(commsgd::concat("saved state: ", what, " is ", saved, ", this one's is ", mine));
 }
 
 // A saved float option that must equal this object's bit for bit (-0 and NaN payloads included): names it and
@@ -289,7 +288,7 @@ void expect_same(T saved, U mine, std::string_view what) {
 inline void expect_same_bits(float saved, float mine, std::string_view option) {
   if (std::bit_cast<std::uint32_t>(saved) != std::bit_cast<std::uint32_t>(mine))
     throw corrupt_data(
-        commsgd::detail::concat("saved state: option '", option, "' is ", saved, ", this one's is ", mine));
+        commsgd::concat("saved state: option '", option, "' is ", saved, ", this one's is ", mine));
 }
 
 // What a saved state's save(std::ostream&) writes, as bytes (to nest one state inside another).

@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-namespace commsgd::inline v1::state::detail {
+namespace commsgd::inline v1::state {
 
 // What a top_k sparsifier is, as far as its saved state goes: a state loads only into a sparsifier that
 // agrees on all of it.
@@ -104,4 +104,4 @@ inline top_k_contents read_top_k_state(std::span<const std::byte> blob, std::str
   return read_top_k_state(blob, kind, layout, [](std::size_t, std::span<const std::byte>) {});
 }
 
-} // namespace commsgd::inline v1::state::detail
+} // namespace commsgd::inline v1::state

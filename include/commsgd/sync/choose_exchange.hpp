@@ -69,7 +69,7 @@ exchange_choice choose_exchange(C& comm, const base_profile& profile,
                                 std::span<const candidate_plan> candidates, const comm::network_model& net,
                                 double margin = default_choice_margin) {
   // Settings first, before any message.
-  cost::detail::check_network(net);
+  cost::check_network(net);
   detail::check_margin(margin);
   const auto [all, dense] = detail::with_dense(candidates);
   for (const auto& p : all)
@@ -91,14 +91,14 @@ exchange_choice choose_exchange(C& comm, const base_profile& profile,
   comm.all_gather(std::span<const std::uint64_t>(verdict), std::span<std::uint64_t>(verdicts));
   for (std::size_t r = 0; r < n; ++r)
     if (verdicts[3 * r + 1] != verdict[1] || verdicts[3 * r + 2] != verdict[2])
-      throw invalid_argument(commsgd::detail::concat(
-          "choose_exchange: ranks disagree on the candidates, network or margin (rank ", r,
-          " differs from rank ", comm.rank(), "); pass the same settings on every rank"));
+      throw invalid_argument(
+          commsgd::concat("choose_exchange: ranks disagree on the candidates, network or margin (rank ", r,
+                          " differs from rank ", comm.rank(), "); pass the same settings on every rank"));
   for (std::size_t r = 0; r < n; ++r) {
     if (verdicts[3 * r] == 0) continue;
     if (failed) std::rethrow_exception(failed);
-    throw invalid_argument(commsgd::detail::concat("choose_exchange: rank ", r,
-                                                   " refused its profile (its own error says why)"));
+    throw invalid_argument(
+        commsgd::concat("choose_exchange: rank ", r, " refused its profile (its own error says why)"));
   }
 
   std::vector<double> every(all.size() * n);

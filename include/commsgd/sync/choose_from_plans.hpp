@@ -80,16 +80,15 @@ inline std::string milliseconds(double s) {
 inline void check_margin(double margin) {
   if (!(margin >= 0 && margin < 1))
     throw invalid_argument(
-        commsgd::detail::concat("argument 'margin' = ", margin, " is outside the allowed range [0, 1)"));
+        commsgd::concat("argument 'margin' = ", margin, " is outside the allowed range [0, 1)"));
 }
 
 inline void check_base(const base_profile& p) {
   if (p.ready_s.size() != p.shapes.size())
-    throw size_mismatch(commsgd::detail::concat("argument 'profile' has ", p.ready_s.size(),
-                                                " ready times and ", p.shapes.size(),
-                                                " bucket shapes; give one of each per bucket"));
+    throw size_mismatch(commsgd::concat("argument 'profile' has ", p.ready_s.size(), " ready times and ",
+                                        p.shapes.size(), " bucket shapes; give one of each per bucket"));
   for (const auto& s : p.shapes)
-    cost::detail::check_shape(s);
+    cost::check_shape(s);
 }
 
 inline std::string choice_reason(const exchange_choice& c, std::size_t dense, double margin) {
@@ -120,8 +119,8 @@ inline std::string choice_reason(const exchange_choice& c, std::size_t dense, do
 
 inline void check_factor(const std::string& name, double f) {
   if (!(std::isfinite(f) && f > 0))
-    throw invalid_argument(commsgd::detail::concat("argument 'steps_factor' of '", name, "' = ", f,
-                                                   " is outside the allowed range (0, inf)"));
+    throw invalid_argument(commsgd::concat("argument 'steps_factor' of '", name, "' = ", f,
+                                           " is outside the allowed range (0, inf)"));
 }
 
 // The plans with dense added (no compute, overlapped) where absent, and dense's index; every name is
@@ -134,8 +133,8 @@ inline std::pair<std::vector<candidate_plan>, std::size_t> with_dense(std::span<
       dense = i;
     for (std::size_t j = 0; j < i; ++j)
       if (all[j].name == all[i].name)
-        throw invalid_argument(commsgd::detail::concat("argument 'candidates' names '", all[i].name,
-                                                       "' twice; name each candidate once"));
+        throw invalid_argument(commsgd::concat("argument 'candidates' names '", all[i].name,
+                                               "' twice; name each candidate once"));
   }
   if (dense == all.size()) all.push_back({"dense", {}, false, 1.0});
   return {std::move(all), dense};
@@ -151,9 +150,9 @@ inline exchange_choice pick(std::vector<std::string> names, std::vector<double> 
   detail::check_margin(margin);
   if (factors.empty()) factors.assign(names.size(), 1.0);
   if (names.size() != predicted.size() || names.size() != factors.size() || dense >= names.size())
-    throw size_mismatch(commsgd::detail::concat("pick: ", names.size(), " names, ", predicted.size(),
-                                                " predictions, ", factors.size(), " factors and dense at ",
-                                                dense, " do not match"));
+    throw size_mismatch(commsgd::concat("pick: ", names.size(), " names, ", predicted.size(),
+                                        " predictions, ", factors.size(), " factors and dense at ", dense,
+                                        " do not match"));
   for (std::size_t i = 0; i < names.size(); ++i)
     detail::check_factor(names[i], factors[i]);
   exchange_choice c;
@@ -176,8 +175,8 @@ inline double predicted_step(const candidate_plan& plan, const base_profile& pro
   const cost::candidate c = cost::parse_candidate(plan.name);
   const auto buckets = profile.shapes.size();
   if (!plan.compute.empty() && plan.compute.size() != buckets)
-    throw size_mismatch(commsgd::detail::concat("argument 'compute' of '", plan.name, "' has ",
-                                                plan.compute.size(), " buckets, the profile has ", buckets));
+    throw size_mismatch(commsgd::concat("argument 'compute' of '", plan.name, "' has ", plan.compute.size(),
+                                        " buckets, the profile has ", buckets));
   cost::step_profile s{profile.forward_s, profile.backward_s, profile.optimizer_s, {}};
   s.buckets.reserve(buckets);
   for (std::size_t b = 0; b < buckets; ++b) {
@@ -191,8 +190,8 @@ inline double predicted_step(const candidate_plan& plan, const base_profile& pro
 // Weighs every plan (dense is added, measured compute none, when absent) and picks by the rule above.
 inline exchange_choice choose(std::span<const candidate_plan> plans, const base_profile& profile, int n,
                               const comm::network_model& net, double margin = default_choice_margin) {
-  cost::detail::check_ranks(n);
-  cost::detail::check_network(net);
+  cost::check_ranks(n);
+  cost::check_network(net);
   detail::check_margin(margin);
   detail::check_base(profile);
   const auto [all, dense] = detail::with_dense(plans);

@@ -167,8 +167,8 @@ inline std::vector<cost::bucket_shape> buckets_of(std::size_t length,
     out.push_back({static_cast<std::uint64_t>(s), {}});
   }
   if (total != length)
-    throw size_mismatch(commsgd::detail::concat("argument 'layer_sizes' covers ", total,
-                                                " values; the parameter vector holds ", length));
+    throw size_mismatch(commsgd::concat("argument 'layer_sizes' covers ", total,
+                                        " values; the parameter vector holds ", length));
   return out;
 }
 
@@ -234,23 +234,22 @@ inline void check_settings(const step_timer& timer, std::span<const float> grad,
         "choose_from_steps: the timer holds no profiled step; run more steps than its skip");
   std::uint64_t total = 0;
   for (const auto& b : buckets) {
-    cost::detail::check_shape(b);
+    cost::check_shape(b);
     total += b.values;
   }
   if (buckets.empty() || total != grad.size())
-    throw size_mismatch(commsgd::detail::concat("argument 'buckets' covers ", total, " values in ",
-                                                buckets.size(), " buckets; 'grad' holds ", grad.size()));
+    throw size_mismatch(commsgd::concat("argument 'buckets' covers ", total, " values in ", buckets.size(),
+                                        " buckets; 'grad' holds ", grad.size()));
   for (const auto& p : candidates) {
     const auto c = cost::parse_candidate(p.name);
     detail::check_factor(p.name, p.steps_factor);
     if (!p.compute.empty() && p.compute.size() != buckets.size())
-      throw size_mismatch(commsgd::detail::concat("argument 'compute' of '", p.name, "' has ",
-                                                  p.compute.size(), " buckets; 'buckets' has ",
-                                                  buckets.size()));
+      throw size_mismatch(commsgd::concat("argument 'compute' of '", p.name, "' has ", p.compute.size(),
+                                          " buckets; 'buckets' has ", buckets.size()));
     const bool timed = c.kind == cost::candidate_kind::dense || c.kind == cost::candidate_kind::fp16 ||
                        c.kind == cost::candidate_kind::bf16 || c.kind == cost::candidate_kind::topk;
     if (!timed && p.compute.empty())
-      throw invalid_argument(commsgd::detail::concat(
+      throw invalid_argument(commsgd::concat(
           "choose_from_steps: the local work of '", p.name,
           "' is not timed here (dense, fp16, bf16 and topk-<density> are); give its plan one local_compute "
           "per bucket"));
@@ -311,7 +310,7 @@ exchange_choice choose_from_steps(C& comm, const step_timer& timer, std::span<co
                                   std::span<const cost::bucket_shape> buckets,
                                   std::span<const candidate_plan> candidates, const comm::network_model& net,
                                   double margin = default_choice_margin) {
-  cost::detail::check_network(net);
+  cost::check_network(net);
   detail::check_margin(margin);
   const auto in = measure_choice_inputs<Selector>(timer, grad, buckets, candidates);
   return choose_exchange(comm, in.profile, in.plans, net, margin);

@@ -45,7 +45,7 @@ struct choice_record {
 class exchange_chooser {
 public:
   explicit exchange_chooser(exchange_chooser_options o = {}) : opt_(o) {
-    cost::detail::check_network(opt_.network);
+    cost::check_network(opt_.network);
     detail::check_margin(opt_.margin);
   }
 
@@ -117,8 +117,8 @@ public:
     try {
       cost::parse_candidate(current);
     } catch (const invalid_argument&) {
-      throw corrupt_data(commsgd::detail::concat("saved state: the exchange chooser's choice '", current,
-                                                 "' is not a known exchange"));
+      throw corrupt_data(commsgd::concat("saved state: the exchange chooser's choice '", current,
+                                         "' is not a known exchange"));
     }
     current_ = std::move(current);
     log_ = std::move(log);

@@ -73,12 +73,12 @@ struct delay_model {
 
   // Checks the fields the kind reads; n is the group size.
   void validate(int n) const {
-    using commsgd::detail::concat;
+    using commsgd::concat;
     if (static_cast<std::uint32_t>(kind) > static_cast<std::uint32_t>(delay_kind::stop))
       throw invalid_argument(concat("delay_model: 'kind' = ", static_cast<std::uint32_t>(kind),
                                     " is outside the allowed range [0, 4]"));
     if (kind == delay_kind::slow_node || kind == delay_kind::stop)
-      commsgd::detail::check_range("delay_model.node", node, 0, n - 1, concat("[0, n - 1 = ", n - 1, "]"));
+      commsgd::check_range("delay_model.node", node, 0, n - 1, concat("[0, n - 1 = ", n - 1, "]"));
     if (kind == delay_kind::slow_node && !(std::isfinite(factor) && factor >= 1.0))
       throw invalid_argument(
           concat("delay_model: 'factor' = ", factor, " is outside the allowed range [1, inf)"));
@@ -94,9 +94,9 @@ struct delay_model {
 private:
   // Uniform in (0, 1], from (seed, step, rank) alone.
   double uniform(std::uint64_t step, int rank) const noexcept {
-    std::uint64_t x = seed ^ (step * commsgd::detail::golden_gamma) ^
-                      (static_cast<std::uint64_t>(rank) << 48) ^ (static_cast<std::uint64_t>(kind) << 56);
-    x = commsgd::detail::mix64(commsgd::detail::mix64(x));
+    std::uint64_t x = seed ^ (step * commsgd::golden_gamma) ^ (static_cast<std::uint64_t>(rank) << 48) ^
+                      (static_cast<std::uint64_t>(kind) << 56);
+    x = commsgd::mix64(commsgd::mix64(x));
     return (static_cast<double>(x >> 11) + 1.0) * 0x1.0p-53;
   }
 };

@@ -45,6 +45,7 @@
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/clock.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/poll.hpp>
 #include <commsgd/comm/simulated.hpp>
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
@@ -136,14 +137,13 @@ public:
   first_arrivals(C& c, std::size_t length, options o) : comm_(&c), opt_(o), d_(length) {
     detail::check_learning_rate("lr", opt_.lr);
     const int n = c.size();
-    commsgd::detail::check_range("root", opt_.root, 0, n - 1,
-                                 commsgd::detail::concat("[0, n - 1 = ", n - 1, "]"));
+    commsgd::check_range("root", opt_.root, 0, n - 1, commsgd::concat("[0, n - 1 = ", n - 1, "]"));
     if (!(std::isfinite(opt_.timeout_s) && opt_.timeout_s > 0))
-      throw invalid_argument(commsgd::detail::concat("argument 'timeout_s' = ", opt_.timeout_s,
-                                                     " is outside the allowed range (0, inf)"));
+      throw invalid_argument(commsgd::concat("argument 'timeout_s' = ", opt_.timeout_s,
+                                             " is outside the allowed range (0, inf)"));
     if (!(std::isfinite(opt_.unit_s) && opt_.unit_s >= 0))
-      throw invalid_argument(commsgd::detail::concat("argument 'unit_s' = ", opt_.unit_s,
-                                                     " is outside the allowed range [0, inf)"));
+      throw invalid_argument(
+          commsgd::concat("argument 'unit_s' = ", opt_.unit_s, " is outside the allowed range [0, inf)"));
     opt_.delays.validate(n);
     tags_ = opt_.tag_base < 0 ? comm::reserve_tags(c, 2, "first_arrivals")
                               : comm::reserve_tags_at(c, opt_.tag_base, 2, "first_arrivals");
@@ -181,8 +181,8 @@ public:
     auto& code = reduce.scheme().code();
     detail::check_same_size("params", params.size(), d_);
     if (code.nodes() != comm_->size())
-      throw size_mismatch(commsgd::detail::concat("the gradient code has n = ", code.nodes(),
-                                                  " nodes; the communicator has ", comm_->size(), " ranks"));
+      throw size_mismatch(commsgd::concat("the gradient code has n = ", code.nodes(),
+                                          " nodes; the communicator has ", comm_->size(), " ranks"));
     mine_.resize(d_);
     code.encode(comm_->rank(), blocks, mine_);
     const double unit =
@@ -279,10 +279,10 @@ private:
     m.seed = r.get<std::uint64_t>();
     const auto root = r.get<std::int32_t>();
     if (!(m == opt_.delays))
-      throw corrupt_data(commsgd::detail::concat("saved state: the delay model (", delay_kind_name(m.kind),
-                                                 ", seed ", m.seed, ") differs from this strategy's (",
-                                                 delay_kind_name(opt_.delays.kind), ", seed ",
-                                                 opt_.delays.seed, ")"));
+      throw corrupt_data(commsgd::concat("saved state: the delay model (", delay_kind_name(m.kind), ", seed ",
+                                         m.seed, ") differs from this strategy's (",
+                                         delay_kind_name(opt_.delays.kind), ", seed ", opt_.delays.seed,
+                                         ")"));
     state::expect_same(root, opt_.root, "root");
   }
   void commit(saved&& t) noexcept {
@@ -292,7 +292,7 @@ private:
   }
 
   using request_type = comm::request_t<C>;
-  using clock = std::chrono::steady_clock;
+  using clock = comm::poll_clock;
 
   struct receive_slot {
     std::vector<std::uint32_t> buffer;
@@ -332,26 +332,19 @@ private:
 
   void wait_bounded(request_type& r, const char* what) {
     const auto deadline = after(clock::now(), opt_.timeout_s);
-    poll_until([&] { return r.test(); }, deadline, what);
+    wait_until([&] { return r.test(); }, deadline, what);
   }
 
   // The message gives the time really waited: a rank's wait for the sum may start before its delay ends
   // and lasts 2 x timeout_s (the root's own wait, then the sum's way down).
   template <class Done>
-  void poll_until(Done&& done, clock::time_point deadline, const char* what) {
+  void wait_until(Done&& done, clock::time_point deadline, const char* what) {
     const auto entered = clock::now();
-    int idle = 0;
-    while (!done()) {
-      if (clock::now() > deadline)
-        throw comm_error(commsgd::detail::concat(
-            "first_arrivals: rank ", comm_->rank(), " waited ",
-            std::chrono::duration<double>(clock::now() - entered).count(), " s for ", what, " in round ",
-            step_, " (timeout_s = ", opt_.timeout_s, "; the root's sum is waited for twice that)"));
-      if (++idle < 64)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    if (!comm::poll_until(done, deadline))
+      throw comm_error(commsgd::concat("first_arrivals: rank ", comm_->rank(), " waited ",
+                                       std::chrono::duration<double>(clock::now() - entered).count(),
+                                       " s for ", what, " in round ", step_, " (timeout_s = ", opt_.timeout_s,
+                                       "; the root's sum is waited for twice that)"));
   }
 
   static void copy_payload(std::span<const std::uint32_t> msg, std::span<float> out) noexcept {
@@ -364,10 +357,10 @@ private:
   template <class Code>
   coding::stragglers_exceeded too_few(const Code& code, int answered) const {
     return coding::stragglers_exceeded(
-        commsgd::detail::concat("first_arrivals: round ", step_, ": ", answered, " of ", comm_->size(),
-                                " ranks answered within the time allowed; the ", code.redundancy(),
-                                "-redundant code needs n - s = ", code.needed(),
-                                " (it tolerates s = ", code.stragglers(), " missing)"),
+        commsgd::concat("first_arrivals: round ", step_, ": ", answered, " of ", comm_->size(),
+                        " ranks answered within the time allowed; the ", code.redundancy(),
+                        "-redundant code needs n - s = ", code.needed(),
+                        " (it tolerates s = ", code.stragglers(), " missing)"),
         step_, answered, code.needed());
   }
 
@@ -425,13 +418,13 @@ private:
         report_.sent = true;
       }
       const auto deadline = after(stopped ? start : ready, opt_.timeout_s * 2);
-      if (!have_sum) poll_until([&] { return down_request_.test(); }, deadline, "the root's sum");
+      if (!have_sum) wait_until([&] { return down_request_.test(); }, deadline, "the root's sum");
       const auto h = detail::get_header(down_);
       if (h.round != step_ ||
           (h.status != detail::arrival_status::sum && h.status != detail::arrival_status::failed))
-        throw corrupt_data(commsgd::detail::concat(
-            "first_arrivals: rank ", me, " expected the sum of round ", step_,
-            " from the root and got status ", static_cast<std::uint32_t>(h.status), " of round ", h.round));
+        throw corrupt_data(commsgd::concat("first_arrivals: rank ", me, " expected the sum of round ", step_,
+                                           " from the root and got status ",
+                                           static_cast<std::uint32_t>(h.status), " of round ", h.round));
       report_.responders = h.set;
       if (h.status == detail::arrival_status::failed) throw too_few(code, static_cast<int>(h.count));
       report_.used = code.used(h.set);
@@ -454,9 +447,9 @@ private:
         u.posted = false;
         const auto h = detail::get_header(u.buffer);
         if (h.status != detail::arrival_status::vector || h.round > step_)
-          throw corrupt_data(commsgd::detail::concat("first_arrivals: the root got status ",
-                                                     static_cast<std::uint32_t>(h.status), " of round ",
-                                                     h.round, " from rank ", k, " in round ", step_));
+          throw corrupt_data(commsgd::concat("first_arrivals: the root got status ",
+                                             static_cast<std::uint32_t>(h.status), " of round ", h.round,
+                                             " from rank ", k, " in round ", step_));
         if (h.round == step_ && answered < needed) {
           responders |= coding::node_bit(k);
           ++answered;
@@ -473,14 +466,7 @@ private:
       }
       return answered >= needed;
     };
-    int idle = 0;
-    while (!progress()) {
-      if (clock::now() > deadline) break;
-      if (++idle < 64)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    comm::poll_until(progress, deadline); // on the deadline, answered < needed says so below
     report_.responders = responders;
     auto fan_out = [&](detail::arrival_header h, bool with_sum) {
       for (int k = 0; k < n; ++k) {
@@ -561,9 +547,9 @@ private:
       comm_->recv(std::span<std::uint32_t>(down_), root, tags_[1]);
       const auto h = detail::get_header(down_);
       if (h.round != step_ || h.status != detail::arrival_status::sum)
-        throw corrupt_data(commsgd::detail::concat(
-            "first_arrivals: rank ", me, " expected the sum of round ", step_, " and got status ",
-            static_cast<std::uint32_t>(h.status), " of round ", h.round));
+        throw corrupt_data(commsgd::concat("first_arrivals: rank ", me, " expected the sum of round ", step_,
+                                           " and got status ", static_cast<std::uint32_t>(h.status),
+                                           " of round ", h.round));
       report_.used = code.used(h.set);
       copy_payload(down_, sum_);
       for (auto& s : sends_)
@@ -577,9 +563,8 @@ private:
           comm_->recv(std::span<std::uint32_t>(up_[static_cast<std::size_t>(k)].buffer), k, tags_[0]);
           const auto h = detail::get_header(up_[static_cast<std::size_t>(k)].buffer);
           if (h.round != step_ || h.status != detail::arrival_status::vector)
-            throw corrupt_data(commsgd::detail::concat("first_arrivals: the root expected rank ", k,
-                                                       "'s vector of round ", step_, " and got round ",
-                                                       h.round));
+            throw corrupt_data(commsgd::concat("first_arrivals: the root expected rank ", k,
+                                               "'s vector of round ", step_, " and got round ", h.round));
         }
       decode_into(code, responders);
       std::vector<request_type> pending;

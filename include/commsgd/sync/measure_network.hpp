@@ -28,9 +28,9 @@ struct measure_network_options {
 // Collective.
 template <comm::communicator C>
 comm::network_model measure_network(C& comm, measure_network_options o = {}) {
-  commsgd::detail::check_range("large_floats", o.large_floats, std::size_t{1024}, std::size_t{1} << 30,
-                               "[1024, 2^30]");
-  commsgd::detail::check_range("repeats", o.repeats, 1, 1000, "[1, 1000]");
+  commsgd::check_range("large_floats", o.large_floats, std::size_t{1024}, std::size_t{1} << 30,
+                       "[1024, 2^30]");
+  commsgd::check_range("repeats", o.repeats, 1, 1000, "[1, 1000]");
   comm::network_model net;
   const int n = comm.size();
   if (n <= 1) return {0, std::numeric_limits<double>::infinity()};

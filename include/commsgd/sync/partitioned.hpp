@@ -39,10 +39,10 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/poll.hpp>
 #include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/state/strategy.hpp>
-#include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/strategy.hpp>
@@ -95,21 +95,20 @@ public:
   partitioned(C& c, std::vector<std::size_t> layer_sizes, options o)
       : comm_(&c), opt_(o), layers_(std::move(layer_sizes)) {
     detail::check_learning_rate("lr", opt_.lr);
-    commsgd::detail::check_range("partition_elements", opt_.partition_elements, std::size_t{1},
-                                 std::numeric_limits<std::size_t>::max() / sizeof(float), "[1, inf)");
+    commsgd::check_range("partition_elements", opt_.partition_elements, std::size_t{1},
+                         std::numeric_limits<std::size_t>::max() / sizeof(float), "[1, inf)");
     const std::size_t partition_bytes = opt_.partition_elements * sizeof(float);
-    commsgd::detail::check_range("credit_bytes", opt_.credit_bytes, partition_bytes,
-                                 std::numeric_limits<std::size_t>::max(),
-                                 commsgd::detail::concat("[partition_elements * 4 = ", partition_bytes,
-                                                         ", inf) (one partition must fit)"));
+    commsgd::check_range(
+        "credit_bytes", opt_.credit_bytes, partition_bytes, std::numeric_limits<std::size_t>::max(),
+        commsgd::concat("[partition_elements * 4 = ", partition_bytes, ", inf) (one partition must fit)"));
     if (layers_.empty())
       throw invalid_argument("argument 'layer_sizes' is empty; the allowed range is at least one layer");
     const int n = c.size();
     layer_first_.push_back(0);
     for (std::size_t l = 0; l < layers_.size(); ++l) {
       if (layers_[l] == 0)
-        throw invalid_argument(commsgd::detail::concat("argument 'layer_sizes[", l,
-                                                       "]' = 0 is outside the allowed range [1, inf)"));
+        throw invalid_argument(
+            commsgd::concat("argument 'layer_sizes[", l, "]' = 0 is outside the allowed range [1, inf)"));
       for (std::size_t off = 0; off < layers_[l]; off += opt_.partition_elements) {
         const std::size_t count = std::min(opt_.partition_elements, layers_[l] - off);
         parts_.push_back(
@@ -120,16 +119,16 @@ public:
     }
     const long long top = static_cast<long long>(opt_.tag_base) + 2 * static_cast<long long>(parts_.size());
     if (opt_.tag_base < -1 || top > comm::mpi_tag_limit)
-      throw invalid_argument(commsgd::detail::concat(
+      throw invalid_argument(commsgd::concat(
           "argument 'tag_base' = ", opt_.tag_base, " with ", parts_.size(),
           " partitions is outside the allowed range -1 (free tags) or [0, 32767 - 2 * partitions]; use "
           "larger partitions"));
     const long long wanted = 2 * static_cast<long long>(parts_.size());
     if (wanted > comm::auto_tags_end - comm::user_tags_end)
-      throw invalid_argument(commsgd::detail::concat("partitioned: ", parts_.size(), " partitions need ",
-                                                     wanted, " tags, outside the allowed range [1, ",
-                                                     comm::auto_tags_end - comm::user_tags_end,
-                                                     "]; use larger partitions"));
+      throw invalid_argument(commsgd::concat("partitioned: ", parts_.size(), " partitions need ", wanted,
+                                             " tags, outside the allowed range [1, ",
+                                             comm::auto_tags_end - comm::user_tags_end,
+                                             "]; use larger partitions"));
     tags_ = opt_.tag_base < 0
                 ? comm::reserve_tags(c, static_cast<int>(wanted), "partitioned")
                 : comm::reserve_tags_at(c, opt_.tag_base, static_cast<int>(wanted), "partitioned");
@@ -199,11 +198,11 @@ public:
   // The gradient of `layer` is final in the buffer given to begin_step; any order of layers works.
   void gradient_ready(std::size_t layer) {
     if (!in_step_) throw invalid_argument("partitioned::gradient_ready: call begin_step first");
-    commsgd::detail::check_range("layer", layer, std::size_t{0}, layers_.size() - 1,
-                                 commsgd::detail::concat("[0, layers = ", layers_.size(), ")"));
+    commsgd::check_range("layer", layer, std::size_t{0}, layers_.size() - 1,
+                         commsgd::concat("[0, layers = ", layers_.size(), ")"));
     if (ready_[layer])
-      throw invalid_argument(commsgd::detail::concat("partitioned::gradient_ready: layer ", layer,
-                                                     " was already marked ready in this step"));
+      throw invalid_argument(commsgd::concat("partitioned::gradient_ready: layer ", layer,
+                                             " was already marked ready in this step"));
     ready_[layer] = true;
     const auto first = parts_[layer_first_[layer]].offset;
     detail::require_finite("gradient", grad_.subspan(first, layers_[layer]), first);
@@ -222,9 +221,12 @@ public:
     detail::check_same_size("params", params.size(), dim_);
     for (std::size_t l = 0; l < layers_.size(); ++l)
       if (!ready_[l])
-        throw invalid_argument(commsgd::detail::concat("partitioned::finish_step: layer ", l,
-                                                       " was never marked ready in this step"));
-    detail::poll_until([&] { return complete(); }, [&] { return pump(); }, std::chrono::microseconds(50));
+        throw invalid_argument(
+            commsgd::concat("partitioned::finish_step: layer ", l, " was never marked ready in this step"));
+    comm::poll_until([&] {
+      if (complete()) return comm::poll_step::done;
+      return pump() ? comm::poll_step::moved : comm::poll_step::idle;
+    });
     if (comm_->size() == 1) std::copy(grad_.begin(), grad_.end(), sum_.begin());
     apply_mean_sum(params, sum_, comm_->size(), opt_.lr);
     in_step_ = false;
@@ -263,13 +265,13 @@ private:
     if (which != state::part::shared) return;
     const auto layers = r.get_vector<std::size_t>();
     if (layers != layers_)
-      throw corrupt_data(commsgd::detail::concat("saved state: ", layers.size(),
-                                                 " layers of other sizes than this strategy's ",
-                                                 layers_.size(), " layers"));
+      throw corrupt_data(commsgd::concat("saved state: ", layers.size(),
+                                         " layers of other sizes than this strategy's ", layers_.size(),
+                                         " layers"));
     state::expect_same(r.get<std::uint64_t>(), opt_.partition_elements, "option 'partition_elements'");
     t.lr = state::read_learning_rate(r);
     t.step = r.get<std::int64_t>();
-    if (t.step < 0) throw corrupt_data(commsgd::detail::concat("saved state: step ", t.step, " is negative"));
+    if (t.step < 0) throw corrupt_data(commsgd::concat("saved state: step ", t.step, " is negative"));
   }
   void commit(saved&& t) noexcept {
     opt_.lr = t.lr;

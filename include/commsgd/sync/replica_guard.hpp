@@ -180,8 +180,8 @@ class replica_guard {
 public:
   // every = 0 turns the guard off; otherwise a check falls due every `every` steps: [0, inf).
   replica_guard(C& c, std::int64_t every) : comm_(&c), every_(every) {
-    commsgd::detail::check_range("replica_check_every", every, std::int64_t{0},
-                                 std::numeric_limits<std::int64_t>::max(), "[0, inf) (0 = off)");
+    commsgd::check_range("replica_check_every", every, std::int64_t{0},
+                         std::numeric_limits<std::int64_t>::max(), "[0, inf) (0 = off)");
     due_ = every_;
   }
 
@@ -211,9 +211,9 @@ public:
       hashes.push_back(r.hash);
       step = std::max(step, r.steps);
     }
-    check_replica_hashes(hashes, step,
-                         commsgd::detail::concat(at_finish ? "at finish (after step " : "after step ", step,
-                                                 at_finish ? ")" : ""));
+    check_replica_hashes(
+        hashes, step,
+        commsgd::concat(at_finish ? "at finish (after step " : "after step ", step, at_finish ? ")" : ""));
   }
 
   // Counts a step that returned `r`; checks when one is due and `s` promises identical models now. Every

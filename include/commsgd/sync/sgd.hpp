@@ -31,13 +31,12 @@ namespace detail {
 inline void check_learning_rate(std::string_view name, double lr) {
   if (!(lr > 0.0) || !std::isfinite(lr))
     throw invalid_argument(
-        commsgd::detail::concat("argument '", name, "' = ", lr, " is outside the allowed range (0, inf)"));
+        commsgd::concat("argument '", name, "' = ", lr, " is outside the allowed range (0, inf)"));
 }
 
 inline void check_same_size(std::string_view what, std::size_t got, std::size_t expected) {
   if (got != expected)
-    throw size_mismatch(
-        commsgd::detail::concat("argument '", what, "' has ", got, " elements, expected ", expected));
+    throw size_mismatch(commsgd::concat("argument '", what, "' has ", got, " elements, expected ", expected));
 }
 
 // Design rule: a NaN or inf gradient is never sent; say how many and where the first one is.

@@ -18,6 +18,7 @@
 
 #include <commsgd/cuda/batched/gradient.cuh>
 #include <commsgd/cuda/batched/layout.cuh>
+#include <commsgd/cuda/result.cuh>
 #include <commsgd/select/key.hpp>
 
 #include <cstdint>
@@ -50,7 +51,8 @@ struct search_state {
   u32 full; // 1: the search reads the values, not the candidates
 };
 
-// This step's non-finite values: in g (or u'), or in a finite g's sum (overflow).
+// This step's non-finite values: in g (or u'), or in a finite g's sum (overflow); first_* is
+// no_nonfinite_index when its count is 0.
 struct step_status {
   u64 grad_count;
   u64 grad_first;
@@ -125,7 +127,7 @@ __global__ void begin_kernel(const segment* segs, u32 count, search_state* searc
   }
   if (t == 0) {
     ctl->full_segments = 0;
-    ctl->status = step_status{0, ~0ull, 0, ~0ull};
+    ctl->status = step_status{0, no_nonfinite_index, 0, no_nonfinite_index};
   }
 }
 

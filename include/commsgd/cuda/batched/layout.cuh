@@ -75,12 +75,12 @@ inline layout make_layout(std::span<const std::size_t> lengths, double density,
   if (lengths.empty())
     throw invalid_argument("argument 'lengths' is empty: a batch holds at least one tensor");
   if (!ks.empty() && ks.size() != lengths.size())
-    throw invalid_argument(commsgd::detail::concat("argument 'k' has ", ks.size(),
-                                                   " entries; it must be empty or have one per tensor (",
-                                                   lengths.size(), ")"));
+    throw invalid_argument(commsgd::concat("argument 'k' has ", ks.size(),
+                                           " entries; it must be empty or have one per tensor (",
+                                           lengths.size(), ")"));
   if (lengths.size() > std::numeric_limits<std::uint32_t>::max())
-    throw invalid_argument(commsgd::detail::concat("argument 'lengths' has ", lengths.size(),
-                                                   " tensors, outside the allowed range [1, 2^32)"));
+    throw invalid_argument(commsgd::concat("argument 'lengths' has ", lengths.size(),
+                                           " tensors, outside the allowed range [1, 2^32)"));
   layout l;
   using T = batched_tuning;
   for (std::size_t t = 0; t < lengths.size(); ++t) {
@@ -91,9 +91,9 @@ inline layout make_layout(std::span<const std::size_t> lengths, double density,
       s.k = select::k_for_density(lengths[t], density);
     } else {
       if (ks[t] > lengths[t])
-        throw invalid_argument(commsgd::detail::concat("argument 'k[", t, "]' = ", ks[t],
-                                                       " is outside the allowed range [0, ", lengths[t],
-                                                       "] (the tensor's length)"));
+        throw invalid_argument(commsgd::concat("argument 'k[", t, "]' = ", ks[t],
+                                               " is outside the allowed range [0, ", lengths[t],
+                                               "] (the tensor's length)"));
       s.k = ks[t];
     }
     s.candidate_begin = l.candidates;
@@ -107,9 +107,9 @@ inline layout make_layout(std::span<const std::size_t> lengths, double density,
   }
   // The composite key holds a 32-bit flat index.
   if (l.length > std::uint64_t{std::numeric_limits<std::uint32_t>::max()})
-    throw invalid_argument(commsgd::detail::concat(
-        "the tensors' total length ", l.length,
-        " is outside the allowed range [0, 2^32 - 1] of the batched step's 32-bit indices"));
+    throw invalid_argument(
+        commsgd::concat("the tensors' total length ", l.length,
+                        " is outside the allowed range [0, 2^32 - 1] of the batched step's 32-bit indices"));
   for (std::uint32_t t = 0; t < l.segments.size(); ++t)
     for (std::uint64_t b = 0; b < l.segments[t].length; b += T::tile)
       l.tiles.push_back(

@@ -50,7 +50,7 @@ inline void save_async_ps_shared(state::writer& w, const async_ps_options& o) {
 inline void parse_async_ps_shared(state::reader& r, const async_ps_options& o) {
   const float lr = r.get<float>();
   if (std::bit_cast<std::uint32_t>(lr) != std::bit_cast<std::uint32_t>(o.lr))
-    throw corrupt_data(commsgd::detail::concat("saved state: option 'lr' is ", lr, ", this one's is ", o.lr));
+    throw corrupt_data(commsgd::concat("saved state: option 'lr' is ", lr, ", this one's is ", o.lr));
   state::expect_same(r.get<std::int32_t>(), o.server, "option 'server'");
   state::expect_same(r.get<std::int32_t>(), o.apply_after, "option 'apply_after'");
   state::expect_same(r.get<std::uint32_t>(), o.staleness_scaling ? 1u : 0u,
@@ -67,15 +67,14 @@ inline void save_async_ps_role(state::writer& w, bool server, bool started) {
 inline bool parse_async_ps_role(state::reader& r, bool server, int rank) {
   const auto role = r.get<std::uint32_t>();
   if (role > 1)
-    throw corrupt_data(
-        commsgd::detail::concat("saved state: role ", role, " is neither 0 (worker) nor 1 (server)"));
+    throw corrupt_data(commsgd::concat("saved state: role ", role, " is neither 0 (worker) nor 1 (server)"));
   if ((role == 1) != server)
-    throw corrupt_data(
-        commsgd::detail::concat("saved state: saved by ", role == 1 ? "the parameter server" : "a worker",
-                                ", while rank ", rank, " is ", server ? "the server" : "a worker"));
+    throw corrupt_data(commsgd::concat("saved state: saved by ",
+                                       role == 1 ? "the parameter server" : "a worker", ", while rank ", rank,
+                                       " is ", server ? "the server" : "a worker"));
   const auto started = r.get<std::uint32_t>();
   if (started > 1)
-    throw corrupt_data(commsgd::detail::concat("saved state: started = ", started, " is neither 0 nor 1"));
+    throw corrupt_data(commsgd::concat("saved state: started = ", started, " is neither 0 nor 1"));
   return started == 1;
 }
 

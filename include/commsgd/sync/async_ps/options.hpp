@@ -25,18 +25,17 @@ namespace detail {
 template <comm::communicator C>
 void check_async_ps_options(const C& c, const async_ps_options& o) {
   if (c.size() < 2)
-    throw invalid_argument(commsgd::detail::concat("async_ps: communicator size = ", c.size(),
-                                                   " is outside the allowed range [2, inf) (a server and a "
-                                                   "worker at least)"));
+    throw invalid_argument(commsgd::concat("async_ps: communicator size = ", c.size(),
+                                           " is outside the allowed range [2, inf) (a server and a "
+                                           "worker at least)"));
   check_learning_rate("lr", o.lr);
-  commsgd::detail::check_range("server", o.server, 0, c.size() - 1,
-                               commsgd::detail::concat("[0, size = ", c.size(), ")"));
-  commsgd::detail::check_range("apply_after", o.apply_after, 1, c.size() - 1,
-                               commsgd::detail::concat("[1, workers = ", c.size() - 1, "]"));
-  commsgd::detail::check_range("staleness_bound", o.staleness_bound, -1, std::numeric_limits<int>::max(),
-                               "-1 (none) or [0, inf)");
-  commsgd::detail::check_range("tag_base", o.tag_base, -1, std::numeric_limits<int>::max() - 3,
-                               "-1 (four free tags) or [0, INT_MAX - 3]");
+  commsgd::check_range("server", o.server, 0, c.size() - 1, commsgd::concat("[0, size = ", c.size(), ")"));
+  commsgd::check_range("apply_after", o.apply_after, 1, c.size() - 1,
+                       commsgd::concat("[1, workers = ", c.size() - 1, "]"));
+  commsgd::check_range("staleness_bound", o.staleness_bound, -1, std::numeric_limits<int>::max(),
+                       "-1 (none) or [0, inf)");
+  commsgd::check_range("tag_base", o.tag_base, -1, std::numeric_limits<int>::max() - 3,
+                       "-1 (four free tags) or [0, INT_MAX - 3]");
 }
 
 } // namespace detail

@@ -17,13 +17,13 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/poll.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/async_ps/checkpoint.hpp>
 #include <commsgd/sync/async_ps/log.hpp>
 #include <commsgd/sync/async_ps/options.hpp>
 #include <commsgd/sync/async_ps/wire.hpp>
-#include <commsgd/sync/poll.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/strategy.hpp>
 
@@ -43,8 +43,8 @@ namespace detail {
 
 // The server computes no gradient, so the worker's calls name where it does its work instead.
 inline invalid_argument not_a_worker(const char* what, int rank) {
-  return invalid_argument(commsgd::detail::concat("async_ps::", what, ": rank ", rank,
-                                                  " is the parameter server; it serves in finish()"));
+  return invalid_argument(commsgd::concat("async_ps::", what, ": rank ", rank,
+                                          " is the parameter server; it serves in finish()"));
 }
 
 } // namespace detail
@@ -60,9 +60,9 @@ public:
 
   async_ps_server(C& c, options o) : base(c, o) {
     if (c.rank() != opt_.server)
-      throw invalid_argument(commsgd::detail::concat("async_ps_server: rank ", c.rank(),
-                                                     " is not the server (options 'server' = ", opt_.server,
-                                                     "); make an async_ps_worker there"));
+      throw invalid_argument(commsgd::concat("async_ps_server: rank ", c.rank(),
+                                             " is not the server (options 'server' = ", opt_.server,
+                                             "); make an async_ps_worker there"));
     pushes_.assign(static_cast<std::size_t>(c.size() - 1), 0);
   }
 
@@ -149,18 +149,17 @@ private:
       u.arrival = r.get<std::int64_t>();
       u.factor = r.get<float>();
       if (u.worker < 0 || u.worker >= comm_->size() || u.worker == opt_.server)
-        throw corrupt_data(commsgd::detail::concat("saved state: a log entry names worker ", u.worker));
+        throw corrupt_data(commsgd::concat("saved state: a log entry names worker ", u.worker));
     }
     std::int64_t total = 0;
     for (const auto p : t.pushes) {
-      if (p < 0)
-        throw corrupt_data(commsgd::detail::concat("saved state: a push count of ", p, " is negative"));
+      if (p < 0) throw corrupt_data(commsgd::concat("saved state: a push count of ", p, " is negative"));
       total += p;
     }
     if (t.version < 0 || t.arrivals != total || t.version > t.arrivals)
-      throw corrupt_data(commsgd::detail::concat("saved state: version ", t.version, ", ", t.arrivals,
-                                                 " arrivals and ", total,
-                                                 " pushes disagree (0 <= version <= arrivals = pushes)"));
+      throw corrupt_data(commsgd::concat("saved state: version ", t.version, ", ", t.arrivals,
+                                         " arrivals and ", total,
+                                         " pushes disagree (0 <= version <= arrivals = pushes)"));
     if (t.started && t.model.empty()) throw corrupt_data("saved state: a started server without a model");
   }
   void commit(saved&& t) noexcept {
@@ -203,9 +202,9 @@ private:
     switch (h.kind) {
     case base::kind_push:
       if (h.version < 0 || h.version > version_ || p.pending)
-        throw corrupt_data(commsgd::detail::concat("async_ps: push from rank ", p.rank, " claims version ",
-                                                   h.version, " (server at ", version_,
-                                                   p.pending ? ", and a push is still pending)" : ")"));
+        throw corrupt_data(commsgd::concat("async_ps: push from rank ", p.rank, " claims version ", h.version,
+                                           " (server at ", version_,
+                                           p.pending ? ", and a push is still pending)" : ")"));
       p.gradient.resize(model_.size());
       this->receive_gradient(std::span<float>(p.gradient), p.rank);
       p.pending = true;
@@ -225,8 +224,7 @@ private:
       --active_;
       break;
     default:
-      throw corrupt_data(
-          commsgd::detail::concat("async_ps: header of unknown kind ", h.kind, " from rank ", p.rank));
+      throw corrupt_data(commsgd::concat("async_ps: header of unknown kind ", h.kind, " from rank ", p.rank));
     }
   }
 
@@ -293,8 +291,12 @@ private:
       peers_[i].pushes = pushes_[i];
     for (auto& p : peers_)
       post(p);
-    detail::poll_until([&] { return active_ == 0; }, [&] { return serve_once(); },
-                       std::chrono::microseconds(100));
+    comm::poll_until(
+        [&] {
+          if (active_ == 0) return comm::poll_step::done;
+          return serve_once() ? comm::poll_step::moved : comm::poll_step::idle;
+        },
+        comm::poll_clock::time_point::max(), std::chrono::microseconds(100));
     while (try_apply()) {
     }
     for (std::size_t i = 0; i < peers_.size(); ++i)

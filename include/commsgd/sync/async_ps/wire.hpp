@@ -36,8 +36,7 @@ protected:
   };
 
   void require_started(const char* what) const {
-    if (!started_)
-      throw invalid_argument(commsgd::detail::concat("async_ps::", what, ": call start() first"));
+    if (!started_) throw invalid_argument(commsgd::concat("async_ps::", what, ": call start() first"));
   }
 
 public:

@@ -29,9 +29,9 @@ public:
 
   async_ps_worker(C& c, options o) : base(c, o) {
     if (c.rank() == opt_.server)
-      throw invalid_argument(commsgd::detail::concat("async_ps_worker: rank ", c.rank(),
-                                                     " is the server (options 'server' = ", opt_.server,
-                                                     "); make an async_ps_server there"));
+      throw invalid_argument(commsgd::concat("async_ps_worker: rank ", c.rank(),
+                                             " is the server (options 'server' = ", opt_.server,
+                                             "); make an async_ps_server there"));
   }
 
   bool computes_gradients() const { return true; }
@@ -104,7 +104,7 @@ private:
     t.version = r.get<std::int64_t>();
     t.dim = r.get<std::uint64_t>();
     if (t.version < 0)
-      throw corrupt_data(commsgd::detail::concat("saved state: version ", t.version, " is negative"));
+      throw corrupt_data(commsgd::concat("saved state: version ", t.version, " is negative"));
   }
   void commit(saved&& t) noexcept {
     started_ = t.started;

@@ -30,18 +30,18 @@ inline comm::traffic measured(comm::traffic t) noexcept {
 
 namespace detail {
 inline void check_node(int n, int rank) {
-  commsgd::detail::check_range("rank", rank, 0, n - 1, commsgd::detail::concat("[0, n - 1 = ", n - 1, "]"));
+  commsgd::check_range("rank", rank, 0, n - 1, commsgd::concat("[0, n - 1 = ", n - 1, "]"));
 }
 } // namespace detail
 
 inline comm::traffic ring_all_reduce(int n, std::uint64_t d, std::size_t element_size, int rank) {
-  commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
+  commsgd::coding::check_nodes_and_redundancy(n, 1);
   detail::check_node(n, rank);
   return comm::ring_all_reduce_traffic(d, element_size, n, rank);
 }
 
 inline comm::traffic all_gather(int n, std::uint64_t d, std::size_t element_size) {
-  commsgd::coding::detail::check_nodes_and_redundancy(n, 1);
+  commsgd::coding::check_nodes_and_redundancy(n, 1);
   return comm::all_gather_traffic(d * element_size, n);
 }
 
@@ -50,7 +50,7 @@ inline comm::traffic unicast(int n, std::uint64_t d, std::size_t element_size) {
 }
 
 inline comm::traffic uncoded_shuffle(int n, int r, std::uint64_t d, std::size_t element_size, int rank) {
-  commsgd::coding::detail::check_nodes_and_redundancy(n, r);
+  commsgd::coding::check_nodes_and_redundancy(n, r);
   detail::check_node(n, rank);
   using namespace commsgd::coding;
   comm::traffic t;
@@ -71,7 +71,7 @@ inline comm::traffic uncoded_shuffle(int n, int r, std::uint64_t d, std::size_t 
 }
 
 inline comm::traffic cssgd(int n, int r, std::uint64_t d, std::size_t element_size = 4) {
-  commsgd::coding::detail::check_nodes_and_redundancy(n, r);
+  commsgd::coding::check_nodes_and_redundancy(n, r);
   const std::uint64_t copies = static_cast<std::uint64_t>(r) * coding::binomial(n - 1, r);
   const std::uint64_t bytes = copies * coding::cssgd_packet_length(d, r) * element_size;
   return {copies, bytes, copies, bytes};
