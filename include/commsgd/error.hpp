@@ -97,10 +97,4 @@ void check_range(std::string_view name, const T& value, const U& lo, const V& hi
         concat("argument '", name, "' = ", value, " is outside the allowed range ", range));
 }
 
-// The names these had before they were public: the same functions, for callers not yet moved to the public
-// names. To be removed once none is left.
-namespace detail {
-using commsgd::check_range;
-using commsgd::concat;
-} // namespace detail
 } // namespace commsgd::inline v1

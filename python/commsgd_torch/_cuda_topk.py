@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from . import _C
 from ._C import InvalidArgument, NonFinite, Error, Unsupported
 
 try:
@@ -142,7 +143,7 @@ class CudaTopK:
         world = self._world()
         total = buf.to(torch.float32, copy=True)
         work = dist.all_reduce(total, group=self.group, async_op=True)
-        self._count(int(2 * (world - 1) * 4 * total.numel() / world), world)  # as a ring all-reduce would
+        self._add(_C.ring_all_reduce_traffic(total.numel(), 4, world, dist.get_rank(self.group)))
         momentum = self.momentum_factor if self.warmup_momentum else 0.0
         offsets = [sum(sizes[:j]) for j in range(len(sizes))]
 
@@ -183,7 +184,7 @@ class CudaTopK:
         world = self._world()
         outs = [torch.empty_like(msg) for _ in range(world)]
         work = dist.all_gather(outs, msg, group=self.group, async_op=True)
-        self._count(8 * b.step.total_k * (world - 1), world)
+        self._add(_C.all_gather_traffic(8 * b.step.total_k, world))
         n, dtype = buf.numel(), buf.dtype
 
         def average(fut: "torch.futures.Future[Any]") -> torch.Tensor:
@@ -198,13 +199,11 @@ class CudaTopK:
 
         return work.get_future().then(average)
 
-    def _count(self, bytes_per_peer_total: int, world: int) -> None:
-        c = self.counters
-        c["bytes_sent"] += bytes_per_peer_total
-        c["bytes_received"] += bytes_per_peer_total
-        c["messages_sent"] += world - 1
-        c["messages_received"] += world - 1
-        c["calls"] += 1
+    def _add(self, traffic: Dict[str, int]) -> None:
+        """One collective's traffic, by comm/traffic.hpp's count (what the CPU states' meter charges)."""
+        for key in ("bytes_sent", "bytes_received", "messages_sent", "messages_received"):
+            self.counters[key] += traffic[key]
+        self.counters["calls"] += 1
 
     # --- buckets ----------------------------------------------------------------------------------------------
 

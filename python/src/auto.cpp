@@ -67,8 +67,8 @@ py::dict choose(const std::vector<std::string>& candidates, double forward_s, do
       for (const auto& c : candidates)
         known = known || c == name;
       if (!known)
-        throw commsgd::invalid_argument(commsgd::detail::concat(
-            "argument '", what, "' has an entry for '", name, "', which is not among the candidates"));
+        throw commsgd::invalid_argument(commsgd::concat("argument '", what, "' has an entry for '", name,
+                                                        "', which is not among the candidates"));
     }
   };
   check_keys(compute, "compute");

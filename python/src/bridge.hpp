@@ -28,7 +28,7 @@ using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
 
 // A float32, contiguous CPU tensor's values, or an error naming what is wrong.
 inline std::span<float> values_of(const at::Tensor& t, const char* what) {
-  using commsgd::detail::concat;
+  using commsgd::concat;
   if (t.scalar_type() != at::kFloat)
     throw commsgd::invalid_argument(concat("argument '", what, "' has dtype ", c10::toString(t.scalar_type()),
                                            ", the allowed dtype is float32"));

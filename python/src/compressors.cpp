@@ -50,8 +50,8 @@ const char* const kind_names[] = {"fp16", "bf16", "sign", "qsgd", "random_k"};
 std::size_t kind_of(const std::string& kind) {
   for (std::size_t i = 0; i < std::size(kind_names); ++i)
     if (kind == kind_names[i]) return i;
-  throw invalid_argument(commsgd::detail::concat("argument 'kind' = '", kind,
-                                                 "' is not one of fp16, bf16, sign, qsgd, random_k"));
+  throw invalid_argument(
+      commsgd::concat("argument 'kind' = '", kind, "' is not one of fp16, bf16, sign, qsgd, random_k"));
 }
 
 struct compressor_settings {
@@ -68,8 +68,8 @@ std::vector<std::size_t> offsets_of(const size_list& sizes) {
   std::vector<std::size_t> o{0};
   for (auto s : sizes) {
     if (s < 0)
-      throw invalid_argument(commsgd::detail::concat("argument 'sizes' holds a parameter of ", s,
-                                                     " values; sizes must be >= 0"));
+      throw invalid_argument(
+          commsgd::concat("argument 'sizes' holds a parameter of ", s, " values; sizes must be >= 0"));
     o.push_back(o.back() + static_cast<std::size_t>(s));
   }
   return o;
@@ -124,7 +124,7 @@ public:
                    const std::string& overflow, std::int64_t levels, double density, std::int64_t seed,
                    bool layerwise, double momentum)
       : comm_(comm::process_group(group)) {
-    commsgd::detail::check_range("momentum", momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
+    commsgd::check_range("momentum", momentum, 0.0, std::nextafter(1.0, 0.0), "[0, 1)");
     s_.momentum = static_cast<float>(momentum);
     s_.kind = kind_of(kind);
     s_.error_feedback = error_feedback;
@@ -135,13 +135,12 @@ public:
       s_.overflow = compress::half_overflow::clamp;
     else
       throw invalid_argument(
-          commsgd::detail::concat("argument 'overflow' = '", overflow, "' is not one of refuse, clamp"));
-    commsgd::detail::check_range("levels", levels, 1, std::int64_t{compress::qsgd_options::max_levels},
-                                 "[1, 65535]");
+          commsgd::concat("argument 'overflow' = '", overflow, "' is not one of refuse, clamp"));
+    commsgd::check_range("levels", levels, 1, std::int64_t{compress::qsgd_options::max_levels}, "[1, 65535]");
     s_.levels = static_cast<std::uint32_t>(levels);
     if (seed < 0)
       throw invalid_argument(
-          commsgd::detail::concat("argument 'seed' = ", seed, " is outside the allowed range [0, 2^63)"));
+          commsgd::concat("argument 'seed' = ", seed, " is outside the allowed range [0, 2^63)"));
     s_.seed = static_cast<std::uint64_t>(seed);
     s_.density = density;
     make(s_, {}); // checks the density (and anything else the compressor checks) now, on every rank alike
@@ -180,7 +179,7 @@ public:
     queue_.drain();
     auto it = buckets_.find(index);
     if (it == buckets_.end())
-      throw invalid_argument(commsgd::detail::concat("argument 'index' = ", index, " is not a known bucket"));
+      throw invalid_argument(commsgd::concat("argument 'index' = ", index, " is not a known bucket"));
     return it->second;
   }
   at::Tensor residual(std::int64_t index) {
@@ -233,9 +232,9 @@ public:
       auto v = vector_of(t[2].cast<at::Tensor>(), "velocity");
       const auto n = offsets_of(sizes).back();
       if (v.size() != (s_.momentum > 0.0f ? n : 0))
-        throw corrupt_data(commsgd::detail::concat("saved state: bucket ", item.first.cast<std::int64_t>(),
-                                                   " holds a momentum of ", v.size(), " values, expected ",
-                                                   s_.momentum > 0.0f ? n : 0));
+        throw corrupt_data(commsgd::concat("saved state: bucket ", item.first.cast<std::int64_t>(),
+                                           " holds a momentum of ", v.size(), " values, expected ",
+                                           s_.momentum > 0.0f ? n : 0));
       compress::hook_momentum u(s_.momentum);
       u.assign(v);
       loaded.insert_or_assign(item.first.cast<std::int64_t>(),
@@ -292,16 +291,16 @@ private:
     std::exception_ptr local;
     try {
       if (sizes != b.sizes)
-        throw unsupported(commsgd::detail::concat(
-            "bucket ", index, " changed its layout after compression started (", b.sizes.size(),
-            " parameters of ", offsets_of(b.sizes).back(), " values before, ", sizes.size(), " of ",
-            offsets_of(sizes).back(),
-            " now; DDP rebuilds buckets at its second iteration: use start_iter >= 2)"));
+        throw unsupported(
+            commsgd::concat("bucket ", index, " changed its layout after compression started (",
+                            b.sizes.size(), " parameters of ", offsets_of(b.sizes).back(), " values before, ",
+                            sizes.size(), " of ", offsets_of(sizes).back(),
+                            " now; DDP rebuilds buckets at its second iteration: use start_iter >= 2)"));
       g = values_of(buffer, "bucket");
       if (static_cast<std::int64_t>(g.size()) != static_cast<std::int64_t>(offsets_of(sizes).back()))
-        throw size_mismatch(commsgd::detail::concat("argument 'bucket' has ", g.size(),
-                                                    " values, its parameters' sizes add up to ",
-                                                    offsets_of(sizes).back()));
+        throw size_mismatch(commsgd::concat("argument 'bucket' has ", g.size(),
+                                            " values, its parameters' sizes add up to ",
+                                            offsets_of(sizes).back()));
     } catch (const commsgd::error&) {
       local = std::current_exception();
       g = {}; // the wrong size: the compressor's verdict fails on every rank
@@ -361,7 +360,7 @@ public:
   python_future half_async(const at::Tensor& buffer, const std::string& dtype) {
     if (dtype != "float16" && dtype != "bfloat16")
       throw invalid_argument(
-          commsgd::detail::concat("argument 'dtype' = '", dtype, "' is not one of float16, bfloat16"));
+          commsgd::concat("argument 'dtype' = '", dtype, "' is not one of float16, bfloat16"));
     const auto low = dtype == "float16" ? at::kHalf : at::kBFloat16;
     return queue_.post([=, this] { return reduce(buffer.to(low), buffer); });
   }

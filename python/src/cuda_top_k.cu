@@ -58,7 +58,7 @@ public:
       o.masking = sparsify::momentum_masking::keep;
     else
       throw invalid_argument(
-          commsgd::detail::concat("argument 'momentum_rule' = '", rule, "' is not one of dgc, keep"));
+          commsgd::concat("argument 'momentum_rule' = '", rule, "' is not one of dgc, keep"));
     if (dtype == "float32")
       s_ = std::make_unique<commsgd::cuda::batched_top_k<float>>(lengths, o);
     else if (dtype == "float16")
@@ -66,8 +66,8 @@ public:
     else if (dtype == "bfloat16")
       s_ = std::make_unique<commsgd::cuda::batched_top_k<__nv_bfloat16>>(lengths, o);
     else
-      throw invalid_argument(commsgd::detail::concat("argument 'dtype' = '", dtype,
-                                                     "' is not one of float32, float16, bfloat16"));
+      throw invalid_argument(
+          commsgd::concat("argument 'dtype' = '", dtype, "' is not one of float32, float16, bfloat16"));
     dtype_ = dtype;
   }
 

@@ -36,7 +36,7 @@ sync::fragment_layout layout_of(const std::string& name) {
   if (name == "strided") return sync::fragment_layout::strided;
   if (name == "contiguous") return sync::fragment_layout::contiguous;
   throw invalid_argument(
-      commsgd::detail::concat("argument 'layout' = '", name, "' is not one of strided, contiguous"));
+      commsgd::concat("argument 'layout' = '", name, "' is not one of strided, contiguous"));
 }
 
 py::dict traffic_as_dict(const comm::traffic& t) {
@@ -132,8 +132,8 @@ public:
 
 private:
   void check_fragment(std::size_t p) const {
-    commsgd::detail::check_range("fragment", p, std::size_t{0}, engine_.num_fragments() - 1,
-                                 commsgd::detail::concat("[0, ", engine_.num_fragments() - 1, "]"));
+    commsgd::check_range("fragment", p, std::size_t{0}, engine_.num_fragments() - 1,
+                         commsgd::concat("[0, ", engine_.num_fragments() - 1, "]"));
   }
 
   meter comm_;
@@ -150,7 +150,7 @@ py::list diloco_over_threads(const std::vector<at::Tensor>& trajectories,
                              float alpha, const std::string& layout, float outer_lr, float outer_momentum,
                              const std::string& code) {
   const int n = static_cast<int>(trajectories.size());
-  commsgd::detail::check_range("trajectories", n, 1, 64, "[1, 64] ranks");
+  commsgd::check_range("trajectories", n, 1, 64, "[1, 64] ranks");
   std::int64_t steps = 0, d = 0;
   std::vector<const float*> rows(trajectories.size());
   for (std::size_t r = 0; r < trajectories.size(); ++r) {

@@ -29,8 +29,8 @@ sync::correction_mode correction_of(const std::string& name) {
   if (name == "none") return sync::correction_mode::none;
   if (name == "at_sync") return sync::correction_mode::at_sync;
   if (name == "every_step") return sync::correction_mode::every_step;
-  throw invalid_argument(commsgd::detail::concat("argument 'correction' = '", name,
-                                                 "' is not one of none, at_sync, every_step"));
+  throw invalid_argument(
+      commsgd::concat("argument 'correction' = '", name, "' is not one of none, at_sync, every_step"));
 }
 
 class local_sgd_state {
@@ -46,7 +46,7 @@ public:
                           .correction = correction_of(correction),
                           .alpha = alpha,
                           .average_on_finish = true}) {
-    commsgd::detail::check_range("start_iter", warmup_steps, 0, std::numeric_limits<int>::max(), "[0, inf)");
+    commsgd::check_range("start_iter", warmup_steps, 0, std::numeric_limits<int>::max(), "[0, inf)");
   }
 
   bool in_warmup() const { return steps_ < warmup_; }

@@ -43,8 +43,8 @@ std::vector<compress::layer_shape> to_shapes(const shape_list& s) {
   std::vector<compress::layer_shape> out;
   for (auto [r, c] : s) {
     if (r < 0 || c < 0)
-      throw invalid_argument(commsgd::detail::concat("argument 'shapes' holds a layer of ", r, " x ", c,
-                                                     "; rows and cols must be >= 0"));
+      throw invalid_argument(commsgd::concat("argument 'shapes' holds a layer of ", r, " x ", c,
+                                             "; rows and cols must be >= 0"));
     out.push_back({static_cast<std::size_t>(r), static_cast<std::size_t>(c)});
   }
   return out;
@@ -83,14 +83,14 @@ public:
                  std::int64_t seed, bool error_feedback, bool warm_start)
       : comm_(comm::process_group(group)) {
     if (rank < 1)
-      throw invalid_argument(commsgd::detail::concat("argument 'matrix_approximation_rank' = ", rank,
-                                                     " is outside the allowed range [1, inf)"));
+      throw invalid_argument(commsgd::concat("argument 'matrix_approximation_rank' = ", rank,
+                                             " is outside the allowed range [1, inf)"));
     s_ = {static_cast<std::size_t>(rank),   min_compression_rate, static_cast<float>(epsilon),
           static_cast<std::uint64_t>(seed), error_feedback,       warm_start};
     compress::make_powersgd_plan(0, {}, s_.rank, min_compression_rate); // checks the rate now
     if (!(epsilon >= 0.0 && std::isfinite(epsilon)))
-      throw invalid_argument(commsgd::detail::concat("argument 'orthogonalization_epsilon' = ", epsilon,
-                                                     " is outside the allowed range [0, inf)"));
+      throw invalid_argument(commsgd::concat("argument 'orthogonalization_epsilon' = ", epsilon,
+                                             " is outside the allowed range [0, inf)"));
   }
 
   bool has(std::int64_t index) {
@@ -174,16 +174,16 @@ private:
   at::Tensor round(const at::Tensor& buffer, std::int64_t index, const shape_list& shapes) {
     auto it = buckets_.find(index);
     if (it == buckets_.end())
-      throw invalid_argument(commsgd::detail::concat("bucket ", index, " has no PowerSGD state yet"));
+      throw invalid_argument(commsgd::concat("bucket ", index, " has no PowerSGD state yet"));
     auto& b = it->second;
     std::span<float> g;
     std::exception_ptr local;
     try {
       if (shapes != b.shapes)
-        throw unsupported(commsgd::detail::concat(
-            "bucket ", index,
-            " changed its layout after PowerSGD started (DDP rebuilds buckets at its second "
-            "iteration: use start_powerSGD_iter >= 2)"));
+        throw unsupported(
+            commsgd::concat("bucket ", index,
+                            " changed its layout after PowerSGD started (DDP rebuilds buckets at its second "
+                            "iteration: use start_powerSGD_iter >= 2)"));
       g = values_of(buffer, "bucket");
     } catch (const commsgd::error&) {
       local = std::current_exception();
@@ -214,8 +214,8 @@ std::vector<std::pair<std::size_t, std::size_t>>
 compressed_layers(const shape_list& shapes, std::int64_t rank, double min_compression_rate) {
   const auto s = to_shapes(shapes);
   if (rank < 1)
-    throw invalid_argument(commsgd::detail::concat("argument 'matrix_approximation_rank' = ", rank,
-                                                   " is outside the allowed range [1, inf)"));
+    throw invalid_argument(commsgd::concat("argument 'matrix_approximation_rank' = ", rank,
+                                           " is outside the allowed range [1, inf)"));
   const auto plan =
       compress::make_powersgd_plan(total(s), s, static_cast<std::size_t>(rank), min_compression_rate);
   std::vector<std::pair<std::size_t, std::size_t>> out;

@@ -75,17 +75,17 @@ std::size_t selector_index(const std::string& name) {
   for (std::size_t i = 0; i < std::size(selector_names); ++i)
     if (name == selector_names[i]) return i;
   throw invalid_argument(
-      commsgd::detail::concat("argument 'selector' = '", name,
-                              "' is not one of exact, radix, laplace_bisect, hierarchical, sampled"));
+      commsgd::concat("argument 'selector' = '", name,
+                      "' is not one of exact, radix, laplace_bisect, hierarchical, sampled"));
 }
 
 void check_bucket(const at::Tensor& t) {
   if (t.scalar_type() != at::kFloat)
-    throw invalid_argument(commsgd::detail::concat(
-        "argument 'bucket' has dtype ", c10::toString(t.scalar_type()), ", the allowed dtype is float32"));
+    throw invalid_argument(commsgd::concat("argument 'bucket' has dtype ", c10::toString(t.scalar_type()),
+                                           ", the allowed dtype is float32"));
   if (!t.device().is_cpu())
-    throw invalid_argument(commsgd::detail::concat("argument 'bucket' is on device ", t.device().str(),
-                                                   ", the allowed device is cpu"));
+    throw invalid_argument(
+        commsgd::concat("argument 'bucket' is on device ", t.device().str(), ", the allowed device is cpu"));
   if (!t.is_contiguous())
     throw invalid_argument("argument 'bucket' is not contiguous; a contiguous tensor is required");
 }
@@ -111,14 +111,13 @@ public:
       opt_.masking = sparsify::momentum_masking::dgc;
     else
       throw invalid_argument(
-          commsgd::detail::concat("argument 'momentum_rule' = '", masking, "' is not one of keep, dgc"));
+          commsgd::concat("argument 'momentum_rule' = '", masking, "' is not one of keep, dgc"));
     if (dense_warmup < 0)
-      throw invalid_argument(commsgd::detail::concat("argument 'start_iter' = ", dense_warmup,
-                                                     " is outside the allowed range [0, inf)"));
+      throw invalid_argument(commsgd::concat("argument 'start_iter' = ", dense_warmup,
+                                             " is outside the allowed range [0, inf)"));
     if (dgc_warmup_per_stage < 0)
-      throw invalid_argument(
-          commsgd::detail::concat("argument 'dgc_warmup_steps_per_stage' = ", dgc_warmup_per_stage,
-                                  " is outside the allowed range [0, inf)"));
+      throw invalid_argument(commsgd::concat("argument 'dgc_warmup_steps_per_stage' = ", dgc_warmup_per_stage,
+                                             " is outside the allowed range [0, inf)"));
     if (dgc_warmup_per_stage > 0)
       opt_.warmup = sparsify::dgc_warmup(static_cast<std::uint64_t>(dgc_warmup_per_stage));
     dense_warmup_ = dense_warmup;
@@ -213,8 +212,8 @@ public:
     queue_.drain();
     const auto sel = d["selector"].cast<std::string>();
     if (selector_index(sel) != selector_)
-      throw corrupt_data(commsgd::detail::concat("saved state: selector '", sel, "', this hook's is '",
-                                                 selector_names[selector_], "'"));
+      throw corrupt_data(commsgd::concat("saved state: selector '", sel, "', this hook's is '",
+                                         selector_names[selector_], "'"));
     std::map<std::string, bucket> loaded;
     for (auto item : d["buckets"].cast<py::dict>()) {
       auto t = item.second.cast<py::tuple>();
@@ -256,12 +255,12 @@ private:
     try {
       check_bucket(buffer);
       if (params.size() != sizes.size())
-        throw size_mismatch(commsgd::detail::concat("arguments 'params' and 'sizes' have ", params.size(),
-                                                    " and ", sizes.size(), " entries"));
+        throw size_mismatch(commsgd::concat("arguments 'params' and 'sizes' have ", params.size(), " and ",
+                                            sizes.size(), " entries"));
       const auto total = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
       if (static_cast<std::size_t>(total) != n)
         throw size_mismatch(
-            commsgd::detail::concat("the bucket's parameters hold ", total, " elements, the bucket ", n));
+            commsgd::concat("the bucket's parameters hold ", total, " elements, the bucket ", n));
       const std::span<const float> g(buffer.data_ptr<float>(), n);
       if (iteration_ < dense_warmup_) {
         msg = dense_message(g); // a NaN here makes every rank's exchange raise

@@ -90,8 +90,8 @@ public:
 
   explicit block_quantizer(std::size_t length, block_quant_options o = {})
       : round_state(length, o.error_feedback), opt_(o) {
-    commsgd::detail::check_range("block_size", opt_.block_size, std::size_t{1},
-                                 std::numeric_limits<std::size_t>::max(), "[1, inf)");
+    commsgd::check_range("block_size", opt_.block_size, std::size_t{1},
+                         std::numeric_limits<std::size_t>::max(), "[1, inf)");
     msg_.resize(message_bytes(length, opt_.block_size));
   }
 

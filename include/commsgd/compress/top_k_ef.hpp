@@ -117,8 +117,8 @@ public:
 private:
   // Indices travel as u32; checked before the residual is allocated.
   static std::size_t checked_length(std::size_t length) {
-    commsgd::detail::check_range("length", length, std::size_t{0},
-                                 std::size_t{std::numeric_limits<std::uint32_t>::max()}, "[0, 2^32 - 1]");
+    commsgd::check_range("length", length, std::size_t{0},
+                         std::size_t{std::numeric_limits<std::uint32_t>::max()}, "[0, 2^32 - 1]");
     return length;
   }
   static const char* what() noexcept { return "compress::top_k_ef"; }
@@ -154,8 +154,8 @@ private:
       std::uint32_t i;
       std::memcpy(&i, idx + 4 * j, 4);
       if (i >= length_)
-        throw corrupt_data(commsgd::detail::concat(what(), ": a message holds index ", i,
-                                                   ", outside [0, length = ", length_, ")"));
+        throw corrupt_data(
+            commsgd::concat(what(), ": a message holds index ", i, ", outside [0, length = ", length_, ")"));
       return static_cast<std::size_t>(i);
     };
     if (opt_.two_bit) {

@@ -51,7 +51,7 @@ constexpr std::uint64_t top_k_message_bytes(std::uint64_t k, bool two_bit) noexc
 inline std::uint64_t top_k_count(std::uint64_t d, double density) {
   if (!(density > 0.0 && density <= 1.0))
     throw invalid_argument(
-        commsgd::detail::concat("argument 'density' = ", density, " is outside the allowed range (0, 1]"));
+        commsgd::concat("argument 'density' = ", density, " is outside the allowed range (0, 1]"));
   if (d == 0) return 0;
   const double k = std::ceil(density * static_cast<double>(d) - 1e-9);
   return k <= 1.0 ? 1 : (k >= static_cast<double>(d) ? d : static_cast<std::uint64_t>(k));
@@ -67,8 +67,8 @@ struct diloco_code {
   // From its name; anything else is refused with the allowed names.
   static diloco_code parse(std::string_view text) {
     auto bad = [&] {
-      return invalid_argument(commsgd::detail::concat("argument 'compression' = '", text,
-                                                      "' is not a code; the allowed codes are ", names));
+      return invalid_argument(commsgd::concat("argument 'compression' = '", text,
+                                              "' is not a code; the allowed codes are ", names));
     };
     if (text == "dense") return {diloco_format::dense};
     if (text == "fp16") return {diloco_format::fp16};
@@ -98,7 +98,7 @@ struct diloco_code {
     case diloco_format::e3m0:
       return "e3m0";
     case diloco_format::top_k:
-      return commsgd::detail::concat("topk-", density);
+      return commsgd::concat("topk-", density);
     }
     return "?";
   }

@@ -107,18 +107,17 @@ public:
       : comm_(&c), ranks_(c.size()), rank_(c.rank()), opt_(o), layers_(std::move(layer_sizes)),
         thread_(std::make_unique<exchange_thread>()) {
     detail::check_learning_rate("lr", opt_.lr);
-    commsgd::detail::check_range("sync_every", opt_.sync_every, 1, std::numeric_limits<int>::max(),
-                                 "[1, inf)");
+    commsgd::check_range("sync_every", opt_.sync_every, 1, std::numeric_limits<int>::max(), "[1, inf)");
     if (layers_.empty())
       throw invalid_argument("argument 'layer_sizes' is empty; the allowed range is at least one layer");
-    commsgd::detail::check_range("fragments", opt_.fragments, 1, static_cast<int>(layers_.size()),
-                                 commsgd::detail::concat("[1, number of layers = ", layers_.size(), "]"));
-    commsgd::detail::check_range("delay", opt_.delay, 0, opt_.sync_every - 1,
-                                 commsgd::detail::concat("[0, sync_every - 1 = ", opt_.sync_every - 1, "]"));
-    commsgd::detail::check_range("alpha", opt_.alpha, 0.0f, 1.0f, "[0, 1]");
+    commsgd::check_range("fragments", opt_.fragments, 1, static_cast<int>(layers_.size()),
+                         commsgd::concat("[1, number of layers = ", layers_.size(), "]"));
+    commsgd::check_range("delay", opt_.delay, 0, opt_.sync_every - 1,
+                         commsgd::concat("[0, sync_every - 1 = ", opt_.sync_every - 1, "]"));
+    commsgd::check_range("alpha", opt_.alpha, 0.0f, 1.0f, "[0, 1]");
     if (opt_.layout != fragment_layout::strided && opt_.layout != fragment_layout::contiguous)
-      throw invalid_argument(commsgd::detail::concat("argument 'layout' = ", static_cast<int>(opt_.layout),
-                                                     " is outside the allowed range {strided, contiguous}"));
+      throw invalid_argument(commsgd::concat("argument 'layout' = ", static_cast<int>(opt_.layout),
+                                             " is outside the allowed range {strided, contiguous}"));
     outer_sgd::check(opt_.outer);
     cut();
     for (std::size_t p = 0; p < frags_.size(); ++p)
@@ -129,9 +128,9 @@ public:
       for (const auto& f : frags_) {
         x_.push_back(make_compressor(f.length));
         if (x_.back().length() != f.length)
-          throw invalid_argument(commsgd::detail::concat(
-              "argument 'make_compressor' made a compressor of length ", x_.back().length(),
-              " for a fragment of ", f.length, " values; the allowed length is the fragment's"));
+          throw invalid_argument(commsgd::concat("argument 'make_compressor' made a compressor of length ",
+                                                 x_.back().length(), " for a fragment of ", f.length,
+                                                 " values; the allowed length is the fragment's"));
       }
     }
     pending_.resize(frags_.size());
@@ -294,8 +293,8 @@ private:
     std::vector<std::size_t> begin(nl + 1, 0);
     for (std::size_t l = 0; l < nl; ++l) {
       if (layers_[l] == 0)
-        throw invalid_argument(commsgd::detail::concat("argument 'layer_sizes[", l,
-                                                       "]' = 0 is outside the allowed range [1, inf)"));
+        throw invalid_argument(
+            commsgd::concat("argument 'layer_sizes[", l, "]' = 0 is outside the allowed range [1, inf)"));
       begin[l + 1] = begin[l] + layers_[l];
     }
     total_ = begin[nl];
@@ -385,22 +384,21 @@ private:
     try {
       if (ex->error) std::rethrow_exception(ex->error);
     } catch (const non_finite& e) {
-      throw non_finite(commsgd::detail::concat("sync::diloco: fragment ", p, "'s pseudo-gradients ",
-                                               "(theta_global - theta_local, started after step ",
-                                               ex->started, ") compressed by ", compressor_name(), " (",
-                                               e.what(), ")"),
+      throw non_finite(commsgd::concat("sync::diloco: fragment ", p, "'s pseudo-gradients ",
+                                       "(theta_global - theta_local, started after step ", ex->started,
+                                       ") compressed by ", compressor_name(), " (", e.what(), ")"),
                        e.count(), e.first_index());
     }
     const auto bad = select::find_non_finite(std::span<const float>(ex->sum));
     if (bad.count > 0) {
       const bool mine_bad =
           compressed ? select::find_non_finite(std::span<const float>(ex->delta)).count > 0 : !ex->own_finite;
-      throw non_finite(commsgd::detail::concat(
-                           "sync::diloco: the sum of the ranks' pseudo-gradients "
-                           "of fragment ",
-                           p, " (started after step ", ex->started, "; ",
-                           mine_bad ? "this rank's own holds NaN or inf" : "this rank's own is finite", ")"),
-                       bad.count, bad.first);
+      throw non_finite(
+          commsgd::concat("sync::diloco: the sum of the ranks' pseudo-gradients "
+                          "of fragment ",
+                          p, " (started after step ", ex->started, "; ",
+                          mine_bad ? "this rank's own holds NaN or inf" : "this rank's own is finite", ")"),
+          bad.count, bad.first);
     }
     // The outer step on the mean and the merge, run by run in one pass (outer_sgd::step's arithmetic).
     auto& g = global_[p];
@@ -498,7 +496,7 @@ private:
     t.started = r.get<std::uint64_t>();
     t.applied = r.get<std::uint64_t>();
     t.bytes_sent = r.get<std::uint64_t>();
-    if (t.step < 0) throw corrupt_data(commsgd::detail::concat("saved state: step ", t.step, " is negative"));
+    if (t.step < 0) throw corrupt_data(commsgd::concat("saved state: step ", t.step, " is negative"));
     const bool has_global = r.get<std::uint32_t>() == 1u;
     t.pending.resize(frags_.size());
     for (std::size_t p = 0; p < frags_.size(); ++p) {
@@ -506,19 +504,18 @@ private:
       if (has_global) {
         t.global.push_back(r.get_vector<float>());
         if (t.global.back().size() != len)
-          throw corrupt_data(commsgd::detail::concat("saved state: fragment ", p, "'s common model holds ",
-                                                     t.global.back().size(), " values, the fragment ", len));
+          throw corrupt_data(commsgd::concat("saved state: fragment ", p, "'s common model holds ",
+                                             t.global.back().size(), " values, the fragment ", len));
       }
       t.velocity.push_back(r.get_vector<float>());
       if (!t.velocity.back().empty() && (!outer_[p].has_momentum() || t.velocity.back().size() != len))
-        throw corrupt_data(commsgd::detail::concat("saved state: fragment ", p, "'s outer momentum holds ",
-                                                   t.velocity.back().size(), " values for a fragment of ",
-                                                   len, " (momentum ", opt_.outer.momentum, ")"));
+        throw corrupt_data(commsgd::concat("saved state: fragment ", p, "'s outer momentum holds ",
+                                           t.velocity.back().size(), " values for a fragment of ", len,
+                                           " (momentum ", opt_.outer.momentum, ")"));
       t.applied_at.push_back(r.get<std::int64_t>());
       if (t.applied_at.back() < -1 || t.applied_at.back() > t.step)
-        throw corrupt_data(commsgd::detail::concat("saved state: fragment ", p,
-                                                   " was last applied after step ", t.applied_at.back(),
-                                                   ", outside [-1, step ", t.step, "]"));
+        throw corrupt_data(commsgd::concat("saved state: fragment ", p, " was last applied after step ",
+                                           t.applied_at.back(), ", outside [-1, step ", t.step, "]"));
       if (r.get<std::uint32_t>() == 1u) {
         auto ex = std::make_unique<exchange>();
         ex->started = r.get<std::int64_t>();
@@ -529,11 +526,10 @@ private:
         ex->sum = r.get_vector<float>();
         if (!has_global || ex->delta.size() != (compressed ? len : 0) || ex->sum.size() != len ||
             ex->started < 1 || ex->due < t.step || !starts_after(p, ex->started))
-          throw corrupt_data(commsgd::detail::concat("saved state: fragment ", p,
-                                                     "'s exchange in flight "
-                                                     "(started after step ",
-                                                     ex->started,
-                                                     ") does not fit the schedule or the fragment"));
+          throw corrupt_data(commsgd::concat("saved state: fragment ", p,
+                                             "'s exchange in flight "
+                                             "(started after step ",
+                                             ex->started, ") does not fit the schedule or the fragment"));
         t.pending[p] = std::move(ex);
       }
     }

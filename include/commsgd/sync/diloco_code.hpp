@@ -149,9 +149,8 @@ private:
       return engine(std::in_place_index<5>, c, std::move(layers), o,
                     [d = code.density](std::size_t n) { return compress::top_k_ef<>(n, {.density = d}); });
     }
-    throw invalid_argument(commsgd::detail::concat("argument 'code' has format ",
-                                                   static_cast<int>(code.format),
-                                                   ", outside the allowed codes ", cost::diloco_code::names));
+    throw invalid_argument(commsgd::concat("argument 'code' has format ", static_cast<int>(code.format),
+                                           ", outside the allowed codes ", cost::diloco_code::names));
   }
 
   cost::diloco_code code_;

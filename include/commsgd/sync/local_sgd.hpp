@@ -105,16 +105,14 @@ public:
   local_sgd(C& c, options o, E ex, X x = {})
       : comm_(&c), opt_(o), exchange_(std::move(ex)), outer_(opt_.outer), x_(std::move(x)) {
     detail::check_learning_rate("lr", opt_.lr);
-    commsgd::detail::check_range("warmup_steps", opt_.warmup_steps, 0, std::numeric_limits<int>::max(),
-                                 "[0, inf)");
-    commsgd::detail::check_range("max_period", opt_.max_period, 1, std::numeric_limits<int>::max(),
-                                 "[1, inf)");
+    commsgd::check_range("warmup_steps", opt_.warmup_steps, 0, std::numeric_limits<int>::max(), "[0, inf)");
+    commsgd::check_range("max_period", opt_.max_period, 1, std::numeric_limits<int>::max(), "[1, inf)");
     if (opt_.adaptive)
-      commsgd::detail::check_range("period", opt_.period, 1, opt_.max_period,
-                                   commsgd::detail::concat("[1, max_period = ", opt_.max_period, "]"));
+      commsgd::check_range("period", opt_.period, 1, opt_.max_period,
+                           commsgd::concat("[1, max_period = ", opt_.max_period, "]"));
     else
-      commsgd::detail::check_range("period", opt_.period, 1, std::numeric_limits<int>::max(), "[1, inf)");
-    commsgd::detail::check_range("alpha", opt_.alpha, 0.0f, 1.0f, "[0, 1]");
+      commsgd::check_range("period", opt_.period, 1, std::numeric_limits<int>::max(), "[1, inf)");
+    commsgd::check_range("alpha", opt_.alpha, 0.0f, 1.0f, "[0, 1]");
     period_ = opt_.period;
     next_sync_ = opt_.warmup_steps;
   }
@@ -247,8 +245,7 @@ private:
 
   static bool saved_flag(state::reader& r, const char* what) {
     const auto v = r.get<std::uint32_t>();
-    if (v > 1)
-      throw corrupt_data(commsgd::detail::concat("saved state: ", what, " = ", v, " is neither 0 nor 1"));
+    if (v > 1) throw corrupt_data(commsgd::concat("saved state: ", what, " = ", v, " is neither 0 nor 1"));
     return v == 1;
   }
 
@@ -282,26 +279,26 @@ private:
     t.last_loss = r.get<double>();
     t.global = r.get_vector<float>();
     if (t.step < 0 || t.next_sync < t.step)
-      throw corrupt_data(commsgd::detail::concat("saved state: step ", t.step, " and next sync step ",
-                                                 t.next_sync, " are out of order (0 <= step <= next sync)"));
+      throw corrupt_data(commsgd::concat("saved state: step ", t.step, " and next sync step ", t.next_sync,
+                                         " are out of order (0 <= step <= next sync)"));
     const int top = opt_.adaptive ? opt_.max_period : opt_.period;
     if (t.period < 1 || t.period > top || (!opt_.adaptive && t.period != opt_.period))
-      throw corrupt_data(commsgd::detail::concat("saved state: current period ", t.period,
-                                                 " is outside the allowed range [1, ", top, "]"));
+      throw corrupt_data(commsgd::concat("saved state: current period ", t.period,
+                                         " is outside the allowed range [1, ", top, "]"));
     if (t.have_first && (!std::isfinite(t.first_loss) || !(t.first_lr > 0.0f) || !std::isfinite(t.first_lr)))
-      throw corrupt_data(commsgd::detail::concat("saved state: the first sync point's loss ", t.first_loss,
-                                                 " and learning rate ", t.first_lr, " are not usable"));
+      throw corrupt_data(commsgd::concat("saved state: the first sync point's loss ", t.first_loss,
+                                         " and learning rate ", t.first_lr, " are not usable"));
     state::expect_same_bits(r.get<float>(), outer_.opts().lr, "outer.lr");
     state::expect_same_bits(r.get<float>(), outer_.opts().momentum, "outer.momentum");
     t.velocity = r.get_vector<float>();
     if (!keeps_global() && !t.global.empty())
-      throw corrupt_data(commsgd::detail::concat("saved state: holds a common model of ", t.global.size(),
-                                                 " values, which only every_step correction and an outer "
-                                                 "optimizer other than plain averaging keep"));
+      throw corrupt_data(commsgd::concat("saved state: holds a common model of ", t.global.size(),
+                                         " values, which only every_step correction and an outer "
+                                         "optimizer other than plain averaging keep"));
     if (!t.velocity.empty() && (!outer_.has_momentum() || t.velocity.size() != t.global.size()))
-      throw corrupt_data(commsgd::detail::concat(
-          "saved state: holds an outer momentum of ", t.velocity.size(), " values beside a common model of ",
-          t.global.size(), " (momentum ", outer_.opts().momentum, ")"));
+      throw corrupt_data(commsgd::concat("saved state: holds an outer momentum of ", t.velocity.size(),
+                                         " values beside a common model of ", t.global.size(), " (momentum ",
+                                         outer_.opts().momentum, ")"));
   }
 
   void commit(saved&& t) noexcept {
@@ -342,7 +339,7 @@ private:
   void average(std::span<float> params, double loss, bool adapt, std::int64_t t) {
     const bool with_loss = adapt && opt_.adaptive;
     if (with_loss && !std::isfinite(loss))
-      throw invalid_argument(commsgd::detail::concat(
+      throw invalid_argument(commsgd::concat(
           "step_info::loss = ", loss, " at sync step ", t,
           " is outside the allowed range (finite); the adaptive interval needs the mini-batch loss"));
     const std::size_t d = params.size();
@@ -367,9 +364,9 @@ private:
         try {
           x_.reduce(*comm_, std::span<const float>(delta_), std::span<float>(buffer_.data(), d));
         } catch (const non_finite& e) {
-          throw non_finite(commsgd::detail::concat("sync::local_sgd: the pseudo-gradients (theta_global - "
-                                                   "theta_local) compressed by ",
-                                                   X::name, " (", e.what(), ")"),
+          throw non_finite(commsgd::concat("sync::local_sgd: the pseudo-gradients (theta_global - "
+                                           "theta_local) compressed by ",
+                                           X::name, " (", e.what(), ")"),
                            e.count(), e.first_index());
         }
       } else {

@@ -60,10 +60,10 @@ public:
   static void check(const options& o) {
     if (!(o.lr > 0.0f) || !std::isfinite(o.lr))
       throw invalid_argument(
-          commsgd::detail::concat("argument 'outer.lr' = ", o.lr, " is outside the allowed range (0, inf)"));
+          commsgd::concat("argument 'outer.lr' = ", o.lr, " is outside the allowed range (0, inf)"));
     if (!(o.momentum >= 0.0f && o.momentum < 1.0f))
-      throw invalid_argument(commsgd::detail::concat("argument 'outer.momentum' = ", o.momentum,
-                                                     " is outside the allowed range [0, 1)"));
+      throw invalid_argument(commsgd::concat("argument 'outer.momentum' = ", o.momentum,
+                                             " is outside the allowed range [0, 1)"));
   }
 
   const options& opts() const noexcept { return opt_; }
