@@ -10,6 +10,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -82,6 +84,49 @@ TEST_CASE("e3m0 sends the nearest power of two of the block's scale, zero below 
   CHECK(o2 == std::vector<float>{8.0f, 2.0f, 0.001f, -0.0005f});
   CHECK(x.wire_bytes() == 0); // alone in the group: nothing goes out
   CHECK(compress::e3m0::message_bytes(9, 16) == 4 + 5);
+}
+
+// e3m0's code written from its definition, by the mantissa: x = m 2^j with m in [0.5, 1); the nearer of
+// 2^(j-1) and 2^j (a tie, m = 0.75, to the smaller), clamped to [2^-6, 1], zero below 2^-7.
+std::uint32_t e3m0_by_mantissa(float p, float s) {
+  const std::uint32_t sign = std::signbit(p) ? 8u : 0u;
+  const double x = std::fabs(static_cast<double>(p)) / static_cast<double>(s);
+  if (x < 0x1p-7) return sign;
+  int j = 0;
+  const double m = std::frexp(x, &j);
+  if (m > 0.75) ++j;
+  --j;
+  j = std::clamp(j, -6, 0);
+  return sign | static_cast<std::uint32_t>(j + 7);
+}
+
+TEST_CASE("e3m0's threshold encoding and table decoding equal the definition, ties and edges included") {
+  std::mt19937 rng(27);
+  std::vector<float> xs;
+  for (int j = -9; j <= 0; ++j)
+    for (double m : {0.5, 0.75, 1.0, 1.5})
+      for (int ulps : {-2, -1, 0, 1, 2}) {
+        float v = static_cast<float>(std::ldexp(m, j));
+        for (int u = 0; u < std::abs(ulps); ++u)
+          v = std::nextafter(v, ulps < 0 ? 0.0f : 2.0f);
+        xs.push_back(v);
+        xs.push_back(-v);
+      }
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int i = 0; i < 200000; ++i)
+    xs.push_back(u(rng) * std::ldexp(1.0f, -static_cast<int>(rng() % 10)));
+  xs.push_back(0.0f);
+  xs.push_back(-0.0f);
+  xs.push_back(std::numeric_limits<float>::denorm_min());
+  for (float s : {1.0f, 3.0f, 0.37f, 1e-30f, 1e30f})
+    for (float x : xs) {
+      const float p = std::clamp(x * s, -s, s);
+      const auto code = compress::e3m0_code::encode(p, s);
+      REQUIRE(code == e3m0_by_mantissa(p, s));
+      const auto t = compress::e3m0_code::table(s);
+      const float a = t[code], b = compress::e3m0_code::decode(code, s);
+      REQUIRE(std::memcmp(&a, &b, sizeof a) == 0);
+    }
 }
 
 TEST_CASE("int8 rounds 127 p / s to nearest, ties to even, per block") {

@@ -134,6 +134,7 @@ public:
       }
     }
     pending_.resize(frags_.size());
+    spare_.resize(frags_.size());
     applied_at_.assign(frags_.size(), -1);
   }
 
@@ -330,7 +331,13 @@ private:
 
   // Starts fragment p's exchange on the exchange thread.
   void launch(std::size_t p, std::span<const float> params, std::int64_t t) {
-    auto ex = std::make_unique<exchange>();
+    // The fragment's buffers of its last exchange, reused: a fresh vector would be zero-filled (and, large,
+    // page-faulted) every round only to be overwritten.
+    auto ex = spare_[p] ? std::move(spare_[p]) : std::make_unique<exchange>();
+    ex->done = {};
+    ex->error = nullptr;
+    ex->wire = 0;
+    ex->own_finite = true;
     ex->started = t;
     ex->due = t + opt_.delay;
     exchange* e = ex.get();
@@ -414,6 +421,7 @@ private:
     }
     applied_at_[p] = step_;
     ++applied_;
+    spare_[p] = std::move(ex);
   }
 
   static const char* compressor_name() {
@@ -562,6 +570,7 @@ private:
   std::vector<outer_sgd> outer_;
   std::vector<X> x_; // compressed: one per fragment
   std::vector<std::unique_ptr<exchange>> pending_;
+  std::vector<std::unique_ptr<exchange>> spare_; // per fragment: the buffers of its last applied exchange
   std::vector<std::int64_t> applied_at_; // per fragment: the step its last exchange was applied after, or -1
   std::int64_t step_ = 0;
   std::uint64_t started_ = 0, applied_ = 0, bytes_sent_ = 0;
