@@ -115,7 +115,9 @@ HOOK_MOMENTUM = ("commsgd-sign", "commsgd-qsgd", "commsgd-random_k")
 # ---- traffic of PyTorch's hooks --------------------------------------------------------------------------
 
 class Counter:
-    """Per-rank traffic of the all-reduces PyTorch's hooks issue, charged as comm::metered's ring."""
+    """Per-rank traffic of the all-reduces PyTorch's hooks issue, charged as comm::metered's ring over each
+    call's group (the rule of examples/diloco_lm/train.py's AllReduceMeter); `rank` and `world` are the
+    default group's."""
 
     def __init__(self, rank, world):
         self.rank, self.world = rank, world
@@ -124,9 +126,11 @@ class Counter:
     def reset(self):
         self.bytes_sent = self.bytes_received = self.messages_sent = self.messages_received = 0
 
-    def all_reduce(self, tensor, element_size=None):
+    def all_reduce(self, tensor, element_size=None, group=None):
         esz = element_size or tensor.element_size()
-        t = commsgd_torch._C.ring_all_reduce_traffic(tensor.numel(), esz, self.world, self.rank)
+        # An all-reduce in a smaller group moves nothing beyond it: its ring is that group's.
+        n, rank = (self.world, self.rank) if group is None else (dist.get_world_size(group), dist.get_rank(group))
+        t = commsgd_torch._C.ring_all_reduce_traffic(tensor.numel(), esz, n, rank)
         self.bytes_sent += t["bytes_sent"]
         self.bytes_received += t["bytes_received"]
         self.messages_sent += t["messages_sent"]
@@ -141,7 +145,7 @@ def install_counter(counter):
     original = dist.all_reduce
 
     def counted(tensor, *args, **kwargs):
-        counter.all_reduce(tensor)
+        counter.all_reduce(tensor, group=kwargs.get("group", args[1] if len(args) > 1 else None))
         return original(tensor, *args, **kwargs)
 
     dist.all_reduce = counted

@@ -10,13 +10,14 @@ DDP's own allreduce.
 How it chooses. The first `profile_steps` iterations run DDP's allreduce hook unchanged and time, on every
 rank, the forward pass, when each bucket becomes ready during backward, how long each exchange takes and the
 whole step. At iteration `profile_steps` every rank, together: measures the network (a small and a large
-all-reduce on the state's own group) unless it was stated, times each candidate's local work on its own
-buckets (casts for 16-bit, PowerSGD's products, top-k's selection), predicts each candidate's step with
-cost/'s exchange seconds and the overlap model of DDP's reducer (commsgd_torch._C.choose: bucket i's
-exchange starts when it is ready and the one before it is done; a hook's synchronous part delays the rest
-of backward), weighs it by the steps the candidate needs to dense's accuracy (a measured prior, see
-default_steps_factor), and takes rank 0's verdict so that every rank switches to the same exchange. A
-compressed candidate is taken only when it weighs at least `margin` less than dense.
+all-reduce on the state's own group, the slowest rank's figures) unless it was stated, times each
+candidate's local work on its own buckets (casts for 16-bit, PowerSGD's products, top-k's selection),
+predicts each candidate's step with cost/'s exchange seconds and the overlap model of DDP's reducer
+(commsgd_torch._C.choose: bucket i's exchange starts when it is ready and the one before it is done; a
+hook's synchronous part delays the rest of backward), weighs it by the steps the candidate needs to
+dense's accuracy (a measured prior, see default_steps_factor), and takes rank 0's verdict so that every rank
+switches to the same exchange. A compressed candidate is taken only when it weighs at least `margin` less
+than dense.
 
 Candidates, all of which keep accuracy at the densities given ("dense", "fp16", "bf16", "powersgd-r<k>",
 "topk-<density>"): dense is PyTorch's allreduce hook, bit for bit; fp16 is PyTorch's fp16 compression hook
@@ -320,7 +321,10 @@ class AutoState:
     # ---- choosing -------------------------------------------------------------------------------------
 
     def _measure_network(self) -> Tuple[float, float]:
-        """Latency and bandwidth of the state's group from a small and a large ring all-reduce."""
+        """Latency and bandwidth of the state's group from a small and a large ring all-reduce. The timing is
+        torch.distributed's, on this group; the model read from it is the library's (_C.fit_network, what
+        sync::measure_network reads from its own timings): each number the slowest rank's, since a
+        synchronous exchange waits for its slowest link, so every rank gets the same two."""
         if self.world == 1:
             return 0.0, float("inf")
         small, big = torch.zeros(1), torch.zeros(1 << 20)
@@ -328,10 +332,11 @@ class AutoState:
             dist.all_reduce(small, group=self.process_group)
         t_small = _timed(lambda: dist.all_reduce(small, group=self.process_group), 5)
         t_big = _timed(lambda: dist.all_reduce(big, group=self.process_group), 3)
-        rounds = 2 * (self.world - 1)
-        latency = t_small / rounds
-        wire = float(_C.ring_all_reduce_traffic(big.numel(), 4, self.world, self.rank)["bytes_sent"])
-        bandwidth = wire / max(t_big - rounds * latency, 1e-9)
+        mine = torch.tensor([t_small, t_big], dtype=torch.float64)
+        every = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(every, mine, group=self.process_group)
+        latency, bandwidth = _C.fit_network([float(t[0]) for t in every], [float(t[1]) for t in every],
+                                            big.numel())
         return latency, bandwidth
 
     def _decide(self) -> None:

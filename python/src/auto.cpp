@@ -1,13 +1,16 @@
-// The step-time model and the automatic choice of exchange (cost/overlap.hpp, sync/choose_from_plans.hpp)
-// for Python: a script measures its DDP step once with the dense hook and asks which hook to run. Plain
-// numbers in and out, so this file needs pybind11 only, not torch's headers.
+// The step-time model, the network model read from timed all-reduces and the automatic choice of exchange
+// (cost/overlap.hpp, sync/measure_network.hpp, sync/choose_from_plans.hpp) for Python: a script measures its
+// DDP step once with the dense hook and asks which hook to run. Plain numbers in and out, so this file needs
+// pybind11 only, not torch's headers.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <commsgd/cost/overlap.hpp>
 #include <commsgd/sync/choose_from_plans.hpp>
+#include <commsgd/sync/measure_network.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -28,6 +31,14 @@ commsgd::comm::network_model network(double latency_s, double bandwidth_bytes_pe
   net.latency_s = latency_s;
   net.bandwidth_bytes_per_s = bandwidth_bytes_per_s;
   return net;
+}
+
+// Python times torch.distributed's all-reduces on its own group; the model read from them is C++'s, the same
+// arithmetic sync::measure_network applies to its own timings.
+std::pair<double, double> fit_network(const std::vector<double>& small_s, const std::vector<double>& large_s,
+                                      std::uint64_t large_floats) {
+  const auto net = csync::fit_network(small_s, large_s, static_cast<std::size_t>(large_floats));
+  return {net.latency_s, net.bandwidth_bytes_per_s};
 }
 
 py::dict overlapped_step(double forward_s, double backward_s, double optimizer_s,
@@ -116,6 +127,11 @@ void bind_auto(py::module_& m) {
         "blocking"_a = false,
         "Seconds of one DDP step whose bucket exchanges overlap backward; buckets are (ready_s, call_s, "
         "async_s, exchange_s). Returns dict(total_s, backward_end_s, exchange_end_s, exposed_s).");
+  m.def("fit_network", &fit_network, "small_s"_a, "large_s"_a, "large_floats"_a,
+        "The network model from timed ring all-reduces of float32: small_s[r] and large_s[r] are rank r's "
+        "seconds for a one-float all-reduce and for one of large_floats floats. Returns (latency_s, "
+        "bandwidth_bytes_per_s), each the worst over the ranks (bandwidth inf when the large one was no "
+        "slower), as sync::measure_network reads its own timings.");
   m.def("exchange_seconds", &exchange_seconds, "candidate"_a, "values"_a, "matrices"_a, "n"_a, "latency_s"_a,
         "bandwidth_bytes_per_s"_a,
         "Network seconds of one bucket's exchange under a named candidate (dense, fp16, bf16, powersgd-r<k>, "

@@ -86,6 +86,23 @@ def test_choose_free_and_slow_networks():
     assert weighed["name"] != slow["name"]
 
 
+def test_fit_network_reads_timings_as_measure_network_does():
+    # 4 ranks of 2^20 floats: 6 messages and 1.5 x 4 MiB each way on every rank; rank 2 has the slowest
+    # latency, rank 3 the slowest link, and the model takes each.
+    m = 1 << 20
+    wire = 1.5 * 4 * m
+    small = [60e-6, 60e-6, 90e-6, 60e-6]
+    large = [60e-6 + wire / 1e9, 60e-6 + wire / 1e9, 90e-6 + wire / 1e9, 60e-6 + wire / 5e8]
+    latency, bandwidth = _C.fit_network(small, large, m)
+    assert latency == pytest.approx(15e-6) and bandwidth == pytest.approx(5e8)
+    assert _C.fit_network(small, small, m)[1] == math.inf  # no slower with the bytes: they cost nothing
+    assert _C.fit_network([1e-3], [2e-3], m) == (0.0, math.inf)
+    with pytest.raises(commsgd_torch.SizeMismatch):
+        _C.fit_network(small, large[:3], m)
+    with pytest.raises(commsgd_torch.InvalidArgument, match="timing"):
+        _C.fit_network([1e-3, -1.0], [1e-3, 1e-3], m)
+
+
 # ---- on a process group ------------------------------------------------------------------------------------
 
 def _free_and_slow(rank, world):
@@ -104,6 +121,18 @@ def test_dense_on_free_network_compressed_on_slow():
     assert r[0]["slow"][1] == r[1]["slow"][1]  # rank 0's verdict, the same words everywhere
     for label in ("free", "slow"):  # replicas stay identical
         assert r[0][label][2] == r[1][label][2]
+
+
+def _measured(rank, world):
+    _, _, state, _ = _train(rank, world, 1, _auto(None))
+    return state._measure_network()
+
+
+def test_measured_network_is_the_same_on_every_rank():
+    r = run_ranks(_measured, world=2)
+    assert r[0] == r[1]  # the slowest rank's figures, not each rank's own
+    latency, bandwidth = r[0]
+    assert 0 <= latency < math.inf and bandwidth > 0
 
 
 def _dense_is_allreduce(rank, world):

@@ -171,3 +171,26 @@ TEST_CASE("measure_network: one model on every rank, usable by the choice") {
   CHECK(one[0].latency_s == 0);
   CHECK(std::isinf(one[0].bandwidth_bytes_per_s));
 }
+
+TEST_CASE("fit_network: latency over the ring's messages, bandwidth from the large all-reduce's excess") {
+  // 4 ranks, 2^20 floats: 6 messages and 1.5 x 4 MiB = 6 MiB each way on every rank.
+  const std::size_t m = std::size_t{1} << 20;
+  const double bytes = 1.5 * 4 * static_cast<double>(m);
+  const std::vector<double> small{60e-6, 60e-6, 90e-6, 60e-6};
+  const std::vector<double> large{60e-6 + bytes / 1e9, 60e-6 + bytes / 1e9, 90e-6 + bytes / 1e9,
+                                  60e-6 + bytes / 5e8};
+  const auto net = csync::fit_network(small, large, m);
+  CHECK(net.latency_s == doctest::Approx(15e-6));           // the worst rank's: 90 us over 6 messages
+  CHECK(net.bandwidth_bytes_per_s == doctest::Approx(5e8)); // the slowest rank's link
+  // A large all-reduce no slower than the small one: bytes cost nothing measurable.
+  const auto free_bytes = csync::fit_network(small, small, m);
+  CHECK(std::isinf(free_bytes.bandwidth_bytes_per_s));
+  const auto one = csync::fit_network(std::vector<double>{1e-3}, std::vector<double>{2e-3}, m);
+  CHECK(one.latency_s == 0);
+  CHECK(std::isinf(one.bandwidth_bytes_per_s));
+  CHECK_THROWS_AS(csync::fit_network(small, std::vector<double>{1, 2, 3}, m), commsgd::size_mismatch);
+  CHECK_THROWS_AS(csync::fit_network(std::vector<double>{1e-3, -1.0}, std::vector<double>{1e-3, 1e-3}, m),
+                  commsgd::invalid_argument);
+  CHECK_THROWS_AS(csync::fit_network(std::vector<double>{}, std::vector<double>{}, m),
+                  commsgd::invalid_argument);
+}

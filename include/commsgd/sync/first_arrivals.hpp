@@ -16,23 +16,13 @@
 // it (as a communication thread would), and a rank still waiting out its delay when the sum arrives gives
 // up its vector for that step.
 //
-// Wire: each message is 6 header words (round, status, count, responder set) and d words of float bits,
-// for the upward vectors and the downward sums alike (status: vector, sum, failed, close). The root keeps
-// one receive posted per rank; a message of an earlier round found there is late: it is drained (counted in
-// report().late) and never decoded, and messages of one pair arrive in order, so none is counted twice or in
-// the wrong round. If n - s answers have not arrived within timeout_s, the root sends "failed" to every rank
-// and every rank throws coding::stragglers_exceeded for that round; a rank that hears nothing from the root
-// within its own timeout throws comm_error. Nothing waits unboundedly.
+// The parts, under first_arrivals/: options.hpp (first_arrivals_options, round_report), wire.hpp (the message
+// format and the buffers both rounds use), real_round.hpp (real sleeps and deadlines, over comm::local and
+// comm::mpi) and virtual_round.hpp (delays charged to the clock of a comm::simulated layer). The communicator's
+// type picks the round: comm::runs_on_virtual_time<C>. Include this header: it is the one users name.
 //
 // Delays (sync/delays.hpp) are drawn per (step, rank) in units of step_info::compute_seconds when given,
-// else options.unit_s. Over comm::local and comm::mpi a delay is a real sleep before the vector leaves
-// (in 1 ms slices, watching for the sum). Over a stack with a comm::simulated layer anywhere in it (its
-// clock found by comm::clock_of, comm/clock.hpp) it is charged to the virtual clock instead: ranks exchange
-// their ready times over the innermost communicator (neither charged nor metered), every rank computes the
-// same arrival order (ready time + one message), the first n - s send their vectors (charged), the root
-// decodes after its receiver has taken them in arrival order, and every clock ends the step at decode
-// time + the root's n - 1 sends (one on a multicast medium). Late ranks send nothing there: the model knows
-// at once that they are late.
+// else options.unit_s.
 //
 // Checkpoints: the shared part is the learning rate, the step count and the options that change results
 // (delay model, root), which a loading strategy must match; nothing is local. A resumed run draws the same
@@ -45,117 +35,49 @@
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/clock.hpp>
 #include <commsgd/comm/communicator.hpp>
-#include <commsgd/comm/poll.hpp>
-#include <commsgd/comm/simulated.hpp>
-#include <commsgd/comm/tags.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/delays.hpp>
+#include <commsgd/sync/first_arrivals/options.hpp>
+#include <commsgd/sync/first_arrivals/real_round.hpp>
+#include <commsgd/sync/first_arrivals/virtual_round.hpp>
+#include <commsgd/sync/first_arrivals/wire.hpp>
 #include <commsgd/sync/reducer_concept.hpp>
 #include <commsgd/sync/replica_promise.hpp>
 #include <commsgd/sync/sgd.hpp>
 #include <commsgd/sync/strategy.hpp>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <deque>
-#include <istream>
-#include <limits>
-#include <memory>
-#include <numeric>
-#include <optional>
-#include <ostream>
 #include <span>
-#include <thread>
+#include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace commsgd::inline v1::sync {
 
-struct first_arrivals_options {
-  float lr = 0.01f;        // (0, inf)
-  delay_model delays{};    // injected straggler delays (none by default)
-  double unit_s = 0.0;     // seconds of one delay unit when step_info::compute_seconds is not given
-  double timeout_s = 30.0; // real seconds the root waits for n - s answers, and a rank for the sum; (0, inf)
-  int root = 0;            // the decoding rank, [0, n)
-  int tag_base = -1;       // first of 2 tags; -1: reserved on the communicator (comm/tags.hpp)
-};
-
-// What the last round did, as this rank saw it.
-struct round_report {
-  std::uint64_t round = 0;
-  coding::node_set responders = 0; // the first n - s to answer, the root's choice (every rank learns it)
-  coding::node_set used = 0;       // the responders the decode read
-  std::uint64_t late = 0;          // root: messages of earlier rounds drained during this round
-  bool sent = false;               // this rank's vector took part (false: late or stopped)
-  double delay_s = 0.0;            // the delay drawn for this rank
-};
-
 namespace detail {
 
-inline constexpr std::size_t arrival_header_words = 6;
-enum class arrival_status : std::uint32_t { vector = 0, sum = 1, failed = 2, close = 3 };
-
-struct arrival_header {
-  std::uint64_t round = 0;
-  arrival_status status = arrival_status::vector;
-  std::uint32_t count = 0;
-  coding::node_set set = 0;
-};
-
-inline void put_header(std::span<std::uint32_t> msg, const arrival_header& h) noexcept {
-  msg[0] = static_cast<std::uint32_t>(h.round);
-  msg[1] = static_cast<std::uint32_t>(h.round >> 32);
-  msg[2] = static_cast<std::uint32_t>(h.status);
-  msg[3] = h.count;
-  msg[4] = static_cast<std::uint32_t>(h.set);
-  msg[5] = static_cast<std::uint32_t>(h.set >> 32);
-}
-
-inline arrival_header get_header(std::span<const std::uint32_t> msg) noexcept {
-  arrival_header h;
-  h.round = static_cast<std::uint64_t>(msg[0]) | static_cast<std::uint64_t>(msg[1]) << 32;
-  h.status = static_cast<arrival_status>(msg[2]);
-  h.count = msg[3];
-  h.set = static_cast<std::uint64_t>(msg[4]) | static_cast<std::uint64_t>(msg[5]) << 32;
-  return h;
-}
+// The round a communicator runs: real time unless a comm::simulated layer keeps the clock.
+template <class C>
+using first_arrivals_round =
+    std::conditional_t<comm::runs_on_virtual_time<C>, first_arrivals_virtual_round<C>,
+                       first_arrivals_real_round<C>>;
 
 } // namespace detail
 
 template <comm::communicator C>
-class first_arrivals : public state::checkpointed<first_arrivals<C>> {
+class first_arrivals : public detail::first_arrivals_round<C>, public state::checkpointed<first_arrivals<C>> {
+  using base = detail::first_arrivals_round<C>;
+  using base::comm_, base::opt_, base::d_, base::mine_, base::sum_, base::step_, base::drained_,
+      base::report_;
+
 public:
   using options = first_arrivals_options;
   static constexpr bool virtual_clock = comm::runs_on_virtual_time<C>;
 
   // `length` is the model's length d; `c` must outlive the strategy.
-  first_arrivals(C& c, std::size_t length, options o) : comm_(&c), opt_(o), d_(length) {
-    detail::check_learning_rate("lr", opt_.lr);
-    const int n = c.size();
-    commsgd::check_range("root", opt_.root, 0, n - 1, commsgd::concat("[0, n - 1 = ", n - 1, "]"));
-    if (!(std::isfinite(opt_.timeout_s) && opt_.timeout_s > 0))
-      throw invalid_argument(commsgd::concat("argument 'timeout_s' = ", opt_.timeout_s,
-                                             " is outside the allowed range (0, inf)"));
-    if (!(std::isfinite(opt_.unit_s) && opt_.unit_s >= 0))
-      throw invalid_argument(
-          commsgd::concat("argument 'unit_s' = ", opt_.unit_s, " is outside the allowed range [0, inf)"));
-    opt_.delays.validate(n);
-    tags_ = opt_.tag_base < 0 ? comm::reserve_tags(c, 2, "first_arrivals")
-                              : comm::reserve_tags_at(c, opt_.tag_base, 2, "first_arrivals");
-    const std::size_t words = detail::arrival_header_words + d_;
-    if (c.rank() == opt_.root) {
-      up_.resize(static_cast<std::size_t>(n));
-      for (auto& u : up_)
-        u.buffer.resize(words);
-    } else {
-      down_.resize(words);
-    }
-  }
+  first_arrivals(C& c, std::size_t length, options o) : base(c, length, o) {}
 
   first_arrivals(first_arrivals&&) noexcept = default;
   first_arrivals& operator=(first_arrivals&&) noexcept = default;
@@ -191,10 +113,7 @@ public:
     report_.round = step_;
     report_.delay_s = opt_.delays.delay(step_, comm_->rank(), unit);
     sum_.resize(d_);
-    if constexpr (virtual_clock)
-      virtual_round(code);
-    else
-      real_round(code);
+    this->run_round(code);
     ++step_;
     apply_mean_sum(params, sum_, static_cast<int>(code.block_count()), opt_.lr);
     return {.exchanged = true, .averaged = false};
@@ -202,34 +121,9 @@ public:
 
   // Drains every message in flight: each rank sends "close" to the root, which reads until it has every
   // rank's close. Collective; the strategy may take further steps afterwards.
-  void finish(std::span<float>) {
-    if constexpr (virtual_clock) return;
-    if (comm_->size() == 1) return;
-    const std::size_t words = detail::arrival_header_words + d_;
-    if (comm_->rank() != opt_.root) {
-      auto& b = send_buffer(sends_, words);
-      detail::put_header(b.buffer, {step_, detail::arrival_status::close, 0, 0});
-      b.request = comm_->isend(std::span<const std::uint32_t>(b.buffer), opt_.root, tags_[0]);
-      b.busy = true;
-      for (auto& s : sends_)
-        if (s.busy) wait_bounded(s.request, "the root to take this rank's messages at finish");
-      return;
-    }
-    for (int k = 0; k < comm_->size(); ++k) {
-      if (k == opt_.root) continue;
-      auto& u = up_[static_cast<std::size_t>(k)];
-      for (;;) {
-        post(k);
-        wait_bounded(u.request, "a rank's close message at finish");
-        u.posted = false;
-        const auto h = detail::get_header(u.buffer);
-        if (h.status == detail::arrival_status::close) break;
-        ++drained_;
-      }
-    }
-    for (auto& s : sends_)
-      if (s.busy) wait_bounded(s.request, "the ranks to take the last sums at finish");
-  }
+  // Drains every message in flight: each rank sends "close" to the root, which reads until it has every
+  // rank's close. Collective; the strategy may take further steps afterwards.
+  void finish(std::span<float>) { this->drain(); }
 
   float learning_rate() const { return opt_.lr; }
   void set_learning_rate(float lr) {
@@ -291,308 +185,6 @@ private:
     resumed_ = true;
   }
 
-  using request_type = comm::request_t<C>;
-  using clock = comm::poll_clock;
-
-  struct receive_slot {
-    std::vector<std::uint32_t> buffer;
-    request_type request{};
-    bool posted = false;
-  };
-  struct send_slot {
-    std::vector<std::uint32_t> buffer;
-    request_type request{};
-    bool busy = false;
-  };
-
-  // A buffer whose earlier send has completed (sends to ranks still computing may stay open under MPI).
-  send_slot& send_buffer(std::deque<send_slot>& pool, std::size_t words) {
-    for (auto& s : pool) {
-      if (s.busy && s.request.test()) s.busy = false;
-      if (!s.busy) {
-        s.buffer.resize(words);
-        return s;
-      }
-    }
-    pool.emplace_back();
-    pool.back().buffer.resize(words);
-    return pool.back();
-  }
-
-  void post(int k) {
-    auto& u = up_[static_cast<std::size_t>(k)];
-    if (u.posted) return;
-    u.request = comm_->irecv(std::span<std::uint32_t>(u.buffer), k, tags_[0]);
-    u.posted = true;
-  }
-
-  static clock::time_point after(clock::time_point t, double seconds) {
-    return t + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
-  }
-
-  void wait_bounded(request_type& r, const char* what) {
-    const auto deadline = after(clock::now(), opt_.timeout_s);
-    wait_until([&] { return r.test(); }, deadline, what);
-  }
-
-  // The message gives the time really waited: a rank's wait for the sum may start before its delay ends
-  // and lasts 2 x timeout_s (the root's own wait, then the sum's way down).
-  template <class Done>
-  void wait_until(Done&& done, clock::time_point deadline, const char* what) {
-    const auto entered = clock::now();
-    if (!comm::poll_until(done, deadline))
-      throw comm_error(commsgd::concat("first_arrivals: rank ", comm_->rank(), " waited ",
-                                       std::chrono::duration<double>(clock::now() - entered).count(),
-                                       " s for ", what, " in round ", step_, " (timeout_s = ", opt_.timeout_s,
-                                       "; the root's sum is waited for twice that)"));
-  }
-
-  static void copy_payload(std::span<const std::uint32_t> msg, std::span<float> out) noexcept {
-    std::memcpy(out.data(), msg.data() + detail::arrival_header_words, out.size_bytes());
-  }
-  static void put_payload(std::span<std::uint32_t> msg, std::span<const float> in) noexcept {
-    std::memcpy(msg.data() + detail::arrival_header_words, in.data(), in.size_bytes());
-  }
-
-  template <class Code>
-  coding::stragglers_exceeded too_few(const Code& code, int answered) const {
-    return coding::stragglers_exceeded(
-        commsgd::concat("first_arrivals: round ", step_, ": ", answered, " of ", comm_->size(),
-                        " ranks answered within the time allowed; the ", code.redundancy(),
-                        "-redundant code needs n - s = ", code.needed(),
-                        " (it tolerates s = ", code.stragglers(), " missing)"),
-        step_, answered, code.needed());
-  }
-
-  template <class Code>
-  void decode_into(Code& code, coding::node_set responders) {
-    std::vector<std::span<const float>> coded;
-    const auto who = coding::members(responders);
-    staged_.resize(who.size());
-    for (std::size_t k = 0; k < who.size(); ++k) {
-      if (who[k] == opt_.root) {
-        coded.emplace_back(mine_);
-        continue;
-      }
-      staged_[k].resize(d_);
-      copy_payload(up_[static_cast<std::size_t>(who[k])].buffer, staged_[k]);
-      coded.emplace_back(staged_[k]);
-    }
-    report_.used = code.used(responders);
-    code.decode(responders, std::span<const std::span<const float>>(coded), sum_);
-  }
-
-  // Real time: sleeps, the first n - s arrivals at the root, late messages drained.
-  template <class Code>
-  void real_round(Code& code) {
-    const int n = comm_->size(), me = comm_->rank(), root = opt_.root;
-    const std::size_t words = detail::arrival_header_words + d_;
-    const auto start = clock::now();
-    const double delay = report_.delay_s;
-    const bool stopped = !std::isfinite(delay);
-    const auto ready = stopped ? clock::time_point::max() : after(start, delay);
-    if (n == 1) {
-      if (stopped) throw too_few(code, 0);
-      std::this_thread::sleep_until(ready);
-      report_.responders = report_.used = 1;
-      report_.sent = true;
-      const std::span<const float> own[1] = {mine_};
-      code.decode(1, std::span<const std::span<const float>>(own), sum_);
-      return;
-    }
-    if (me != root) {
-      down_request_ = comm_->irecv(std::span<std::uint32_t>(down_), root, tags_[1]);
-      bool have_sum = false;
-      // Wait out the delay in slices, giving up if the sum comes first.
-      while (!stopped && clock::now() < ready) {
-        if ((have_sum = down_request_.test())) break;
-        std::this_thread::sleep_for(
-            std::min<clock::duration>(std::chrono::milliseconds(1), ready - clock::now()));
-      }
-      if (!stopped && !have_sum) {
-        auto& b = send_buffer(sends_, words);
-        detail::put_header(b.buffer, {step_, detail::arrival_status::vector, 0, 0});
-        put_payload(b.buffer, mine_);
-        b.request = comm_->isend(std::span<const std::uint32_t>(b.buffer), root, tags_[0]);
-        b.busy = true;
-        report_.sent = true;
-      }
-      const auto deadline = after(stopped ? start : ready, opt_.timeout_s * 2);
-      if (!have_sum) wait_until([&] { return down_request_.test(); }, deadline, "the root's sum");
-      const auto h = detail::get_header(down_);
-      if (h.round != step_ ||
-          (h.status != detail::arrival_status::sum && h.status != detail::arrival_status::failed))
-        throw corrupt_data(commsgd::concat("first_arrivals: rank ", me, " expected the sum of round ", step_,
-                                           " from the root and got status ",
-                                           static_cast<std::uint32_t>(h.status), " of round ", h.round));
-      report_.responders = h.set;
-      if (h.status == detail::arrival_status::failed) throw too_few(code, static_cast<int>(h.count));
-      report_.used = code.used(h.set);
-      copy_payload(down_, sum_);
-      return;
-    }
-
-    // The root.
-    for (int k = 0; k < n; ++k)
-      if (k != root) post(k);
-    const int needed = code.needed();
-    coding::node_set responders = 0;
-    int answered = 0;
-    const auto deadline = after(start, opt_.timeout_s);
-    auto progress = [&] {
-      for (int k = 0; k < n; ++k) {
-        if (k == root || coding::contains(responders, k)) continue;
-        auto& u = up_[static_cast<std::size_t>(k)];
-        if (!u.posted || !u.request.test()) continue;
-        u.posted = false;
-        const auto h = detail::get_header(u.buffer);
-        if (h.status != detail::arrival_status::vector || h.round > step_)
-          throw corrupt_data(commsgd::concat("first_arrivals: the root got status ",
-                                             static_cast<std::uint32_t>(h.status), " of round ", h.round,
-                                             " from rank ", k, " in round ", step_));
-        if (h.round == step_ && answered < needed) {
-          responders |= coding::node_bit(k);
-          ++answered;
-          continue; // its buffer is read by the decode, then posted again
-        }
-        ++report_.late;
-        ++drained_;
-        post(k);
-      }
-      if (!coding::contains(responders, root) && answered < needed && clock::now() >= ready) {
-        responders |= coding::node_bit(root);
-        ++answered;
-        report_.sent = true;
-      }
-      return answered >= needed;
-    };
-    comm::poll_until(progress, deadline); // on the deadline, answered < needed says so below
-    report_.responders = responders;
-    auto fan_out = [&](detail::arrival_header h, bool with_sum) {
-      for (int k = 0; k < n; ++k) {
-        if (k == root) continue;
-        auto& b = send_buffer(results_, words);
-        detail::put_header(b.buffer, h);
-        if (with_sum)
-          put_payload(b.buffer, sum_);
-        else
-          std::fill(b.buffer.begin() + detail::arrival_header_words, b.buffer.end(), 0u);
-        b.request = comm_->isend(std::span<const std::uint32_t>(b.buffer), k, tags_[1]);
-        b.busy = true;
-      }
-    };
-    if (answered < needed) {
-      for (int k = 0; k < n; ++k)
-        if (k != root) post(k);
-      fan_out({step_, detail::arrival_status::failed, static_cast<std::uint32_t>(answered), responders},
-              false);
-      throw too_few(code, answered);
-    }
-    decode_into(code, responders);
-    for (int k = 0; k < n; ++k)
-      if (k != root) post(k);
-    fan_out({step_, detail::arrival_status::sum, static_cast<std::uint32_t>(answered), responders}, true);
-  }
-
-  // Virtual time: ready times shared over the innermost communicator, the clock charged by the model.
-  template <class Code>
-  void virtual_round(Code& code) {
-    auto& sim = comm::clock_of(*comm_);
-    auto& plain = comm::innermost(*comm_); // neither charged nor metered: the model's own bookkeeping
-    const auto& net = sim.network();
-    const int n = comm_->size(), me = comm_->rank(), root = opt_.root;
-    const std::size_t words = detail::arrival_header_words + d_;
-    const std::uint64_t bytes = words * sizeof(std::uint32_t);
-    const double now = sim.now();
-    const double mine[2] = {now, now + report_.delay_s};
-    std::vector<double> times(2 * static_cast<std::size_t>(n));
-    plain.all_gather(std::span<const double>(mine, 2), std::span<double>(times));
-    auto ready = [&](int k) { return times[2 * static_cast<std::size_t>(k) + 1]; };
-    const double one = net.seconds(1, bytes);
-    std::vector<int> order;
-    for (int k = 0; k < n; ++k)
-      if (std::isfinite(ready(k))) order.push_back(k);
-    auto arrival = [&](int k) { return ready(k) + (k == root ? 0.0 : one); };
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return arrival(a) < arrival(b); });
-    const int needed = code.needed();
-    if (static_cast<int>(order.size()) < needed) throw too_few(code, static_cast<int>(order.size()));
-    order.resize(static_cast<std::size_t>(needed));
-    coding::node_set responders = 0;
-    for (int k : order)
-      responders |= coding::node_bit(k);
-    // The root's receiver takes the vectors one after the other, in arrival order.
-    double decode_at = times[2 * static_cast<std::size_t>(root)];
-    for (int k : order) {
-      if (k == root)
-        decode_at = std::max(decode_at, ready(k));
-      else
-        decode_at = std::max(decode_at, ready(k)) + one;
-    }
-    const double fan_out =
-        net.medium == comm::medium::multicast
-            ? (n > 1 ? one : 0.0)
-            : net.seconds(static_cast<std::uint64_t>(n - 1), static_cast<std::uint64_t>(n - 1) * bytes);
-    const double end = decode_at + fan_out;
-    report_.responders = responders;
-    report_.sent = coding::contains(responders, me);
-
-    if (me != root) {
-      if (report_.sent) {
-        auto& b = send_buffer(sends_, words);
-        detail::put_header(b.buffer, {step_, detail::arrival_status::vector, 0, 0});
-        put_payload(b.buffer, mine_);
-        b.request = comm_->isend(std::span<const std::uint32_t>(b.buffer), root, tags_[0]);
-        b.busy = true;
-      }
-      comm_->recv(std::span<std::uint32_t>(down_), root, tags_[1]);
-      const auto h = detail::get_header(down_);
-      if (h.round != step_ || h.status != detail::arrival_status::sum)
-        throw corrupt_data(commsgd::concat("first_arrivals: rank ", me, " expected the sum of round ", step_,
-                                           " and got status ", static_cast<std::uint32_t>(h.status),
-                                           " of round ", h.round));
-      report_.used = code.used(h.set);
-      copy_payload(down_, sum_);
-      for (auto& s : sends_)
-        if (s.busy) {
-          s.request.wait();
-          s.busy = false;
-        }
-    } else {
-      for (int k : order)
-        if (k != root) {
-          comm_->recv(std::span<std::uint32_t>(up_[static_cast<std::size_t>(k)].buffer), k, tags_[0]);
-          const auto h = detail::get_header(up_[static_cast<std::size_t>(k)].buffer);
-          if (h.round != step_ || h.status != detail::arrival_status::vector)
-            throw corrupt_data(commsgd::concat("first_arrivals: the root expected rank ", k,
-                                               "'s vector of round ", step_, " and got round ", h.round));
-        }
-      decode_into(code, responders);
-      std::vector<request_type> pending;
-      auto& b = send_buffer(results_, words);
-      detail::put_header(
-          b.buffer, {step_, detail::arrival_status::sum, static_cast<std::uint32_t>(needed), responders});
-      put_payload(b.buffer, sum_);
-      for (int k = 0; k < n; ++k)
-        if (k != root) pending.push_back(comm_->isend(std::span<const std::uint32_t>(b.buffer), k, tags_[1]));
-      for (auto& r : pending)
-        r.wait();
-    }
-    sim.advance(std::max(0.0, end - sim.now()));
-  }
-
-  C* comm_;
-  options opt_;
-  std::size_t d_;
-  comm::tag_lease tags_;
-  std::vector<receive_slot> up_;    // root: one posted receive per rank
-  std::vector<std::uint32_t> down_; // others: the root's message
-  request_type down_request_{};
-  std::deque<send_slot> sends_, results_;
-  std::vector<float> mine_, sum_;
-  std::vector<std::vector<float>> staged_;
-  std::uint64_t step_ = 0;
-  std::uint64_t drained_ = 0;
-  round_report report_{};
   bool resumed_ = false;
 };
 
