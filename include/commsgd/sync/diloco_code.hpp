@@ -5,7 +5,7 @@
 //   fp16, bf16    the 16-bit ring all-reduce, no error feedback
 //   int8, e3m0    blocks of 256 values (cost::diloco_block_size), no error feedback: a pseudo-gradient is a
 //                 whole round's progress, and what its code drops is not owed to the next round
-//   topk-<d>      top_k_ef with float values and exact selection (ties to the lowest index), its residual
+//   topk-<d>      top_k_ef with float values and exact radix selection (ties to the lowest index), its residual
 //                 carried from round to round (the error feedback is the method)
 // Every call forwards to the engine of that code; see sync/diloco.hpp for what they do.
 #pragma once
@@ -16,6 +16,7 @@
 #include <commsgd/compress/half.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/cost/diloco.hpp>
+#include <commsgd/select/radix.hpp>
 #include <commsgd/sync/diloco.hpp>
 #include <commsgd/sync/strategy.hpp>
 
@@ -36,7 +37,7 @@ class coded_diloco {
 public:
   using engine =
       std::variant<diloco<C>, diloco<C, compress::fp16>, diloco<C, compress::bf16>, diloco<C, compress::int8>,
-                   diloco<C, compress::e3m0>, diloco<C, compress::top_k_ef<>>>;
+                   diloco<C, compress::e3m0>, diloco<C, compress::top_k_ef<select::radix>>>;
 
   coded_diloco(C& c, std::vector<std::size_t> layer_sizes, diloco_options o, cost::diloco_code code)
       : code_(code), e_(make(c, std::move(layer_sizes), o, code)) {}
@@ -146,8 +147,9 @@ private:
         return compress::e3m0(n, {.block_size = cost::diloco_block_size, .error_feedback = false});
       });
     case diloco_format::top_k:
-      return engine(std::in_place_index<5>, c, std::move(layers), o,
-                    [d = code.density](std::size_t n) { return compress::top_k_ef<>(n, {.density = d}); });
+      return engine(std::in_place_index<5>, c, std::move(layers), o, [d = code.density](std::size_t n) {
+        return compress::top_k_ef<select::radix>(n, {.density = d});
+      });
     }
     throw invalid_argument(commsgd::concat("argument 'code' has format ", static_cast<int>(code.format),
                                            ", outside the allowed codes ", cost::diloco_code::names));
