@@ -9,7 +9,7 @@
 //          power of two nearest |p_i| / s (2^-6 .. 1; below 2^-7 s is zero). 4 bits a value.
 // A block of zeros (s = 0) decodes to zeros. Message: the block scales (4 bytes each), then the codes
 // packed (compress/bit_pack.hpp); every rank's message is gathered, decoded and summed in float, in rank
-// order from +0, so every rank holds the same bits (compress/round.hpp). What a code does not carry stays
+// order from +0, so every rank holds the same bits (compress/compressor_round.hpp). What a code does not carry stays
 // in the residual, exactly (compress/error_feedback.hpp), when error feedback is on (the default).
 // Bytes a rank sends a round: the 40-byte verdict and its message to each of the n - 1 others.
 #pragma once
@@ -20,7 +20,7 @@
 #include <commsgd/compress/bit_pack.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
-#include <commsgd/compress/round.hpp>
+#include <commsgd/compress/compressor_round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/cost/diloco.hpp>
@@ -155,7 +155,7 @@ private:
                       });
   }
 
-  // Every rank's message gathered and summed in rank order from +0, as compress/round.hpp's gather_and_sum,
+  // Every rank's message gathered and summed in rank order from +0, as compress/compressor_round.hpp's gather_and_sum,
   // but a chunk of blocks at a time across the ranks, so that each chunk of `out` is written once from
   // cache rather than read and written again for every rank; this rank's own decoded message only when error
   // feedback keeps the rest of it.

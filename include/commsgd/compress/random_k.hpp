@@ -17,7 +17,7 @@
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/random.hpp>
-#include <commsgd/compress/round.hpp>
+#include <commsgd/compress/compressor_round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
