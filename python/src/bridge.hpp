@@ -11,6 +11,7 @@
 
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
+#include <commsgd/comm/traffic.hpp>
 #include <commsgd/error.hpp>
 
 #include <algorithm>
@@ -45,13 +46,20 @@ inline at::Tensor tensor_of(std::span<const float> v) {
   return t;
 }
 
-inline py::dict traffic_dict(const meter& m) {
+// A rank's traffic as the dict Python reads (comm::traffic's fields).
+inline py::dict traffic_as_dict(const commsgd::comm::traffic& t) {
   py::dict d;
-  const auto t = m.counters().total();
   d["bytes_sent"] = t.bytes_sent;
   d["bytes_received"] = t.bytes_received;
   d["messages_sent"] = t.messages_sent;
   d["messages_received"] = t.messages_received;
+  return d;
+}
+
+// What a state's meter counted, with its count of collective calls.
+inline py::dict traffic_dict(const meter& m) {
+  const auto t = m.counters().total();
+  py::dict d = traffic_as_dict(t);
   d["calls"] = t.calls;
   return d;
 }

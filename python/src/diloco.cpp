@@ -39,15 +39,6 @@ sync::fragment_layout layout_of(const std::string& name) {
       commsgd::concat("argument 'layout' = '", name, "' is not one of strided, contiguous"));
 }
 
-py::dict traffic_as_dict(const comm::traffic& t) {
-  py::dict d;
-  d["bytes_sent"] = t.bytes_sent;
-  d["bytes_received"] = t.bytes_received;
-  d["messages_sent"] = t.messages_sent;
-  d["messages_received"] = t.messages_received;
-  return d;
-}
-
 class diloco_engine {
 public:
   diloco_engine(const group_ptr& group, std::vector<std::size_t> layer_sizes, int sync_every, int fragments,
