@@ -307,27 +307,26 @@ class DiLoCo:
         """
         loss = self.inner_optimizer.step() if closure is None else self.inner_optimizer.step(closure)
         touched = [] if self._in_place else self._indices(self._engine.touched_next())
-        self._copy_in(touched)
-        try:
-            self._engine.advance(self._flat)
-        except NonFinite as e:
-            raise self._named(e) from None
-        finally:
-            self._copy_out(touched)
+        self._call_engine(self._engine.advance, touched)
         return loss
 
     def finish(self) -> None:
         """Applies the exchanges in flight, then exchanges once more every fragment that has moved since its
         last exchange was applied (every fragment with ``alpha > 0``) and applies it at once, so that every
         rank holds the global model (with ``alpha = 0``). Collective; for the end of training."""
-        everything = range(len(self._order))
-        self._copy_in(everything)
+        self._call_engine(self._engine.finish, range(len(self._order)))
+
+    def _call_engine(self, call: Any, indices: Iterable[int]) -> None:
+        """call(flat) with the parameters at `indices` copied in before and out after (nothing to copy in
+        place), the engine's refusal named with this rank's parameters."""
+        indices = list(indices)
+        self._copy_in(indices)
         try:
-            self._engine.finish(self._flat)
+            call(self._flat)
         except NonFinite as e:
             raise self._named(e) from None
         finally:
-            self._copy_out(everything)
+            self._copy_out(indices)
 
     def close(self) -> None:
         """Waits for the exchanges in flight without applying them, so that the script may end, or call
