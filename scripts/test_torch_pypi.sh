@@ -9,7 +9,7 @@
 #   bash scripts/test_torch_pypi.sh --install    # the venv and pip install ./python, no tests
 #   bash scripts/test_torch_pypi.sh --tests      # only the tests, against what --install installed
 #
-# COMMSGD_TORCH_VENV names the venv (default build/torch-<version>; kept, so a rerun skips the download).
+# COMMSGD_TORCHFT_VERSION pins torchft (default 0.2.0). COMMSGD_TORCH_VENV names the venv (default build/torch-<version>; kept, so a rerun skips the download).
 # CMAKE_ARGS, CUDAARCHS and CMAKE_BUILD_PARALLEL_LEVEL reach the package's CMake as usual.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,8 @@ case "$mode" in "" | --prepare | --install | --tests) ;; *)
 esac
 prepare() {
   [ -x "$python" ] || /usr/bin/python3 -m venv "$venv"
-  "$python" -m pip install -q "torch==$version" numpy pytest
+  # torchft: the peer whose DiLoCo arm tests/torch/test_diloco_lm.py runs beside ours (it needs torch 2).
+  "$python" -m pip install -q "torch==$version" numpy pytest "torchft==${COMMSGD_TORCHFT_VERSION:-0.2.0}"
 }
 install() {
   "$python" -m pip install -q ./python

@@ -278,7 +278,11 @@ def torchft_arm(args, model, inner):
                       store_port=store_port, rank=0, world_size=1,
                       lighthouse_addr=f"http://{master}:{lighthouse_port}", port=manager_port, hostname=own,
                       timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
-                      checkpoint_transport=Transport(timeout=timeout, num_chunks=0))
+                      checkpoint_transport=Transport(timeout=timeout, num_chunks=0),
+                      # Every replica starts from the same model (the same seed), as DiLoCo's broadcast makes
+                      # it; torchft's default (True) would have each replica load rank 0's model and AdamW
+                      # state at the first sync, so that the first outer step used rank 0's progress alone.
+                      init_sync=False)
     atexit.register(lambda: manager.shutdown(wait=False))
     model._torchft_keep = (store, manager)  # alive as long as the model
     units = [model.tok, model.pos, *model.blocks, model.ln]
@@ -476,7 +480,8 @@ def main(argv=None):
     if log:
         log.close()
     final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return records, final, nparams
+    global_final = torch.cat([p.detach().reshape(-1) for p in global_params()])
+    return records, final, nparams, global_final
 
 
 if __name__ == "__main__":

@@ -17,8 +17,11 @@ from ._C import InvalidArgument, NonFinite
 
 __all__ = ["DiLoCo", "COMPRESSIONS"]
 
-#: The codes a rank's pseudo-gradient can travel in; ``"topk-<density>"`` takes a density in (0, 1].
-COMPRESSIONS = ("dense", "fp16", "bf16", "int8", "e3m0", "topk-<density>")
+#: The codes a rank's pseudo-gradient can travel in. Top-k takes a density in (0, 1] and, optionally, a chunk
+#: (top-k per chunk of that many values, indices in the bits a chunk needs), 2-bit values against a scale per
+#: chunk, and a decay in [0, 1] of its residual each round: SparseLoCo's recipe is
+#: ``"topk-0.01-c4096-2bit-b0.95"`` with ``outer_lr=1, outer_momentum=0``.
+COMPRESSIONS = ("dense", "fp16", "bf16", "int8", "e3m0", "topk-<density>[-c<chunk>][-2bit][-b<decay>]")
 
 
 class _BadArgument(InvalidArgument, ValueError):
@@ -41,7 +44,7 @@ def _code_name(compression: Any) -> str:
         except InvalidArgument:
             pass
     raise _bad("compression", compression, "one of " + ", ".join(repr(c) for c in COMPRESSIONS) +
-               " with a density in (0, 1]")
+               " with a density in (0, 1], a chunk in [1, 2^32 - 1] and a decay in [0, 1]")
 
 
 def _group_ranks(group: Optional[dist.ProcessGroup]) -> List[int]:

@@ -8,8 +8,9 @@
     run_pytest.py --list                   the suite names, ';'-separated, for CMake
 
 A suite fails when fewer of its tests ran than SUITES says (pytest's "no tests collected" included), so a
-test file that silently stops collecting is noticed instead of passing. A skipped test counts as run: the
-CUDA suite skips all but one test without a GPU.
+test file that silently stops collecting is noticed instead of passing, and when a test skips for a reason
+other than the machine's (ALLOWED_SKIPS: no GPU, no NCCL, a torch too old for torchft): a test that skips
+because something it needs was not installed fails its suite instead of passing unseen.
 """
 import os
 import subprocess
@@ -19,20 +20,35 @@ import time
 
 # suite -> the least number of tests that must run (pass or skip) in tests/torch/test_<suite>.py
 SUITES = {"hooks": 19, "train": 1, "powersgd": 9, "compressors": 14, "async": 5, "auto": 19, "cuda": 1, "endings": 4,
-          "diloco": 50, "diloco_conformance": 25, "diloco_lm": 8, "ddp_links": 4}
+          "diloco": 50, "diloco_conformance": 29, "diloco_lm": 8, "ddp_links": 4}
+
+# The only reasons a test may skip and its suite still pass: what this machine lacks, not what was not
+# installed. A skip reason must start with one of these.
+ALLOWED_SKIPS = ("no CUDA device", "commsgd_torch built without _cuda", "torch has no NCCL",
+                 "torchft needs torch 2")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def skip_reason(report):
+    """The reason a skipped test gave, without pytest's "Skipped: " prefix."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
 
 
 class Count:
     def __init__(self):
         self.ran = dict.fromkeys(SUITES, 0)
+        self.bad_skips = []
 
     def pytest_runtest_logreport(self, report):
         if report.when == "call" or (report.when == "setup" and report.skipped):
             suite = os.path.basename(report.nodeid.split("::")[0])[len("test_"):-len(".py")]
             if suite in self.ran:
                 self.ran[suite] += 1
+            if report.skipped and not skip_reason(report).startswith(ALLOWED_SKIPS):
+                self.bad_skips.append(f"{report.nodeid}: {skip_reason(report)}")
 
 
 def run_parallel(jobs, args):
@@ -91,6 +107,11 @@ def main(argv):
     short = [f"{s}: {count.ran[s]} of at least {SUITES[s]}" for s in suites if count.ran[s] < SUITES[s]]
     if rc == 0 and short:
         print("run_pytest: too few tests ran (" + "; ".join(short) + ")", file=sys.stderr)
+        return 1
+    if rc == 0 and count.bad_skips:
+        print("run_pytest: tests skipped what they were asked to run (allowed only: " +
+              ", ".join(repr(a) for a in ALLOWED_SKIPS) + "):\n  " + "\n  ".join(count.bad_skips),
+              file=sys.stderr)
         return 1
     return int(rc)
 

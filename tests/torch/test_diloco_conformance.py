@@ -13,7 +13,7 @@ from commsgd_torch import _C
 from helpers import run_ranks
 
 STEPS = 23
-CODES = ["dense", "fp16", "bf16", "int8", "e3m0", "topk-0.1"]
+CODES = ["dense", "fp16", "bf16", "int8", "e3m0", "topk-0.1", "topk-0.2-c16-2bit-b0.95"]
 
 
 class _Net(torch.nn.Module):
@@ -118,16 +118,21 @@ def test_torch_class_and_cpp_engine_agree_bit_for_bit(code, fragments, delay, al
 
 
 def test_code_names_and_sizes_come_from_the_engine():
-    assert commsgd_torch.COMPRESSIONS == ("dense", "fp16", "bf16", "int8", "e3m0", "topk-<density>")
+    assert commsgd_torch.COMPRESSIONS == ("dense", "fp16", "bf16", "int8", "e3m0",
+                                          "topk-<density>[-c<chunk>][-2bit][-b<decay>]")
     for d in (0, 1, 255, 256, 257, 10_000):
         blocks = (d + 255) // 256
         assert _C.diloco_message_bytes("dense", d) == 4 * d
         assert _C.diloco_message_bytes("fp16", d) == 2 * d
         assert _C.diloco_message_bytes("int8", d) == 4 * blocks + d
         assert _C.diloco_message_bytes("e3m0", d) == 4 * blocks + (d + 1) // 2
-    assert _C.diloco_message_bytes("topk-0.07", 100) == 8 * 7
+    # Seven floats and seven 7-bit indices; in chunks of 64 (k = 5 and 3), two scales, 2-bit values and
+    # 6-bit indices.
+    assert _C.diloco_message_bytes("topk-0.07", 100) == 4 * 7 + 7
+    assert _C.diloco_message_bytes("topk-0.07-c64-2bit", 100) == 2 * 4 + 2 + 6
     assert _C.diloco_code_name("topk-0.25") == "topk-0.25"
-    for bad in ("fp4", "int8_block", "topk:0.1", "topk-0", "none", ""):
+    assert _C.diloco_code_name("topk-0.01-b0.95-2bit-c4096") == "topk-0.01-c4096-2bit-b0.95"
+    for bad in ("fp4", "int8_block", "topk:0.1", "topk-0", "none", "", "topk-0.1-b2", "topk-0.1-c0"):
         with pytest.raises(commsgd_torch.InvalidArgument, match="compression"):
             _C.diloco_code_name(bad)
     # The ring's traffic: 2 (n - 1) chunks each way.

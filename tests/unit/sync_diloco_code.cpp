@@ -10,6 +10,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -21,7 +23,7 @@ using cost::diloco_format;
 namespace {
 
 const std::vector<std::size_t> layers = {5, 17, 3, 9};
-const char* const codes[] = {"dense", "fp16", "bf16", "int8", "e3m0", "topk-0.25"};
+const char* const codes[] = {"dense", "fp16", "bf16", "int8", "e3m0", "topk-0.25", "topk-0.3-c4-2bit-b0.95"};
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&
@@ -34,12 +36,42 @@ TEST_CASE("code names round-trip; anything else is refused naming the argument a
   for (const char* name : codes)
     CHECK(diloco_code::parse(name).name() == name);
   CHECK(diloco_code::parse("topk-0.001").density == 0.001);
-  for (const char* bad : {"", "none", "fp4", "int8_block", "topk:0.1", "topk-", "topk-0", "topk-1.5",
-                          "topk-0.1x", "topk-nan", "FP16", "e3m0 "}) {
+  CHECK(diloco_code::parse("topk-1e-3").density == 0.001);
+  const auto s = diloco_code::parse("topk-0.01-c4096-2bit-b0.95");
+  CHECK((s.density == 0.01 && s.chunk == 4096 && s.two_bit && s.decay == 0.95));
+  CHECK(s.name() == "topk-0.01-c4096-2bit-b0.95");
+  // Parts in any order, written back in one; a decay of 1 is the default and not written.
+  CHECK(diloco_code::parse("topk-0.02-b0.5-2bit-c64").name() == "topk-0.02-c64-2bit-b0.5");
+  CHECK(diloco_code::parse("topk-0.02-b1").name() == "topk-0.02");
+  CHECK(diloco_code::parse("topk-0.02-b0").decay == 0.0);
+  for (const char* bad : {"",
+                          "none",
+                          "fp4",
+                          "int8_block",
+                          "topk:0.1",
+                          "topk-",
+                          "topk-0",
+                          "topk-1.5",
+                          "topk-0.1x",
+                          "topk-nan",
+                          "FP16",
+                          "e3m0 ",
+                          "topk-0.1-c0",
+                          "topk-0.1-c-3",
+                          "topk-0.1-c4294967296",
+                          "topk-0.1-b1.5",
+                          "topk-0.1-b-0.5",
+                          "topk-0.1-bnan",
+                          "topk-0.1-2bit-2bit",
+                          "topk-0.1-c4-c8",
+                          "topk-0.1-",
+                          "topk-0.1-3bit"}) {
     CAPTURE(bad);
     CHECK_THROWS_WITH_AS(diloco_code::parse(bad), doctest::Contains("argument 'compression'"),
                          invalid_argument);
-    CHECK_THROWS_WITH_AS(diloco_code::parse(bad), doctest::Contains("'topk-<density>'"), invalid_argument);
+    CHECK_THROWS_WITH_AS(diloco_code::parse(bad),
+                         doctest::Contains("'topk-<density>[-c<chunk>][-2bit][-b<decay>]'"),
+                         invalid_argument);
   }
 }
 
@@ -51,9 +83,23 @@ TEST_CASE("the sizes in cost/ are the compressors' messages, for every length") 
     CHECK(diloco_code::parse("int8").message_bytes(d) == compress::int8::message_bytes(d, 256));
     CHECK(diloco_code::parse("e3m0").message_bytes(d) == compress::e3m0::message_bytes(d, 256));
     CHECK(diloco_code::parse("e3m0").message_bytes(d) == 4 * ((d + 255) / 256) + (d + 1) / 2);
-    if (d > 0) {
-      const compress::top_k_ef<> x(d, {.density = 0.1});
-      CHECK(diloco_code::parse("topk-0.1").message_bytes(d) == 8 * x.k());
+    for (const char* name : {"topk-0.1", "topk-0.01-c4096-2bit-b0.95", "topk-0.3-c7", "topk-0.5-c1-2bit"}) {
+      CAPTURE(name);
+      const auto code = diloco_code::parse(name);
+      const compress::top_k_ef_options o{.density = code.density,
+                                         .two_bit = code.two_bit,
+                                         .chunk = static_cast<std::size_t>(code.chunk),
+                                         .decay = static_cast<float>(code.decay)};
+      CHECK(code.message_bytes(d) == compress::top_k_ef<>::message_bytes(d, o));
+      // Counted from first principles: each chunk's k values, a scale per chunk when 2-bit, b-bit indices.
+      const std::size_t size = code.chunk == 0 || code.chunk > d ? d : code.chunk;
+      std::size_t k = 0, chunks = 0;
+      for (std::size_t first = 0; first < d; first += size, ++chunks)
+        k += cost::top_k_count(std::min(size, d - first), code.density);
+      const std::size_t bits = size <= 1 ? 0 : static_cast<std::size_t>(std::bit_width(size - 1));
+      CHECK(compress::top_k_ef<>(d, o).k() == k);
+      CHECK(code.message_bytes(d) ==
+            (code.two_bit ? 4 * chunks + (2 * k + 7) / 8 : 4 * k) + (bits * k + 7) / 8);
     }
   }
 }
@@ -86,12 +132,18 @@ TEST_CASE("coded_diloco is the engine of its code bit for bit, with the settings
   const auto got_fp16 = coded("fp16");
   const auto topk = typed([](std::size_t d) { return compress::top_k_ef<>(d, {.density = 0.25}); });
   const auto got_topk = coded("topk-0.25");
+  const auto sparse = typed([](std::size_t d) {
+    return compress::top_k_ef<>(d, {.density = 0.3, .two_bit = true, .chunk = 4, .decay = 0.95f});
+  });
+  const auto got_sparse = coded("topk-0.3-c4-2bit-b0.95");
   for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
     CHECK(same_bits(got_dense[r], dense[r]));
     CHECK(same_bits(got_e3m0[r], e3m0[r]));
     CHECK(same_bits(got_int8[r], int8[r]));
     CHECK(same_bits(got_fp16[r], fp16[r]));
     CHECK(same_bits(got_topk[r], topk[r]));
+    CHECK(same_bits(got_sparse[r], sparse[r]));
+    CHECK_FALSE(same_bits(got_sparse[r], topk[r]));
     CHECK_FALSE(same_bits(got_e3m0[r], dense[r])); // the code does change what travels
   }
 }

@@ -1,6 +1,6 @@
 // compress::top_k_ef, DiLoCo's top-k pseudo-gradients with error feedback: the selection (the k largest
-// magnitudes, ties to the lowest index), conservation (sent + new residual == old residual + input, exactly)
-// with float and 2-bit values, the same sum and model on every rank, density 1 against uncompressed DiLoCo,
+// magnitudes of each chunk, ties to the lowest index), conservation (sent + new residual == decayed old
+// residual + input, exactly) with float and 2-bit values, whole or chunked, with and without decay, the same sum and model on every rank, density 1 against uncompressed DiLoCo,
 // the bytes the meter counts, the residual through a checkpoint, and the refusals.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
@@ -42,15 +42,23 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
 
 using toy::decoded;
 
-// The indices of the k largest |p_i|, ties to the lowest index: a stable sort, independent of the selectors.
-std::vector<std::size_t> reference_top(const std::vector<float>& p, std::size_t k) {
-  std::vector<std::size_t> order(p.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return std::fabs(p[a]) > std::fabs(p[b]); });
-  order.resize(k);
-  std::sort(order.begin(), order.end());
-  return order;
+// The indices of the k largest |p_i| of each chunk of `chunk` values (0: one chunk), k = ceil(density * its
+// length) at least 1, ties to the lowest index: a stable sort, independent of the selectors and of cost/.
+std::vector<std::size_t> reference_top(const std::vector<float>& p, std::size_t chunk, double density) {
+  std::vector<std::size_t> out;
+  const std::size_t size = chunk == 0 ? p.size() : chunk;
+  for (std::size_t first = 0; first < p.size(); first += size) {
+    const std::size_t len = std::min(size, p.size() - first);
+    std::vector<std::size_t> order(len);
+    std::iota(order.begin(), order.end(), first);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return std::fabs(p[a]) > std::fabs(p[b]); });
+    const double want = std::ceil(density * static_cast<double>(len) - 1e-9);
+    order.resize(std::clamp<std::size_t>(static_cast<std::size_t>(want), 1, len));
+    std::sort(order.begin(), order.end());
+    out.insert(out.end(), order.begin(), order.end());
+  }
+  return out;
 }
 
 // Inputs that stress the selection: random magnitudes, runs of ties, +0 and -0.
@@ -77,7 +85,8 @@ std::vector<float> awkward(std::mt19937& rng, std::size_t d, int round) {
 }
 
 // Rounds of `x` on awkward inputs; returns the first failure, empty when every round holds:
-//   conservation  d + e' + r' == p as real numbers, p = g + e (+ r) as error_feedback forms it (double holds
+//   conservation  d + e' + r' == p as real numbers, p = g + decay e (+ decay r) as error_feedback forms it
+//                 (double holds
 //                 e' + r' exactly, and the sum with d is p, a float, so no rounding can hide a loss)
 //   selection     exactly the reference's k indices carry a value; without two_bit they carry p_i itself
 //                 and the residual keeps p_i bit for bit everywhere else (signed zeros included)
@@ -85,16 +94,20 @@ template <class X>
 std::string conserves(X x, int seed, std::size_t d) {
   std::mt19937 rng(static_cast<unsigned>(seed));
   const bool two_bit = x.options().two_bit;
+  const float decay = x.options().decay;
   for (int round = 0; round < 5; ++round) {
     const auto g = awkward(rng, d, round);
     const std::vector<float> e(x.residual().begin(), x.residual().end());
     const std::vector<float> r(x.residual_low().begin(), x.residual_low().end());
     std::vector<float> p(d);
     for (std::size_t i = 0; i < d; ++i) {
-      const float s = g[i] + e[i];
-      p[i] = r[i] == 0.0f ? s : s + r[i];
+      const float s = decay == 1.0f ? g[i] + e[i] : g[i] + decay * e[i];
+      const float low = decay == 1.0f ? r[i] : decay * r[i];
+      p[i] = low == 0.0f ? s : s + low;
     }
-    const auto top = reference_top(p, x.k());
+    const auto top = reference_top(p, x.options().chunk, x.options().density);
+    if (top.size() != x.k())
+      return "k " + std::to_string(x.k()) + " != the reference's " + std::to_string(top.size());
     const auto out = decoded(x, g);
     auto fail = [&](std::size_t i, const std::string& what) {
       return "round " + std::to_string(round) + " index " + std::to_string(i) + ": " + what;
@@ -138,8 +151,14 @@ TEST_CASE("top_k_ef sends the k largest magnitudes, ties to the lowest index, an
   CHECK(compress::top_k_ef_count(100, 0.001) == 1);
   CHECK(compress::top_k_ef_count(7, 1.0) == 7);
   CHECK(compress::top_k_ef_count(0, 0.5) == 0);
-  CHECK(compress::top_k_ef<>::message_bytes(10, false) == 80);
-  CHECK(compress::top_k_ef<>::message_bytes(10, true) == 4 + 3 + 40);
+  // Ten values in one chunk: indices in 4 bits. In chunks of 4: 3 chunks, 2 bits an index.
+  CHECK(compress::top_k_ef<>::message_bytes(10, {.density = 1.0}) == 40 + 5);
+  CHECK(compress::top_k_ef<>::message_bytes(10, {.density = 1.0, .two_bit = true}) == 4 + 3 + 5);
+  CHECK(compress::top_k_ef<>::message_bytes(10, {.density = 0.5, .two_bit = true, .chunk = 4}) ==
+        3 * 4 + 2 + 2); // k = 2 + 2 + 1: three scales, ten bits of codes, ten bits of indices
+  // SparseLoCo's shape: chunks of 4096, 41 values each at 1 %, 12-bit indices.
+  CHECK(compress::top_k_ef<>::message_bytes(8192, {.density = 0.01, .two_bit = true, .chunk = 4096}) ==
+        8 + (2 * 82 + 7) / 8 + (12 * 82 + 7) / 8);
 }
 
 TEST_CASE("2-bit values: the sign and half or one and a half times the mean magnitude of the message") {
@@ -175,6 +194,76 @@ TEST_CASE("top_k_ef conserves every value with its residual, with float and 2-bi
 }
 
 TEST_CASE(
+    "chunked top-k with a decayed residual: each chunk's own k largest, and nothing lost but the decay") {
+  // Chunks of 1 (every value sent), chunks that do and do not divide d, one chunk larger than d; decay 1,
+  // SparseLoCo's 0.95, an awkward 0.3 and 0 (no error feedback at all).
+  for (std::size_t d : {0u, 1u, 5u, 64u, 257u, 1000u})
+    for (std::size_t chunk : {1u, 3u, 16u, 64u, 4096u})
+      for (double density : {0.01, 0.2, 1.0})
+        for (float decay : {1.0f, 0.95f, 0.3f, 0.0f})
+          for (const bool two_bit : {false, true})
+            for (int seed = 0; seed < 3; ++seed) {
+              CAPTURE(d);
+              CAPTURE(chunk);
+              CAPTURE(density);
+              CAPTURE(decay);
+              CAPTURE(two_bit);
+              CAPTURE(seed);
+              const compress::top_k_ef_options o{
+                  .density = density, .two_bit = two_bit, .chunk = chunk, .decay = decay};
+              const auto a = conserves(compress::top_k_ef<select::radix>(d, o), seed, d);
+              CHECK_MESSAGE(a.empty(), a);
+            }
+  // A decay of 0 keeps nothing of the last round: the second round sends as if the first had not been.
+  compress::top_k_ef<> x(4, {.density = 0.25, .decay = 0.0f});
+  CHECK(decoded(x, {1.0f, 0.5f, 0.0f, 0.0f}) == std::vector<float>{1.0f, 0.0f, 0.0f, 0.0f});
+  CHECK(decoded(x, {0.0f, 0.0f, 0.25f, 0.0f}) == std::vector<float>{0.0f, 0.0f, 0.25f, 0.0f});
+  // Per chunk: two chunks of 3 send one value each, though both of the largest are in the first.
+  compress::top_k_ef<> y(6, {.density = 0.3, .chunk = 3});
+  CHECK(decoded(y, {4.0f, -5.0f, 0.0f, 1.0f, 0.0f, -0.5f}) ==
+        std::vector<float>{0.0f, -5.0f, 0.0f, 1.0f, 0.0f, 0.0f});
+  // 2-bit values against each chunk's own scale: chunk 0's mean is 4, chunk 1's is 1.
+  compress::top_k_ef<> z(4, {.density = 1.0, .two_bit = true, .chunk = 2});
+  CHECK(decoded(z, {6.0f, -2.0f, 1.0f, -1.0f}) == std::vector<float>{6.0f, -2.0f, 1.5f, -1.5f});
+}
+
+TEST_CASE("chunked top-k refuses a chunk or decay out of range, and a non-finite input on every rank with "
+          "nothing changed") {
+  CHECK_THROWS_WITH_AS(compress::top_k_ef<>(10, {.decay = 1.5f}),
+                       doctest::Contains("argument 'decay' = 1.5 is outside the allowed range [0, 1]"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS(compress::top_k_ef<>(10, {.decay = std::numeric_limits<float>::quiet_NaN()}),
+                       doctest::Contains("argument 'decay' = nan"), invalid_argument);
+  CHECK_THROWS_WITH_AS(compress::top_k_ef<>(10, {.chunk = std::size_t{1} << 33}),
+                       doctest::Contains("argument 'chunk' = 8589934592 is outside the allowed range"),
+                       invalid_argument);
+  // One rank's pseudo-gradient holds a NaN: every rank refuses, and every residual stays what it was.
+  std::mutex mu;
+  int refusals = 0, kept = 0;
+  local_group(3).run([&](local& c) {
+    compress::top_k_ef<select::radix> x(50, {.density = 0.1, .two_bit = true, .chunk = 16, .decay = 0.9f});
+    std::vector<float> g(50), out(50);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = std::sin(static_cast<float>(i + 3 * static_cast<std::size_t>(c.rank())));
+    x.reduce(c, g, out);
+    const std::vector<float> e(x.residual().begin(), x.residual().end());
+    const std::vector<float> r(x.residual_low().begin(), x.residual_low().end());
+    if (c.rank() == 1) g[17] = std::numeric_limits<float>::quiet_NaN();
+    bool refused = false;
+    try {
+      x.reduce(c, g, out);
+    } catch (const non_finite&) {
+      refused = true;
+    }
+    std::lock_guard lock(mu);
+    refusals += refused;
+    kept += same_bits(x.residual(), e) && same_bits(x.residual_low(), r) && x.steps() == 1;
+  });
+  CHECK(refusals == 3);
+  CHECK(kept == 3);
+}
+
+TEST_CASE(
     "every rank sums the messages in rank order to the same bits; the meter counts verdict and message") {
   for (int n = 2; n <= 4; ++n)
     for (const bool two_bit : {false, true}) {
@@ -187,8 +276,8 @@ TEST_CASE(
       for (int r = 0; r < n; ++r)
         for (std::size_t i = 0; i < d; ++i)
           want[i] += mine[static_cast<std::size_t>(r)][i];
-      const std::size_t k = 16; // ceil(0.05 * 301)
-      const auto per_peer = 40 + compress::top_k_ef<>::message_bytes(k, two_bit);
+      CHECK(compress::top_k_ef<>(d, o).k() == 16); // ceil(0.05 * 301)
+      const auto per_peer = 40 + compress::top_k_ef<>::message_bytes(d, o);
       for (int r = 0; r < n; ++r) {
         const auto ri = static_cast<std::size_t>(r);
         CHECK(same_bits(sums[ri], want));

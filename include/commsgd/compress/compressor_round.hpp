@@ -44,13 +44,13 @@ protected:
   std::uint64_t wire_ = 0;
 };
 
-// p <- g + e, checked: sizes first (nothing else can be read when they are wrong), then p's values. A bad
-// verdict is not raised here but agreed on, so that every rank raises it.
+// p <- g + decay e, checked: sizes first (nothing else can be read when they are wrong), then p's values. A
+// bad verdict is not raised here but agreed on, so that every rank raises it.
 inline input_verdict take_input(std::span<const float> g, std::size_t out_size, std::size_t length,
-                                const error_feedback& ef, std::span<float> p) {
+                                const error_feedback& ef, std::span<float> p, float decay = 1.0f) {
   auto v = check_sizes(g.size(), out_size, length);
   if (v.problem != input_problem::none) return v;
-  ef.accumulate(g, p);
+  ef.accumulate(g, p, decay);
   return check_finite(p);
 }
 

@@ -3,7 +3,8 @@
 //
 // Per round, with the residual held as a pair (e, r) of floats whose exact sum is what was held back (both +0
 // at start), and d the values this rank's message decodes to (the very bits every other rank adds for it):
-//   p      = g + e (+ r when r is not zero)   float additions, as top-k forms p = g + e
+//   p      = g + e (+ r when r is not zero)   float additions, as top-k forms p = g + e (top-k may first
+//                                             scale e and r by a decay)
 //   e', r' = p - d, split exactly             e' = fl(p - d) and r' the rounding error of that subtraction
 //                                             (Knuth's two-sum: always a float, barring overflow)
 // committed only after the round has succeeded. So d + e' + r' == p exactly, as real numbers, for every
@@ -53,6 +54,20 @@ public:
     for (std::size_t i = 0; i < g.size(); ++i) {
       const float s = g[i] + e_[i];
       p[i] = r_[i] == 0.0f ? s : s + r_[i];
+    }
+  }
+
+  // p <- g + decay e + decay r (or g): a residual that fades, for pseudo-gradients (compress/top_k_ef.hpp).
+  // decay = 1 is accumulate(g, p) bit for bit.
+  void accumulate(std::span<const float> g, std::span<float> p, float decay) const noexcept {
+    if (!on_ || decay == 1.0f) {
+      accumulate(g, p);
+      return;
+    }
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const float s = g[i] + decay * e_[i];
+      const float r = decay * r_[i];
+      p[i] = r == 0.0f ? s : s + r;
     }
   }
 

@@ -1,21 +1,25 @@
-// compress::top_k_ef: the k largest |p_i| of p = g + e sent as (value, index) pairs, the rest kept in the
-// residual; for DiLoCo's pseudo-gradients (SparseLoCo): the code "topk-<density>" (cost/diloco.hpp).
+// compress::top_k_ef: the largest |p_i| of p = decay e + g sent as (value, index) pairs, the rest kept in the
+// residual; for DiLoCo's pseudo-gradients: the codes "topk-<density>[-c<chunk>][-2bit][-b<decay>]"
+// (cost/diloco.hpp), SparseLoCo's recipe among them.
 //
-// Per round, with d values and k = ceil(density d) (at least 1, at most d; cost::top_k_count, which also
-// forgives a density d that lands a rounding error above an integer):
-//   p = g + e                    as every compressor in compress/ forms it (compress/error_feedback.hpp)
-//   selection                    the k largest |p_i| by an exact selector S (select/), ties at the k-th
-//                                magnitude to the lowest indices, so the set is a function of p alone
-//   values                       the selected p_i as floats, or (two_bit) 2 bits each against one scale
-//                                per message: s = mean |p_i| over the selection, rounded once to float;
+// Per round, the d values cut into chunks of `chunk` values (0: one chunk of all d; the last chunk shorter
+// when chunk does not divide d), each with its own k = ceil(density * its length) (cost::top_k_chunks):
+//   p = decay e + g              as every compressor in compress/ forms it (compress/error_feedback.hpp), the
+//                                residual first scaled by decay in [0, 1] (1: kept whole, SparseLoCo: 0.95;
+//                                0: no error feedback, what is not sent is dropped)
+//   selection                    per chunk, its k largest |p_i| by an exact selector S (select/), ties at the
+//                                k-th magnitude to the lowest indices, so the set is a function of p alone
+//   values                       the selected p_i as floats, or (two_bit) 2 bits each against one scale per
+//                                chunk: s = mean |p_i| over the chunk's selection, rounded once to float;
 //                                a value is sign(p_i) (|p_i| >= s ? 1.5 s : 0.5 s). Two levels at a half
 //                                and one and a half of the mean are the best pair for magnitudes spread
 //                                evenly around it, and the sign bit keeps -0.
-// Message, the same size on every rank (the length is agreed): the values (4 k bytes; two_bit: the scale,
-// 4 bytes, then ceil(k / 4) bytes of codes), then the indices (4 k bytes, u32, increasing). Every rank's
-// message is gathered and summed in float in rank order from +0, so every
-// rank holds the same bits. The residual keeps p - sent exactly (a pair of floats; without two_bit the
-// subtraction is always exact: p - p or p - 0), so sent + new residual == old residual + g, bit for bit.
+// Message, the same size on every rank (the length is agreed): two_bit: the chunks' scales (4 bytes each) and
+// the 2-bit codes, packed; else the values as floats (4 k bytes); then every index relative to its chunk in
+// b bits, packed (b = cost::index_bits(chunk): 12 for chunks of 4096, 17 for one chunk of 120,000), in
+// increasing order within each chunk. Every rank's message is gathered and summed in float in rank order from
+// +0, so every rank holds the same bits. The residual keeps p - sent exactly (a pair of floats; without
+// two_bit the subtraction is always exact: p - p or p - 0), so sent + new residual == p, bit for bit.
 // Bytes a rank sends a round: (n - 1) (40 + message_bytes), 40 the verdict of compress/agree.hpp.
 #pragma once
 
@@ -24,8 +28,8 @@
 #include <commsgd/compress/agree.hpp>
 #include <commsgd/compress/bit_pack.hpp>
 #include <commsgd/compress/compressor.hpp>
-#include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/compressor_round.hpp>
+#include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/cost/diloco.hpp>
@@ -36,6 +40,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -50,8 +55,10 @@
 namespace commsgd::inline v1::compress {
 
 struct top_k_ef_options {
-  double density = 0.01; // fraction of values sent: (0, 1]
-  bool two_bit = false;  // values in 2 bits against one scale per message (SparseLoCo)
+  double density = 0.01; // fraction of each chunk's values sent: (0, 1]
+  bool two_bit = false;  // values in 2 bits against one scale per chunk (SparseLoCo)
+  std::size_t chunk = 0; // values a chunk: [1, 2^32 - 1], or 0 for one chunk of the whole length
+  float decay = 1.0f;    // the residual's weight in the next round: [0, 1]
 };
 
 // k for `density` of d values (cost/diloco.hpp has the rule).
@@ -81,24 +88,29 @@ public:
   static constexpr const char* name = "top_k_ef";
 
   explicit top_k_ef(std::size_t length, top_k_ef_options o = {}, S selector = {})
-      : round_state(checked_length(length), true), opt_(o), k_(top_k_ef_count(length, o.density)),
+      : round_state(checked_length(length), true), opt_(checked(o)),
+        chunks_(cost::top_k_chunks::of(length, o.chunk, o.density)), k_(chunks_.k()),
         sel_(std::move(selector)) {
-    msg_.resize(message_bytes(k_, opt_.two_bit));
+    msg_.resize(message_bytes(length, opt_));
     idx_.resize(k_);
     val_.resize(k_);
+    rel_.resize(chunks_.k_full);
   }
 
   const top_k_ef_options& options() const noexcept { return opt_; }
+  // Values sent a round, over all chunks.
   std::size_t k() const noexcept { return k_; }
+  const cost::top_k_chunks& chunks() const noexcept { return chunks_; }
 
-  // A rank's message for k values: the values (floats, or a scale and 2-bit codes), then u32 indices.
-  static constexpr std::size_t message_bytes(std::size_t k, bool two_bit) noexcept {
-    return static_cast<std::size_t>(cost::top_k_message_bytes(k, two_bit));
+  // A rank's message for `length` values: the values (floats, or scales and 2-bit codes), then the indices.
+  static std::size_t message_bytes(std::size_t length, const top_k_ef_options& o) {
+    return static_cast<std::size_t>(
+        cost::top_k_message_bytes(cost::top_k_chunks::of(length, o.chunk, o.density), o.two_bit));
   }
 
   template <comm::communicator C>
   comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
-    const auto v = detail::take_input(g, out.size(), length_, ef_, p_);
+    const auto v = detail::take_input(g, out.size(), length_, ef_, p_, opt_.decay);
     detail::agree(c, what(), length_, config(), v, verdicts_);
     encode();
     std::fill(d_.begin(), d_.end(), 0.0f); // what is not sent decodes to +0: the residual keeps p there
@@ -110,7 +122,8 @@ public:
 
   void save(std::ostream& os) const { detail::save_state(os, what(), params(), steps_, ef_); }
   void load(std::istream& is) {
-    static constexpr const char* names[] = {"length", "k", "two_bit (1 on, 0 off)"};
+    static constexpr const char* names[] = {"length", "k", "two_bit (1 on, 0 off)", "chunk",
+                                            "decay (its float bits)"};
     detail::load_state(is, what(), params(), names, length_, steps_, ef_);
   }
 
@@ -121,63 +134,104 @@ private:
                          std::size_t{std::numeric_limits<std::uint32_t>::max()}, "[0, 2^32 - 1]");
     return length;
   }
+  static top_k_ef_options checked(top_k_ef_options o) {
+    commsgd::check_range("chunk", o.chunk, std::size_t{0},
+                         std::size_t{std::numeric_limits<std::uint32_t>::max()},
+                         "[0, 2^32 - 1] (0: one chunk of the whole length)");
+    commsgd::check_range("decay", o.decay, 0.0f, 1.0f, "[0, 1]");
+    return o;
+  }
   static const char* what() noexcept { return "compress::top_k_ef"; }
-  std::array<std::uint64_t, 3> params() const noexcept { return {length_, k_, opt_.two_bit ? 1u : 0u}; }
+  std::array<std::uint64_t, 5> params() const noexcept {
+    return {length_, k_, opt_.two_bit ? 1u : 0u, chunks_.size, std::bit_cast<std::uint32_t>(opt_.decay)};
+  }
   std::uint64_t config() const noexcept { return detail::fingerprint(params()); }
 
-  void encode() {
-    const auto t = sel_.select(std::span<const float>(p_), k_);
-    select::compact<std::uint32_t>(p_, t, std::span<std::uint32_t>(idx_), std::span<float>(val_));
-    std::byte* at = msg_.data();
-    if (opt_.two_bit) {
-      double sum = 0.0;
-      for (float x : val_)
-        sum += std::fabs(static_cast<double>(x));
-      const float s = k_ == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(k_));
-      std::memcpy(at, &s, 4);
-      detail::pack_bits(std::span<std::byte>(at + 4, detail::packed_bytes(k_, 2)), k_, 2,
-                        [&](std::size_t j) { return two_bit_code::encode(val_[j], s); });
-      at += 4 + detail::packed_bytes(k_, 2);
-    } else if (k_ != 0) { // an empty message has no storage: memcpy must not see its null pointer
-      std::memcpy(at, val_.data(), 4 * k_);
-      at += 4 * k_;
-    }
-    if (k_ != 0) std::memcpy(at, idx_.data(), 4 * k_);
+  std::size_t value_bytes() const noexcept {
+    return opt_.two_bit ? 4 * chunks_.count + detail::packed_bytes(k_, 2) : 4 * k_;
   }
 
-  // Every rank decodes every message, so an index out of range (a corrupt peer) is refused on all of them.
+  // Each chunk's selection into idx_ (relative to the chunk) and val_, then the message.
+  void encode() {
+    std::size_t at = 0;
+    for (std::uint64_t j = 0; j < chunks_.count; ++j) {
+      const auto kj = static_cast<std::size_t>(chunks_.k_of(j));
+      const auto x = std::span<const float>(p_).subspan(chunks_.first(j), chunks_.length(j));
+      const auto t = sel_.select(x, kj);
+      select::compact<std::uint32_t>(x, t, std::span<std::uint32_t>(idx_).subspan(at, kj),
+                                     std::span<float>(val_).subspan(at, kj));
+      at += kj;
+    }
+    std::byte* out = msg_.data();
+    if (opt_.two_bit) {
+      scale_.resize(chunks_.count);
+      at = 0;
+      for (std::uint64_t j = 0; j < chunks_.count; ++j) {
+        const auto kj = static_cast<std::size_t>(chunks_.k_of(j));
+        double sum = 0.0;
+        for (std::size_t i = at; i < at + kj; ++i)
+          sum += std::fabs(static_cast<double>(val_[i]));
+        scale_[j] = kj == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(kj));
+        at += kj;
+      }
+      if (chunks_.count != 0) std::memcpy(out, scale_.data(), 4 * chunks_.count);
+      out += 4 * chunks_.count;
+      std::uint64_t j = 0, end = chunks_.count ? chunks_.k_of(0) : 0;
+      detail::pack_bits(std::span<std::byte>(out, detail::packed_bytes(k_, 2)), k_, 2, [&](std::size_t i) {
+        while (i >= end)
+          end += chunks_.k_of(++j);
+        return two_bit_code::encode(val_[i], scale_[j]);
+      });
+      out += detail::packed_bytes(k_, 2);
+    } else if (k_ != 0) { // an empty message has no storage: memcpy must not see its null pointer
+      std::memcpy(out, val_.data(), 4 * k_);
+      out += 4 * k_;
+    }
+    detail::pack_bits(std::span<std::byte>(out, detail::packed_bytes(k_, chunks_.index_bits)), k_,
+                      chunks_.index_bits, [&](std::size_t i) { return idx_[i]; });
+  }
+
+  // Every rank decodes every message, so an index out of its chunk (a corrupt peer) is refused on all of
+  // them.
   template <class Sink>
   void decode(std::span<const std::byte> m, Sink&& sink) const {
-    const std::size_t values = opt_.two_bit ? 4 + detail::packed_bytes(k_, 2) : 4 * k_;
-    const std::byte* idx = m.data() + values;
-    auto index = [&](std::size_t j) {
-      std::uint32_t i;
-      std::memcpy(&i, idx + 4 * j, 4);
-      if (i >= length_)
-        throw corrupt_data(
-            commsgd::concat(what(), ": a message holds index ", i, ", outside [0, length = ", length_, ")"));
-      return static_cast<std::size_t>(i);
-    };
-    if (opt_.two_bit) {
-      float s;
-      std::memcpy(&s, m.data(), 4);
-      detail::unpack_bits(m.subspan(4, values - 4), 0, k_, 2, [&](std::size_t j, std::uint32_t code) {
-        sink(index(j), two_bit_code::decode(code, s));
+    const std::size_t values = value_bytes();
+    const auto idx = m.subspan(values);
+    std::size_t at = 0;
+    for (std::uint64_t j = 0; j < chunks_.count; ++j) {
+      const auto kj = static_cast<std::size_t>(chunks_.k_of(j));
+      const auto first = static_cast<std::size_t>(chunks_.first(j)), len = chunks_.length(j);
+      detail::unpack_bits(idx, at, kj, chunks_.index_bits, [&](std::size_t i, std::uint32_t rel) {
+        if (rel >= len)
+          throw corrupt_data(commsgd::concat(what(), ": a message holds index ", rel, " in chunk ", j,
+                                             ", outside [0, its length = ", len, ")"));
+        rel_[i - at] = rel;
       });
-    } else {
-      for (std::size_t j = 0; j < k_; ++j) {
-        float x;
-        std::memcpy(&x, m.data() + 4 * j, 4);
-        sink(index(j), x);
+      if (opt_.two_bit) {
+        float s;
+        std::memcpy(&s, m.data() + 4 * j, 4);
+        detail::unpack_bits(m.subspan(4 * chunks_.count, values - 4 * chunks_.count), at, kj, 2,
+                            [&](std::size_t i, std::uint32_t code) {
+                              sink(first + rel_[i - at], two_bit_code::decode(code, s));
+                            });
+      } else {
+        for (std::size_t i = at; i < at + kj; ++i) {
+          float x;
+          std::memcpy(&x, m.data() + 4 * i, 4);
+          sink(first + rel_[i - at], x);
+        }
       }
+      at += kj;
     }
   }
 
   top_k_ef_options opt_;
+  cost::top_k_chunks chunks_;
   std::size_t k_;
   S sel_;
   std::vector<std::uint32_t> idx_;
-  std::vector<float> val_;
+  std::vector<float> val_, scale_;
+  mutable std::vector<std::uint32_t> rel_; // one chunk's indices while it is decoded
   std::vector<std::byte> msg_, all_;
 };
 

@@ -8,7 +8,14 @@
 //   fp16, bf16      fp16, bf16                     2 d                                   16-bit ring all-reduce
 //   int8            int8 (blocks of 256)           4 ceil(d / 256) + d                   all-gather
 //   e3m0            e3m0 (blocks of 256)           4 ceil(d / 256) + ceil(d / 2)         all-gather
-//   topk-<density>  top_k_ef (error feedback)      8 k, k = ceil(density d)              all-gather
+//   topk-<density>  top_k_ef (error feedback)      4 k + ceil(b k / 8)                   all-gather
+//     [-c<chunk>]   top-k per chunk of <chunk> values (default: the whole fragment is one chunk), k per
+//                   chunk = ceil(density * its length); indices relative to their chunk, b = the bits a
+//                   chunk's largest index needs (12 for 4096)
+//     [-2bit]       values in 2 bits against a float scale per chunk: 4 chunks + ceil(2 k / 8) + ceil(b k / 8)
+//     [-b<decay>]   the residual decayed by <decay> in [0, 1] each round before the pseudo-gradient is added
+//                   (default 1: kept whole); SparseLoCo's recipe is topk-0.01-c4096-2bit-b0.95 with plain
+//                   outer SGD (outer lr 1, momentum 0), its error feedback in place of the outer momentum
 //
 // Every gathered code also gathers the 40-byte verdict of compress/agree.hpp each round (fp16 and bf16 only
 // in their first): a refusal (NaN, inf, ranks built differently) reaches every rank with the payload.
@@ -19,6 +26,7 @@
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
 
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
@@ -40,12 +48,6 @@ constexpr std::uint64_t block_quant_message_bytes(std::uint64_t d, std::uint64_t
   return 4 * ((d + block_size - 1) / block_size) + (d * bits + 7) / 8;
 }
 
-// Bytes of a top-k message of k pairs: float values (or, two_bit, a float scale and 2 bits a value), then
-// u32 indices.
-constexpr std::uint64_t top_k_message_bytes(std::uint64_t k, bool two_bit) noexcept {
-  return (two_bit ? 4 + (k * 2 + 7) / 8 : 4 * k) + 4 * k;
-}
-
 // k for `density` of d values: ceil(density d - 1e-9), at least 1, at most d (0 for d = 0). The 1e-9 keeps
 // 0.07 * 100 = 7.000000000000001 at 7, which a plain ceil would make 8.
 inline std::uint64_t top_k_count(std::uint64_t d, double density) {
@@ -57,12 +59,62 @@ inline std::uint64_t top_k_count(std::uint64_t d, double density) {
   return k <= 1.0 ? 1 : (k >= static_cast<double>(d) ? d : static_cast<std::uint64_t>(k));
 }
 
+// Bits an index into n values needs: 0 for n <= 1 (the only index is 0), 12 for 4096.
+constexpr unsigned index_bits(std::uint64_t n) noexcept {
+  return n <= 1 ? 0u : static_cast<unsigned>(std::bit_width(n - 1));
+}
+
+// How a top-k code cuts d values: chunks of `size` values (the last one shorter when size does not divide d),
+// each sending k = top_k_count(its length, density) values with indices relative to the chunk.
+struct top_k_chunks {
+  std::uint64_t d = 0, size = 0, count = 0; // values, values a chunk, chunks
+  std::uint64_t k_full = 0, k_last = 0;     // k of a full chunk, of the last one
+  unsigned index_bits = 0;                  // bits an index takes
+
+  // chunk = 0: one chunk of all d values.
+  static top_k_chunks of(std::uint64_t d, std::uint64_t chunk, double density) {
+    const std::uint64_t k0 = top_k_count(0, density); // checks density whatever d is
+    top_k_chunks c;
+    c.d = d;
+    c.size = chunk == 0 || chunk > d ? d : chunk;
+    c.count = c.size == 0 ? 0 : (d + c.size - 1) / c.size;
+    c.k_full = c.size == 0 ? k0 : top_k_count(c.size, density);
+    c.k_last = c.count == 0 ? k0 : top_k_count(d - (c.count - 1) * c.size, density);
+    c.index_bits = cost::index_bits(c.size);
+    return c;
+  }
+  constexpr std::uint64_t first(std::uint64_t j) const noexcept { return j * size; }
+  constexpr std::uint64_t length(std::uint64_t j) const noexcept {
+    return j + 1 == count ? d - j * size : size;
+  }
+  constexpr std::uint64_t k_of(std::uint64_t j) const noexcept { return j + 1 == count ? k_last : k_full; }
+  constexpr std::uint64_t k() const noexcept { return count == 0 ? 0 : (count - 1) * k_full + k_last; }
+};
+
+// Bytes of a top-k message: float values (or, two_bit, a float scale per chunk and 2 bits a value), then
+// the chunk-relative indices, packed.
+constexpr std::uint64_t top_k_message_bytes(const top_k_chunks& c, bool two_bit) noexcept {
+  const std::uint64_t k = c.k();
+  return (two_bit ? 4 * c.count + (2 * k + 7) / 8 : 4 * k) + (k * c.index_bits + 7) / 8;
+}
+
+// A double in the fewest digits that read back as the same double (0.95, not 0.94999999999999996).
+inline std::string shortest(double v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
 struct diloco_code {
   diloco_format format = diloco_format::dense;
-  double density = 0.0; // top_k: the fraction of values sent, (0, 1]
+  double density = 0.0;    // top_k: the fraction of values sent, (0, 1]
+  std::uint64_t chunk = 0; // top_k: values a chunk, [1, 2^32 - 1]; 0 for one chunk of the whole fragment
+  bool two_bit = false;    // top_k: values in 2 bits against a scale per chunk
+  double decay = 1.0;      // top_k: the residual's decay each round, [0, 1]
 
-  static constexpr const char* names = "'dense', 'fp16', 'bf16', 'int8', 'e3m0' or 'topk-<density>' with a "
-                                       "density in (0, 1]";
+  static constexpr const char* names =
+      "'dense', 'fp16', 'bf16', 'int8', 'e3m0' or 'topk-<density>[-c<chunk>][-2bit][-b<decay>]' with a "
+      "density in (0, 1], a chunk in [1, 2^32 - 1] and a decay in [0, 1]";
 
   // From its name; anything else is refused with the allowed names.
   static diloco_code parse(std::string_view text) {
@@ -77,12 +129,36 @@ struct diloco_code {
     if (text == "e3m0") return {diloco_format::e3m0};
     constexpr std::string_view prefix = "topk-";
     if (!text.starts_with(prefix)) throw bad();
-    const std::string_view number = text.substr(prefix.size());
-    double density = 0.0;
-    const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), density);
-    if (ec != std::errc() || end != number.data() + number.size() || !(density > 0.0 && density <= 1.0))
-      throw bad();
-    return {diloco_format::top_k, density};
+    std::string_view rest = text.substr(prefix.size());
+    diloco_code c{diloco_format::top_k};
+    // A number at the front of `rest` (from_chars stops at the '-' of the next part, and reads 1e-3 whole).
+    auto number = [&](auto& out) {
+      const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), out);
+      if (ec != std::errc()) throw bad();
+      rest.remove_prefix(static_cast<std::size_t>(end - rest.data()));
+    };
+    number(c.density);
+    if (!(c.density > 0.0 && c.density <= 1.0)) throw bad();
+    bool seen_c = false, seen_b = false;
+    while (!rest.empty()) {
+      if (rest.starts_with("-2bit") && !c.two_bit) {
+        c.two_bit = true;
+        rest.remove_prefix(5);
+      } else if (rest.starts_with("-c") && !seen_c) {
+        rest.remove_prefix(2);
+        number(c.chunk);
+        if (c.chunk < 1 || c.chunk > 0xffffffffu) throw bad();
+        seen_c = true;
+      } else if (rest.starts_with("-b") && !seen_b) {
+        rest.remove_prefix(2);
+        number(c.decay);
+        if (!(c.decay >= 0.0 && c.decay <= 1.0)) throw bad();
+        seen_b = true;
+      } else {
+        throw bad();
+      }
+    }
+    return c;
   }
 
   std::string name() const {
@@ -98,7 +174,8 @@ struct diloco_code {
     case diloco_format::e3m0:
       return "e3m0";
     case diloco_format::top_k:
-      return commsgd::concat("topk-", density);
+      return commsgd::concat("topk-", shortest(density), chunk ? commsgd::concat("-c", chunk) : "",
+                             two_bit ? "-2bit" : "", decay != 1.0 ? "-b" + shortest(decay) : "");
     }
     return "?";
   }
@@ -120,7 +197,7 @@ struct diloco_code {
     case diloco_format::e3m0:
       return block_quant_message_bytes(d, diloco_block_size, 4);
     case diloco_format::top_k:
-      return top_k_message_bytes(top_k_count(d, density), false);
+      return top_k_message_bytes(top_k_chunks::of(d, chunk, density), two_bit);
     }
     return 0;
   }

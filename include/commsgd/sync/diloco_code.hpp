@@ -5,8 +5,9 @@
 //   fp16, bf16    the 16-bit ring all-reduce, no error feedback
 //   int8, e3m0    blocks of 256 values (cost::diloco_block_size), no error feedback: a pseudo-gradient is a
 //                 whole round's progress, and what its code drops is not owed to the next round
-//   topk-<d>      top_k_ef with float values and exact radix selection (ties to the lowest index), its residual
-//                 carried from round to round (the error feedback is the method)
+//   topk-<d>...   top_k_ef with exact radix selection (ties to the lowest index), per chunk when the name has
+//                 -c<chunk>, 2-bit values with -2bit, its residual carried from round to round (decayed by
+//                 -b<decay>; the error feedback is the method)
 // Every call forwards to the engine of that code; see sync/diloco.hpp for what they do.
 #pragma once
 
@@ -147,8 +148,11 @@ private:
         return compress::e3m0(n, {.block_size = cost::diloco_block_size, .error_feedback = false});
       });
     case diloco_format::top_k:
-      return engine(std::in_place_index<5>, c, std::move(layers), o, [d = code.density](std::size_t n) {
-        return compress::top_k_ef<select::radix>(n, {.density = d});
+      return engine(std::in_place_index<5>, c, std::move(layers), o, [code](std::size_t n) {
+        return compress::top_k_ef<select::radix>(n, {.density = code.density,
+                                                     .two_bit = code.two_bit,
+                                                     .chunk = static_cast<std::size_t>(code.chunk),
+                                                     .decay = static_cast<float>(code.decay)});
       });
     }
     throw invalid_argument(commsgd::concat("argument 'code' has format ", static_cast<int>(code.format),
