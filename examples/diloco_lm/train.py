@@ -149,24 +149,6 @@ def ring_bytes_sent(elements, element_size, group=None):
     return _C.ring_all_reduce_traffic(elements, element_size, n, rank)["bytes_sent"]
 
 
-class AllReduceMeter:
-    """Counts the bytes this rank sends in torch.distributed.all_reduce, which DDP's allreduce hook, PyTorch's
-    PowerSGD hook, the post-local-SGD hook and PeriodicModelAverager all call, charged as a ring all-reduce
-    over the call's group (ring_bytes_sent)."""
-
-    def __init__(self):
-        self.bytes_sent = 0
-        self.on = False
-        self._inner = dist.all_reduce
-        dist.all_reduce = self._all_reduce
-
-    def _all_reduce(self, tensor, *args, **kwargs):
-        if self.on:
-            group = kwargs.get("group", args[1] if len(args) > 1 else None)
-            self.bytes_sent += ring_bytes_sent(tensor.numel(), tensor.element_size(), group)
-        return self._inner(tensor, *args, **kwargs)
-
-
 # --- arms ------------------------------------------------------------------------------------------------------
 
 def make_arm(args, model, inner):
@@ -175,7 +157,8 @@ def make_arm(args, model, inner):
     from torch.nn.parallel import DistributedDataParallel as DDP
     meter = None
     if args.arm in ("ddp", "ddp-powersgd", "postlocal"):
-        meter = AllReduceMeter()
+        import commsgd_torch
+        meter = commsgd_torch.AllReduceMeter(on=False)  # counting during training steps only (main())
     params = list(model.parameters())
     if args.arm == "diloco":
         import commsgd_torch

@@ -114,43 +114,6 @@ HOOK_MOMENTUM = ("commsgd-sign", "commsgd-qsgd", "commsgd-random_k")
 
 # ---- traffic of PyTorch's hooks --------------------------------------------------------------------------
 
-class Counter:
-    """Per-rank traffic of the all-reduces PyTorch's hooks issue, charged as comm::metered's ring over each
-    call's group (the rule of examples/diloco_lm/train.py's AllReduceMeter); `rank` and `world` are the
-    default group's."""
-
-    def __init__(self, rank, world):
-        self.rank, self.world = rank, world
-        self.reset()
-
-    def reset(self):
-        self.bytes_sent = self.bytes_received = self.messages_sent = self.messages_received = 0
-
-    def all_reduce(self, tensor, element_size=None, group=None):
-        esz = element_size or tensor.element_size()
-        # An all-reduce in a smaller group moves nothing beyond it: its ring is that group's.
-        n, rank = (self.world, self.rank) if group is None else (dist.get_world_size(group), dist.get_rank(group))
-        t = commsgd_torch._C.ring_all_reduce_traffic(tensor.numel(), esz, n, rank)
-        self.bytes_sent += t["bytes_sent"]
-        self.bytes_received += t["bytes_received"]
-        self.messages_sent += t["messages_sent"]
-        self.messages_received += t["messages_received"]
-
-    def traffic(self):
-        return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
-                "messages_sent": self.messages_sent, "messages_received": self.messages_received}
-
-
-def install_counter(counter):
-    original = dist.all_reduce
-
-    def counted(tensor, *args, **kwargs):
-        counter.all_reduce(tensor, group=kwargs.get("group", args[1] if len(args) > 1 else None))
-        return original(tensor, *args, **kwargs)
-
-    dist.all_reduce = counted
-
-
 # ---- one run ---------------------------------------------------------------------------------------------
 
 def run(rank, world, a, model_name, scheme, store, queue):
@@ -172,10 +135,10 @@ def attach(ddp, model, opt, a, scheme, variants, world, counter):
     and returns its state (None for PyTorch's stateless hooks)."""
     state = None
     if scheme == "ddp":
-        install_counter(counter)
+        counter.install()
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif scheme == "fp16":
-        install_counter(counter)
+        counter.install()
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif scheme == "bf16":
         # bf16_compress_hook needs NCCL, and gloo cannot sum bfloat16: the same rounding is emulated (each
@@ -183,7 +146,7 @@ def attach(ddp, model, opt, a, scheme, variants, world, counter):
         def bf16_emulated(_, bucket):
             buf = bucket.buffer()
             wire = buf.to(torch.bfloat16).div_(world).to(torch.float32)
-            counter.all_reduce(wire, element_size=2)
+            counter.count(wire, element_size=2)
             fut = dist.all_reduce(wire, async_op=True).get_future()
 
             def decompress(f):
@@ -218,7 +181,7 @@ def attach(ddp, model, opt, a, scheme, variants, world, counter):
                 group["momentum"] = 0.0
         ddp.register_comm_hook(state, commsgd_torch.compressor_hook)
     elif scheme.startswith("powersgd"):
-        install_counter(counter)
+        counter.install()
         r = int(scheme.split("-r")[1])
         state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=r, start_powerSGD_iter=WARMUP,
                                    use_error_feedback=True, warm_start=True, random_seed=a.seed)
@@ -244,7 +207,7 @@ def attach(ddp, model, opt, a, scheme, variants, world, counter):
         # auto-<candidate>: AutoState allowed only dense and <candidate>, on a stated slow network, so that it
         # profiles WARMUP dense iterations and then switches to <candidate> through its real decision path;
         # "auto" alone: every default candidate on the stated network --auto-network.
-        install_counter(counter)
+        counter.install()
         rest = scheme[len("auto"):].lstrip("-")
         cands = ("dense", rest) if rest else commsgd_torch.auto.DEFAULT_CANDIDATES
         if rest:
@@ -276,7 +239,7 @@ def train(rank, world, a, model_name, scheme):
     model = MODELS[model_name]()
     ddp = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
-    counter = Counter(rank, world)
+    counter = commsgd_torch.AllReduceMeter(install=False)
     state = attach(ddp, model, opt, a, scheme, variants, world, counter)
 
     def traffic():

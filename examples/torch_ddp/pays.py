@@ -145,7 +145,7 @@ def profile_model(a, model_name, schemes, steps=60, measured=30):
             ddp.register_comm_hook(None, passthrough)
         else:
             s, *variants = scheme.split("+")
-            bench.attach(ddp, model, opt, a, s, variants, 1, bench.Counter(0, 1))
+            bench.attach(ddp, model, opt, a, s, variants, 1, commsgd_torch.AllReduceMeter(install=False))
         for it in range(steps):
             xb, yb = x[it * a.batch:(it + 1) * a.batch], y[it * a.batch:(it + 1) * a.batch]
             calls.clear()

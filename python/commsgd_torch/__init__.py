@@ -33,6 +33,7 @@ from .auto import DEFAULT_CANDIDATES, AutoState, auto_hook
 from .compressors import KINDS, CompressorState, compressor_hook
 from .diloco import COMPRESSIONS, DiLoCo
 from .local_sgd import LocalSGDState, local_sgd_hook
+from .meter import AllReduceMeter
 from .powersgd import PowerSGDState, powersgd_hook
 from .topk import SELECTORS, TopKState, topk_hook
 
@@ -43,5 +44,6 @@ __all__ = [
     "LocalSGDState", "local_sgd_hook",
     "AutoState", "auto_hook", "DEFAULT_CANDIDATES",
     "DiLoCo", "COMPRESSIONS",
+    "AllReduceMeter",
     "Error", "InvalidArgument", "SizeMismatch", "NonFinite", "CommError", "CorruptData", "Unsupported",
 ]

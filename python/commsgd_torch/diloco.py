@@ -98,8 +98,13 @@ class DiLoCo:
       k = 0 for zero and k in 1..7 for 2^(k-7) s, the power of two nearest |x| (d / 2 + 4 d / 256), gathered.
     - ``"topk-<density>"``: top-k with error feedback. A residual e per fragment: e <- e + delta; the k =
       ceil(density d) entries of e largest in magnitude (ties to the lowest index) are sent as float32 values
-      and uint32 indices (8 k bytes) and zeroed in e, so what was sent plus the new residual is exactly
-      e + delta.
+      and indices in the bits d needs (4 k + k ceil(log2 d) / 8 bytes) and zeroed in e, so what was sent plus
+      the new residual is exactly e + delta. Suffixes: ``-c<chunk>`` takes the top-k of each chunk of that
+      many values (indices relative to the chunk: 12 bits for 4096); ``-2bit`` sends each value as its sign
+      and one bit, +-0.5 s or +-1.5 s against s, the chunk's mean magnitude sent (what that rounds off stays
+      in e); ``-b<decay>`` scales e by decay in [0, 1] before delta is added. SparseLoCo:
+      ``"topk-0.01-c4096-2bit-b0.95"`` with ``outer_lr=1.0, outer_momentum=0.0``, the decayed residual in
+      place of the outer momentum.
 
     Each gathered code's round also gathers a 40-byte verdict from every rank (the fp16 and bf16 rings in
     their first round), so that a non-finite pseudo-gradient, or ranks set up differently, is refused on

@@ -338,3 +338,28 @@ def test_import_refuses_another_torch(tmp_path):
     assert run.returncode != 0
     assert "ImportError: commsgd_torch" in run.stderr and "built against torch 0.9.1" in run.stderr
     assert f"torch {torch.__version__} is installed" in run.stderr
+
+
+def _meter(rank, world):
+    original = dist.all_reduce
+    with commsgd_torch.AllReduceMeter() as meter:
+        dist.all_reduce(torch.ones(1001))                     # counted: a ring over both ranks
+        meter.on = False
+        dist.all_reduce(torch.ones(5000))                     # paused
+        meter.on = True
+        own = [dist.new_group([r]) for r in range(world)][rank]
+        dist.all_reduce(torch.ones(300), group=own)           # a group of one: nothing leaves the rank
+        dist.all_reduce(torch.ones(64, dtype=torch.float64))  # its own element size
+        meter.count(torch.ones(10), element_size=2)           # a call it cannot see, charged by hand
+        got = meter.traffic()
+    assert dist.all_reduce is original, "close() did not put all_reduce back"
+    return got
+
+
+def test_all_reduce_meter_counts_a_ring_per_call_over_its_group():
+    ring = commsgd_torch._C.ring_all_reduce_traffic
+    for rank, got in enumerate(run_ranks(_meter, 2)):
+        want = {k: ring(1001, 4, 2, rank)[k] + ring(64, 8, 2, rank)[k] + ring(10, 2, 2, rank)[k]
+                for k in ("bytes_sent", "bytes_received", "messages_sent", "messages_received")}
+        assert got == want
+        assert got["bytes_sent"] > 0

@@ -1,0 +1,94 @@
+"""Quality at equal steps: the final validation loss of each arm over seeds, against the bytes it sends an
+outer round, from the logs of `links.py run --rates none` (one --out folder a seed).
+
+    python3 examples/diloco_lm/quality.py DIR_SEED1 DIR_SEED2 ... [--md FILE] [--plot FILE]
+
+For each arm: the validation loss at the run's last step (mean, min and max over the seeds that ran it to
+the end), its distance from float32 DiLoCo at the same H and schedule (diloco-h<H>, or diloco-h<H>-stream
+for a streamed arm), and rank 0's bytes per H inner steps (its whole run's bytes times H / steps), with
+float32 DiLoCo's bytes over these. A run that did not reach its last step is listed as crashed, not used.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+
+
+def read(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def collect(dirs):
+    """arm -> list of (final val loss, bytes per H steps), and the runs that stopped early."""
+    runs, crashed = {}, []
+    for d in dirs:
+        folder = os.path.join(d, "none")
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith(".jsonl"):
+                continue
+            arm = name[:-len(".jsonl")]
+            recs = read(os.path.join(folder, name))
+            if not recs or recs[-1]["step"] != recs[-1]["of"]:
+                crashed.append(f"{d}/{arm}")
+                continue
+            h = int(re.search(r"-h(\d+)", arm).group(1))
+            last = recs[-1]
+            runs.setdefault(arm, []).append((last["val_loss"], last["bytes_sent"] * h / last["step"]))
+    return runs, crashed
+
+
+def reference(arm):
+    h = re.search(r"diloco-h\d+", arm).group(0)
+    return h + "-stream" if "-stream" in arm else h
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dirs", nargs="+")
+    p.add_argument("--md")
+    p.add_argument("--plot")
+    args = p.parse_args(argv)
+    runs, crashed = collect(args.dirs)
+    mean = {a: statistics.mean(v for v, _ in r) for a, r in runs.items()}
+    per_round = {a: statistics.mean(b for _, b in r) for a, r in runs.items()}
+    lines = ["| arm | seeds | final val loss: mean (min, max) | vs float32 at its H | bytes per outer round | "
+             "float32's bytes / these |", "|---|---|---|---|---|---|"]
+    for arm in sorted(runs, key=lambda a: (reference(a), per_round[a] * -1)):
+        losses = [v for v, _ in runs[arm]]
+        ref = reference(arm)
+        vs = f"{100 * (mean[arm] / mean[ref] - 1):+.2f} %" if ref in mean else "-"
+        ratio = f"{per_round[ref] / per_round[arm]:.1f}x" if ref in per_round else "-"
+        lines.append(f"| {arm} | {len(losses)} | {mean[arm]:.4f} ({min(losses):.4f}, {max(losses):.4f}) | {vs} | "
+                     f"{per_round[arm]:,.0f} | {ratio} |")
+    if crashed:
+        lines += ["", "Crashed (not used): " + ", ".join(crashed)]
+    text = "\n".join(lines)
+    print(text)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(text + "\n")
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        for arm in sorted(runs):
+            losses = [v for v, _ in runs[arm]]
+            m = mean[arm]
+            marker = "s" if "sparse" in arm else ("o" if arm == reference(arm) else "^")
+            ax.errorbar(per_round[arm], m, yerr=[[m - min(losses)], [max(losses) - m]], fmt=marker, capsize=3)
+            ax.annotate(arm.replace("diloco-", ""), (per_round[arm], m), fontsize=7, xytext=(4, 3),
+                        textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel("bytes rank 0 sends per outer round (H inner steps)")
+        ax.set_ylabel("validation loss after the last step (nats/byte; mean, min-max over seeds)")
+        ax.grid(True, which="both", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
