@@ -2,8 +2,9 @@
 # The emulated cluster end to end (ctest label netcluster): two ranks at 100 Mbit/s, one TCP stream measured
 # within 10 % of the rate, a comm::mpi all-reduce and a commsgd_torch DDP step across the namespaces (each
 # checked to have crossed the shaped port), a pulled cable under comm::mpi's timeout (every rank fails within
-# it, none hangs, and the ranks work again once the cable is back), then `down`, after which nothing of the
-# cluster may be left.
+# it, none hangs, and the ranks work again once the cable is back), the failure driver (a rank killed and
+# restarted, a port slowed, a cable pulled, each logged), then `down`, after which nothing of the cluster may be
+# left.
 #
 #   netcluster_test.sh --tool PATH [--mpi-program PATH] [--mpi-fault-program PATH] [--torch-python PATH]
 #
@@ -164,6 +165,29 @@ else
   ((moved > 0)) || fail "rank 1's port carried nothing during the torch step"
   echo "torch DDP step across namespaces: ok ($moved bytes into rank 1's port)"
 fi
+
+# 3b. The failure driver (faults.py): rank 1 killed at 1 s and restarted 1 s later (it knows: COMMSGD_RESTARTS),
+#     rank 0's port at 10 Mbit/s from 0.5 s for 1.5 s (its own qdisc says so meanwhile, and 100 Mbit/s after),
+#     rank 1's cable pulled at 0.3 s for 0.4 s; every event logged in order, nothing left changed.
+logs=$(mktemp -d)
+faults=$(dirname "$tool")/faults.py
+rank_cmd='sleep 1.2; echo "restarts=$COMMSGD_RESTARTS"; tc qdisc show dev eth0; sleep 1.5'
+timeout 60 python3 "$faults" --name "$name" --log "$logs/events.jsonl" --logs "$logs" --kill 1 --every 100 \
+  --first-at 1 --restart-after 1 --cable 1@0.3+0.4 --slow 0@0.5+1.5=10mbit -- bash -c "$rank_cmd" ||
+  fail "faults.py exited $?: $(cat "$logs"/*)"
+events=$(python3 -c 'import json, sys; print(" ".join(r["event"] + str(r.get("rank", "")) for r in map(json.loads, open(sys.argv[1]))))' "$logs/events.jsonl")
+for want in start0 start1 cable_down1 cable_up1 slow0 kill1 restart1 rate_back0 exit0 exit1; do
+  grep -qw "$want" <<<"$events" || fail "faults.py's events lack '$want': $events"
+done
+[[ $events == *cable_down1*cable_up1* && $events == *kill1*restart1*exit1* && $events == *slow0*rate_back0* ]] ||
+  fail "faults.py's events out of order: $events"
+grep -q 'rate 10Mbit' "$logs/rank_0.log" || fail "rank 0 was not at 10 Mbit/s while slowed: $(cat "$logs/rank_0.log")"
+[[ $(grep -c '^restarts=' "$logs/rank_1.log") == 1 ]] && grep -q '^restarts=1$' "$logs/rank_1.log" ||
+  fail "rank 1's second run did not see COMMSGD_RESTARTS=1 (or its first was not killed): $(cat "$logs/rank_1.log")"
+tc -n "netcluster-$name-switch" qdisc show dev p0 | grep -q 'rate 100Mbit' || fail "rank 0's port not back at 100 Mbit/s"
+ip -n "netcluster-$name-switch" -o link show p1 | grep -q 'state UP\|,UP' || fail "rank 1's port not back up"
+echo "failure driver: $events"
+rm -rf "$logs"
 
 # 4. down leaves nothing: no namespace, no state, no new link in this namespace.
 "$tool" down --name "$name" || fail "netcluster down"
