@@ -64,7 +64,7 @@ def main(argv):
         lines.append(f"| {arm} | {len(losses)} | {mean[arm]:.4f} ({min(losses):.4f}, {max(losses):.4f}) | {vs} | "
                      f"{per_round[arm]:,.0f} | {ratio} |")
     if crashed:
-        lines += ["", "Crashed (not used): " + ", ".join(crashed)]
+        lines += ["", "Did not reach their last step (crashed, or still running; not used): " + ", ".join(crashed)]
     text = "\n".join(lines)
     print(text)
     if args.md:
