@@ -12,6 +12,7 @@
 // node (rank n - 1) 5x slower at whatever it computes; "exp" and "pareto" add to every node a delay of mean
 // the uncoded per-node compute time T = batch / n x sample time (Pareto tail index 1.5); "stop" has rank
 // n - 1 never answer from step 10 on (schemes that wait for everyone never finish).
+#include "block_batch.hpp"
 #include "idx.hpp"
 #include "mlp.hpp"
 
@@ -118,42 +119,19 @@ void train_scheme(comm_t& comm, const options& o, const fmnist::dataset& train, 
   Dp dp(comm, params.size(), dpo);
   sim.reset();
   const auto bytes0 = comm.counters().total();
-  std::vector<std::uint32_t> order(train.count);
   const double sample_s = o.sample_us * 1e-6;
   const double unit_t = static_cast<double>(o.batch) / n * sample_s;
   result res;
   bool stalled = false;
-  std::vector<std::vector<float>> blocks;
-  std::vector<std::span<const float>> views;
-  std::size_t epoch = static_cast<std::size_t>(-1);
+  fmnist::block_batch batch(train.count, o.seed);
   for (std::size_t step = 0; step < o.steps && !stalled; ++step) {
-    const std::size_t per_epoch = train.count / o.batch;
-    if (step / per_epoch != epoch) {
-      epoch = step / per_epoch;
-      fmnist::shuffle_epoch(order, o.seed, epoch);
-    }
-    const std::uint32_t* batch = order.data() + (step % per_epoch) * o.batch;
-    const auto sizes = dp.block_sizes(o.batch);
-    std::vector<std::size_t> offset(sizes.size() + 1, 0);
-    for (std::size_t q = 0; q < sizes.size(); ++q)
-      offset[q + 1] = offset[q] + sizes[q];
-    const auto mine = dp.my_blocks();
-    blocks.resize(mine.size());
-    views.clear();
-    std::size_t samples = 0;
-    const double scale = static_cast<double>(o.batch) / static_cast<double>(dp.block_count());
-    for (std::size_t j = 0; j < mine.size(); ++j) {
-      blocks[j].assign(params.size(), 0.0f);
-      net.gradient(params, train, batch + offset[mine[j]], sizes[mine[j]], scale, blocks[j]);
-      samples += sizes[mine[j]];
-      views.emplace_back(blocks[j]);
-    }
+    const std::size_t samples = batch.compute(dp, net, params, train, o.batch, step);
     const double compute = static_cast<double>(samples) * sample_s;
     // "slow": 5x at whatever this node computes; the tails: units of the uncoded compute T.
     const double unit = model.kind == commsgd::sync::delay_kind::slow_node ? compute : unit_t;
     sim.advance(compute);
     if (first_arrivals) {
-      dp.step(params, coding::block_gradients(views), {.compute_seconds = unit});
+      dp.step(params, batch.views(), {.compute_seconds = unit});
     } else {
       const double delay = model.delay(step, rank, unit);
       // A node that never answers stalls every scheme that waits for it: all ranks know it from the model.
@@ -165,7 +143,7 @@ void train_scheme(comm_t& comm, const options& o, const fmnist::dataset& train, 
         break;
       }
       sim.advance(delay);
-      const auto r = dp.step(params, coding::block_gradients(views));
+      const auto r = dp.step(params, batch.views());
       if (r.exchanged) sim.align_to_slowest();
     }
     if ((step + 1) % o.eval_every != 0 && step + 1 != o.steps) continue;

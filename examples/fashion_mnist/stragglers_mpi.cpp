@@ -17,6 +17,7 @@
 // exchange fails writes the error to --log with its time and ends with exit code 3, without MPI_Finalize
 // (which would wait for the lost peer). --checkpoint DIR saves every rank's model and data_parallel state
 // every --checkpoint-every steps; --resume starts from the newest step every rank saved.
+#include "block_batch.hpp"
 #include "idx.hpp"
 #include "mlp.hpp"
 
@@ -145,9 +146,7 @@ int train(comm_t& comm, const options& o, const fmnist::dataset& train_set, cons
   }
   dp.start(params);
 
-  std::vector<std::uint32_t> order(train_set.count);
-  std::vector<std::vector<float>> blocks;
-  std::vector<std::span<const float>> views;
+  fmnist::block_batch batch(train_set.count, o.seed);
   std::ofstream csv;
   if (rank == 0 && !o.csv.empty()) {
     csv.open(o.csv, first > 0 ? std::ios::app : std::ios::trunc);
@@ -157,35 +156,16 @@ int train(comm_t& comm, const options& o, const fmnist::dataset& train_set, cons
   double train_s = 0;
   auto since = clock_type::now();
   double reached = -1;
-  const std::size_t per_epoch = train_set.count / o.batch;
-  std::size_t epoch = static_cast<std::size_t>(-1);
   for (std::size_t step = first; step < o.steps; ++step) {
-    if (step / per_epoch != epoch) {
-      epoch = step / per_epoch;
-      fmnist::shuffle_epoch(order, o.seed, epoch);
-    }
-    const std::uint32_t* batch = order.data() + (step % per_epoch) * o.batch;
-    const auto sizes = dp.block_sizes(o.batch);
-    std::vector<std::size_t> offset(sizes.size() + 1, 0);
-    for (std::size_t q = 0; q < sizes.size(); ++q)
-      offset[q + 1] = offset[q] + sizes[q];
-    const auto mine = dp.my_blocks();
-    blocks.resize(mine.size());
-    views.clear();
-    const double scale = static_cast<double>(o.batch) / static_cast<double>(dp.block_count());
     const auto c0 = clock_type::now();
-    for (std::size_t j = 0; j < mine.size(); ++j) {
-      blocks[j].assign(params.size(), 0.0f);
-      net.gradient(params, train_set, batch + offset[mine[j]], sizes[mine[j]], scale, blocks[j]);
-      views.emplace_back(blocks[j]);
-    }
+    batch.compute(dp, net, params, train_set, o.batch, step);
     const double compute = std::chrono::duration<double>(clock_type::now() - c0).count();
     if (first_arrivals) {
-      dp.step(params, coding::block_gradients(views), {.compute_seconds = compute});
+      dp.step(params, batch.views(), {.compute_seconds = compute});
     } else {
       const double delay = slow.delay(step, rank, compute);
       if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
-      dp.step(params, coding::block_gradients(views));
+      dp.step(params, batch.views());
     }
     if (!o.checkpoint.empty() && (step + 1) % o.checkpoint_every == 0) {
       // Written to a temporary name and renamed, so a rank that dies mid-write leaves no torn file.
