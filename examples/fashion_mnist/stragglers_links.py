@@ -22,7 +22,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NETCLUSTER = os.path.join(HERE, "..", "..", "tools", "netcluster", "netcluster")
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "netcluster"))
+from launch import NETCLUSTER, netcluster  # noqa: E402
 SCHEMES = ("ring", "backup", "gc_fr", "gc_cyclic")
 # name: (netcluster up options, program options); rank 3 of 4 is the straggler.
 STRAGGLERS = {
@@ -106,8 +107,7 @@ def fault(args):
         ckpt = os.path.join(args.out, f"{base}-ckpt")
         subprocess.run(["rm", "-rf", ckpt], check=True)
         res = {"scheme": scheme, "port": port, "timeout_s": args.timeout_s, "ranks": args.ranks}
-        subprocess.run([NETCLUSTER, "up", "-n", str(args.ranks), "--name", name, "--rate", args.rate], check=True,
-                       stdout=subprocess.DEVNULL)
+        netcluster("up", "-n", args.ranks, "--name", name, "--rate", args.rate)
         try:
             mpirun = [NETCLUSTER, "mpirun", "--name", name, "--", "-np", str(args.ranks)]
             # The uninterrupted reference.
@@ -123,7 +123,7 @@ def fault(args):
                                     stderr=subprocess.STDOUT)
             while last_step(ckpt, args.ranks) < args.cut_at and proc.poll() is None:
                 time.sleep(0.05)
-            subprocess.run([NETCLUSTER, "port", "--name", name, str(port), "down"], check=True)
+            netcluster("port", "--name", name, port, "down")
             down_at = time.monotonic()
             res["checkpoint_at_cut"] = last_step(ckpt, args.ranks)
             # Every rank's own log says when it ended (a rank cut off cannot tell mpirun), so the driver
@@ -136,7 +136,7 @@ def fault(args):
                 time.sleep(0.05)
             res["ranks"] = {str(r): {"after_s": s, "ending": text[:400]} for r, (s, text) in sorted(seen.items())}
             res["no_hang"] = len(seen) == args.ranks
-            subprocess.run([NETCLUSTER, "port", "--name", name, str(port), "up"], check=True)
+            netcluster("port", "--name", name, port, "up")
             try:
                 res["mpirun_exit"] = proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -154,7 +154,7 @@ def fault(args):
             res["resumed_hash"] = model_hash(args.out, tag)
             res["bit_exact"] = res["resumed_hash"] is not None and res["resumed_hash"] == res["reference_hash"]
         finally:
-            subprocess.run([NETCLUSTER, "down", "--name", name], stdout=subprocess.DEVNULL)
+            netcluster("down", "--name", name, check=False)
         print(json.dumps(res), flush=True)
         results.append(res)
     with open(os.path.join(args.out, "faults.json"), "a") as f:

@@ -33,7 +33,6 @@ import csv
 import datetime
 import gzip
 import json
-import math
 import multiprocessing as mp
 import os
 import statistics

@@ -44,7 +44,8 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.abspath(__file__)
-NETCLUSTER = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools", "netcluster", "netcluster")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools", "netcluster"))
+from launch import NETCLUSTER, netcluster  # noqa: E402
 HOOKS = ("topk", "fp16", "ddp")
 EXIT_FAILED = 3
 SIZES = (784, 512, 256, 10)  # 535k parameters: 2.1 MB of float32 gradients a step, 0.27 s of ring all-reduce
@@ -254,14 +255,6 @@ def rank_main(args):
 
 
 # ---- the experiment (root: it builds the clusters) ----------------------------------------------------------
-
-def netcluster(*words, check=True):
-    done = subprocess.run([NETCLUSTER, *map(str, words)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"netcluster {' '.join(map(str, words))} failed ({done.returncode}): {done.stdout.strip()}")
-    return done.stdout
-
 
 def rank_command(args, hook, phase_dir, checkpoint_dir, resume):
     command = [sys.executable, SCRIPT, "rank", "--hook", hook, "--steps", args.steps, "--timeout-s", args.timeout_s,

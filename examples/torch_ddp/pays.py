@@ -39,7 +39,6 @@ hook's run (marked in the CSV).
 """
 import argparse
 import csv
-import datetime
 import json
 import math
 import multiprocessing as mp

@@ -28,7 +28,8 @@ import subprocess
 import sys
 import time
 
-NETCLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netcluster")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from launch import NETCLUSTER, netcluster  # noqa: E402
 
 
 def parse_window(text, what, rate=False):
@@ -39,10 +40,6 @@ def parse_window(text, what, rate=False):
         raise SystemExit(f"faults.py: {what} '{text}' is not {form} (rank, start and length in seconds)")
     k, t, d = int(m.group(1)), float(m.group(2)), float(m.group(3))
     return (k, t, d, m.group(4)) if rate else (k, t, d)
-
-
-def netcluster(*args):
-    subprocess.run([NETCLUSTER, *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def cluster_ports(name):
@@ -160,7 +157,7 @@ class Driver:
             try:
                 netcluster("port", "--name", self.args.name, str(k), "up")
                 self.set_rate(k, self.ports[k][1])
-            except subprocess.CalledProcessError:
+            except RuntimeError:
                 pass
 
     def run(self):

@@ -3,6 +3,7 @@
 
     import launch
     code, wall_s, load_before, load_after, command = launch.ranks(cmd, ranks=4, rate="100mbit", port=29541)
+    launch.netcluster("port", "--name", name, 2, "down")   # any other netcluster command, checked
 
 rate "none" starts the ranks on plain loopback with the rendezvous in the environment (as `netcluster run`
 sets it; torchrun's parser would take a script's options for abbreviations of its own); any other rate runs
@@ -28,6 +29,16 @@ def rate_bits(rate):
         return float(rate)
     except ValueError:
         raise ValueError(f"rate '{rate}' is not <number>[kbit|mbit|gbit] or none") from None
+
+
+def netcluster(*words, check=True):
+    """Runs `netcluster WORDS...`; its output (stdout and stderr). With `check`, a failure raises RuntimeError
+    naming the command and what it said."""
+    done = subprocess.run([NETCLUSTER, *map(str, words)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"netcluster {' '.join(map(str, words))} failed ({done.returncode}): {done.stdout.strip()}")
+    return done.stdout
 
 
 def loadavg():
