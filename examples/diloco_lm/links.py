@@ -19,7 +19,6 @@ unshaped run of that arm, their ratio, the bytes rank 0 sent, and the busiest ex
 fragment's bytes).
 """
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -95,13 +94,8 @@ def arm_options(name, retired=False):
 
 
 def run(args, train_args):
-    os.makedirs(args.out, exist_ok=True)
-    runs_csv = os.path.join(args.out, "runs.csv")
-    new = not os.path.exists(runs_csv)
-    with open(runs_csv, "a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(["rate", "arm", "ranks", "exit", "wall_s", "load_before", "load_after", "command"])
+    header = ["rate", "arm", "ranks", "exit", "wall_s", "load_before", "load_after", "command"]
+    with launch.RunLog(args.out, header) as runs:
         for rate in args.rates.split(","):
             for arm in args.arms.split(","):
                 opts = arm_options(arm)
@@ -112,8 +106,7 @@ def run(args, train_args):
                     train += ["--steps", str(args.local_steps)]  # argparse keeps the last --steps
                 out = subprocess.DEVNULL if args.quiet else None
                 code, wall, before, after, command = launch.ranks(train, args.ranks, rate, 29533, arm, stdout=out)
-                w.writerow([rate, arm, args.ranks, code, wall, before, after, command])
-                f.flush()
+                runs.row([rate, arm, args.ranks, code, wall, before, after, command])
 
 
 def read_log(path):

@@ -23,7 +23,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "netcluster"))
-from launch import NETCLUSTER, netcluster  # noqa: E402
+from launch import NETCLUSTER, RunLog, loadavg, netcluster  # noqa: E402
 SCHEMES = ("ring", "backup", "gc_fr", "gc_cyclic")
 # name: (netcluster up options, program options); rank 3 of 4 is the straggler.
 STRAGGLERS = {
@@ -41,13 +41,8 @@ def program(args, scheme, extra, out, tag):
 
 
 def grid(args):
-    os.makedirs(args.out, exist_ok=True)
-    runs = os.path.join(args.out, "runs.csv")
-    new = not os.path.exists(runs)
-    with open(runs, "a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(["straggler", "scheme", "repeat", "rate", "exit", "wall_s", "load_before", "tag"])
+    header = ["straggler", "scheme", "repeat", "rate", "exit", "wall_s", "load_before", "tag"]
+    with RunLog(args.out, header) as runs:
         chosen = [x for x in STRAGGLERS if not args.stragglers or x in args.stragglers.split(",")]
         for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
             for name in chosen:
@@ -56,13 +51,12 @@ def grid(args):
                     tag = f"{re.sub('[^a-z0-9]+', '_', name.lower())}-{scheme}-{repeat}"
                     cmd = [NETCLUSTER, "exec", "-n", str(args.ranks), "--rate", args.rate] + up + [
                         "mpirun", "--", "-np", str(args.ranks)] + program(args, scheme, extra, args.out, tag)
-                    load = open("/proc/loadavg").read().split()[0]
+                    load = loadavg()
                     t0 = time.monotonic()
                     print("==", " ".join(cmd), flush=True)
                     with open(os.path.join(args.out, f"{tag}.out"), "w") as log:
                         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
-                    w.writerow([name, scheme, repeat, args.rate, code, round(time.monotonic() - t0, 1), load, tag])
-                    f.flush()
+                    runs.row([name, scheme, repeat, args.rate, code, round(time.monotonic() - t0, 1), load, tag])
 
 
 def last_step(folder, ranks):

@@ -112,14 +112,8 @@ def target(out, kept, model, world):
 # ---- run ----------------------------------------------------------------------------------------------------
 
 def run(args):
-    os.makedirs(args.out, exist_ok=True)
-    runs_csv = os.path.join(args.out, "runs.csv")
-    new = not os.path.exists(runs_csv)
-    with open(runs_csv, "a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(["rate", "model", "scheme", "ranks", "tag", "exit", "wall_s", "load_before", "load_after",
-                        "command"])
+    header = ["rate", "model", "scheme", "ranks", "tag", "exit", "wall_s", "load_before", "load_after", "command"]
+    with launch.RunLog(args.out, header) as runs:
         for rate in args.rates.split(","):
             for model in args.models.split(","):
                 for scheme in args.schemes.split(","):
@@ -135,9 +129,7 @@ def run(args):
                         cmd += ["--stop-at", f"{stop:.6f}"]
                     code, wall, before, after, command = launch.ranks(cmd, args.ranks, rate, 29541,
                                                                       f"{model} {scheme}")
-                    w.writerow([rate, model, scheme, args.ranks, args.repeat or "", code, wall, before, after,
-                                command])
-                    f.flush()
+                    runs.row([rate, model, scheme, args.ranks, args.repeat or "", code, wall, before, after, command])
 
 
 # ---- profile ------------------------------------------------------------------------------------------------

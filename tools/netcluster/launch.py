@@ -4,11 +4,14 @@
     import launch
     code, wall_s, load_before, load_after, command = launch.ranks(cmd, ranks=4, rate="100mbit", port=29541)
     launch.netcluster("port", "--name", name, 2, "down")   # any other netcluster command, checked
+    with launch.RunLog(out_dir, ["rate", "arm", "exit", ...]) as runs:   # DIR/runs.csv, a row a run
+        runs.row([rate, arm, code, ...])
 
 rate "none" starts the ranks on plain loopback with the rendezvous in the environment (as `netcluster run`
 sets it; torchrun's parser would take a script's options for abbreviations of its own); any other rate runs
 `netcluster exec -n RANKS --rate RATE run -- CMD`, which removes its cluster however the run ends.
 """
+import csv
 import math
 import os
 import subprocess
@@ -66,3 +69,27 @@ def ranks(cmd, ranks, rate, port, label="", stdout=None, env=None):
     if code != 0:
         print(f"{os.path.basename(sys.argv[0])}: {rate} {label} exited {code}", file=sys.stderr)
     return code, wall, before, loadavg(), " ".join(cmd)
+
+
+class RunLog:
+    """A driver's DIR/runs.csv: one row a run, appended, the header written when the file is new, each row
+    flushed at once (a long grid that is stopped keeps every run it finished)."""
+
+    def __init__(self, folder, header):
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, "runs.csv")
+        new = not os.path.exists(path)
+        self._f = open(path, "a", newline="")
+        self._w = csv.writer(self._f)
+        if new:
+            self.row(header)
+
+    def row(self, values):
+        self._w.writerow(values)
+        self._f.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
