@@ -337,24 +337,30 @@ def measure_compute(a, model_name, steps=60):
     return statistics.median(times[5:])
 
 
-def launch(a, model_name, scheme):
+def fork_ranks(world, target, args, what=""):
+    """target(rank, world, *args, store, queue) on `world` forked processes sharing a file store; each puts
+    (rank, "ok", result) or (rank, "error", traceback) on the queue. Their results by rank, or RuntimeError
+    with the first failing rank's traceback."""
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=run, args=(r, a.world, a, model_name, scheme, store, queue))
-                 for r in range(a.world)]
+        procs = [ctx.Process(target=target, args=(r, world, *args, store, queue)) for r in range(world)]
         for p in procs:
             p.start()
         results = {}
-        for _ in range(a.world):
+        for _ in range(world):
             rank, status, out = queue.get(timeout=1800)
             if status != "ok":
-                raise RuntimeError(f"{model_name}/{scheme} rank {rank}:\n{out}")
+                raise RuntimeError(f"{what} rank {rank}:\n{out}")
             results[rank] = out
         for p in procs:
             p.join()
-    return results[0]
+    return results
+
+
+def launch(a, model_name, scheme):
+    return fork_ranks(a.world, run, (a, model_name, scheme), f"{model_name}/{scheme}")[0]
 
 
 # ---- report ----------------------------------------------------------------------------------------------

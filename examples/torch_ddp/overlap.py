@@ -15,10 +15,8 @@ one process with one compute thread.
 """
 import argparse
 import datetime
-import multiprocessing as mp
 import os
 import statistics
-import tempfile
 import time
 import traceback
 
@@ -27,6 +25,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commsgd_torch
+
+import bench  # fork_ranks: the ranks of one measurement
 
 
 def model(width, layers):
@@ -141,21 +141,7 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--hooks", default="fp16,topk,powersgd")
     a = p.parse_args()
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=rank_main, args=(r, a.world, a, store, queue)) for r in range(a.world)]
-        for pr in procs:
-            pr.start()
-        results = {}
-        for _ in range(a.world):
-            rank, status, out = queue.get(timeout=1800)
-            if status != "ok":
-                raise RuntimeError(f"rank {rank}:\n{out}")
-            results[rank] = out
-        for pr in procs:
-            pr.join()
+    results = bench.fork_ranks(a.world, rank_main, (a,))
     print(f"{a.world} ranks, {a.layers} layers of {a.width} x {a.width}, batch {a.batch}; rank 0, median "
           f"ms per backward over {a.steps} steps")
     print("| hook | buckets | backward only | exchange only | sum | hook (overlapped) | blocking hook | "
