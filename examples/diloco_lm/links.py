@@ -5,6 +5,7 @@ and a plot of validation loss against training time.
     sudo python3 examples/diloco_lm/links.py run --out DIR --rates 100mbit,1gbit --arms ddp,diloco-h30 \\
         [--ranks 4] [--python PY] [--local-steps N] -- [train.py options: --steps 1000 --width 64 ...]
     python3 examples/diloco_lm/links.py report --out DIR [--md FILE] [--plot FILE]
+    python3 examples/diloco_lm/links.py repeats --out DIR1 DIR2 ... --target LOSS [--md FILE]
 
 `run` starts one cluster per (rate, arm) with `tools/netcluster/netcluster exec` (so nothing is left behind,
 whatever happens), one thread per rank, and writes DIR/<rate>/<arm>.jsonl (train.py's log) beside
@@ -17,8 +18,13 @@ compute-only reference (the same steps, no exchange charged by a link).
 steps only, evaluations left out) at which the validation loss is at or below the target, the same for the
 unshaped run of that arm, their ratio, the bytes rank 0 sent, and the busiest exchange (for DiLoCo, one
 fragment's bytes).
+
+`repeats` takes several `run --out` folders (repeats of the same grid) and gives each (rate, arm)'s time to
+`--target` as median, min and max, with the step each run reached it at; a run that exited non-zero is listed
+apart and never used.
 """
 import argparse
+import csv
 import json
 import os
 import subprocess
@@ -228,6 +234,52 @@ def plot(logs, target, path):
     fig.savefig(path, dpi=110)
 
 
+def repeats(args):
+    """Time to `--target` over repeats (one `run --out` folder each): min, median and max per (rate, arm), the
+    step each reached it at, and the runs that exited non-zero (reported, never used)."""
+    import statistics
+    times, steps, crashed, missed = {}, {}, [], {}
+    for folder in args.out:
+        failed = set()
+        runs_csv = os.path.join(folder, "runs.csv")
+        if os.path.exists(runs_csv):
+            with open(runs_csv) as f:
+                for row in csv.DictReader(f):
+                    if row["exit"] != "0":
+                        failed.add((row["rate"], row["arm"]))
+                        crashed.append(f"{folder}: {row['rate']} {row['arm']} exited {row['exit']}")
+        for rate in os.listdir(folder):
+            d = os.path.join(folder, rate)
+            if not (os.path.isdir(d) and is_rate(rate)):
+                continue
+            for name in os.listdir(d):
+                arm = name[:-len(".jsonl")]
+                if not name.endswith(".jsonl") or (rate, arm) in failed:
+                    continue
+                t, step, _, _ = time_to(read_log(os.path.join(d, name)), args.target)
+                if t is None:
+                    missed[(rate, arm)] = missed.get((rate, arm), 0) + 1
+                    continue
+                times.setdefault((rate, arm), []).append(t)
+                steps.setdefault((rate, arm), []).append(step)
+    lines = [f"Time to validation loss {args.target} (train_s at the first evaluation at or below it), over "
+             f"{len(args.out)} repeats.", "",
+             "| rate | arm | runs | time to target (s): median (min, max) | steps (each run) | not reached |",
+             "|---|---|---|---|---|---|"]
+    for key in sorted(set(times) | set(missed), key=lambda k: (rate_bits(k[0]), k[1])):
+        t = times.get(key, [])
+        cell = f"{statistics.median(t):.1f} ({min(t):.1f}, {max(t):.1f})" if t else "-"
+        lines.append(f"| {key[0]} | {key[1]} | {len(t)} | {cell} | {', '.join(map(str, steps.get(key, [])))} | "
+                     f"{missed.get(key, 0)} |")
+    if crashed:
+        lines += ["", "Crashed (not used): " + "; ".join(crashed)]
+    text = "\n".join(lines) + "\n"
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(text)
+    print(text)
+
+
 def main(argv):
     train_args = []
     if "--" in argv:
@@ -250,9 +302,15 @@ def main(argv):
     q.add_argument("--md")
     q.add_argument("--plot")
     q.add_argument("--target-rate")
+    m = sub.add_parser("repeats", help="time to a target over repeats: min, median, max")
+    m.add_argument("--out", required=True, nargs="+")
+    m.add_argument("--target", required=True, type=float)
+    m.add_argument("--md")
     args = p.parse_args(argv)
     if args.cmd == "run":
         run(args, train_args)
+    elif args.cmd == "repeats":
+        repeats(args)
     else:
         report(args)
 
