@@ -44,7 +44,7 @@ ARMS = {
     "ddp-topk": ["--arm", "ddp-topk", "--density", "0.01"],
     "postlocal-h30": ["--arm", "postlocal", "--sync-every", "30"],
 }
-for h in (10, 30, 100):
+for h in (10, 30, 100, 300):
     base = ["--arm", "diloco", "--sync-every", str(h)]
     ARMS[f"diloco-h{h}"] = base
     for c in ("fp16", "int8", "e3m0", "topk-0.03"):
@@ -66,7 +66,7 @@ for h in (10, 30, 100):
 # they ran with; `run` refuses them. "fp4" was commsgd_torch's 4-bit code before the C++ engine: E3M0 rounded
 # to the nearest power of two in log2 terms; "e3m0" rounds to the nearest in linear terms.
 RETIRED = {}
-for h in (10, 30, 100):
+for h in (10, 30, 100, 300):
     RETIRED[f"diloco-h{h}-fp4"] = ["--arm", "diloco", "--sync-every", str(h), "--compression", "fp4"]
     RETIRED[f"diloco-h{h}-stream-fp4"] = ARMS[f"diloco-h{h}-stream"] + ["--compression", "fp4"]
 
