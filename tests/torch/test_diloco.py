@@ -251,7 +251,8 @@ def _topk_conserves(rank, world, density):
             assert sent.abs().max() > 0 and sent[sent != 0].abs().min() >= after.abs().max()
         out.append((theta, sent, _flat(opt.global_parameters())))
     one_round = commsgd_torch._C.diloco_round_traffic(f"topk-{density}", n, world, rank, False)["bytes_sent"]
-    assert one_round == (world - 1) * (40 + 8 * k)  # the verdict and k pairs to each other rank
+    # The verdict and k pairs to each other rank: float values, indices in the bits n values need, packed.
+    assert one_round == (world - 1) * (40 + 4 * k + (k * (n - 1).bit_length() + 7) // 8)
     assert opt.stats()["bytes_sent"] == 4 * one_round
     return out
 
