@@ -5,8 +5,9 @@ outer round, from the logs of `links.py run --rates none` (one --out folder a se
 
 For each arm: the validation loss at the run's last step (mean, min and max over the seeds that ran it to
 the end), its distance from float32 DiLoCo at the same H and schedule (diloco-h<H>, or diloco-h<H>-stream
-for a streamed arm), and rank 0's bytes per H inner steps (its whole run's bytes times H / steps), with
-float32 DiLoCo's bytes over these. A run that did not reach its last step is listed as crashed, not used.
+for a streamed arm) over the same seeds, rank 0's bytes per H inner steps (its whole run's bytes times
+H / steps) with float32 DiLoCo's bytes over these, and its bytes per inner step (what the plot's x is: arms
+of different H compare there at equal bytes). A run that did not reach its last step is listed as crashed, not used.
 """
 import argparse
 import json
@@ -22,7 +23,7 @@ def read(path):
 
 
 def collect(dirs):
-    """arm -> list of (final val loss, bytes per H steps), and the runs that stopped early."""
+    """arm -> list of (final val loss, bytes per H steps, seed folder), and the runs that stopped early."""
     runs, crashed = {}, []
     for d in dirs:
         folder = os.path.join(d, "none")
@@ -36,7 +37,7 @@ def collect(dirs):
                 continue
             h = int(re.search(r"-h(\d+)", arm).group(1))
             last = recs[-1]
-            runs.setdefault(arm, []).append((last["val_loss"], last["bytes_sent"] * h / last["step"]))
+            runs.setdefault(arm, []).append((last["val_loss"], last["bytes_sent"] * h / last["step"], d))
     return runs, crashed
 
 
@@ -52,17 +53,29 @@ def main(argv):
     p.add_argument("--plot")
     args = p.parse_args(argv)
     runs, crashed = collect(args.dirs)
-    mean = {a: statistics.mean(v for v, _ in r) for a, r in runs.items()}
-    per_round = {a: statistics.mean(b for _, b in r) for a, r in runs.items()}
-    lines = ["| arm | seeds | final val loss: mean (min, max) | vs float32 at its H | bytes per outer round | "
-             "float32's bytes / these |", "|---|---|---|---|---|---|"]
+    mean = {a: statistics.mean(v for v, _, _ in r) for a, r in runs.items()}
+    per_round = {a: statistics.mean(b for _, b, _ in r) for a, r in runs.items()}
+    h_of = {a: int(re.search(r"-h(\d+)", a).group(1)) for a in runs}
+
+    def ref_mean(arm):
+        """float32's mean loss over the seeds `arm` ran, or None."""
+        ref = runs.get(reference(arm))
+        if ref is None:
+            return None
+        by_seed = {d: v for v, _, d in ref}
+        seeds = [d for _, _, d in runs[arm]]
+        return statistics.mean(by_seed[d] for d in seeds) if all(d in by_seed for d in seeds) else None
+    lines = ["| arm | seeds | final val loss: mean (min, max) | vs float32 at its H, same seeds | "
+             "bytes per outer round | float32's bytes / these | bytes per inner step |",
+             "|---|---|---|---|---|---|---|"]
     for arm in sorted(runs, key=lambda a: (reference(a), per_round[a] * -1)):
-        losses = [v for v, _ in runs[arm]]
+        losses = [v for v, _, _ in runs[arm]]
         ref = reference(arm)
-        vs = f"{100 * (mean[arm] / mean[ref] - 1):+.2f} %" if ref in mean else "-"
+        rm = ref_mean(arm)
+        vs = f"{100 * (mean[arm] / rm - 1):+.2f} %" if rm else "-"
         ratio = f"{per_round[ref] / per_round[arm]:.1f}x" if ref in per_round else "-"
         lines.append(f"| {arm} | {len(losses)} | {mean[arm]:.4f} ({min(losses):.4f}, {max(losses):.4f}) | {vs} | "
-                     f"{per_round[arm]:,.0f} | {ratio} |")
+                     f"{per_round[arm]:,.0f} | {ratio} | {per_round[arm] / h_of[arm]:,.0f} |")
     if crashed:
         lines += ["", "Did not reach their last step (crashed, or still running; not used): " + ", ".join(crashed)]
     text = "\n".join(lines)
@@ -76,14 +89,14 @@ def main(argv):
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(9, 5.5))
         for arm in sorted(runs):
-            losses = [v for v, _ in runs[arm]]
+            losses = [v for v, _, _ in runs[arm]]
             m = mean[arm]
             marker = "s" if "sparse" in arm else ("o" if arm == reference(arm) else "^")
-            ax.errorbar(per_round[arm], m, yerr=[[m - min(losses)], [max(losses) - m]], fmt=marker, capsize=3)
-            ax.annotate(arm.replace("diloco-", ""), (per_round[arm], m), fontsize=7, xytext=(4, 3),
+            ax.errorbar(per_round[arm] / h_of[arm], m, yerr=[[m - min(losses)], [max(losses) - m]], fmt=marker, capsize=3)
+            ax.annotate(arm.replace("diloco-", ""), (per_round[arm] / h_of[arm], m), fontsize=7, xytext=(4, 3),
                         textcoords="offset points")
         ax.set_xscale("log")
-        ax.set_xlabel("bytes rank 0 sends per outer round (H inner steps)")
+        ax.set_xlabel("bytes rank 0 sends per inner step (its outer rounds' bytes / H)")
         ax.set_ylabel("validation loss after the last step (nats/byte; mean, min-max over seeds)")
         ax.grid(True, which="both", alpha=0.3)
         fig.tight_layout()
