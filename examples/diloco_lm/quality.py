@@ -22,6 +22,11 @@ def read(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def h_of(arm):
+    """H, from the arm's name (diloco-h<H>...)."""
+    return int(re.search(r"-h(\d+)", arm).group(1))
+
+
 def collect(dirs):
     """arm -> list of (final val loss, bytes per H steps, seed folder), and the runs that stopped early."""
     runs, crashed = {}, []
@@ -35,7 +40,7 @@ def collect(dirs):
             if not recs or recs[-1]["step"] != recs[-1]["of"]:
                 crashed.append(f"{d}/{arm}")
                 continue
-            h = int(re.search(r"-h(\d+)", arm).group(1))
+            h = h_of(arm)
             last = recs[-1]
             runs.setdefault(arm, []).append((last["val_loss"], last["bytes_sent"] * h / last["step"], d))
     return runs, crashed
@@ -55,7 +60,6 @@ def main(argv):
     runs, crashed = collect(args.dirs)
     mean = {a: statistics.mean(v for v, _, _ in r) for a, r in runs.items()}
     per_round = {a: statistics.mean(b for _, b, _ in r) for a, r in runs.items()}
-    h_of = {a: int(re.search(r"-h(\d+)", a).group(1)) for a in runs}
 
     def ref_mean(arm):
         """float32's mean loss over the seeds `arm` ran, or None."""
@@ -75,7 +79,7 @@ def main(argv):
         vs = f"{100 * (mean[arm] / rm - 1):+.2f} %" if rm else "-"
         ratio = f"{per_round[ref] / per_round[arm]:.1f}x" if ref in per_round else "-"
         lines.append(f"| {arm} | {len(losses)} | {mean[arm]:.4f} ({min(losses):.4f}, {max(losses):.4f}) | {vs} | "
-                     f"{per_round[arm]:,.0f} | {ratio} | {per_round[arm] / h_of[arm]:,.0f} |")
+                     f"{per_round[arm]:,.0f} | {ratio} | {per_round[arm] / h_of(arm):,.0f} |")
     if crashed:
         lines += ["", "Did not reach their last step (crashed, or still running; not used): " + ", ".join(crashed)]
     text = "\n".join(lines)
@@ -92,8 +96,9 @@ def main(argv):
             losses = [v for v, _, _ in runs[arm]]
             m = mean[arm]
             marker = "s" if "sparse" in arm else ("o" if arm == reference(arm) else "^")
-            ax.errorbar(per_round[arm] / h_of[arm], m, yerr=[[m - min(losses)], [max(losses) - m]], fmt=marker, capsize=3)
-            ax.annotate(arm.replace("diloco-", ""), (per_round[arm] / h_of[arm], m), fontsize=7, xytext=(4, 3),
+            x = per_round[arm] / h_of(arm)
+            ax.errorbar(x, m, yerr=[[m - min(losses)], [max(losses) - m]], fmt=marker, capsize=3)
+            ax.annotate(arm.replace("diloco-", ""), (x, m), fontsize=7, xytext=(4, 3),
                         textcoords="offset points")
         ax.set_xscale("log")
         ax.set_xlabel("bytes rank 0 sends per inner step (its outer rounds' bytes / H)")

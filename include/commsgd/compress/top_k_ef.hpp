@@ -147,8 +147,9 @@ private:
   }
   std::uint64_t config() const noexcept { return detail::fingerprint(params()); }
 
+  // The message less its packed indices (its size is cost/'s: scales and codes, or floats).
   std::size_t value_bytes() const noexcept {
-    return opt_.two_bit ? 4 * chunks_.count + detail::packed_bytes(k_, 2) : 4 * k_;
+    return msg_.size() - detail::packed_bytes(k_, chunks_.index_bits);
   }
 
   // Each chunk's selection into idx_ (relative to the chunk) and val_, then the message.
