@@ -39,6 +39,11 @@
 // (common model, momentum, residual); the step's local update and the step count stand, as the fragments'
 // next turns come on schedule.
 //
+// A failed exchange (comm_error: a peer left, a deadline passed) is dropped the same way: apply() rethrows it
+// with nothing of the outer state changed (the compressors commit their residuals only after their
+// collectives succeed), so a trainer over a membership engine can rebuild the group, rebind() the engine
+// and go on; the local model keeps the round's steps, which the next exchange carries.
+//
 // finish(): applies the exchanges in flight, then exchanges once more every fragment that has moved since
 // its last exchange was applied (every fragment when alpha > 0). A fragment applied after the last step has
 // a zero pseudo-gradient, and exchanging it would still move the common model by the outer momentum.
@@ -201,6 +206,21 @@ public:
   void drain() noexcept {
     for (auto& ex : pending_)
       if (ex) wait(*ex);
+  }
+
+  // Moves the engine onto another communicator (a new membership: the ranks of a rebuilt group, in any
+  // number), between exchanges: the mean of the next rounds is over c's ranks. For a trainer whose
+  // membership engine rebuilds the group after a peer left or joined. Throws invalid_argument with an
+  // exchange in flight (apply or drain() it first; its collective ran on the old group).
+  void rebind(C& c) {
+    for (std::size_t p = 0; p < pending_.size(); ++p)
+      if (pending_[p])
+        throw invalid_argument(
+            commsgd::concat("sync::diloco::rebind: fragment ", p,
+                            "'s exchange is in flight; the allowed time is between exchanges"));
+    comm_ = &c;
+    ranks_ = c.size();
+    rank_ = c.rank();
   }
 
   // Whether fragment p's exchange starts after inner step s (counted from 1).

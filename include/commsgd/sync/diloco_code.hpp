@@ -62,6 +62,9 @@ public:
   void drain() noexcept {
     visit([](auto& s) { s.drain(); });
   }
+  void rebind(C& c) {
+    visit([&](auto& s) { s.rebind(c); });
+  }
   bool starts_after(std::size_t p, std::int64_t s) const {
     return visit([&](const auto& e) { return e.starts_after(p, s); });
   }
