@@ -32,6 +32,7 @@ from ._C import CommError, CorruptData, Error, InvalidArgument, NonFinite, SizeM
 from .auto import DEFAULT_CANDIDATES, AutoState, auto_hook
 from .compressors import KINDS, CompressorState, compressor_hook
 from .diloco import COMPRESSIONS, DiLoCo
+from .fault_tolerant import FaultTolerantDiLoCo, ReplicaGroup
 from .local_sgd import LocalSGDState, local_sgd_hook
 from .meter import AllReduceMeter
 from .powersgd import PowerSGDState, powersgd_hook
@@ -43,7 +44,7 @@ __all__ = [
     "CompressorState", "compressor_hook", "KINDS",
     "LocalSGDState", "local_sgd_hook",
     "AutoState", "auto_hook", "DEFAULT_CANDIDATES",
-    "DiLoCo", "COMPRESSIONS",
+    "DiLoCo", "COMPRESSIONS", "FaultTolerantDiLoCo", "ReplicaGroup",
     "AllReduceMeter",
     "Error", "InvalidArgument", "SizeMismatch", "NonFinite", "CommError", "CorruptData", "Unsupported",
 ]

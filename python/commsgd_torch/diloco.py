@@ -199,8 +199,6 @@ class DiLoCo:
         self.delay = delay
         self.alpha = float(alpha)
         self.compression = code
-        self._world = dist.get_world_size(process_group)
-        self._rank = dist.get_rank(process_group)
         names = {id(p): n for n, p in model.named_parameters()}
         self._order = [p for layer in layers for p in layer]
         self._names = {id(p): names.get(id(p), "?") for p in self._order}
@@ -219,16 +217,23 @@ class DiLoCo:
                 v.copy_(p.detach())
                 if self._in_place:
                     p.data = v
-        # The engine's own group: its thread's collectives never interleave with the trainer's.
-        ranks = _group_ranks(process_group)
-        self._engine_group = dist.new_group(ranks=ranks, backend="gloo")
-        self._engine = _C.DiLoCoEngine(self._engine_group, [sum(p.numel() for p in layer) for layer in layers],
-                                       sync_every, num_fragments, delay, self.alpha, layout, self.outer_lr,
-                                       self.outer_momentum, code)
         self._fragment_params = self._by_fragment(layers, num_fragments, layout)
+        self._attach([sum(p.numel() for p in layer) for layer in layers], num_fragments, layout)
+        self._copy_out(range(len(self._order)))
+
+    def _make_engine(self, group: Any, layer_sizes: List[int], num_fragments: int, layout: str) -> Any:
+        return _C.DiLoCoEngine(group, layer_sizes, self.sync_every, num_fragments, self.delay, self.alpha, layout,
+                               self.outer_lr, self.outer_momentum, self.compression)
+
+    def _attach(self, layer_sizes: List[int], num_fragments: int, layout: str) -> None:
+        """Makes the engine over the ranks of ``process_group`` and starts it from rank 0's parameters."""
+        self._world = dist.get_world_size(self.process_group)
+        self._rank = dist.get_rank(self.process_group)
+        # The engine's own group: its thread's collectives never interleave with the trainer's.
+        self._engine_group = dist.new_group(ranks=_group_ranks(self.process_group), backend="gloo")
+        self._engine = self._make_engine(self._engine_group, layer_sizes, num_fragments, layout)
         self._engine.start(self._flat)
         self._broadcast_bytes = self._engine.traffic()["bytes_sent"]
-        self._copy_out(range(len(self._order)))
 
     @staticmethod
     def _by_fragment(layers: List[List[torch.nn.Parameter]], P: int, layout: str) -> List[List[Any]]:

@@ -32,6 +32,13 @@ namespace {
 
 using namespace commsgd_torch;
 
+state::part part_of(const std::string& name) {
+  if (name == "all") return state::part::all;
+  if (name == "shared") return state::part::shared;
+  if (name == "local") return state::part::local;
+  throw invalid_argument(commsgd::concat("argument 'part' = '", name, "' is not one of all, shared, local"));
+}
+
 sync::fragment_layout layout_of(const std::string& name) {
   if (name == "strided") return sync::fragment_layout::strided;
   if (name == "contiguous") return sync::fragment_layout::contiguous;
@@ -53,10 +60,21 @@ public:
                                                     .outer = {.lr = outer_lr, .momentum = outer_momentum}},
                                                    cost::diloco_code::parse(code)) {}
 
-  void start(const at::Tensor& flat) {
+  void start(const at::Tensor& flat, bool broadcast) {
     auto x = values_of(flat, "flat");
     py::gil_scoped_release unlocked;
-    engine_.start(x);
+    engine_.start(x, broadcast);
+  }
+  // A new membership: the engine's exchanges go to `group` from the next one (none may be in flight).
+  void rebind(const group_ptr& group) {
+    for (std::size_t p = 0; p < engine_.num_fragments(); ++p)
+      if (engine_.in_flight(p))
+        throw invalid_argument(
+            commsgd::concat("DiLoCoEngine.rebind: fragment ", p,
+                            "'s exchange is in flight; the allowed time is between exchanges"));
+    py::gil_scoped_release unlocked;
+    comm_ = meter(comm::process_group(group));
+    engine_.rebind(comm_);
   }
   // (exchanged, applied): whether an exchange started or was applied after this step.
   std::pair<bool, bool> advance(const at::Tensor& flat) {
@@ -106,11 +124,13 @@ public:
   std::string code() const { return engine_.code().name(); }
 
   // The whole state (shared and local parts), as bytes; waits for the exchanges in flight.
-  py::bytes save() {
+  // part: "all" (the whole state), "shared" (what every rank holds alike) or "local" (this rank's residuals).
+  py::bytes save(const std::string& part) {
     std::ostringstream os(std::ios::binary);
+    const auto p = part_of(part);
     {
       py::gil_scoped_release unlocked;
-      engine_.save(os);
+      engine_.save(os, p);
     }
     return py::bytes(std::move(os).str());
   }
@@ -118,6 +138,13 @@ public:
     std::istringstream is(static_cast<std::string>(blob), std::ios::binary);
     py::gil_scoped_release unlocked;
     engine_.load(is);
+  }
+  // A peer's shared part with this rank's own local part: how a replica that joins takes the live state.
+  void load_parts(const py::bytes& shared, const py::bytes& local) {
+    std::istringstream a(static_cast<std::string>(shared), std::ios::binary);
+    std::istringstream b(static_cast<std::string>(local), std::ios::binary);
+    py::gil_scoped_release unlocked;
+    engine_.load(a, b);
   }
   py::dict traffic() const { return traffic_dict(comm_); }
 
@@ -199,7 +226,8 @@ void bind_diloco(py::module_& m) {
            py::arg("process_group"), py::arg("layer_sizes"), py::arg("sync_every"), py::arg("fragments"),
            py::arg("delay"), py::arg("alpha"), py::arg("layout"), py::arg("outer_lr"),
            py::arg("outer_momentum"), py::arg("compression"))
-      .def("start", &diloco_engine::start)
+      .def("start", &diloco_engine::start, py::arg("flat"), py::arg("broadcast") = true)
+      .def("rebind", &diloco_engine::rebind, py::arg("process_group"))
       .def("advance", &diloco_engine::advance)
       .def("finish", &diloco_engine::finish)
       .def("drain", &diloco_engine::drain)
@@ -215,8 +243,9 @@ void bind_diloco(py::module_& m) {
       .def("residual", &diloco_engine::residual)
       .def("in_flight", &diloco_engine::in_flight)
       .def("code", &diloco_engine::code)
-      .def("save", &diloco_engine::save)
+      .def("save", &diloco_engine::save, py::arg("part") = "all")
       .def("load", &diloco_engine::load)
+      .def("load_parts", &diloco_engine::load_parts, py::arg("shared"), py::arg("local"))
       .def("traffic", &diloco_engine::traffic);
 
   m.def("diloco_over_threads", &diloco_over_threads, py::arg("trajectories"), py::arg("layer_sizes"),

@@ -148,10 +148,13 @@ public:
 
   bool computes_gradients() const { return true; }
 
-  void start(std::span<float> params) {
+  // Rank 0's params become every rank's model and the common model (a broadcast); with broadcast = false each
+  // rank takes its own, which the caller has made equal (a membership engine that synchronised them). After
+  // load(), the loaded common model stands and nothing is sent.
+  void start(std::span<float> params, bool broadcast = true) {
     detail::check_same_size("params", params.size(), total_);
     if (std::exchange(resumed_, false) && !global_.empty()) return;
-    comm_->broadcast(params, 0);
+    if (broadcast) comm_->broadcast(params, 0);
     global_.resize(frags_.size());
     for (std::size_t p = 0; p < frags_.size(); ++p)
       gather(p, params, global_[p]);

@@ -45,8 +45,8 @@ public:
 
   const cost::diloco_code& code() const noexcept { return code_; }
 
-  void start(std::span<float> params) {
-    visit([&](auto& s) { s.start(params); });
+  void start(std::span<float> params, bool broadcast = true) {
+    visit([&](auto& s) { s.start(params, broadcast); });
   }
   step_result step(std::span<float> params, std::span<const float> grad, const step_info& info = {}) {
     return visit([&](auto& s) { return s.step(params, grad, info); });
@@ -119,6 +119,9 @@ public:
   }
   void load(std::istream& is) {
     visit([&](auto& s) { s.load(is); });
+  }
+  void load(std::istream& shared, std::istream& local) {
+    visit([&](auto& s) { s.load(shared, local); });
   }
 
 private:

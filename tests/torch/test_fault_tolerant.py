@@ -1,0 +1,199 @@
+"""FaultTolerantDiLoCo on torchft's Manager and lighthouse, replicas as processes of this machine: with no
+failure it is the plain engine bit for bit; a replica killed while the others are in the round's exchange is
+dropped and the others finish their rounds; a killed replica that restarts joins at a round boundary and
+holds the others' common model bits; fewer replicas than the minimum is a clear error on every live replica,
+not a hang."""
+import multiprocessing as mp
+import os
+import signal
+import socket
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+
+from helpers import SIZES, Dot, run_ranks
+
+import commsgd_torch  # noqa: E402
+
+# Every test skips alone on torch 1.13 (torchft needs torch 2), so that run_pytest.py counts them; on torch 2
+# a missing torchft fails them (ImportError), as run_pytest.py fails any skip for want of a package.
+pytestmark = pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
+                                reason=f"torchft needs torch 2 (this is torch {torch.__version__}): the newest-"
+                                       "torch suite runs it")
+
+H = 4
+
+
+def _grads(replica, step):
+    g = torch.Generator().manual_seed(1000 * replica + step)
+    return [torch.randn(n, generator=g) for n in SIZES]
+
+
+def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue):
+    """One replica: `steps` inner steps of SGD on Dot with its own gradients; each round's (step, hash,
+    replicas) reported. With `kill_at_round`, SIGKILLs itself once that round's quorum is formed, while the
+    others go into the round's exchange."""
+    try:
+        from torchft import Manager
+        from torchft.checkpointing.http_transport import HTTPTransport
+
+        class Transport(HTTPTransport):  # the checkpoint's address: this machine's loopback, not its name
+            def address(self):
+                return super().address().replace(socket.gethostname(), "127.0.0.1", 1)
+        torch.set_num_threads(1)
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+        timeout = timedelta(seconds=20)
+        store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                           timeout=timeout)
+        manager = Manager(pg=commsgd_torch.ReplicaGroup(timeout=timedelta(seconds=5)), min_replica_size=min_replicas,
+                          load_state_dict=None, state_dict=None, use_async_quorum=False, replica_id=f"r{idx}",
+                          store_addr="127.0.0.1", store_port=store.port, rank=0, world_size=1,
+                          lighthouse_addr=lighthouse, hostname="127.0.0.1", timeout=timeout,
+                          quorum_timeout=timedelta(seconds=15), connect_timeout=timeout,
+                          checkpoint_transport=Transport(timeout=timeout, num_chunks=0), init_sync=True)
+        torch.manual_seed(idx)  # every replica a different start: init_sync gives them one replica's
+        model = Dot(SIZES)
+        for p in model.parameters():
+            torch.nn.init.normal_(p)
+        inner = torch.optim.SGD(model.parameters(), lr=0.05)
+        opt = commsgd_torch.FaultTolerantDiLoCo(model, inner, manager=manager, sync_every=H, outer_lr=0.7,
+                                                outer_momentum=0.9, compression=code)
+        rounds = []
+        while opt.inner_steps < steps:
+            s = opt.inner_steps + 1
+            opt.zero_grad()
+            model(_grads(idx, s)).backward()
+            before = opt.rounds_committed
+            if kill_at_round is not None and s == kill_at_round * H:
+                original = manager.start_quorum
+
+                def start_and_die(*a, **k):
+                    original(*a, **k)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                manager.start_quorum = start_and_die
+            opt.step()
+            if opt.rounds_committed > before:
+                rounds.append((opt.inner_steps, opt.global_hash(), opt.stats()["replicas"]))
+        queue.put((idx, "ok", {"rounds": rounds, "stats": opt.stats(), "error": repr(opt.last_error),
+                               "global": [t.numpy().tobytes() for t in opt.global_parameters()]}))
+        manager.shutdown(wait=False)
+    except BaseException:
+        queue.put((idx, "error", traceback.format_exc()))
+
+
+def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, timeout=120):
+    """n replicas; `kill` = (replica, round) it dies in; `restart` = the replica started again once that one
+    has died. Returns {replica: report} of those that finished; raises with the tracebacks of any that failed."""
+    from torchft.coordination import LighthouseServer
+    server = LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=1000, quorum_tick_ms=50,
+                              heartbeat_timeout_ms=1000)
+    # Spawned: this process runs the lighthouse (threads of torchft's runtime), which a forked child must not
+    # inherit.
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = {}
+    try:
+        for i in range(n):
+            k = kill[1] if kill and kill[0] == i else None
+            procs[i] = ctx.Process(target=_replica, args=(i, server.address(), steps, code, min_replicas, k, queue))
+            procs[i].start()
+        expected = n - (1 if kill else 0)
+        if restart is not None:
+            procs[kill[0]].join(timeout=timeout)
+            again = ctx.Process(target=_replica, args=(restart, server.address(), steps, code, min_replicas, None,
+                                                       queue))
+            again.start()
+            procs["again"] = again
+            expected += 1
+        out, errors = {}, []
+        for _ in range(expected):
+            idx, status, res = queue.get(timeout=timeout)
+            if status == "ok":
+                out[idx] = res
+            else:
+                errors.append((idx, res))
+        return out, errors
+    finally:
+        for p in procs.values():
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+        server.shutdown()
+
+
+def _no_errors(errors):
+    if errors:
+        pytest.fail("\n".join(f"replica {i}:\n{tb}" for i, tb in errors), pytrace=False)
+
+
+def _agree(out):
+    """No two replicas that committed a round at the same step hold different common models after it (a replica
+    that failed or missed a round commits none there, and is healed later)."""
+    seen = {}
+    for i, rep in out.items():
+        for step, h, _ in rep["rounds"]:
+            assert seen.setdefault(step, (i, h))[1] == h, f"step {step}: replica {i} and {seen[step][0]} differ"
+
+
+def _plain(rank, world, code, steps):
+    """The plain engine (commsgd_torch.DiLoCo) on the same gradients, every replica starting from replica 0's
+    model (what init_sync gives the fault-tolerant run)."""
+    torch.manual_seed(0)
+    model = Dot(SIZES)
+    for p in model.parameters():
+        torch.nn.init.normal_(p)
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = commsgd_torch.DiLoCo(model, inner, sync_every=H, outer_lr=0.7, outer_momentum=0.9, compression=code)
+    for s in range(1, steps + 1):
+        opt.zero_grad()
+        model(_grads(rank, s)).backward()
+        opt.step()
+    return [t.numpy().tobytes() for t in opt.global_parameters()]
+
+
+@pytest.mark.parametrize("code", ["dense", "e3m0", "topk-0.1-c64-2bit-b0.9"])
+def test_without_failures_it_is_the_plain_engine_bit_for_bit(code):
+    out, errors = _run(3, 5 * H, code, min_replicas=3)
+    _no_errors(errors)
+    plain = run_ranks(_plain, 3, (code, 5 * H), spawn=True)
+    # init_sync hands every replica the primary's model, the lowest replica id's (r0): the plain run starts
+    # every rank from replica 0's.
+    hashes = {i: [r[1] for r in out[i]["rounds"]] for i in out}
+    assert len(hashes[0]) == 5
+    assert hashes[0] == hashes[1] == hashes[2]
+    assert all(r[2] == 3 for r in out[0]["rounds"])
+    assert out[0]["global"] == plain[0]
+
+
+def test_a_replica_killed_in_a_round_is_dropped_and_the_others_go_on():
+    out, errors = _run(3, 8 * H, "e3m0", min_replicas=2, kill=(2, 3))
+    _no_errors(errors)
+    assert sorted(out) == [0, 1]
+    a, b = out[0], out[1]
+    assert a["stats"]["inner_steps"] == b["stats"]["inner_steps"] == 8 * H
+    _agree(out)
+    assert a["rounds"][0][2] == 3 and a["rounds"][-1][2] == 2  # three replicas, then the two survivors
+    assert a["stats"]["rounds_committed"] >= 6  # the round the peer died in may be lost, not more
+    assert a["global"] == b["global"]
+
+
+def test_a_killed_replica_restarts_and_joins_with_the_same_bits():
+    out, errors = _run(3, 14 * H, "dense", min_replicas=2, kill=(2, 3), restart=2)
+    _no_errors(errors)
+    assert sorted(out) == [0, 1, 2]
+    joined = out[2]
+    assert joined["stats"]["heals"] >= 1
+    assert joined["rounds"], "the restarted replica committed no round"
+    assert all(replicas >= 2 for _, _, replicas in joined["rounds"])
+    _agree(out)
+    assert out[0]["rounds"][-1][2] == 3  # back to three replicas at the end
+    assert out[0]["global"] == joined["global"]
+
+
+def test_below_the_minimum_every_live_replica_fails_clearly():
+    out, errors = _run(3, 8 * H, "dense", min_replicas=3, kill=(2, 2), timeout=90)
+    assert sorted(i for i, _ in errors) == [0, 1], (out, errors)
+    for _, tb in errors:
+        assert "CommError" in tb and "no quorum of at least 3 replicas" in tb, tb
