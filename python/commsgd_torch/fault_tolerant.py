@@ -58,7 +58,8 @@ def ReplicaGroup(timeout: timedelta = timedelta(seconds=30)) -> Any:
         def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int, *args: Any,
                       **kwargs: Any) -> None:
             super().configure(store_addr, replica_id, rank, world_size, *args, **kwargs)
-            ranks = kwargs.get("global_ranks", args[4] if len(args) > 4 else None)
+            # The positional ones after world_size: quorum_id, group_rank, group_world_size, global_ranks.
+            ranks = kwargs.get("global_ranks", args[3] if len(args) > 3 else None)
             self.members = list(ranks) if ranks else list(range(world_size))
 
         def _create_pg(self, store: Any, rank: int, world_size: int) -> Any:
@@ -154,7 +155,7 @@ class FaultTolerantDiLoCo(DiLoCo):
             # barrier of the members: a commit withdraws the state this replica offers, and a replica healing
             # from it may not have fetched it yet (at a round's boundary the exchange is that barrier).
             if self._world > 1:
-                self._group.current.allreduce([torch.zeros(1)]).wait()
+                self._group.current.allreduce([torch.zeros(1, dtype=torch.float64)]).wait()
             self.manager.should_commit()
         # Healed here: the others are at this round's boundary, waiting for this replica in its exchange.
         self._fresh_quorum = self.heals > healed and self._engine.steps() > 0

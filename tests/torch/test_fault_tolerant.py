@@ -197,3 +197,4 @@ def test_below_the_minimum_every_live_replica_fails_clearly():
     assert sorted(i for i, _ in errors) == [0, 1], (out, errors)
     for _, tb in errors:
         assert "CommError" in tb and "no quorum of at least 3 replicas" in tb, tb
+        assert "the last membership was replicas [0, 1, 2]" in tb, tb

@@ -1,0 +1,125 @@
+"""Goodput, loss at equal wall time and model agreement of train_ft.py runs, from their logs (one folder a run:
+run.rank<R>.jsonl per replica, events.jsonl from tools/netcluster/faults.py), and a plot of validation loss and
+live replicas against wall time.
+
+    python3 examples/diloco_lm/ft_report.py --runs NAME=DIR[:BASELINE_NAME] ... [--md FILE] [--plot FILE]
+
+Steps taken: inner steps the replicas computed (every incarnation). Goodput: inner steps that reached the
+common model (each replica's `delivered`, over all its incarnations) / (ranks x wall time), wall time from the
+first replica's start to the last replica's end. Loss at equal wall time: the run's last validation loss
+against the baseline's (a fault-free run) at the same wall time (the baseline's
+evaluation nearest before it). Agreement: every round that two replicas committed at the same step holds the
+same hash of the common model (commsgd's arm logs it).
+"""
+import argparse
+import collections
+import glob
+import json
+import os
+
+
+def read(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def load_run(folder):
+    recs = []
+    for path in sorted(glob.glob(os.path.join(folder, "run.rank*.jsonl"))):
+        recs += read(path)
+    events = read(os.path.join(folder, "events.jsonl")) if os.path.exists(os.path.join(folder, "events.jsonl")) \
+        else []
+    return recs, events
+
+
+def summarise(recs, ranks):
+    t0 = min(r["t"] for r in recs if r["event"] == "start")
+    ends = [r["t"] for r in recs if r["event"] == "end"]
+    wall = max(ends) - t0
+    last, taken = {}, {}
+    for r in recs:
+        if "delivered" in r:
+            last[(r["rank"], r["incarnation"])] = r["delivered"]
+        if "taken" in r:
+            taken[(r["rank"], r["incarnation"])] = r["taken"]
+    delivered = sum(last.values())
+    evals = sorted((r["t"] - t0, r["val_loss"], r["step"]) for r in recs if r["event"] == "eval")
+    # Agreement: the hash after each round a replica committed, by step.
+    by_step, prev = collections.defaultdict(set), {}
+    for r in recs:
+        key = (r["rank"], r["incarnation"])
+        if r["event"] == "round" and "hash" in r:
+            if r["committed"] > prev.get(key, -1) and key in prev:
+                by_step[r["step"]].add(r["hash"])
+            prev[key] = r["committed"]
+    disagree = sorted(s for s, h in by_step.items() if len(h) > 1)
+    live = sorted((r["t"] - t0, r["replicas"]) for r in recs if r["event"] == "round" and r["rank"] == 0)
+    return {"wall": wall, "delivered": delivered, "taken": sum(taken.values()),
+            "goodput": delivered / (ranks * wall), "evals": evals,
+            "rounds_checked": len(by_step), "disagree": disagree, "live": live, "t0": t0}
+
+
+def loss_at(evals, wall):
+    before = [e for e in evals if e[0] <= wall]
+    return before[-1] if before else None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", nargs="+", required=True, help="NAME=DIR or NAME=DIR:BASELINE")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--md")
+    p.add_argument("--plot")
+    args = p.parse_args()
+    runs, base = {}, {}
+    for spec in args.runs:
+        name, _, rest = spec.partition("=")
+        folder, _, baseline = rest.partition(":")
+        recs, events = load_run(folder)
+        runs[name] = (summarise(recs, args.ranks), events)
+        if baseline:
+            base[name] = baseline
+    lines = ["| run | wall (s) | steps taken | steps delivered | goodput (steps/s a rank) | vs its fault-free run "
+             "| final val loss (step) | fault-free at that wall time | rounds checked / differing |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, (s, _) in runs.items():
+        final = s["evals"][-1] if s["evals"] else None
+        ratio, ref = "-", "-"
+        if name in base:
+            b = runs[base[name]][0]
+            ratio = f"{s['goodput'] / b['goodput']:.2f}x" if b["goodput"] else "-"
+            at = loss_at(b["evals"], s["wall"]) if final else None
+            if at and final:
+                ref = f"{at[1]:.4f} ({at[2]}; {100 * (final[1] / at[1] - 1):+.1f} %)"
+        loss = f"{final[1]:.4f} ({final[2]})" if final else "-"
+        checked = f"{s['rounds_checked']} / {len(s['disagree'])}" if s["rounds_checked"] else "-"
+        lines.append(f"| {name} | {s['wall']:.1f} | {s['taken'] or '-'} | {s['delivered']} | {s['goodput']:.2f} | "
+                     f"{ratio} | {loss} | {ref} | {checked} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(text + "\n")
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, (a, b) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+        for name, (s, events) in runs.items():
+            line, = a.plot([e[0] for e in s["evals"]], [e[1] for e in s["evals"]], label=name)
+            b.step([x[0] for x in s["live"]], [x[1] for x in s["live"]], where="post", color=line.get_color(),
+                   label=name)
+            for e in events:
+                if e["event"] in ("kill", "restart", "cable_down", "cable_up"):
+                    b.axvline(e["t"], color=line.get_color(), alpha=0.2)
+        a.set_ylabel("validation loss (nats/byte)")
+        a.set_ylim(top=2.2)
+        a.legend(fontsize=8)
+        b.set_ylabel("replicas in the round (rank 0)")
+        b.set_xlabel("wall time (s)")
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+#!/usr/bin/python3
+"""train.py's language model with DiLoCo that keeps training when replicas fail: commsgd_torch.FaultTolerantDiLoCo
+(commsgd's engine, rounds over the replicas a torchft Manager finds alive) or, for comparison, torchft's own
+DiLoCo with its own fault tolerance. One process per replica (RANK of WORLD_SIZE, as `netcluster run` or
+tools/netcluster/faults.py start them); no default process group, so a replica can die and restart alone.
+
+    --arm ft-diloco       commsgd_torch.FaultTolerantDiLoCo over AdamW (--sync-every, --outer-lr,
+                          --outer-momentum, --compression)
+    --arm torchft-diloco  torchft.local_sgd.DiLoCo over AdamW, float32 pseudo-gradients
+
+Rank 0 starts torchft's lighthouse (so the failure schedule kills other ranks). A replica that restarts
+(COMMSGD_RESTARTS > 0) or joins late is healed by a live peer at the next round boundary and goes on from the
+others' step: its batches and learning rate follow the step it resumed at.
+
+Log (--log PREFIX: PREFIX.rank<R>.jsonl, one per replica, every incarnation appending): a line per round with
+its unix time, inner step, the replicas in it, whether this replica committed it, the hash of the common model
+after it (commsgd's arm), and this replica's inner steps that reached the common model so far; rank 0 adds
+the validation loss of the common model every --eval-every steps (evaluated alone, on every window).
+
+    python3 tools/netcluster/faults.py --name c --log ev.jsonl --kill 3 --every 60 --restart-after 10 \\
+        --cable 2@95+30 -- python3 examples/diloco_lm/train_ft.py --arm ft-diloco --log run --steps 3000
+"""
+import argparse
+import datetime
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train  # noqa: E402
+
+LIGHTHOUSE_PORT = 29510
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arm", choices=("ft-diloco", "torchft-diloco"), required=True)
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-windows", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log", default=None, help="prefix of the per-replica JSON-lines logs")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--context", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--lr-warmup", type=int, default=50)
+    p.add_argument("--sync-every", type=int, default=30)
+    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--compression", default="e3m0")
+    p.add_argument("--min-replicas", type=int, default=2)
+    p.add_argument("--deadline", type=float, default=5.0,
+                   help="seconds a round's collective waits for a peer that went silent (gloo's timeout)")
+    p.add_argument("--threads", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def lighthouse(min_replicas):
+    exe = shutil.which("torchft_lighthouse") or os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
+    # Heartbeats every 100 ms (the Manager's default): a replica silent for 2 s leaves the quorum; a quorum
+    # waits at most 1 s for a member of the last one.
+    return subprocess.Popen([exe, "--min_replicas", str(min_replicas), "--quorum_tick_ms", "50",
+                             "--join_timeout_ms", "1000",
+                             "--heartbeat_timeout_ms", "2000", "--bind", f"[::]:{LIGHTHOUSE_PORT}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def make_manager(args, rank, pg, state=None, load=None, init_sync=True):
+    from torchft import Manager
+    from torchft.checkpointing.http_transport import HTTPTransport
+    own = os.environ.get("NETCLUSTER_ADDR", "127.0.0.1")
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    timeout = datetime.timedelta(seconds=60)
+    store = torch.distributed.TCPStore(own, 29600 + rank, is_master=True, wait_for_workers=False, timeout=timeout)
+
+    class Transport(HTTPTransport):  # the recovery checkpoint's address: this rank's, not the machine's name
+        def address(self):
+            return super().address().replace(socket.gethostname(), own, 1)
+    manager = Manager(pg=pg, min_replica_size=args.min_replicas, load_state_dict=load, state_dict=state,
+                      use_async_quorum=False, replica_id=f"rank{rank}", store_addr=own, store_port=29600 + rank,
+                      rank=0, world_size=1, lighthouse_addr=f"http://{master}:{LIGHTHOUSE_PORT}",
+                      port=29700 + rank, hostname=own, timeout=timeout, quorum_timeout=timeout,
+                      connect_timeout=timeout, checkpoint_transport=Transport(timeout=timeout, num_chunks=0),
+                      init_sync=init_sync)
+    return manager, store
+
+
+@torch.no_grad()
+def evaluate(model, params, windows):
+    for p, g in zip(model.parameters(), params):
+        p.copy_(g)
+    total, count = 0.0, 0
+    for i in range(0, windows.shape[0], 32):
+        w = windows[i:i + 32]
+        total += F.cross_entropy(model(w[:, :-1]).reshape(-1, 256), w[:, 1:].reshape(-1), reduction="sum").item()
+        count += w[:, 1:].numel()
+    return total / count
+
+
+def main(argv=None):
+    import commsgd_torch
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    restarts = int(os.environ.get("COMMSGD_RESTARTS", 0))
+    house = lighthouse(args.min_replicas) if rank == 0 and restarts == 0 else None
+    train_bytes, val = train.stdlib_split()
+    windows = train.val_windows(val, args.eval_windows, args.context)
+    torch.manual_seed(args.seed)
+    model = train.ByteLM(args.layers, args.width, args.heads, args.context)
+    eval_model = train.ByteLM(args.layers, args.width, args.heads, args.context)
+    inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
+
+    def lr_at(step):  # train.py's schedule, by the step counted from 1
+        if step <= args.lr_warmup:
+            return step / args.lr_warmup
+        frac = (step - 1 - args.lr_warmup) / max(1, args.steps - args.lr_warmup)
+        return 0.1 + 0.45 * (1 + __import__("math").cos(__import__("math").pi * min(1.0, frac)))
+
+    log = open(f"{args.log}.rank{rank}.jsonl", "a") if args.log else None
+
+    def write(rec):
+        rec.update(rank=rank, incarnation=restarts, arm=args.arm, t=round(time.time(), 3))
+        if log:
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+
+    # The first start: every replica's Manager up (heartbeating) before any asks for a quorum, so that the
+    # lighthouse's first quorum holds them all. A restart joins whatever quorum there is.
+    start_line = None if restarts else torch.distributed.TCPStore(
+        os.environ.get("MASTER_ADDR", "127.0.0.1"), 29590, world_size=world, is_master=rank == 0,
+        wait_for_workers=True, timeout=datetime.timedelta(seconds=120))
+
+    def everyone_ready():
+        if start_line is not None:
+            start_line.add("managers", 1)
+            while int(start_line.add("managers", 0)) < world:
+                time.sleep(0.05)
+            time.sleep(0.5)  # a heartbeat or five, so that the lighthouse knows every replica
+
+    if args.arm == "ft-diloco":
+        pg = commsgd_torch.ReplicaGroup(timeout=datetime.timedelta(seconds=args.deadline))
+        manager, store = make_manager(args, rank, pg)
+        everyone_ready()
+        opt = commsgd_torch.FaultTolerantDiLoCo(model, inner, manager=manager, sync_every=args.sync_every,
+                                                outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+                                                compression=args.compression)
+        steps_done = lambda: opt.inner_steps  # noqa: E731
+        global_params = lambda: [t for t in opt.global_parameters()]  # noqa: E731  (one fragment: model order)
+
+        def round_record():
+            s = opt.stats()
+            return {"committed": s["rounds_committed"], "failed": s["rounds_failed"], "heals": s["heals"],
+                    "replicas": s["replicas"], "delivered": s["steps_delivered"], "hash": opt.global_hash()}
+    else:
+        from torchft import ProcessGroupGloo
+        from torchft.local_sgd import DiLoCo as TorchftDiLoCo
+        pg = ProcessGroupGloo(timeout=datetime.timedelta(seconds=args.deadline))
+        state = lambda: {"model": model.state_dict(), "inner": inner.state_dict()}  # noqa: E731
+        load = lambda sd: (model.load_state_dict(sd["model"]), inner.load_state_dict(sd["inner"]))  # noqa: E731
+        # Every replica builds the same model (one seed): torchft's own init_sync would load rank 0's model
+        # and AdamW state into the others at their first sync, after sync_every steps.
+        manager, store = make_manager(args, rank, pg, state, load, init_sync=False)
+        everyone_ready()
+        outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
+                                nesterov=args.outer_momentum > 0)
+        diloco = TorchftDiLoCo(manager, [model], inner, outer, sync_every=args.sync_every)
+        diloco.__enter__()
+        opt = inner
+        local_steps = [0]
+        steps_done = lambda: manager.current_step() * args.sync_every + local_steps[0]  # noqa: E731
+        frag = diloco._fragments[0]
+        names = [n for n, _ in model.named_parameters()]
+        global_params = lambda: [frag.original_parameters[n] for n in names]  # noqa: E731
+        delivered = [0]  # this replica's inner steps in the syncs it committed (a heal discards the others)
+
+        def round_record():
+            return {"committed": manager.current_step(), "replicas": manager.num_participants(),
+                    "delivered": delivered[0]}
+    start = time.time()
+    write({"event": "start", "step": steps_done()})
+    rounds_seen = None
+    taken = 0  # inner steps this incarnation computed
+    while steps_done() < args.steps:
+        step = steps_done() + 1
+        for g in inner.param_groups:
+            g["lr"] = args.lr * lr_at(step)
+        x, y = train.batch_rows(train_bytes, step - 1, args.seed, args.batch, args.context, rank, world)
+        inner.zero_grad()
+        loss = train.lm_loss(model, x, y)
+        loss.backward()
+        if args.arm == "ft-diloco":
+            opt.step()
+        else:
+            before = manager.current_step()
+            opt.step()  # torchft's DiLoCo hooks the inner step; every sync_every it runs the round
+            after = manager.current_step()
+            if after == before + 1:  # a sync this replica committed: its local steps reached the global model
+                delivered[0] += local_steps[0] + 1
+            local_steps[0] = 0 if after != before else local_steps[0] + 1
+        taken += 1
+        rec = round_record()
+        rec["taken"] = taken
+        key = (rec["committed"], rec.get("failed"), rec.get("heals"))
+        if key != rounds_seen:
+            rounds_seen = key
+            write({"event": "round", "step": steps_done(), "loss": round(loss.item(), 4), **rec})
+        if rank == 0 and (steps_done() % args.eval_every == 0 or steps_done() >= args.steps):
+            write({"event": "eval", "step": steps_done(), "wall_s": round(time.time() - start, 3),
+                   "val_loss": round(evaluate(eval_model, global_params(), windows), 5)})
+    write({"event": "end", "step": steps_done(), "taken": taken, **round_record()})
+    if log:
+        log.close()
+    manager.shutdown(wait=False)
+    del store
+    if house is not None:
+        house.terminate()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
