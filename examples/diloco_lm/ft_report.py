@@ -105,13 +105,10 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, (a, b) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-        for name, (s, events) in runs.items():
+        for name, (s, _) in runs.items():
             line, = a.plot([e[0] for e in s["evals"]], [e[1] for e in s["evals"]], label=name)
             b.step([x[0] for x in s["live"]], [x[1] for x in s["live"]], where="post", color=line.get_color(),
                    label=name)
-            for e in events:
-                if e["event"] in ("kill", "restart", "cable_down", "cable_up"):
-                    b.axvline(e["t"], color=line.get_color(), alpha=0.2)
         a.set_ylabel("validation loss (nats/byte)")
         a.set_ylim(top=2.2)
         a.legend(fontsize=8)

@@ -7,6 +7,10 @@ tools/netcluster/faults.py start them); no default process group, so a replica c
     --arm ft-diloco       commsgd_torch.FaultTolerantDiLoCo over AdamW (--sync-every, --outer-lr,
                           --outer-momentum, --compression)
     --arm torchft-diloco  torchft.local_sgd.DiLoCo over AdamW, float32 pseudo-gradients
+    --arm ckpt-diloco     the baseline, checkpoint-restart: commsgd_torch.DiLoCo over one gloo group, every rank
+                          saving a checkpoint after each round (--ckpt-dir); a failure stops every rank's group,
+                          and all start a new one (a generation counter in rank 0's store) once every rank is
+                          back, resuming from the last checkpoint that all of them hold
 
 Rank 0 starts torchft's lighthouse (so the failure schedule kills other ranks). A replica that restarts
 (COMMSGD_RESTARTS > 0) or joins late is healed by a live peer at the next round boundary and goes on from the
@@ -41,7 +45,8 @@ LIGHTHOUSE_PORT = 29510
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arm", choices=("ft-diloco", "torchft-diloco"), required=True)
+    p.add_argument("--arm", choices=("ft-diloco", "torchft-diloco", "ckpt-diloco"), required=True)
+    p.add_argument("--ckpt-dir", default=None, help="ckpt-diloco: where each rank saves its checkpoints")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-windows", type=int, default=64)
@@ -108,13 +113,106 @@ def evaluate(model, params, windows):
     return total / count
 
 
+def checkpoint_restart(args, rank, world, restarts, model, inner, lr_at, write, evaluate_at, train_bytes):
+    """Today's behaviour: one gloo group for everyone; any failure ends it on every rank (gloo's error, or
+    --deadline when a peer went silent), and the job goes on only when every rank is back, from the last
+    checkpoint all of them hold. Rank 0 keeps the store of the generations (it is not the one killed)."""
+    import commsgd_torch
+    dist = torch.distributed
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    store = dist.TCPStore(master, 29591, world_size=None, is_master=rank == 0 and restarts == 0,
+                          wait_for_workers=False, timeout=datetime.timedelta(seconds=300))
+    if rank == 0 and restarts == 0:
+        store.set("gen", "0")
+    saved = {}  # step -> path of this rank's checkpoint at that step
+    path = lambda step: os.path.join(args.ckpt_dir, f"rank{rank}.step{step}.pt")  # noqa: E731
+    for name in os.listdir(args.ckpt_dir):  # a restarted rank finds what its former self saved
+        if name.startswith(f"rank{rank}.step"):
+            saved[int(name[len(f"rank{rank}.step"):-3])] = os.path.join(args.ckpt_dir, name)
+    initial = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "inner": inner.state_dict()}
+    steps = 0
+    def arrive():
+        """The generation every rank has reached (a barrier on rank 0's store, so that the group's own
+        rendezvous never waits for a rank that is not back yet), or None when a newer one opened meanwhile."""
+        while True:
+            try:
+                gen = int(store.get("gen"))
+                prefix = dist.PrefixStore(f"gen{gen}", store)
+                prefix.add("arrived", 1)
+                while int(prefix.add("arrived", 0)) < world:
+                    if int(store.get("gen")) != gen:
+                        break
+                    time.sleep(0.05)
+                else:
+                    return gen, prefix
+            except RuntimeError:  # rank 0's store out of reach (this rank's link is down): try again
+                time.sleep(0.5)
+
+    while steps < args.steps:
+        gen, prefix = arrive()
+        opt = None
+        try:
+            dist.init_process_group("gloo", store=prefix, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=args.deadline))
+            opt = commsgd_torch.DiLoCo(model, inner, sync_every=args.sync_every, outer_lr=args.outer_lr,
+                                       outer_momentum=args.outer_momentum, compression=args.compression)
+            prefix.set(f"ckpt{rank}", str(max(saved, default=0)))
+            common = min(int(prefix.get(f"ckpt{r}")) for r in range(world))
+            state = torch.load(saved[common]) if common > 0 else {"model": initial["model"],
+                                                                   "inner": initial["inner"], "diloco": None}
+            model.load_state_dict(state["model"])
+            inner.load_state_dict(state["inner"])
+            if state["diloco"] is not None:
+                opt.load_state_dict(state["diloco"])
+            write({"event": "resume", "step": opt.inner_steps, "generation": gen})
+            while opt.inner_steps < args.steps:
+                step = opt.inner_steps + 1
+                for g in inner.param_groups:
+                    g["lr"] = args.lr * lr_at(step)
+                x, y = train.batch_rows(train_bytes, step - 1, args.seed, args.batch, args.context, rank, world)
+                opt.zero_grad()
+                train.lm_loss(model, x, y).backward()
+                opt.step()
+                if opt.inner_steps % args.sync_every == 0:
+                    torch.save({"model": model.state_dict(), "inner": inner.state_dict(),
+                                "diloco": opt.state_dict()}, path(opt.inner_steps))
+                    saved[opt.inner_steps] = path(opt.inner_steps)
+                    write({"event": "round", "step": opt.inner_steps, "committed": opt.stats()["outer_steps"],
+                           "replicas": world, "delivered": 0, "generation": gen})
+                evaluate_at(opt.inner_steps, opt.global_parameters)
+            steps = opt.inner_steps
+            write({"event": "end", "step": steps, "delivered": steps, "generation": gen})
+        except (RuntimeError, commsgd_torch.CommError) as e:
+            write({"event": "failure", "step": opt.inner_steps if opt else None, "generation": gen,
+                   "error": str(e)[:200]})
+            try:
+                store.compare_set("gen", str(gen), str(gen + 1))  # the first rank to see it opens the next
+            except RuntimeError:  # out of reach: the others open it
+                pass
+        finally:
+            if opt is not None:
+                try:
+                    opt.close()
+                except Exception:  # its group is gone
+                    pass
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        while steps < args.steps:
+            try:
+                if int(store.get("gen")) != gen:
+                    break
+            except RuntimeError:
+                pass
+            time.sleep(0.1)
+
+
 def main(argv=None):
     import commsgd_torch
     args = parse(argv)
     torch.set_num_threads(args.threads)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     restarts = int(os.environ.get("COMMSGD_RESTARTS", 0))
-    house = lighthouse(args.min_replicas) if rank == 0 and restarts == 0 else None
+    house = lighthouse(args.min_replicas) if rank == 0 and restarts == 0 and args.arm != "ckpt-diloco" else None
     train_bytes, val = train.stdlib_split()
     windows = train.val_windows(val, args.eval_windows, args.context)
     torch.manual_seed(args.seed)
@@ -135,6 +233,24 @@ def main(argv=None):
         if log:
             log.write(json.dumps(rec) + "\n")
             log.flush()
+
+    start = time.time()
+    if args.arm == "ckpt-diloco":
+        if not args.ckpt_dir:
+            raise SystemExit("train_ft.py: --arm ckpt-diloco needs --ckpt-dir")
+        os.makedirs(args.ckpt_dir, exist_ok=True)
+
+        def evaluate_at(step, params):
+            if rank == 0 and (step % args.eval_every == 0 or step >= args.steps):
+                write({"event": "eval", "step": step, "wall_s": round(time.time() - start, 3),
+                       "val_loss": round(evaluate(eval_model, params(), windows), 5)})
+        write({"event": "start", "step": 0})
+        checkpoint_restart(args, rank, world, restarts, model, inner, lr_at, write, evaluate_at, train_bytes)
+        if log:
+            log.close()
+        if house is not None:
+            house.terminate()
+        return
 
     # The first start: every replica's Manager up (heartbeating) before any asks for a quorum, so that the
     # lighthouse's first quorum holds them all. A restart joins whatever quorum there is.
