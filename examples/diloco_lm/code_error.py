@@ -320,9 +320,31 @@ def parse(argv):
         p.add_argument("--" + name.replace("_", "-"), type=type(getattr(d, name)), default=getattr(d, name))
     p.add_argument("--eval-windows", type=int, default=64, help="validation windows for the final loss")
     p.add_argument("--dump", default=None, help="save each round's delta as DIR/delta_rRRR_sSSSSS.pt")
+    p.add_argument("--dump-accumulators", default=None,
+                   help="write each round's top-k accumulator (residual + delta, top-k at --topk-density with "
+                        "error feedback) as raw float32 with DIR/manifest.txt, for bench/select_bench --sequence")
+    p.add_argument("--topk-density", type=float, default=0.01)
     p.add_argument("--json", default=None, help="write the per-round and summary figures here")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
+
+
+def dump_accumulator(folder, r, step, delta, residual, density, files):
+    """Round r's accumulator p = residual + delta of top-k with error feedback (what the engine's
+    topk-<density> code selects on), as select_bench --sequence reads it; the residual keeps p less its k
+    largest magnitudes."""
+    os.makedirs(folder, exist_ok=True)
+    p = residual + delta
+    name = f"accumulator-{r:03d}.f32"
+    p.numpy().astype("<f4").tofile(os.path.join(folder, name))
+    k = max(1, math.ceil(density * p.numel()))
+    residual.copy_(p)
+    residual[p.abs().topk(k).indices] = 0.0
+    files.append(f"file {name} {step} {k}")
+    with open(os.path.join(folder, "manifest.txt"), "w") as m:
+        m.write("# top-k accumulators p_r = e_(r-1) + delta_r of DiLoCo's pseudo-gradients (examples/diloco_lm/"
+                f"code_error.py), one file per outer round\nn {p.numel()}\ndensity {density}\n"
+                "# file step sent\n" + "\n".join(files) + "\n")
 
 
 def summarize(rows):
@@ -363,6 +385,7 @@ def main(argv=None):
           f"{torch.get_num_threads()} thread(s), torch {torch.__version__}", flush=True)
     print("bytes a round: " + ", ".join(f"{c} {message_bytes(c, n)}" for c in CODES) + f", float32 {4 * n}")
 
+    topk_residual, files = torch.zeros(n, dtype=torch.float32), []
     rows = {c: [] for c in CODES}
     ef = {c: torch.zeros(n, dtype=torch.float32) for c in CODES}
     sent_ef = {c: torch.zeros(n, dtype=torch.float64) for c in CODES}
@@ -391,6 +414,8 @@ def main(argv=None):
                 p.copy_(g)
         if args.dump:
             torch.save(delta.clone(), os.path.join(args.dump, f"delta_r{r:03d}_s{step:05d}.pt"))
+        if args.dump_accumulators:
+            dump_accumulator(args.dump_accumulators, r, step, delta, topk_residual, args.topk_density, files)
         sum_delta += delta.double()
         line = [f"round {r:2d} step {step:4d} loss {sum(losses[-H:]) / H:.4f} |delta| {delta.norm():.4g}"]
         for c in CODES:
