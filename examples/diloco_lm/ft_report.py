@@ -1,5 +1,5 @@
 """Goodput, loss at equal wall time and model agreement of train_ft.py runs, from their logs (one folder a run:
-run.rank<R>.jsonl per replica, events.jsonl from tools/netcluster/faults.py), and a plot of validation loss and
+run.rank<R>.jsonl per replica), and a plot of validation loss and
 live replicas against wall time.
 
     python3 examples/diloco_lm/ft_report.py --runs NAME=DIR[:BASELINE_NAME] ... [--md FILE] [--plot FILE]
@@ -27,9 +27,7 @@ def load_run(folder):
     recs = []
     for path in sorted(glob.glob(os.path.join(folder, "run.rank*.jsonl"))):
         recs += read(path)
-    events = read(os.path.join(folder, "events.jsonl")) if os.path.exists(os.path.join(folder, "events.jsonl")) \
-        else []
-    return recs, events
+    return recs
 
 
 def summarise(recs, ranks):
@@ -75,18 +73,17 @@ def main():
     for spec in args.runs:
         name, _, rest = spec.partition("=")
         folder, _, baseline = rest.partition(":")
-        recs, events = load_run(folder)
-        runs[name] = (summarise(recs, args.ranks), events)
+        runs[name] = summarise(load_run(folder), args.ranks)
         if baseline:
             base[name] = baseline
     lines = ["| run | wall (s) | steps taken | steps delivered | goodput (steps/s a rank) | vs its fault-free run "
              "| final val loss (step) | fault-free at that wall time | rounds checked / differing |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for name, (s, _) in runs.items():
+    for name, s in runs.items():
         final = s["evals"][-1] if s["evals"] else None
         ratio, ref = "-", "-"
         if name in base:
-            b = runs[base[name]][0]
+            b = runs[base[name]]
             ratio = f"{s['goodput'] / b['goodput']:.2f}x" if b["goodput"] else "-"
             at = loss_at(b["evals"], s["wall"]) if final else None
             if at and final:
@@ -105,7 +102,7 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, (a, b) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-        for name, (s, _) in runs.items():
+        for name, s in runs.items():
             line, = a.plot([e[0] for e in s["evals"]], [e[1] for e in s["evals"]], label=name)
             b.step([x[0] for x in s["live"]], [x[1] for x in s["live"]], where="post", color=line.get_color(),
                    label=name)
