@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import time
 import traceback
 from datetime import timedelta
 
@@ -31,7 +32,7 @@ def _grads(replica, step):
     return [torch.randn(n, generator=g) for n in SIZES]
 
 
-def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue):
+def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, pace=0.0):
     """One replica: `steps` inner steps of SGD on Dot with its own gradients; each round's (step, hash,
     replicas) reported. With `kill_at_round`, SIGKILLs itself once that round's quorum is formed, while the
     others go into the round's exchange."""
@@ -74,6 +75,7 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue):
                     os.kill(os.getpid(), signal.SIGKILL)
                 manager.start_quorum = start_and_die
             opt.step()
+            time.sleep(pace)  # the restart test: time for the restarted replica to start before the others end
             if opt.rounds_committed > before:
                 rounds.append((opt.inner_steps, opt.global_hash(), opt.stats()["replicas"]))
         queue.put((idx, "ok", {"rounds": rounds, "stats": opt.stats(), "error": repr(opt.last_error),
@@ -97,7 +99,8 @@ def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, timeou
     try:
         for i in range(n):
             k = kill[1] if kill and kill[0] == i else None
-            procs[i] = ctx.Process(target=_replica, args=(i, server.address(), steps, code, min_replicas, k, queue))
+            procs[i] = ctx.Process(target=_replica, args=(i, server.address(), steps, code, min_replicas, k, queue,
+                                                          0.25 if restart is not None else 0.0))
             procs[i].start()
         expected = n - (1 if kill else 0)
         if restart is not None:
