@@ -7,6 +7,7 @@ change, and hands a live replica's state to one that is behind. The rounds, the 
 commsgd's engine (sync/diloco.hpp), rebound to each new group.
 """
 import hashlib
+import warnings
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
@@ -98,6 +99,12 @@ class FaultTolerantDiLoCo(DiLoCo):
        ever hold different common models after a round they both committed (:meth:`global_hash` is a hash
        of it, for checks and logs).
 
+    The lighthouse's ``join_timeout_ms`` must outlast a round. It counts from the earliest replica waiting,
+    and a replica that a round left out (it came late) waits from that round on: with a shorter timeout every
+    later round forms as soon as ``min_replicas`` have arrived and leaves out the last to come, which heals
+    and loses its inner steps. ``stats()["rounds_missed"]`` counts such rounds, and the first one warns. A
+    replica that died stops heartbeating and is not waited for, whatever the timeout.
+
     Fewer replicas than the Manager's ``min_replica_size`` for longer than its ``quorum_timeout`` raises
     :class:`commsgd_torch.CommError` on every live replica, naming the last membership.
 
@@ -130,6 +137,8 @@ class FaultTolerantDiLoCo(DiLoCo):
         self.rounds_committed = 0
         self.rounds_failed = 0
         self.heals = 0
+        self.rounds_missed = 0  # rounds this replica was alive for but not in (healed afterwards)
+        self._last_ok = True  # the last round's exchange succeeded (a failed one is healed, not missed)
         self.steps_delivered = 0  # inner steps of this replica that reached the common model
         self.last_error: Optional[BaseException] = None
         super().__init__(model, inner_optimizer, process_group=None, sync_every=sync_every, outer_lr=outer_lr,
@@ -207,9 +216,11 @@ class FaultTolerantDiLoCo(DiLoCo):
             self._engine.advance(self._flat)
             return loss
         if not self._fresh_quorum:
-            generation = self._bound
+            generation, healed = self._bound, self.heals
             self._quorum()
             changed = self._bound != generation
+            if self.heals > healed and self._last_ok:
+                self._missed()
         else:
             changed = True
         self._fresh_quorum = False
@@ -228,6 +239,7 @@ class FaultTolerantDiLoCo(DiLoCo):
             self.manager.report_error(e)
         finally:
             self._copy_out(touched)
+        self._last_ok = ok
         if self.manager.should_commit() and ok:
             self.rounds_committed += 1
             self.steps_delivered += self._since
@@ -239,6 +251,18 @@ class FaultTolerantDiLoCo(DiLoCo):
         else:
             self.rounds_failed += 1
         return loss
+
+    def _missed(self) -> None:
+        # Alive, its last exchange fine, and still behind: the lighthouse formed a round without it. Its
+        # join timeout counts from the earliest replica waiting, and a replica left out waits from then on,
+        # so each later round forms as soon as the minimum has arrived and leaves out the last: one replica
+        # in every round heals and loses its steps until the timeout outlasts a round.
+        self.rounds_missed += 1
+        if self.rounds_missed == 1:
+            warnings.warn("FaultTolerantDiLoCo: this replica was alive but left out of a round (the lighthouse "
+                          "formed it before this replica arrived) and was healed, losing its inner steps; "
+                          "set the lighthouse's join_timeout_ms above a round's duration, since it counts "
+                          "from the first replica waiting", RuntimeWarning, stacklevel=3)
 
     def _weigh(self) -> None:
         """Scales this replica's pseudo-gradient by n w / sum(w), w the inner steps each replica delivers."""
@@ -263,5 +287,6 @@ class FaultTolerantDiLoCo(DiLoCo):
     def stats(self) -> Dict[str, int]:
         s = super().stats()
         s.update(rounds_committed=self.rounds_committed, rounds_failed=self.rounds_failed, heals=self.heals,
+                 rounds_missed=self.rounds_missed,
                  replicas=self._world, steps_delivered=self.steps_delivered)
         return s
