@@ -32,10 +32,11 @@ def _grads(replica, step):
     return [torch.randn(n, generator=g) for n in SIZES]
 
 
-def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, pace=0.0):
+def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, pace=0.0, late=None):
     """One replica: `steps` inner steps of SGD on Dot with its own gradients; each round's (step, hash,
     replicas) reported. With `kill_at_round`, SIGKILLs itself once that round's quorum is formed, while the
-    others go into the round's exchange."""
+    others go into the round's exchange. With `late` = (round, seconds), sleeps that long before that
+    round's boundary step."""
     try:
         from torchft import Manager
         from torchft.checkpointing.http_transport import HTTPTransport
@@ -74,6 +75,8 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
                     original(*a, **k)
                     os.kill(os.getpid(), signal.SIGKILL)
                 manager.start_quorum = start_and_die
+            if late is not None and s == late[0] * H:
+                time.sleep(late[1])
             opt.step()
             time.sleep(pace)  # the restart test: time for the restarted replica to start before the others end
             if opt.rounds_committed > before:
@@ -85,13 +88,17 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
         queue.put((idx, "error", traceback.format_exc()))
 
 
-def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, timeout=120):
+def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, late=None, join_timeout_ms=5000,
+         pace=0.0, timeout=120):
     """n replicas; `kill` = (replica, round) it dies in; `restart` = the replica started again once that one
-    has died. Returns {replica: report} of those that finished; raises with the tracebacks of any that failed."""
+    has died; `late` = (replica, round, seconds) it comes late to; `pace`: seconds each replica sleeps after
+    each step. Returns {replica: report} of those that
+    finished, and [(replica, traceback)] of those that failed."""
     from torchft.coordination import LighthouseServer
     # A join timeout longer than a round (FaultTolerantDiLoCo's docstring says why): a replica that is late
-    # but alive is waited for; a dead one stops heartbeating (1 s) and is not.
-    server = LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=5000, quorum_tick_ms=50,
+    # but alive is waited for that long; a dead one stops heartbeating (1 s) and is not.
+    server = LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
+                              quorum_tick_ms=50,
                               heartbeat_timeout_ms=1000)
     # Spawned: this process runs the lighthouse (threads of torchft's runtime), which a forked child must not
     # inherit.
@@ -101,8 +108,9 @@ def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, timeou
     try:
         for i in range(n):
             k = kill[1] if kill and kill[0] == i else None
-            procs[i] = ctx.Process(target=_replica, args=(i, server.address(), steps, code, min_replicas, k, queue,
-                                                          0.25 if restart is not None else 0.0))
+            slow = late[1:] if late and late[0] == i else None
+            procs[i] = ctx.Process(target=_replica, args=(i, server.address(), steps, code, min_replicas, k, queue, pace,
+                                                          slow))
             procs[i].start()
         expected = n - (1 if kill else 0)
         if restart is not None:
@@ -185,7 +193,8 @@ def test_a_replica_killed_in_a_round_is_dropped_and_the_others_go_on():
 
 
 def test_a_killed_replica_restarts_and_joins_with_the_same_bits():
-    out, errors = _run(3, 14 * H, "dense", min_replicas=2, kill=(2, 3), restart=2)
+    # Paced (a round a second) so that the restarted replica starts before the others end.
+    out, errors = _run(3, 14 * H, "dense", min_replicas=2, kill=(2, 3), restart=2, pace=0.25)
     _no_errors(errors)
     assert sorted(out) == [0, 1, 2]
     joined = out[2]
@@ -196,6 +205,27 @@ def test_a_killed_replica_restarts_and_joins_with_the_same_bits():
     assert out[0]["stats"]["rounds_missed"] == out[1]["stats"]["rounds_missed"] == 0  # no survivor left out
     assert out[0]["rounds"][-1][2] == 3  # back to three replicas at the end
     assert out[0]["global"] == joined["global"]
+
+
+def test_a_late_replica_is_left_out_of_the_round_and_its_late_steps_are_not_applied():
+    # The lighthouse's join timeout is the round's deadline: replica 2 comes 4 s late to round 3; the others
+    # wait 2 s for it, run that round without it and go on (a round a second). It joins a later round behind
+    # them, is healed (its late steps dropped, not applied a round late) and goes on with them.
+    steps = 12 * H
+    out, errors = _run(3, steps, "dense", min_replicas=2, late=(2, 3, 4.0), join_timeout_ms=2000, pace=0.25)
+    _no_errors(errors)
+    assert sorted(out) == [0, 1, 2]
+    _agree(out)
+    a, late = out[0], out[2]
+    by_step = {step: replicas for step, _, replicas in a["rounds"]}
+    assert by_step[2 * H] == 3 and by_step[3 * H] == 2 and by_step[steps] == 3
+    assert late["stats"]["rounds_missed"] == 1 and a["stats"]["rounds_missed"] == out[1]["stats"]["rounds_missed"] == 0
+    assert 3 * H not in [step for step, _, _ in late["rounds"]]  # it committed nothing at round 3
+    assert a["stats"]["steps_delivered"] == steps  # every step of the punctual replicas reached the model
+    # The late one's steps of round 3 were dropped at its heal (and the heal moved it past the rounds it
+    # missed): a round or more of its steps never reached the common model.
+    assert late["stats"]["steps_delivered"] <= steps - 2 * H
+    assert a["global"] == out[1]["global"] == late["global"]
 
 
 def test_below_the_minimum_every_live_replica_fails_clearly():
