@@ -67,16 +67,19 @@ def parse(argv):
     p.add_argument("--min-replicas", type=int, default=2)
     p.add_argument("--deadline", type=float, default=5.0,
                    help="seconds a round's collective waits for a peer that went silent (gloo's timeout)")
+    p.add_argument("--join-timeout", type=float, default=5.0,
+                   help="seconds the lighthouse waits for a live replica late to a round before forming it "
+                        "without it; more than a round lasts (docs/diloco.md, Deadlines)")
     p.add_argument("--threads", type=int, default=1)
     return p.parse_args(argv)
 
 
-def lighthouse(min_replicas):
+def lighthouse(min_replicas, join_timeout):
     exe = shutil.which("torchft_lighthouse") or os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
     # Heartbeats every 100 ms (the Manager's default): a replica silent for 2 s leaves the quorum; a quorum
-    # waits at most 1 s for a member of the last one.
+    # waits at most join_timeout for a live replica that has not asked for it yet.
     return subprocess.Popen([exe, "--min_replicas", str(min_replicas), "--quorum_tick_ms", "50",
-                             "--join_timeout_ms", "1000",
+                             "--join_timeout_ms", str(int(join_timeout * 1000)),
                              "--heartbeat_timeout_ms", "2000", "--bind", f"[::]:{LIGHTHOUSE_PORT}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -212,7 +215,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     restarts = int(os.environ.get("COMMSGD_RESTARTS", 0))
-    house = lighthouse(args.min_replicas) if rank == 0 and restarts == 0 and args.arm != "ckpt-diloco" else None
+    house = lighthouse(args.min_replicas, args.join_timeout) if rank == 0 and restarts == 0 and args.arm != "ckpt-diloco" else None
     train_bytes, val = train.stdlib_split()
     windows = train.val_windows(val, args.eval_windows, args.context)
     torch.manual_seed(args.seed)
