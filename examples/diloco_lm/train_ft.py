@@ -136,13 +136,15 @@ def checkpoint_restart(args, rank, world, restarts, model, inner, lr_at, write, 
     steps = 0
     def arrive():
         """The generation every rank has reached (a barrier on rank 0's store, so that the group's own
-        rendezvous never waits for a rank that is not back yet), or None when a newer one opened meanwhile."""
+        rendezvous never waits for a rank that is not back yet); it moves on to a newer one opened meanwhile.
+        Each rank sets its own key, so a rank killed and restarted within one generation counts once; one that
+        dies after arriving fails the group's rendezvous (--deadline), and everyone moves to the next."""
         while True:
             try:
                 gen = int(store.get("gen"))
                 prefix = dist.PrefixStore(f"gen{gen}", store)
-                prefix.add("arrived", 1)
-                while int(prefix.add("arrived", 0)) < world:
+                prefix.set(f"here{rank}", str(restarts))
+                while not prefix.check([f"here{r}" for r in range(world)]):
                     if int(store.get("gen")) != gen:
                         break
                     time.sleep(0.05)
@@ -160,6 +162,9 @@ def checkpoint_restart(args, rank, world, restarts, model, inner, lr_at, write, 
             opt = commsgd_torch.DiLoCo(model, inner, sync_every=args.sync_every, outer_lr=args.outer_lr,
                                        outer_momentum=args.outer_momentum, compression=args.compression)
             prefix.set(f"ckpt{rank}", str(max(saved, default=0)))
+            # Every rank's last checkpoint, within the deadline: a rank that died since the rendezvous fails
+            # this generation here rather than holding the others for the store's own timeout.
+            prefix.wait([f"ckpt{r}" for r in range(world)], datetime.timedelta(seconds=args.deadline))
             common = min(int(prefix.get(f"ckpt{r}")) for r in range(world))
             state = torch.load(saved[common]) if common > 0 else {"model": initial["model"],
                                                                    "inner": initial["inner"], "diloco": None}

@@ -1,5 +1,6 @@
 """What the states share: the process group they talk over, the model check and their readings."""
-from typing import Any, Dict, Optional
+from datetime import timedelta
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -7,12 +8,33 @@ import torch.distributed as dist
 from ._C import InvalidArgument
 
 
+def group_timeout(group: Optional[dist.ProcessGroup]) -> Optional[timedelta]:
+    """The deadline `group` (None: the default group) was made with, or None where torch does not say. A
+    group made from it must be given it: torch gives a new group its own default, 30 minutes, so a peer that
+    died would hold the others that long instead of the deadline the trainer chose."""
+    g = dist.group.WORLD if group is None else group
+    try:
+        if hasattr(g, "_get_backend"):  # torch 2: the options are the CPU backend's
+            return g._get_backend(torch.device("cpu")).options._timeout
+        return g.options._timeout
+    except Exception:  # a backend that reports no options
+        return None
+
+
+def gloo_group_like(group: Optional[dist.ProcessGroup], ranks: Optional[List[int]] = None) -> dist.ProcessGroup:
+    """A new gloo group of `ranks` (None: every rank) with `group`'s deadline. Collective."""
+    timeout = group_timeout(group)
+    if timeout is None:
+        return dist.new_group(ranks=ranks, backend="gloo")
+    return dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+
+
 def own_group(process_group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
-    """The group a state talks over: the one given, or a new gloo group of all ranks (so that a state's
-    traffic is its own and counted apart from DDP's). Making one is collective: every rank constructs the
-    state at the same point."""
+    """The group a state talks over: the one given, or a new gloo group of all ranks with the default group's
+    deadline (so that a state's traffic is its own and counted apart from DDP's). Making one is collective:
+    every rank constructs the state at the same point."""
     if process_group is None:
-        return dist.new_group(backend="gloo")
+        return gloo_group_like(None)
     if not isinstance(process_group, dist.ProcessGroup):
         raise InvalidArgument(f"commsgd: argument 'process_group' is a {type(process_group).__name__}, "
                               "expected a torch.distributed ProcessGroup or None")

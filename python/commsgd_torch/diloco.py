@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from . import _C
 from ._C import InvalidArgument, NonFinite
+from ._state import gloo_group_like
 
 __all__ = ["DiLoCo", "COMPRESSIONS"]
 
@@ -230,7 +231,7 @@ class DiLoCo:
         self._world = dist.get_world_size(self.process_group)
         self._rank = dist.get_rank(self.process_group)
         # The engine's own group: its thread's collectives never interleave with the trainer's.
-        self._engine_group = dist.new_group(ranks=_group_ranks(self.process_group), backend="gloo")
+        self._engine_group = gloo_group_like(self.process_group, _group_ranks(self.process_group))
         self._engine = self._make_engine(self._engine_group, layer_sizes, num_fragments, layout)
         self._engine.start(self._flat)
         self._broadcast_bytes = self._engine.traffic()["bytes_sent"]
@@ -369,6 +370,18 @@ class DiLoCo:
     def bytes_sent(self) -> int:
         """Bytes this rank has sent in exchanges (by the collectives' algorithms; see :meth:`stats`)."""
         return self._engine.bytes_sent()
+
+    def set_timeout(self, seconds: float) -> None:
+        """A deadline for each operation of the exchanges from the next one on: a peer that has not answered
+        within ``seconds`` fails the exchange on this rank with :class:`CommError` (0: the process group's own
+        deadline, the one it was made with). For a deadline that follows the network, such as a multiple of
+        recent exchange times; every rank should set the same."""
+        self._engine.set_timeout(float(seconds))
+
+    def timeout(self) -> float:
+        """The deadline of each of the exchange's operations, in seconds (0 where torch does not report the
+        process group's)."""
+        return self._engine.timeout()
 
     def stats(self) -> Dict[str, int]:
         """This rank's counters: ``inner_steps``; ``exchanges_started`` and ``outer_steps`` (fragment

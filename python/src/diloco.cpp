@@ -74,8 +74,18 @@ public:
                             "'s exchange is in flight; the allowed time is between exchanges"));
     py::gil_scoped_release unlocked;
     comm_ = meter(comm::process_group(group));
+    comm_.inner().set_timeout(timeout_);
     engine_.rebind(comm_);
   }
+  // Every exchange's operations from the next one on fail after `seconds` without an answer (0: the group's
+  // own timeout); kept across rebind().
+  void set_timeout(double seconds) {
+    comm_.inner().set_timeout(seconds);
+    timeout_ = seconds;
+  }
+  // The deadline each operation gets now, in seconds (the group's own until set_timeout; 0 where torch does
+  // not report the group's).
+  double timeout() noexcept { return comm_.inner().timeout(); }
   // (exchanged, applied): whether an exchange started or was applied after this step.
   std::pair<bool, bool> advance(const at::Tensor& flat) {
     auto x = values_of(flat, "flat");
@@ -155,6 +165,7 @@ private:
   }
 
   meter comm_;
+  double timeout_ = 0.0;             // set_timeout's, for the groups rebind() moves to
   sync::coded_diloco<meter> engine_; // after comm_: destroyed first, its exchange thread drained
 };
 
@@ -228,6 +239,8 @@ void bind_diloco(py::module_& m) {
            py::arg("outer_momentum"), py::arg("compression"))
       .def("start", &diloco_engine::start, py::arg("flat"), py::arg("broadcast") = true)
       .def("rebind", &diloco_engine::rebind, py::arg("process_group"))
+      .def("set_timeout", &diloco_engine::set_timeout, py::arg("seconds"))
+      .def("timeout", &diloco_engine::timeout)
       .def("advance", &diloco_engine::advance)
       .def("finish", &diloco_engine::finish)
       .def("drain", &diloco_engine::drain)

@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -90,6 +92,20 @@ TEST_CASE("torch/process_group: ranks that disagree on a size all raise instead 
   CHECK_THROWS_AS(c.all_reduce_sum(std::span<float>(v)), commsgd::size_mismatch);
   CHECK_THROWS_AS(c.broadcast(std::span<float>(v), 0), commsgd::size_mismatch);
   CHECK_THROWS_AS(c.broadcast(std::span<float>(v.data(), 3), c.rank()), commsgd::invalid_argument);
+  c.barrier();
+}
+
+TEST_CASE("torch/process_group: set_timeout takes seconds in [0, one year], 0 restoring the group's own") {
+  auto& c = *world;
+  const double own = c.timeout();
+  CHECK(own >= 0.0);
+  c.set_timeout(2.5);
+  CHECK(c.timeout() == 2.5);
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity(), 1e9})
+    CHECK_THROWS_AS(c.set_timeout(bad), commsgd::invalid_argument);
+  CHECK(c.timeout() == 2.5); // a refused value changes nothing
+  c.set_timeout(0.0);
+  CHECK(c.timeout() == own);
   c.barrier();
 }
 

@@ -478,3 +478,43 @@ def test_mlp_on_fashion_mnist_learns_and_ranks_agree(compression, P, delay):
     assert l0 < 0.75, l0
     dense = 4 * sum(p.numel() for p in mlp().parameters())
     assert st0["bytes_sent"] <= 21 * (dense + 8)  # 20 exchanges and finish(); DDP would send 200 x dense
+
+
+def _silent_peer(rank, world, group_s, set_s):
+    """Rank world - 1 stops answering at the third exchange (it sleeps, its sockets open); the others return how
+    long their exchange took to fail."""
+    import time
+    from datetime import timedelta
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=group_s))
+    torch.manual_seed(0)
+    model = Dot(SIZES)
+    opt = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), process_group=group,
+                               sync_every=1, compression="dense")
+    if set_s is not None:
+        opt.set_timeout(set_s)
+    seen = opt.timeout()
+    for s in range(1, 6):
+        if rank == world - 1 and s == 3:
+            time.sleep(9)
+            return None, seen
+        opt.zero_grad()
+        model([torch.full((n,), float(rank + s)) for n in SIZES]).backward()
+        t = time.monotonic()
+        try:
+            opt.step()
+        except commsgd_torch.CommError:
+            return time.monotonic() - t, seen
+    return -1.0, seen
+
+
+@pytest.mark.parametrize("group_s, set_s, deadline", [(3, None, 3.0), (120, 1.5, 1.5)])
+def test_a_silent_peer_fails_the_exchange_within_its_deadline(group_s, set_s, deadline):
+    # The engine's own group inherits the deadline of the group given (torch would give it 30 minutes), and
+    # set_timeout() replaces it; the silent rank's sockets stay open, so only the deadline can end the wait.
+    out = run_ranks(_silent_peer, 3, (group_s, set_s))
+    for rank, (waited, seen) in enumerate(out):
+        if torch.__version__ >= "2" or set_s is not None:  # torch 1.13 does not report a group's deadline
+            assert seen == pytest.approx(deadline)
+        if rank < 2:
+            assert waited is not None and waited > 0, out
+            assert deadline * 0.8 < waited < deadline + 4.0, out

@@ -53,6 +53,7 @@
 #include <array>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -86,6 +87,8 @@ public:
     channels_->group = std::move(group);
     rank_ = channels_->group->getRank();
     size_ = channels_->group->getSize();
+    own_timeout_ = detail::pg_group_timeout(channels_->group);
+    timeout_ = own_timeout_;
   }
 
   process_group(const process_group&) = delete;
@@ -103,8 +106,21 @@ public:
   // Every rank must choose alike.
   void set_verify_sizes(bool on) noexcept { verify_ = on; }
 
+  // A deadline for each operation from now on, in seconds (0: the group's own, set when it was made): an
+  // operation a peer has not answered within it throws comm_error, and the group is then broken. For a
+  // deadline that follows the network (a multiple of recent round times) rather than a fixed one.
+  void set_timeout(double seconds) {
+    commsgd::check_range("seconds", seconds, 0.0, 86400.0 * 365, "[0, one year] (0: the group's own)");
+    timeout_ = seconds == 0.0
+                   ? own_timeout_
+                   : std::chrono::milliseconds{static_cast<std::int64_t>(std::ceil(seconds * 1000.0))};
+  }
+  double timeout() const noexcept { return static_cast<double>(timeout_.count()) / 1000.0; }
+
   void barrier() {
-    detail::pg_wait(detail::pg_call("barrier", [&] { return group().barrier(); }), "barrier");
+    c10d::BarrierOptions o;
+    timed(o);
+    detail::pg_wait(detail::pg_call("barrier", [&] { return group().barrier(o); }), "barrier", timeout_);
   }
 
   template <reducible T>
@@ -115,7 +131,9 @@ public:
     std::vector<at::Tensor> t{detail::pg_typed(data)};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
-    detail::pg_wait(detail::pg_call("allreduce", [&] { return group().allreduce(t, o); }), "allreduce");
+    timed(o);
+    detail::pg_wait(detail::pg_call("allreduce", [&] { return group().allreduce(t, o); }), "allreduce",
+                    timeout_);
   }
 
   template <transferable T>
@@ -163,7 +181,9 @@ public:
     std::vector<at::Tensor> t{detail::pg_bytes(data.data(), data.size_bytes())};
     c10d::BroadcastOptions o;
     o.rootRank = root;
-    detail::pg_wait(detail::pg_call("broadcast", [&] { return group().broadcast(t, o); }), "broadcast");
+    timed(o);
+    detail::pg_wait(detail::pg_call("broadcast", [&] { return group().broadcast(t, o); }), "broadcast",
+                    timeout_);
   }
 
   // Returns once the data is copied: c10d sends complete only when the receiver has posted its receive, and a
@@ -177,9 +197,9 @@ public:
         at::empty({static_cast<std::int64_t>(data.size_bytes())}, at::TensorOptions().dtype(at::kByte));
     if (!data.empty()) std::memcpy(copy.data_ptr(), data.data(), data.size_bytes());
     auto works = post_send(copy.data_ptr(), data.size_bytes(), dest, tag);
-    channels_->buffered.push_back(detail::pg_in_background([works = std::move(works), copy] {
+    channels_->buffered.push_back(detail::pg_in_background([works = std::move(works), copy, t = timeout_] {
       for (auto& w : works)
-        detail::pg_wait(w, "send");
+        detail::pg_wait(w, "send", t);
     }));
   }
 
@@ -206,7 +226,7 @@ public:
   void recv(std::span<T> data, int source, int tag) {
     check_p2p("source", source, tag);
     auto op = make_recv(data.data(), data.size_bytes());
-    detail::pg_run_recv(*op, chain(op, source, tag), native(), source, tag);
+    detail::pg_run_recv(*op, chain(op, source, tag), native(), source, tag, timeout_);
   }
 
   template <transferable T>
@@ -214,9 +234,9 @@ public:
     check_p2p("dest", dest, tag);
     auto works = post_send(data.data(), data.size_bytes(), dest, tag);
     process_group_request req;
-    req.done_ = detail::pg_in_background([works = std::move(works)] {
+    req.done_ = detail::pg_in_background([works = std::move(works), t = timeout_] {
       for (auto& w : works)
-        detail::pg_wait(w, "send");
+        detail::pg_wait(w, "send", t);
     });
     return req;
   }
@@ -227,8 +247,9 @@ public:
     auto op = make_recv(data.data(), data.size_bytes());
     process_group_request req;
     req.recv_ = op;
-    req.done_ = detail::pg_in_background([op, before = chain(op, source, tag), group = native(), source,
-                                          tag] { detail::pg_run_recv(*op, before, group, source, tag); });
+    req.done_ =
+        detail::pg_in_background([op, before = chain(op, source, tag), group = native(), source, tag,
+                                  t = timeout_] { detail::pg_run_recv(*op, before, group, source, tag, t); });
     return req;
   }
 
@@ -264,6 +285,7 @@ public:
     process_group out(std::move(child), store_, make_);
     out.prefix_ = prefix;
     out.verify_ = verify_;
+    out.timeout_ = timeout_;
     return out;
   }
 
@@ -299,7 +321,10 @@ private:
     for (int r = 0; r < size_; ++r)
       outs[0].push_back(
           detail::pg_bytes(static_cast<std::byte*>(out) + static_cast<std::size_t>(r) * bytes, bytes));
-    detail::pg_wait(detail::pg_call("allgather", [&] { return group().allgather(outs, in); }), "allgather");
+    c10d::AllgatherOptions o;
+    timed(o);
+    detail::pg_wait(detail::pg_call("allgather", [&] { return group().allgather(outs, in, o); }), "allgather",
+                    timeout_);
   }
 
   void check_peer(const char* name, int value) const {
@@ -362,7 +387,9 @@ private:
                                               at::TensorOptions().dtype(at::kLong))};
       c10d::AllreduceOptions o;
       o.reduceOp = c10d::ReduceOp::MAX;
-      detail::pg_wait(detail::pg_call("allreduce", [&] { return group().allreduce(t, o); }), "allreduce");
+      timed(o);
+      detail::pg_wait(detail::pg_call("allreduce", [&] { return group().allreduce(t, o); }), "allreduce",
+                      timeout_);
     }
     for (std::size_t k = 0; k < K; ++k)
       out[k] = {~(static_cast<std::uint64_t>(buf[2 * k + 1]) ^ flip),
@@ -389,6 +416,13 @@ private:
   int rank_ = 0;
   int size_ = 0;
   bool verify_ = true;
+  std::chrono::milliseconds own_timeout_{0}; // the group's, 0 where torch does not report it
+  std::chrono::milliseconds timeout_{0};     // what each operation is given (0: nothing, gloo's own)
+
+  template <class Options>
+  void timed(Options& o) const noexcept {
+    if (timeout_.count() > 0) o.timeout = timeout_;
+  }
 };
 
 static_assert(request<process_group_request>);

@@ -113,10 +113,39 @@ at::Tensor pg_typed(std::span<T> data) {
                        at::TensorOptions().dtype(pg_scalar_type<std::remove_const_t<T>>()));
 }
 
-// Waits for c10d work, turning torch's errors into comm_error.
-inline void pg_wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+template <class Backend>
+std::chrono::milliseconds pg_backend_timeout(Backend& b) {
+  if constexpr (requires { b.getBackendOptions()->timeout; }) {
+    if (auto o = b.getBackendOptions()) return o->timeout;
+  }
+  return std::chrono::milliseconds{0};
+}
+
+// The timeout the group was made with, 0 where torch does not say (before 2.0; gloo applies it anyway): what
+// process_group::timeout() reports until set_timeout() changes it.
+inline std::chrono::milliseconds pg_group_timeout(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+#if COMMSGD_TORCH_AT_LEAST(2, 0)
   try {
-    work->wait();
+    auto backend = group->getBackend(c10::DeviceType::CPU);
+    if (backend) return pg_backend_timeout(*backend);
+  } catch (const std::exception&) { // no CPU backend, or options it does not report
+  }
+#else
+  (void)group;
+#endif
+  return std::chrono::milliseconds{0};
+}
+
+// Waits for c10d work, turning torch's errors into comm_error. A positive `timeout` bounds the wait: torch 2's
+// gloo also takes it in a collective's options and fails the operation itself, 1.13's only through the wait
+// (its collective then runs on until the group's own deadline, but the group is broken by then anyway).
+inline void pg_wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what,
+                    std::chrono::milliseconds timeout = std::chrono::milliseconds{0}) {
+  try {
+    if (timeout.count() > 0)
+      work->wait(timeout);
+    else
+      work->wait();
   } catch (const std::exception& e) {
     throw comm_error(commsgd::concat(what, " failed: ", e.what()));
   }
@@ -149,13 +178,14 @@ struct pg_recv_op {
 
 // Runs one receive to completion on the calling thread.
 inline void pg_run_recv(pg_recv_op& op, const std::shared_future<void>& before,
-                        const c10::intrusive_ptr<c10d::ProcessGroup>& group, int peer, int tag) {
+                        const c10::intrusive_ptr<c10d::ProcessGroup>& group, int peer, int tag,
+                        std::chrono::milliseconds timeout) {
   c10::intrusive_ptr<c10d::Work> payload;
   std::string failure;
   try {
     if (before.valid()) before.wait();
     std::vector<at::Tensor> h{op.header};
-    pg_wait(pg_call("recv (header)", [&] { return group->recv(h, peer, tag); }), "recv (header)");
+    pg_wait(pg_call("recv (header)", [&] { return group->recv(h, peer, tag); }), "recv (header)", timeout);
     const auto got = static_cast<std::uint64_t>(op.header.data_ptr<std::int64_t>()[0]);
     std::lock_guard<std::mutex> lock(op.mutex);
     void* target = op.data;
@@ -180,7 +210,7 @@ inline void pg_run_recv(pg_recv_op& op, const std::shared_future<void>& before,
     }
     throw;
   }
-  if (payload) pg_wait(payload, "recv");
+  if (payload) pg_wait(payload, "recv", timeout);
   if (!failure.empty()) throw comm_error(failure);
 }
 
