@@ -6,10 +6,14 @@ heartbeats, each replica's Manager asks it for the members of a round, rebuilds 
 change, and hands a live replica's state to one that is behind. The rounds, the codes and the outer step are
 commsgd's engine (sync/diloco.hpp), rebound to each new group.
 """
+import collections
 import hashlib
+import math
+import statistics
+import time
 import warnings
 from datetime import timedelta
-from typing import Any, Dict, List, Optional
+from typing import Any, Deque, Dict, List, Optional
 
 import torch
 
@@ -52,6 +56,7 @@ def ReplicaGroup(timeout: timedelta = timedelta(seconds=30)) -> Any:
     class _ReplicaGroup(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
             super().__init__(timeout=timeout)
+            self.timeout_s = timeout.total_seconds()
             self.generation = 0
             self.current: Optional[Any] = None
             self.members: List[int] = []
@@ -91,9 +96,9 @@ class FaultTolerantDiLoCo(DiLoCo):
        (a replica healed in the middle of a round brings a step or two, not ``sync_every``). In a steady
        membership nothing is added: the round is the plain engine's, bit for bit.
     3. **Exchange.** The engine's round. A peer that dies in it fails it on the others (gloo's error when
-       the peer's connections close, or ``timeout`` of :func:`ReplicaGroup` when they do not): the engine
-       keeps its outer state as it was, the error goes to the Manager, and the local model keeps the round's
-       steps, which the next exchange carries.
+       the peer's connections close, or the round's deadline when they do not, see ``deadline_multiple``):
+       the engine keeps its outer state as it was, the error goes to the Manager, and the local model keeps
+       the round's steps, which the next exchange carries.
     4. **Commit.** ``manager.should_commit()``: a replica whose exchange succeeded counts the round; one
        whose exchange failed is one round behind and is healed at the next quorum, so no two live replicas
        ever hold different common models after a round they both committed (:meth:`global_hash` is a hash
@@ -117,11 +122,18 @@ class FaultTolerantDiLoCo(DiLoCo):
     Args:
         model, inner_optimizer, sync_every, outer_lr, outer_momentum, compression: as :class:`DiLoCo`.
         manager (torchft.Manager): this replica's Manager (one rank per replica group).
+        deadline_multiple, deadline_floor, deadline_ceiling: the exchange's deadline (each of its operations
+            fails after it without an answer from a peer): ``deadline_multiple`` times the median of the last
+            8 exchanges in a steady membership, within [``deadline_floor``, ``deadline_ceiling``] seconds;
+            the ceiling (default: :func:`ReplicaGroup`'s ``timeout``) before there are any and in a round
+            whose membership changed. ``deadline_multiple=0``: always the ceiling. ``stats()["deadline_ms"]``
+            is the last round's.
     """
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, manager: Any,
                  sync_every: int = 100, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                 compression: str = "dense") -> None:
+                 compression: str = "dense", deadline_multiple: float = 4.0, deadline_floor: float = 1.0,
+                 deadline_ceiling: Optional[float] = None) -> None:
         group = getattr(manager, "_pg", None)
         if not hasattr(group, "generation"):
             raise _bad("manager", type(manager).__name__,
@@ -129,6 +141,16 @@ class FaultTolerantDiLoCo(DiLoCo):
         if getattr(manager, "_use_async_quorum", False):
             raise _bad("manager", "a Manager with use_async_quorum=True",
                        "use_async_quorum=False (the quorum and healing happen at the round boundary)")
+        if not (math.isfinite(deadline_multiple) and deadline_multiple >= 0):
+            raise _bad("deadline_multiple", deadline_multiple, "[0, inf) (0: the fixed deadline, the ceiling)")
+        ceiling = group.timeout_s if deadline_ceiling is None else deadline_ceiling
+        if not (math.isfinite(ceiling) and ceiling > 0):
+            raise _bad("deadline_ceiling", deadline_ceiling, "(0, inf), or None: ReplicaGroup's timeout")
+        if not (math.isfinite(deadline_floor) and 0 < deadline_floor <= ceiling):
+            raise _bad("deadline_floor", deadline_floor, f"(0, {ceiling}] (at most the ceiling)")
+        self._deadline_opts = (deadline_multiple, deadline_floor, ceiling)
+        self._exchange_s: Deque[float] = collections.deque(maxlen=8)  # the last steady exchanges' seconds
+        self.deadline = ceiling  # the last exchange's
         self.manager = manager
         self._group = group
         self._bound = -1  # the group generation the engine runs on (-1: its solo group)
@@ -227,10 +249,15 @@ class FaultTolerantDiLoCo(DiLoCo):
         touched = [] if self._in_place else self._indices(self._engine.touched_next())
         self._copy_in(touched)
         ok = True
+        self.deadline = self._deadline(changed)
+        self._engine.set_timeout(self.deadline)
+        began = time.monotonic()
         try:
             if changed and self._world > 1:
                 self._weigh()
             self._engine.advance(self._flat)
+            if not changed:
+                self._exchange_s.append(time.monotonic() - began)
         except NonFinite as e:
             raise self._named(e) from None
         except (CommError, RuntimeError) as e:  # gloo's errors are RuntimeErrors
@@ -252,6 +279,16 @@ class FaultTolerantDiLoCo(DiLoCo):
             self.rounds_failed += 1
         return loss
 
+    def _deadline(self, changed: bool) -> float:
+        """The round's deadline for each operation of its exchange: the multiple of the median of the last
+        steady exchanges, within [floor, ceiling]; the ceiling until there are some, and for a round whose
+        membership changed (a replica healing in the quorum makes the others wait in the exchange for its
+        transfer)."""
+        multiple, floor, ceiling = self._deadline_opts
+        if changed or multiple == 0 or not self._exchange_s:
+            return ceiling
+        return min(ceiling, max(floor, multiple * statistics.median(self._exchange_s)))
+
     def _missed(self) -> None:
         # Alive, its last exchange fine, and still behind: the lighthouse formed a round without it. Its
         # join timeout counts from the earliest replica waiting, and a replica left out waits from then on,
@@ -267,7 +304,7 @@ class FaultTolerantDiLoCo(DiLoCo):
     def _weigh(self) -> None:
         """Scales this replica's pseudo-gradient by n w / sum(w), w the inner steps each replica delivers."""
         w = torch.tensor([float(self._since)], dtype=torch.float64)
-        self._group.current.allreduce([w]).wait()
+        self._group.current.allreduce([w]).wait(timedelta(seconds=self.deadline))
         total = float(w.item())
         n = self._world
         if total <= 0 or abs(total - n * self._since) < 0.5:
@@ -287,6 +324,6 @@ class FaultTolerantDiLoCo(DiLoCo):
     def stats(self) -> Dict[str, int]:
         s = super().stats()
         s.update(rounds_committed=self.rounds_committed, rounds_failed=self.rounds_failed, heals=self.heals,
-                 rounds_missed=self.rounds_missed,
+                 rounds_missed=self.rounds_missed, deadline_ms=round(self.deadline * 1000),
                  replicas=self._world, steps_delivered=self.steps_delivered)
         return s

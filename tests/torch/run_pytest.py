@@ -21,7 +21,7 @@ import time
 # suite -> the least number of tests that must run (pass or skip) in tests/torch/test_<suite>.py
 SUITES = {"hooks": 19, "train": 1, "powersgd": 9, "compressors": 14, "async": 5, "auto": 19, "cuda": 1, "endings": 4,
           "diloco": 52, "diloco_conformance": 25, "diloco_lm": 8, "ddp_links": 4,
-          "fault_tolerant": 6, "fault_tolerant_links": 1}
+          "fault_tolerant": 7, "fault_tolerant_links": 1}
 
 # Roughly how long a suite takes on two cores (seconds), so that --jobs starts the long ones first and the
 # last to start is a short one; a suite not named here counts as short.

@@ -32,11 +32,13 @@ def _grads(replica, step):
     return [torch.randn(n, generator=g) for n in SIZES]
 
 
-def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, pace=0.0, late=None):
+def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, pace=0.0, late=None,
+             group_s=5.0, signal_to_self=signal.SIGKILL):
     """One replica: `steps` inner steps of SGD on Dot with its own gradients; each round's (step, hash,
     replicas) reported. With `kill_at_round`, SIGKILLs itself once that round's quorum is formed, while the
-    others go into the round's exchange. With `late` = (round, seconds), sleeps that long before that
-    round's boundary step."""
+    others go into the round's exchange (`signal_to_self` SIGSTOP: freezes there, its sockets open). With
+    `late` = (round, seconds), sleeps that long before that round's boundary step. Each report holds the
+    longest step's seconds."""
     try:
         from torchft import Manager
         from torchft.checkpointing.http_transport import HTTPTransport
@@ -49,7 +51,8 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
         timeout = timedelta(seconds=20)
         store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                            timeout=timeout)
-        manager = Manager(pg=commsgd_torch.ReplicaGroup(timeout=timedelta(seconds=5)), min_replica_size=min_replicas,
+        manager = Manager(pg=commsgd_torch.ReplicaGroup(timeout=timedelta(seconds=group_s)),
+                          min_replica_size=min_replicas,
                           load_state_dict=None, state_dict=None, use_async_quorum=False, replica_id=f"r{idx}",
                           store_addr="127.0.0.1", store_port=store.port, rank=0, world_size=1,
                           lighthouse_addr=lighthouse, hostname="127.0.0.1", timeout=timeout,
@@ -62,7 +65,7 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
         inner = torch.optim.SGD(model.parameters(), lr=0.05)
         opt = commsgd_torch.FaultTolerantDiLoCo(model, inner, manager=manager, sync_every=H, outer_lr=0.7,
                                                 outer_momentum=0.9, compression=code)
-        rounds = []
+        rounds, longest = [], 0.0
         while opt.inner_steps < steps:
             s = opt.inner_steps + 1
             opt.zero_grad()
@@ -73,15 +76,17 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
 
                 def start_and_die(*a, **k):
                     original(*a, **k)
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    os.kill(os.getpid(), signal_to_self)
                 manager.start_quorum = start_and_die
             if late is not None and s == late[0] * H:
                 time.sleep(late[1])
+            began = time.monotonic()
             opt.step()
+            longest = max(longest, time.monotonic() - began)
             time.sleep(pace)  # the restart test: time for the restarted replica to start before the others end
             if opt.rounds_committed > before:
                 rounds.append((opt.inner_steps, opt.global_hash(), opt.stats()["replicas"]))
-        queue.put((idx, "ok", {"rounds": rounds, "stats": opt.stats(), "error": repr(opt.last_error),
+        queue.put((idx, "ok", {"rounds": rounds, "stats": opt.stats(), "error": repr(opt.last_error), "longest": longest,
                                "global": [t.numpy().tobytes() for t in opt.global_parameters()]}))
         manager.shutdown(wait=False)
     except BaseException:
@@ -89,10 +94,11 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
 
 
 def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, late=None, join_timeout_ms=5000,
-         pace=0.0, timeout=120):
+         pace=0.0, group_s=5.0, freeze=False, timeout=120):
     """n replicas; `kill` = (replica, round) it dies in; `restart` = the replica started again once that one
     has died; `late` = (replica, round, seconds) it comes late to; `pace`: seconds each replica sleeps after
-    each step. Returns {replica: report} of those that
+    each step; `group_s`: ReplicaGroup's timeout; `freeze`: the `kill` replica is SIGSTOPped instead (and
+    killed at the end). Returns {replica: report} of those that
     finished, and [(replica, traceback)] of those that failed."""
     from torchft.coordination import LighthouseServer
     # A join timeout longer than a round (FaultTolerantDiLoCo's docstring says why): a replica that is late
@@ -110,9 +116,9 @@ def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, late=N
             k = kill[1] if kill and kill[0] == i else None
             slow = late[1:] if late and late[0] == i else None
             procs[i] = ctx.Process(target=_replica, args=(i, server.address(), steps, code, min_replicas, k, queue, pace,
-                                                          slow))
+                                                          slow, group_s, signal.SIGSTOP if freeze else signal.SIGKILL))
             procs[i].start()
-        expected = n - (1 if kill else 0)
+        expected = n - (1 if kill else 0)  # a frozen replica never reports either
         if restart is not None:
             procs[kill[0]].join(timeout=timeout)
             again = ctx.Process(target=_replica, args=(restart, server.address(), steps, code, min_replicas, None,
@@ -205,6 +211,23 @@ def test_a_killed_replica_restarts_and_joins_with_the_same_bits():
     assert out[0]["stats"]["rounds_missed"] == out[1]["stats"]["rounds_missed"] == 0  # no survivor left out
     assert out[0]["rounds"][-1][2] == 3  # back to three replicas at the end
     assert out[0]["global"] == joined["global"]
+
+
+def test_a_frozen_replica_fails_the_round_by_the_adaptive_deadline_not_the_groups():
+    # Replica 2 freezes (SIGSTOP) once round 3's quorum is formed: its sockets stay open, so only a deadline
+    # ends the others' wait in the exchange. The group's timeout is 30 s; the exchanges before took
+    # milliseconds, so the deadline is the floor, 1 s.
+    out, errors = _run(3, 8 * H, "dense", min_replicas=2, kill=(2, 3), freeze=True, group_s=30.0)
+    _no_errors(errors)
+    assert sorted(out) == [0, 1]
+    _agree(out)
+    for rep in out.values():
+        assert rep["stats"]["rounds_failed"] == 1 and rep["stats"]["inner_steps"] == 8 * H
+        # The failed round: the 1 s deadline, then the next quorum once the lighthouse has dropped the
+        # frozen replica (1 s without heartbeats) - far below the group's 30 s.
+        assert rep["longest"] < 12.0, rep["longest"]
+        assert rep["stats"]["deadline_ms"] == 1000
+    assert out[0]["global"] == out[1]["global"]
 
 
 def test_a_late_replica_is_left_out_of_the_round_and_its_late_steps_are_not_applied():
