@@ -261,15 +261,18 @@ def main(argv=None):
         return
 
     # The first start: every replica's Manager up (heartbeating) before any asks for a quorum, so that the
-    # lighthouse's first quorum holds them all. A restart joins whatever quorum there is.
-    start_line = None if restarts else torch.distributed.TCPStore(
-        os.environ.get("MASTER_ADDR", "127.0.0.1"), 29590, world_size=world, is_master=rank == 0,
-        wait_for_workers=True, timeout=datetime.timedelta(seconds=120))
+    # lighthouse's first quorum holds them all. A rank killed before it came counts when its restart comes
+    # (each incarnation counts once), and after 120 s the others go on without it; a restart after the start
+    # passes at once. Rank 0 holds the count (it is not the one killed).
+    start_line = None if rank == 0 and restarts else torch.distributed.TCPStore(
+        os.environ.get("MASTER_ADDR", "127.0.0.1"), 29590, world_size=None, is_master=rank == 0,
+        wait_for_workers=False, timeout=datetime.timedelta(seconds=120))
 
     def everyone_ready():
         if start_line is not None:
             start_line.add("managers", 1)
-            while int(start_line.add("managers", 0)) < world:
+            until = time.monotonic() + 120
+            while int(start_line.add("managers", 0)) < world and time.monotonic() < until:
                 time.sleep(0.05)
             time.sleep(0.5)  # a heartbeat or five, so that the lighthouse knows every replica
 

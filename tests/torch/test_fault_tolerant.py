@@ -1,8 +1,10 @@
 """FaultTolerantDiLoCo on torchft's Manager and lighthouse, replicas as processes of this machine: with no
 failure it is the plain engine bit for bit; a replica killed while the others are in the round's exchange is
 dropped and the others finish their rounds; a killed replica that restarts joins at a round boundary and
-holds the others' common model bits; fewer replicas than the minimum is a clear error on every live replica,
-not a hang."""
+holds the others' common model bits; a replica frozen in an exchange fails the round at the adaptive deadline;
+a replica late to a round is left out of it and its late steps are dropped; fewer replicas than the minimum is
+a clear error on every live replica, not a hang. tests/torch/test_fault_tolerant_links.py runs replicas on the
+emulated cluster's real links."""
 import multiprocessing as mp
 import os
 import signal
@@ -33,12 +35,14 @@ def _grads(replica, step):
 
 
 def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, pace=0.0, late=None,
-             group_s=5.0, signal_to_self=signal.SIGKILL):
+             group_s=5.0, signal_to_self=signal.SIGKILL, rejoin=None, restarted=False):
     """One replica: `steps` inner steps of SGD on Dot with its own gradients; each round's (step, hash,
     replicas) reported. With `kill_at_round`, SIGKILLs itself once that round's quorum is formed, while the
     others go into the round's exchange (`signal_to_self` SIGSTOP: freezes there, its sockets open). With
     `late` = (round, seconds), sleeps that long before that round's boundary step. Each report holds the
-    longest step's seconds."""
+    longest step's seconds. `rejoin` = (event, end step) shared with a replica that restarts: the others
+    train on until it has joined (at most 120 s), then every replica stops at the end step it set, four
+    round boundaries past the one it joined at, so that a slow restart never finds the others gone."""
     try:
         from torchft import Manager
         from torchft.checkpointing.http_transport import HTTPTransport
@@ -66,7 +70,19 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
         opt = commsgd_torch.FaultTolerantDiLoCo(model, inner, manager=manager, sync_every=H, outer_lr=0.7,
                                                 outer_momentum=0.9, compression=code)
         rounds, longest = [], 0.0
-        while opt.inner_steps < steps:
+        if rejoin is not None and restarted:
+            rejoin[1].value = max(steps, (opt.inner_steps // H + 4) * H)
+            rejoin[0].set()
+        give_up = time.monotonic() + 120
+
+        def more():
+            if rejoin is None:
+                return opt.inner_steps < steps
+            if not rejoin[0].is_set():
+                return time.monotonic() < give_up
+            return opt.inner_steps < rejoin[1].value
+
+        while more():
             s = opt.inner_steps + 1
             opt.zero_grad()
             model(_grads(idx, s)).backward()
@@ -111,18 +127,20 @@ def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, late=N
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = {}
+    rejoin = (ctx.Event(), ctx.Value("i", 0)) if restart is not None else None
     try:
         for i in range(n):
             k = kill[1] if kill and kill[0] == i else None
             slow = late[1:] if late and late[0] == i else None
             procs[i] = ctx.Process(target=_replica, args=(i, server.address(), steps, code, min_replicas, k, queue, pace,
-                                                          slow, group_s, signal.SIGSTOP if freeze else signal.SIGKILL))
+                                                          slow, group_s, signal.SIGSTOP if freeze else signal.SIGKILL,
+                                                          rejoin))
             procs[i].start()
         expected = n - (1 if kill else 0)  # a frozen replica never reports either
         if restart is not None:
             procs[kill[0]].join(timeout=timeout)
             again = ctx.Process(target=_replica, args=(restart, server.address(), steps, code, min_replicas, None,
-                                                       queue))
+                                                       queue, pace, None, group_s, signal.SIGKILL, rejoin, True))
             again.start()
             procs["again"] = again
             expected += 1

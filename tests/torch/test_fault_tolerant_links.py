@@ -25,9 +25,9 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the emulated cluster needs root (network namespaces, veth, tc)"),
 ]
 
-STEPS = 1800  # about 25 s of training on two cores after about 8 s of start: the schedule ends inside it
-SCHEDULE = ["--kill", "2", "--first-at", "9", "--every", "100000", "--restart-after", "3",
-            "--cable", "1@14+4"]
+STEPS = 2200  # about 30 s of training on two cores after about 8 s of start: the schedule ends inside it
+SCHEDULE = ["--kill", "2", "--first-at", "12", "--every", "100000", "--restart-after", "3",
+            "--cable", "1@18+4"]
 
 
 def _lines(path):
