@@ -130,11 +130,11 @@ def is_rate(name):
 
 
 def time_to(records, target):
-    """(train_s, step, bytes sent, compute_s) at the first evaluation at or below `target`, or Nones."""
+    """(train_s, step, bytes sent) at the first evaluation at or below `target`, or Nones."""
     for r in records:
         if r["val_loss"] <= target:
-            return r["train_s"], r["step"], r["bytes_sent"], r.get("compute_s")
-    return None, None, None, None
+            return r["train_s"], r["step"], r["bytes_sent"]
+    return None, None, None
 
 
 def exchanges(arm_opts, last):
@@ -174,17 +174,15 @@ def report(args):
     target = final * 1.01
     lines = [f"Target: DDP's final validation loss {final:.4f} nats/byte (the {target_rate} run, step "
              f"{ddp_recs[-1]['step']}) + 1 % = **{target:.4f}**. Bytes are rank 0's, sent until the target was "
-             "reached (in the whole run where it was not). Two compute-only references: the same arm's run on "
-             "loopback (the network unshaped; its exchanges still cost copies and CPU), and the run's own "
-             "compute_s (the steps times rank 0's forward, backward and AdamW step timed with no exchange).",
+             "reached (in the whole run where it was not). The compute-only reference is the same arm's run on "
+             "loopback (the network unshaped; its exchanges still cost copies and CPU, as they do on a link).",
              "",
-             "| rate | arm | time to target (s) | step | loopback time to target (s) | ratio | compute_s (s) | "
-             "ratio | last val loss (step) | MB sent | DDP's bytes / these | busiest exchange (MB) | "
-             "train time (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| rate | arm | time to target (s) | step | loopback time to target (s) | ratio | "
+             "last val loss (step) | MB sent | DDP's bytes / these | busiest exchange (MB) | train time (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     ddp_to = {rate: time_to(recs, target)[2] for (rate, arm), recs in logs.items() if arm == "ddp"}
     for (rate, arm), recs in sorted(logs.items(), key=lambda kv: (rate_bits(kv[0][0]), kv[0][1])):
-        t, step, sent_to, comp = time_to(recs, target)
+        t, step, sent_to = time_to(recs, target)
         ref = logs.get(("none", arm))
         t0 = time_to(ref, target)[0] if ref else None
         last = recs[-1]
@@ -194,12 +192,10 @@ def report(args):
         n_ex = exchanges(arm_options(arm, retired=True), last) if even else None
         busiest = last["bytes_sent"] / n_ex if last["bytes_sent"] and n_ex else None
         ref_bytes = ddp_to.get(rate) or next((b for b in ddp_to.values() if b), None)
-        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {:.4f} ({}) | {} | {} | {} | {:.1f} |".format(
+        lines.append("| {} | {} | {} | {} | {} | {} | {:.4f} ({}) | {} | {} | {} | {:.1f} |".format(
             rate, arm, f"{t:.1f}" if t is not None else "not reached", step if step else "-",
             f"{t0:.1f}" if t0 is not None else "-",
-            f"{t / t0:.2f}" if t is not None and t0 else "-",
-            f"{comp:.1f}" if comp is not None and t is not None else "-",
-            f"{t / comp:.2f}" if t is not None and comp else "-", last["val_loss"], last["step"],
+            f"{t / t0:.2f}" if t is not None and t0 else "-", last["val_loss"], last["step"],
             f"{sent / 1e6:.2f}" if sent is not None else "-",
             f"{ref_bytes / sent:.0f}x" if sent and ref_bytes else "-",
             f"{busiest / 1e6:.3f}" if busiest is not None else "-", last["train_s"]))
@@ -256,7 +252,7 @@ def repeats(args):
                 arm = name[:-len(".jsonl")]
                 if not name.endswith(".jsonl") or (rate, arm) in failed:
                     continue
-                t, step, _, _ = time_to(read_log(os.path.join(d, name)), args.target)
+                t, step, _ = time_to(read_log(os.path.join(d, name)), args.target)
                 if t is None:
                     missed[(rate, arm)] = missed.get((rate, arm), 0) + 1
                     continue

@@ -25,8 +25,7 @@ Arms (all with AdamW, the same learning-rate schedule, the same global batch):
                    only: torchft quantises through Triton on a GPU)
 
 Log (--log, JSON lines, rank 0): per evaluation step, wall_s (since the start of training), train_s (time in
-training steps, communication not hidden included, evaluation excluded), compute_s (steps x this rank's
-forward + backward + AdamW step timed without any exchange before training), val_loss (nats per byte, of the
+training steps, communication not hidden included, evaluation excluded), val_loss (nats per byte, of the
 global model), bytes_sent (this rank's, by comm/traffic.hpp's count through commsgd_torch._C; see below), and
 for diloco exchanges (fragment exchanges started: DiLoCo.stats()["exchanges_started"]).
 
@@ -370,20 +369,6 @@ def evaluate(model, global_params, windows):
     return (total[0] / total[1]).item()
 
 
-def compute_seconds_per_step(args, model, x, y, reps=2):
-    """This rank's forward + backward + AdamW step on its rows, on a copy, with no exchange."""
-    m = copy.deepcopy(model)
-    o = torch.optim.AdamW(m.parameters(), lr=0.0)
-    times = []
-    for _ in range(reps + 1):
-        t0 = time.perf_counter()
-        o.zero_grad()
-        lm_loss(m, x, y).backward()
-        o.step()
-        times.append(time.perf_counter() - t0)
-    return min(times[1:])
-
-
 def main(argv=None):
     args = parse(argv)
     torch.set_num_threads(args.threads)
@@ -407,14 +392,12 @@ def main(argv=None):
         return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac)))
     sched = torch.optim.lr_scheduler.LambdaLR(inner, lr_at)
 
-    x0, y0 = batch_rows(train, 0, args.seed, args.batch, args.context, rank, world)
-    per_step = compute_seconds_per_step(args, model, x0, y0)
     net, opt, bytes_sent, global_params = make_arm(args, model, inner)
     # The arm's AllReduceMeter, if it made one: counting on during training steps only, not evaluation.
     counting = getattr(dist.all_reduce, "__self__", None)
     if rank == 0:
         print(f"diloco_lm: arm {args.arm}, {world} rank(s), {nparams} parameters, train {train.numel()} bytes, "
-              f"val {val.numel()} bytes, {per_step * 1e3:.1f} ms compute a step on rank 0", flush=True)
+              f"val {val.numel()} bytes", flush=True)
     log = open(args.log, "w") if args.log and rank == 0 else None
     records = []
     start = time.perf_counter()
@@ -442,7 +425,6 @@ def main(argv=None):
             sent = bytes_sent()
             rec = {"arm": args.arm, "step": step, "of": args.steps,
                    "wall_s": round(time.perf_counter() - start, 3), "train_s": round(train_s, 3),
-                   "compute_s": round(step * per_step, 3),
                    "train_loss": round(loss.item(), 4),
                    "val_loss": round(evaluate(eval_model, global_params(), windows), 5),
                    "bytes_sent": int(sent) if sent is not None else None}
