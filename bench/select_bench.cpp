@@ -16,8 +16,12 @@
 // takes when each thread has a core of its own), wall_ms_per_call (the same on the wall clock),
 // passes_per_call (laplace_bisect), count_over_k (mean) and max_count_over_k. Names:
 // sequence/<method>/<DIR's last component>/<N>/<density>; --sweeps=S sets the sweeps (default 5).
+// --chunk=C cuts every step into chunks of C values, as the top-k pseudo-gradient codes do
+// (compress::top_k_ef), each with its own method object (so its own warm start) and k = ceil(density C);
+// names end in /c<C>, and the counters are per step (all chunks), passes_per_call per chunk call.
 // The methods laplace_bisect_from_0.8x and _from_1.2x of the synthetic grid restore a state 0.8 or 1.2
 // times the true threshold before every call: how the warm start copes with a threshold that moved by 20 %.
+// laplace_bisect_trim and _trim_cold select exactly k (options.trim): what an exact code may use.
 #include "../tests/unit/select_data.hpp"
 
 #include <commsgd/select/select.hpp>
@@ -144,10 +148,12 @@ run_fn make_method(const std::string& m) {
     o.parallel = one_thread;
     return selector_run(sel::sampled{o});
   }
-  if (m == "laplace_bisect" || m == "laplace_bisect_cold") {
+  if (m == "laplace_bisect" || m == "laplace_bisect_cold" || m == "laplace_bisect_trim" ||
+      m == "laplace_bisect_trim_cold") {
     sel::laplace_bisect::options o;
     o.parallel = one_thread;
-    o.warm_start = m == "laplace_bisect";
+    o.warm_start = m == "laplace_bisect" || m == "laplace_bisect_trim";
+    o.trim = m.find("_trim") != std::string::npos;
     return selector_run(sel::laplace_bisect{o});
   }
   if (m == "nth_element") {
@@ -234,6 +240,8 @@ std::vector<sequence>& sequences() {
   return all;
 }
 
+std::size_t sequence_chunk = 0; // --chunk=C; 0: the whole step is one chunk
+
 sequence load_sequence(const std::string& dir) {
   sequence s;
   s.tag = std::filesystem::path(dir).filename().string();
@@ -277,8 +285,28 @@ double wall_seconds() {
 
 void run_sequence(benchmark::State& state, std::string method, std::size_t which) {
   const sequence& s = sequences()[which];
-  const std::size_t k = sel::k_for_density(s.steps[0].size(), s.density);
-  run_fn run = make_method(method);
+  const std::size_t n = s.steps[0].size();
+  const std::size_t c = sequence_chunk == 0 ? n : std::min(sequence_chunk, n);
+  std::vector<run_fn> runs; // one a chunk
+  for (std::size_t at = 0; at < n; at += c)
+    runs.push_back(make_method(method));
+  std::size_t k = 0;
+  for (std::size_t at = 0; at < n; at += c)
+    k += sel::k_for_density(std::min(c, n - at), s.density);
+  unsigned chunk_passes = 0;
+  // One step: every chunk selected by its own object; the count over k of the whole step.
+  auto run = [&](std::span<const float> x, std::size_t) {
+    double count = 0;
+    chunk_passes = 0;
+    for (std::size_t j = 0, at = 0; at < n; ++j, at += c) {
+      const std::size_t len = std::min(c, n - at), kj = sel::k_for_density(len, s.density);
+      last_passes = 0;
+      count += runs[j](x.subspan(at, len), kj) * static_cast<double>(kj);
+      chunk_passes += last_passes;
+    }
+    last_passes = chunk_passes;
+    return count / static_cast<double>(k);
+  };
   std::vector<double> sweep_cpu, sweep_wall;
   double count_sum = 0, count_max = 0, passes = 0, calls = 0;
   for (auto _ : state) {
@@ -307,21 +335,32 @@ void run_sequence(benchmark::State& state, std::string method, std::size_t which
   state.counters["wall_ms_per_call"] = 1e3 * median(sweep_wall);
   state.counters["count_over_k"] = count_sum / calls;
   state.counters["max_count_over_k"] = count_max;
-  state.counters["passes_per_call"] = passes / calls;
-  state.counters["n"] = static_cast<double>(s.steps[0].size());
+  state.counters["passes_per_call"] = passes / calls / static_cast<double>(runs.size());
+  state.counters["n"] = static_cast<double>(n);
+  state.counters["chunk"] = static_cast<double>(c);
   state.counters["k"] = static_cast<double>(k);
   state.counters["calls_per_sweep"] = static_cast<double>(s.steps.size() - 1);
 }
 
 void register_sequences(int sweeps) {
-  const char* methods[] = {
-      "floor",          "nth_element",         "radix",    "hierarchical",      "sampled",
-      "laplace_bisect", "laplace_bisect_cold", "radix_t2", "laplace_bisect_t2", "laplace_bisect_cold_t2"};
+  const char* methods[] = {"floor",
+                           "nth_element",
+                           "radix",
+                           "hierarchical",
+                           "sampled",
+                           "laplace_bisect",
+                           "laplace_bisect_cold",
+                           "radix_t2",
+                           "laplace_bisect_t2",
+                           "laplace_bisect_cold_t2",
+                           "laplace_bisect_trim",
+                           "laplace_bisect_trim_cold"};
   for (std::size_t i = 0; i < sequences().size(); ++i) {
     const sequence& s = sequences()[i];
     for (const char* m : methods) {
       const std::string name = "sequence/" + std::string(m) + "/" + s.tag + "/" +
-                               std::to_string(s.steps[0].size()) + "/" + density_name(s.density);
+                               std::to_string(s.steps[0].size()) + "/" + density_name(s.density) +
+                               (sequence_chunk ? "/c" + std::to_string(sequence_chunk) : "");
       benchmark::RegisterBenchmark(name.c_str(), run_sequence, std::string(m), i)
           ->Iterations(sweeps)
           ->Unit(benchmark::kMillisecond);
@@ -361,8 +400,8 @@ const int registered = [] {
 } // namespace
 
 int main(int argc, char** argv) {
-  // Our own flags first: --sequence=DIR (repeatable) and --sweeps=S (default 5); the rest is Google
-  // Benchmark's.
+  // Our own flags first: --sequence=DIR (repeatable), --sweeps=S (default 5) and --chunk=C; the rest is
+  // Google Benchmark's.
   std::vector<char*> rest{argv[0]};
   int sweeps = 5;
   try {
@@ -370,6 +409,8 @@ int main(int argc, char** argv) {
       const std::string a = argv[i];
       if (a.rfind("--sequence=", 0) == 0)
         sequences().push_back(load_sequence(a.substr(11)));
+      else if (a.rfind("--chunk=", 0) == 0)
+        sequence_chunk = static_cast<std::size_t>(std::stoull(a.substr(8)));
       else if (a.rfind("--sweeps=", 0) == 0)
         sweeps = std::max(1, std::stoi(a.substr(9)));
       else

@@ -5,6 +5,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
+#include <commsgd/select/laplace_bisect.hpp>
 #include <commsgd/select/radix.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <support/compressor_ranks.hpp>
@@ -132,6 +133,14 @@ std::string conserves(X x, int seed, std::size_t d) {
   return {};
 }
 
+// laplace_bisect as an exact code may use it: warm-started, trimmed to exactly k.
+select::laplace_bisect warm_exact() {
+  select::laplace_bisect::options o;
+  o.trim = true;
+  o.warm_start = true;
+  return select::laplace_bisect(o);
+}
+
 const toy::least_squares& problem() {
   static const toy::least_squares prob({.samples = 256, .dim = 23, .seed = 12});
   return prob;
@@ -215,6 +224,10 @@ TEST_CASE(
                 .density = density, .two_bit = two_bit, .chunk = chunk, .decay = decay};
             const auto a = conserves(compress::top_k_ef<select::radix>(d, o), seed, d);
             CHECK_MESSAGE(a.empty(), a);
+            // Warm-started from each chunk's last threshold, trimmed to exactly k: the same set whatever the
+            // start (the rounds alternate between two scales a hundred times apart, so it is often wrong).
+            const auto w = conserves(compress::top_k_ef<select::laplace_bisect>(d, o, warm_exact()), seed, d);
+            CHECK_MESSAGE(w.empty(), "laplace_bisect, trimmed: " << w);
           }
   // A decay of 0 keeps nothing of the last round: the second round sends as if the first had not been.
   compress::top_k_ef<> x(4, {.density = 0.25, .decay = 0.0f});
@@ -414,6 +427,11 @@ TEST_CASE("top_k_ef's bad options and ranks that disagree are refused, naming th
   refused(1.5, "argument 'density' = 1.5 is outside the allowed range (0, 1]");
   refused(std::numeric_limits<double>::quiet_NaN(), "argument 'density' = nan");
   refused(std::numeric_limits<double>::infinity(), "argument 'density' = inf");
+  // A selector that may return more than k would make the ranks' messages differ in size.
+  CHECK_THROWS_WITH_AS(compress::top_k_ef<select::laplace_bisect>(10, {}, select::laplace_bisect{}),
+                       doctest::Contains("argument 'selector' = laplace_bisect does not select exactly k"),
+                       invalid_argument);
+  CHECK_NOTHROW(compress::top_k_ef<select::laplace_bisect>(10, {}, warm_exact()));
   // Ranks built with other densities would gather messages of other sizes: every rank refuses.
   std::mutex mu;
   int refusals = 0;

@@ -7,8 +7,10 @@
 //   p = decay e + g              as every compressor in compress/ forms it (compress/error_feedback.hpp), the
 //                                residual first scaled by decay in [0, 1] (1: kept whole, SparseLoCo: 0.95;
 //                                0: no error feedback, what is not sent is dropped)
-//   selection                    per chunk, its k largest |p_i| by an exact selector S (select/), ties at the
-//                                k-th magnitude to the lowest indices, so the set is a function of p alone
+//   selection                    per chunk, its k largest |p_i| by a selector S (select/) that selects exactly,
+//                                ties at the k-th magnitude to the lowest indices, so the set is a function of
+//                                p alone; each chunk has its own copy of the selector, so one that warm-starts
+//                                (laplace_bisect with trim) starts from that chunk's last threshold
 //   values                       the selected p_i as floats, or (two_bit) 2 bits each against one scale per
 //                                chunk: s = mean |p_i| over the chunk's selection, rounded once to float;
 //                                a value is sign(p_i) (|p_i| >= s ? 1.5 s : 0.5 s). Two levels at a half
@@ -80,17 +82,19 @@ struct two_bit_code {
   }
 };
 
-// S: an exact selector (select/exact.hpp, select/radix.hpp, ...). An approximate one would send a count
-// that varies with the data, and every rank's message must have the one size the gather expects.
+// S: a selector whose objects select exactly k (select/exact.hpp, select/radix.hpp, laplace_bisect with
+// trim, ...); the constructor refuses one that does not. An approximate one would send a count that varies
+// with the data, and every rank's message must have the one size the gather expects. A warm start changes
+// how fast the set is found, never the set, so it is not part of the saved state.
 template <select::selector S = select::exact>
-requires(S::is_exact) class top_k_ef : public detail::round_state {
+class top_k_ef : public detail::round_state {
 public:
   static constexpr const char* name = "top_k_ef";
 
   explicit top_k_ef(std::size_t length, top_k_ef_options o = {}, S selector = {})
       : round_state(checked_length(length), true), opt_(checked(o)),
         chunks_(cost::top_k_chunks::of(length, o.chunk, o.density)), k_(chunks_.k()),
-        sel_(std::move(selector)) {
+        sel_(static_cast<std::size_t>(chunks_.count), checked(std::move(selector))) {
     msg_.resize(message_bytes(length, opt_));
     idx_.resize(k_);
     val_.resize(k_);
@@ -141,6 +145,14 @@ private:
     commsgd::check_range("decay", o.decay, 0.0f, 1.0f, "[0, 1]");
     return o;
   }
+  static S checked(S s) {
+    if (!select::selects_exactly(s))
+      throw invalid_argument(commsgd::concat("argument 'selector' = ", S::name,
+                                             " does not select exactly k; allowed: a selector that does "
+                                             "(exact, radix, hierarchical, or laplace_bisect / sampled "
+                                             "with options.trim)"));
+    return s;
+  }
   static const char* what() noexcept { return "compress::top_k_ef"; }
   std::array<std::uint64_t, 5> params() const noexcept {
     return {length_, k_, opt_.two_bit ? 1u : 0u, chunks_.size, std::bit_cast<std::uint32_t>(opt_.decay)};
@@ -158,7 +170,7 @@ private:
     for (std::uint64_t j = 0; j < chunks_.count; ++j) {
       const auto kj = static_cast<std::size_t>(chunks_.k_of(j));
       const auto x = std::span<const float>(p_).subspan(chunks_.first(j), chunks_.length(j));
-      const auto t = sel_.select(x, kj);
+      const auto t = sel_[j].select(x, kj);
       select::compact<std::uint32_t>(x, t, std::span<std::uint32_t>(idx_).subspan(at, kj),
                                      std::span<float>(val_).subspan(at, kj));
       at += kj;
@@ -229,7 +241,7 @@ private:
   top_k_ef_options opt_;
   cost::top_k_chunks chunks_;
   std::size_t k_;
-  S sel_;
+  std::vector<S> sel_; // one a chunk: each warm start follows its own chunk
   std::vector<std::uint32_t> idx_;
   std::vector<float> val_, scale_;
   mutable std::vector<std::uint32_t> rel_; // one chunk's indices while it is decoded
