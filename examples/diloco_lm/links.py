@@ -212,6 +212,7 @@ def plot(logs, target, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     rates = sorted({rate for rate, _ in logs}, key=rate_bits)
     fig, axes = plt.subplots(1, len(rates), figsize=(5.5 * len(rates), 4.5), squeeze=False)
     for ax, rate in zip(axes[0], rates):
@@ -225,6 +226,8 @@ def plot(logs, target, path):
         ax.set_xlabel("training time (s)")
         ax.set_ylabel("validation loss (nats/byte)")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # a short axis labels every minor tick
+        ax.set_ylim(target - 0.1, 3.6)  # the first evaluations, before training settles, squash the rest
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -234,7 +237,7 @@ def repeats(args):
     """Time to `--target` over repeats (one `run --out` folder each): min, median and max per (rate, arm), the
     step each reached it at, and the runs that exited non-zero (reported, never used)."""
     import statistics
-    times, steps, crashed, missed = {}, {}, [], {}
+    times, steps, crashed, missed, curves = {}, {}, [], {}, {}
     for folder in args.out:
         failed = set()
         runs_csv = os.path.join(folder, "runs.csv")
@@ -252,7 +255,9 @@ def repeats(args):
                 arm = name[:-len(".jsonl")]
                 if not name.endswith(".jsonl") or (rate, arm) in failed:
                     continue
-                t, step, _ = time_to(read_log(os.path.join(d, name)), args.target)
+                recs = read_log(os.path.join(d, name))
+                t, step, _ = time_to(recs, args.target)
+                curves.setdefault((rate, arm), []).append((t if t is not None else float("inf"), recs))
                 if t is None:
                     missed[(rate, arm)] = missed.get((rate, arm), 0) + 1
                     continue
@@ -274,6 +279,11 @@ def repeats(args):
         with open(args.md, "w") as f:
             f.write(text)
     print(text)
+    if args.plot:
+        # Each (rate, arm)'s median run by time to the target (the lower middle of an even count).
+        median_runs = {key: sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2][1]
+                       for key, runs in curves.items()}
+        plot(median_runs, args.target, args.plot)
 
 
 def main(argv):
@@ -302,6 +312,7 @@ def main(argv):
     m.add_argument("--out", required=True, nargs="+")
     m.add_argument("--target", required=True, type=float)
     m.add_argument("--md")
+    m.add_argument("--plot", help="validation loss against training time, each rate and arm's median run")
     args = p.parse_args(argv)
     if args.cmd == "run":
         run(args, train_args)
