@@ -91,8 +91,9 @@ class FaultTolerantDiLoCo(DiLoCo):
        its own residuals, and restarts its local model from the common one. Its inner optimizer's state
        stays its own.
     2. **Weights.** When the membership changed, one 8-byte all-reduce of the inner steps each replica has
-       taken since its model was last set; where they differ, each pseudo-gradient is scaled by ``n w_r /
-       sum(w)`` before its code, so that the outer step takes the mean weighted by the steps each delivered
+       taken since its model was last set; where they differ, the engine scales each pseudo-gradient by
+       ``n w_r / sum(w)`` before its code (``set_weight``), so that the outer step takes the mean weighted by
+       the steps each delivered
        (a replica healed in the middle of a round brings a step or two, not ``sync_every``). In a steady
        membership nothing is added: the round is the plain engine's, bit for bit.
     3. **Exchange.** The engine's round. A peer that dies in it fails it on the others (gloo's error when
@@ -255,6 +256,8 @@ class FaultTolerantDiLoCo(DiLoCo):
         try:
             if changed and self._world > 1:
                 self._weigh()
+            else:  # the same members as the last round: the plain mean
+                self._engine.set_weight(1.0)
             self._engine.advance(self._flat)
             if not changed:
                 self._exchange_s.append(time.monotonic() - began)
@@ -302,17 +305,14 @@ class FaultTolerantDiLoCo(DiLoCo):
                           "from the first replica waiting", RuntimeWarning, stacklevel=3)
 
     def _weigh(self) -> None:
-        """Scales this replica's pseudo-gradient by n w / sum(w), w the inner steps each replica delivers."""
+        """Weighs this replica's pseudo-gradient by n w / sum(w) in the engine, w the inner steps each replica
+        delivers this round (the engine's set_weight: a mean weighted by steps)."""
         w = torch.tensor([float(self._since)], dtype=torch.float64)
         self._group.current.allreduce([w]).wait(timedelta(seconds=self.deadline))
         total = float(w.item())
         n = self._world
-        if total <= 0 or abs(total - n * self._since) < 0.5:
-            return  # every replica delivers the same steps: the plain mean
-        c = n * self._since / total
-        with torch.no_grad():
-            g = self._engine.global_model(0)
-            self._flat.copy_(g - c * (g - self._flat))
+        equal = total <= 0 or abs(total - n * self._since) < 0.5  # every replica delivers the same steps
+        self._engine.set_weight(1.0 if equal else min(float(n), n * self._since / total))
 
     def finish(self) -> None:
         """Nothing in flight to apply (no delay); the local model stands as the last round left it."""

@@ -86,6 +86,9 @@ public:
   // The deadline each operation gets now, in seconds (the group's own until set_timeout; 0 where torch does
   // not report the group's).
   double timeout() noexcept { return comm_.inner().timeout(); }
+  // This rank's pseudo-gradients scaled by w from the next exchange on (a weighted mean; see sync::diloco).
+  void set_weight(float w) { engine_.set_weight(w); }
+  float weight() const { return engine_.weight(); }
   // (exchanged, applied): whether an exchange started or was applied after this step.
   std::pair<bool, bool> advance(const at::Tensor& flat) {
     auto x = values_of(flat, "flat");
@@ -241,6 +244,8 @@ void bind_diloco(py::module_& m) {
       .def("rebind", &diloco_engine::rebind, py::arg("process_group"))
       .def("set_timeout", &diloco_engine::set_timeout, py::arg("seconds"))
       .def("timeout", &diloco_engine::timeout)
+      .def("set_weight", &diloco_engine::set_weight, py::arg("weight"))
+      .def("weight", &diloco_engine::weight)
       .def("advance", &diloco_engine::advance)
       .def("finish", &diloco_engine::finish)
       .def("drain", &diloco_engine::drain)

@@ -1,7 +1,7 @@
 // The DiLoCo engine under a changing membership (sync/diloco.hpp): an exchange that fails because a peer left
 // changes nothing of the outer state on the ranks that remain, for every code; rebind() moves the engine onto
 // the group of the survivors, whose next round is the mean over them alone; rebind() with an exchange in
-// flight is refused.
+// flight is refused; set_weight() weighs each rank in the mean.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/sync/diloco_code.hpp>
 
@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <span>
 #include <sstream>
@@ -123,5 +124,50 @@ TEST_CASE("rebind() is refused while an exchange is in flight, and allowed once 
     for (int s = 0; s < 4; ++s)
       e.advance(x);
     e.drain();
+  });
+}
+
+TEST_CASE("set_weight: the outer step takes the mean weighted by each rank's weight, for every code") {
+  // Rank r moves every value by -d_r in one inner step (a pseudo-gradient of d_r), weighted w_r; plain outer
+  // SGD (lr 1, no momentum) then moves the common model by -(w0 d0 + w1 d1) / 2. Every weighted value is a
+  // power of two, which every code carries exactly, so the model is checked bit for bit.
+  const float d[2] = {0.5f, 0.25f}, w[2] = {2.0f, 0.5f}; // unweighted: 0.625
+  const float expect = 1.0f - (w[0] * d[0] + w[1] * d[1]) / 2.0f; // 0.4375
+  for (const char* code : {"dense", "int8", "e3m0", "topk-1"}) {
+    CAPTURE(code);
+    comm::local_group(2).run([&](comm::local& c) {
+      const sync::diloco_options o{.sync_every = 1, .outer = {.lr = 1.0f, .momentum = 0.0f}};
+      sync::coded_diloco<comm::local> e(c, layers, o, cost::diloco_code::parse(code));
+      CHECK(e.weight() == 1.0f);
+      std::vector<float> x(total, 1.0f);
+      e.start(x);
+      e.set_weight(w[c.rank()]);
+      for (auto& v : x)
+        v -= d[c.rank()];
+      e.advance(x);
+      for (float g : e.global_model(0))
+        CHECK(g == expect);
+      // The weight stays until it is set again; 1 is the plain mean.
+      CHECK(e.weight() == w[c.rank()]);
+      e.set_weight(1.0f);
+      const std::vector<float> before(e.global_model(0).begin(), e.global_model(0).end());
+      for (auto& v : x)
+        v -= d[c.rank()];
+      e.advance(x);
+      for (std::size_t i = 0; i < total; ++i)
+        CHECK(e.global_model(0)[i] == before[i] - (d[0] + d[1]) / 2.0f);
+    });
+  }
+  // Out of [0, n] or not a number: refused, naming the argument, with the weight as it was.
+  comm::local_group(2).run([&](comm::local& c) {
+    sync::coded_diloco<comm::local> e(c, layers, {}, cost::diloco_code::parse("dense"));
+    for (float bad :
+         {-0.5f, 2.5f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      CAPTURE(bad);
+      CHECK_THROWS_WITH_AS(e.set_weight(bad), doctest::Contains("argument 'weight'"), invalid_argument);
+    }
+    CHECK(e.weight() == 1.0f);
+    CHECK_NOTHROW(e.set_weight(0.0f));
+    CHECK_NOTHROW(e.set_weight(2.0f));
   });
 }

@@ -226,6 +226,16 @@ public:
     rank_ = c.rank();
   }
 
+  // Scales this rank's pseudo-gradients in the exchanges started from now on by w (1 at construction), so
+  // that the mean over the ranks becomes a weighted one: a membership engine whose ranks delivered unequal
+  // numbers of inner steps s_r gives each w = n s_r / sum(s) (a rank that joined late counts for what it
+  // did). Not saved: a membership engine sets it each round. w in [0, n], n the ranks.
+  void set_weight(float w) {
+    commsgd::check_range("weight", w, 0.0f, static_cast<float>(ranks_), "[0, the number of ranks]");
+    weight_ = w;
+  }
+  float weight() const noexcept { return weight_; }
+
   // Whether fragment p's exchange starts after inner step s (counted from 1).
   bool starts_after(std::size_t p, std::int64_t s) const noexcept {
     const std::int64_t first = offset(p);
@@ -400,6 +410,9 @@ private:
                       std::span<float>(out).subspan(at, len));
       at += len;
     }
+    if (weight_ != 1.0f) // 1 leaves the bits as they were
+      for (float& v : out)
+        v *= weight_;
   }
 
   static void wait(exchange& e) noexcept {
@@ -584,7 +597,8 @@ private:
   }
 
   C* comm_;
-  int ranks_, rank_; // asked once: while an exchange is in flight only the exchange thread may use comm_
+  int ranks_, rank_;    // asked once: while an exchange is in flight only the exchange thread may use comm_
+  float weight_ = 1.0f; // set_weight's
   options opt_;
   std::vector<std::size_t> layers_;
   std::size_t total_ = 0;

@@ -61,6 +61,12 @@ public:
   void finish(std::span<float> params) {
     visit([&](auto& s) { s.finish(params); });
   }
+  void set_weight(float w) {
+    visit([&](auto& s) { s.set_weight(w); });
+  }
+  float weight() const {
+    return visit([](const auto& s) { return s.weight(); });
+  }
 
   void drain() noexcept {
     visit([](auto& s) { s.drain(); });
