@@ -44,6 +44,9 @@ TEST_CASE("code names round-trip; anything else is refused naming the argument a
   CHECK(diloco_code::parse("topk-0.02-b0.5-2bit-c64").name() == "topk-0.02-c64-2bit-b0.5");
   CHECK(diloco_code::parse("topk-0.02-b1").name() == "topk-0.02");
   CHECK(diloco_code::parse("topk-0.02-b0").decay == 0.0);
+  CHECK(diloco_code::parse("topk-0.01-senders-c4096").name() == "topk-0.01-c4096-senders");
+  CHECK(diloco_code::parse("topk-0.01-senders").sender_mean);
+  CHECK(!diloco_code::parse("topk-0.01").sender_mean);
   for (const char* bad : {"",
                           "none",
                           "fp4",
@@ -65,12 +68,14 @@ TEST_CASE("code names round-trip; anything else is refused naming the argument a
                           "topk-0.1-2bit-2bit",
                           "topk-0.1-c4-c8",
                           "topk-0.1-",
-                          "topk-0.1-3bit"}) {
+                          "topk-0.1-3bit",
+                          "topk-0.1-senders-senders",
+                          "topk-0.1-sender"}) {
     CAPTURE(bad);
     CHECK_THROWS_WITH_AS(diloco_code::parse(bad), doctest::Contains("argument 'compression'"),
                          invalid_argument);
     CHECK_THROWS_WITH_AS(diloco_code::parse(bad),
-                         doctest::Contains("'topk-<density>[-c<chunk>][-2bit][-b<decay>]'"),
+                         doctest::Contains("'topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]'"),
                          invalid_argument);
   }
 }

@@ -449,3 +449,51 @@ TEST_CASE("top_k_ef's bad options and ranks that disagree are refused, naming th
   });
   CHECK(refusals == 2);
 }
+
+TEST_CASE("sender_mean: each value of the sum scaled to n over the ranks that sent it; residuals unchanged") {
+  // Three ranks, 6 values, k = 2 each: index 0 is sent by every rank, index 1 by ranks 0 and 1, index 4 by
+  // rank 2 alone, and 2, 3, 5 by none (rank 1's 0.25 at index 5 is not among its two largest).
+  const std::vector<std::vector<float>> g = {{4, 3, 0, 0, 0, 0}, {2, -5, 0, 0, 0, 0.25f}, {1, 0, 0, 0, 8, 0}};
+  // Sum over the senders of each index, scaled by n / senders: the engine's mean over 3 is then over them.
+  const std::vector<float> want = {4 + 2 + 1, (3 - 5) * 3.0f / 2.0f, 0, 0, 8 * 3.0f, 0};
+  for (const bool two_bit : {false, true}) {
+    CAPTURE(two_bit);
+    comm::local_group(3).run([&](local& c) {
+      const compress::top_k_ef_options o{.density = 2.0 / 6.0, .two_bit = two_bit, .sender_mean = true};
+      compress::top_k_ef<> x(6, o), plain(6, {.density = 2.0 / 6.0, .two_bit = two_bit});
+      std::vector<float> out(6), out_plain(6);
+      const auto& mine = g[static_cast<std::size_t>(c.rank())];
+      x.reduce(c, mine, out);
+      plain.reduce(c, mine, out_plain);
+      // The residuals do not depend on how the sum is taken.
+      CHECK(same_bits(x.residual(), plain.residual()));
+      CHECK(same_bits(x.residual_low(), plain.residual_low()));
+      if (!two_bit) {
+        CHECK(out == want);
+      } else {
+        // 2-bit values: each index's senders are those of the float case; a value every rank sent keeps its
+        // plain sum's bits, one rank's is 3 times it, two ranks' 1.5 times.
+        CHECK(same_bits(std::span(&out[0], 1), std::span(&out_plain[0], 1)));
+        CHECK(out[1] == 1.5f * out_plain[1]);
+        CHECK(out[4] == 3.0f * out_plain[4]);
+        CHECK((out[2] == 0.0f && out[3] == 0.0f && out[5] == 0.0f));
+      }
+    });
+  }
+  // Ranks that take the sum differently would hold different models: every rank refuses.
+  std::mutex mu;
+  int refusals = 0;
+  local_group(2).run([&](local& c) {
+    compress::top_k_ef<> x(10, {.density = 0.3, .sender_mean = c.rank() == 0});
+    std::vector<float> g2(10, 1.0f), out(10);
+    try {
+      x.reduce(c, g2, out);
+    } catch (const invalid_argument& e) {
+      if (std::string(e.what()).find("disagree") != std::string::npos) {
+        std::lock_guard lock(mu);
+        ++refusals;
+      }
+    }
+  });
+  CHECK(refusals == 2);
+}

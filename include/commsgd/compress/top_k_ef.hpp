@@ -1,5 +1,5 @@
 // compress::top_k_ef: the largest |p_i| of p = decay e + g sent as (value, index) pairs, the rest kept in the
-// residual; for DiLoCo's pseudo-gradients: the codes "topk-<density>[-c<chunk>][-2bit][-b<decay>]"
+// residual; for DiLoCo's pseudo-gradients: the codes "topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]"
 // (cost/diloco.hpp), SparseLoCo's recipe among them.
 //
 // Per round, the d values cut into chunks of `chunk` values (0: one chunk of all d; the last chunk shorter
@@ -20,8 +20,10 @@
 // the 2-bit codes, packed; else the values as floats (4 k bytes); then every index relative to its chunk in
 // b bits, packed (b = cost::index_bits(chunk): 12 for chunks of 4096, 17 for one chunk of 120,000), in
 // increasing order within each chunk. Every rank's message is gathered and summed in float in rank order from
-// +0, so every rank holds the same bits. The residual keeps p - sent exactly (a pair of floats; without
-// two_bit the subtraction is always exact: p - p or p - 0), so sent + new residual == p, bit for bit.
+// +0, so every rank holds the same bits; with sender_mean each value of the sum is then scaled by n / the
+// ranks whose message holds it (the engine's mean over n becomes a mean over the senders). The residual keeps
+// p - sent exactly (a pair of floats; without two_bit the subtraction is always exact: p - p or p - 0), so
+// sent + new residual == p, bit for bit.
 // Bytes a rank sends a round: (n - 1) (40 + message_bytes), 40 the verdict of compress/agree.hpp.
 #pragma once
 
@@ -61,6 +63,9 @@ struct top_k_ef_options {
   bool two_bit = false;  // values in 2 bits against one scale per chunk (SparseLoCo)
   std::size_t chunk = 0; // values a chunk: [1, 2^32 - 1], or 0 for one chunk of the whole length
   float decay = 1.0f;    // the residual's weight in the next round: [0, 1]
+  // Each value of the sum scaled by n / (the ranks that sent it): the mean the engine takes is then over
+  // the senders, not over all n, so a value one rank sent is not diluted by the ranks that kept theirs.
+  bool sender_mean = false;
 };
 
 // k for `density` of d values (cost/diloco.hpp has the rule).
@@ -119,6 +124,7 @@ public:
     encode();
     std::fill(d_.begin(), d_.end(), 0.0f); // what is not sent decodes to +0: the residual keeps p there
     detail::gather_and_sum(c, msg_, all_, out, d_, [&](auto m, auto&& sink) { decode(m, sink); });
+    if (opt_.sender_mean) over_senders(out, static_cast<std::size_t>(c.size()));
     wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
                 .bytes_sent;
     return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), k_, false);
@@ -157,7 +163,11 @@ private:
   std::array<std::uint64_t, 5> params() const noexcept {
     return {length_, k_, opt_.two_bit ? 1u : 0u, chunks_.size, std::bit_cast<std::uint32_t>(opt_.decay)};
   }
-  std::uint64_t config() const noexcept { return detail::fingerprint(params()); }
+  // What the ranks must share: the saved parameters and how the sum is taken.
+  std::uint64_t config() const noexcept {
+    const auto p = params();
+    return detail::fingerprint(std::array<std::uint64_t, 6>{p[0], p[1], p[2], p[3], p[4], opt_.sender_mean});
+  }
 
   // The message less its packed indices (its size is cost/'s: scales and codes, or floats).
   std::size_t value_bytes() const noexcept {
@@ -204,6 +214,20 @@ private:
                       chunks_.index_bits, [&](std::size_t i) { return idx_[i]; });
   }
 
+  // out_i <- out_i n / s_i, s_i the ranks whose message holds index i (those with none stay +0). Every rank
+  // counts the same gathered messages, so every rank scales alike; s_i = n leaves out_i's bits as they were.
+  void over_senders(std::span<float> out, std::size_t n) {
+    senders_.assign(length_, 0);
+    const std::size_t bytes = msg_.size();
+    for (std::size_t r = 0; r < n; ++r)
+      decode(std::span<const std::byte>(all_).subspan(r * bytes, bytes),
+             [&](std::size_t i, float) { ++senders_[i]; });
+    for (std::size_t i = 0; i < length_; ++i)
+      if (senders_[i] != 0 && senders_[i] != n)
+        out[i] = static_cast<float>(static_cast<double>(out[i]) * static_cast<double>(n) /
+                                    static_cast<double>(senders_[i]));
+  }
+
   // Every rank decodes every message, so an index out of its chunk (a corrupt peer) is refused on all of
   // them.
   template <class Sink>
@@ -246,6 +270,7 @@ private:
   std::vector<float> val_, scale_;
   mutable std::vector<std::uint32_t> rel_; // one chunk's indices while it is decoded
   std::vector<std::byte> msg_, all_;
+  std::vector<std::uint32_t> senders_; // sender_mean: the ranks that sent each value
 };
 
 static_assert(compressor<top_k_ef<>, comm::archetype>);

@@ -16,6 +16,8 @@
 //     [-b<decay>]   the residual decayed by <decay> in [0, 1] each round before the pseudo-gradient is added
 //                   (default 1: kept whole); SparseLoCo's recipe is topk-0.01-c4096-2bit-b0.95 with plain
 //                   outer SGD (outer lr 1, momentum 0), its error feedback in place of the outer momentum
+//     [-senders]    each value's mean over the ranks that sent it rather than over all n (the bytes as
+//                   without): a value one rank of n sends is not diluted n-fold by the ranks that did not
 //
 // Every gathered code also gathers the 40-byte verdict of compress/agree.hpp each round (fp16 and bf16 only
 // in their first): a refusal (NaN, inf, ranks built differently) reaches every rank with the payload.
@@ -107,14 +109,15 @@ inline std::string shortest(double v) {
 
 struct diloco_code {
   diloco_format format = diloco_format::dense;
-  double density = 0.0;    // top_k: the fraction of values sent, (0, 1]
-  std::uint64_t chunk = 0; // top_k: values a chunk, [1, 2^32 - 1]; 0 for one chunk of the whole fragment
-  bool two_bit = false;    // top_k: values in 2 bits against a scale per chunk
-  double decay = 1.0;      // top_k: the residual's decay each round, [0, 1]
+  double density = 0.0;     // top_k: the fraction of values sent, (0, 1]
+  std::uint64_t chunk = 0;  // top_k: values a chunk, [1, 2^32 - 1]; 0 for one chunk of the whole fragment
+  bool two_bit = false;     // top_k: values in 2 bits against a scale per chunk
+  double decay = 1.0;       // top_k: the residual's decay each round, [0, 1]
+  bool sender_mean = false; // top_k: each value the mean over the ranks that sent it
 
   static constexpr const char* names =
-      "'dense', 'fp16', 'bf16', 'int8', 'e3m0' or 'topk-<density>[-c<chunk>][-2bit][-b<decay>]' with a "
-      "density in (0, 1], a chunk in [1, 2^32 - 1] and a decay in [0, 1]";
+      "'dense', 'fp16', 'bf16', 'int8', 'e3m0' or 'topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]' "
+      "with a density in (0, 1], a chunk in [1, 2^32 - 1] and a decay in [0, 1]";
 
   // From its name; anything else is refused with the allowed names.
   static diloco_code parse(std::string_view text) {
@@ -149,6 +152,9 @@ struct diloco_code {
         number(c.chunk);
         if (c.chunk < 1 || c.chunk > 0xffffffffu) throw bad();
         seen_c = true;
+      } else if (rest.starts_with("-senders") && !c.sender_mean) {
+        c.sender_mean = true;
+        rest.remove_prefix(8);
       } else if (rest.starts_with("-b") && !seen_b) {
         rest.remove_prefix(2);
         number(c.decay);
@@ -175,7 +181,8 @@ struct diloco_code {
       return "e3m0";
     case diloco_format::top_k:
       return commsgd::concat("topk-", shortest(density), chunk ? commsgd::concat("-c", chunk) : "",
-                             two_bit ? "-2bit" : "", decay != 1.0 ? "-b" + shortest(decay) : "");
+                             two_bit ? "-2bit" : "", decay != 1.0 ? "-b" + shortest(decay) : "",
+                             sender_mean ? "-senders" : "");
     }
     return "?";
   }

@@ -171,7 +171,8 @@ private:
                                                           {.density = code.density,
                                                            .two_bit = code.two_bit,
                                                            .chunk = static_cast<std::size_t>(code.chunk),
-                                                           .decay = static_cast<float>(code.decay)},
+                                                           .decay = static_cast<float>(code.decay),
+                                                           .sender_mean = code.sender_mean},
                                                           select::laplace_bisect(exact_warm));
       });
     }
