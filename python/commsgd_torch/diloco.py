@@ -22,7 +22,8 @@ __all__ = ["DiLoCo", "COMPRESSIONS"]
 #: (top-k per chunk of that many values, indices in the bits a chunk needs), 2-bit values against a scale per
 #: chunk, and a decay in [0, 1] of its residual each round: SparseLoCo's recipe is
 #: ``"topk-0.01-c4096-2bit-b0.95"`` with ``outer_lr=1, outer_momentum=0``.
-COMPRESSIONS = ("dense", "fp16", "bf16", "int8", "e3m0", "topk-<density>[-c<chunk>][-2bit][-b<decay>]")
+COMPRESSIONS = ("dense", "fp16", "bf16", "int8", "e3m0",
+                "topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]")
 
 
 class _BadArgument(InvalidArgument, ValueError):
@@ -103,7 +104,8 @@ class DiLoCo:
       the new residual is exactly e + delta. Suffixes: ``-c<chunk>`` takes the top-k of each chunk of that
       many values (indices relative to the chunk: 12 bits for 4096); ``-2bit`` sends each value as its sign
       and one bit, +-0.5 s or +-1.5 s against s, the chunk's mean magnitude sent (what that rounds off stays
-      in e); ``-b<decay>`` scales e by decay in [0, 1] before delta is added. SparseLoCo:
+      in e); ``-b<decay>`` scales e by decay in [0, 1] before delta is added; ``-senders`` takes each
+      value's mean over the ranks that sent it rather than over all of them. SparseLoCo:
       ``"topk-0.01-c4096-2bit-b0.95"`` with ``outer_lr=1.0, outer_momentum=0.0``, the decayed residual in
       place of the outer momentum.
 

@@ -132,7 +132,7 @@ def test_torch_class_and_cpp_engine_agree_bit_for_bit(fragments, delay, alpha, w
 
 def test_code_names_and_sizes_come_from_the_engine():
     assert commsgd_torch.COMPRESSIONS == ("dense", "fp16", "bf16", "int8", "e3m0",
-                                          "topk-<density>[-c<chunk>][-2bit][-b<decay>]")
+                                          "topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]")
     for d in (0, 1, 255, 256, 257, 10_000):
         blocks = (d + 255) // 256
         assert _C.diloco_message_bytes("dense", d) == 4 * d
