@@ -54,13 +54,16 @@ for h in (10, 30, 100, 300):
     ARMS[f"torchft-diloco-h{h}"] = ["--arm", "torchft-diloco", "--sync-every", str(h)]
     ARMS[f"torchft-diloco-h{h}-stream"] = ARMS[f"torchft-diloco-h{h}"] + ARMS[f"diloco-h{h}-stream"][4:]
     # SparseLoCo's recipe: top-k per chunk of 4096 with 2-bit values, the residual decayed by 0.95 each round
-    # in place of the outer momentum (plain outer SGD, lr 1); "-b<decay>" in the name overrides the decay.
+    # in place of the outer momentum (plain outer SGD, lr 1); "-b<decay>" in the name overrides the decay;
+    # "-senders" takes each value's mean over the ranks that sent it (the code's -senders part).
     for d in ("0.01", "0.03"):
         for decay in ("0.95", "0.9", "0.99"):
-            tail = "" if decay == "0.95" else f"-b{decay}"
-            sparse = ["--compression", f"topk-{d}-c4096-2bit-b{decay}", "--outer-lr", "1", "--outer-momentum", "0"]
-            ARMS[f"diloco-h{h}-sparse{d}{tail}"] = base + sparse
-            ARMS[f"diloco-h{h}-stream-sparse{d}{tail}"] = ARMS[f"diloco-h{h}-stream"] + sparse
+            for senders in ("", "-senders"):
+                tail = ("" if decay == "0.95" else f"-b{decay}") + senders
+                sparse = ["--compression", f"topk-{d}-c4096-2bit-b{decay}{senders}", "--outer-lr", "1",
+                          "--outer-momentum", "0"]
+                ARMS[f"diloco-h{h}-sparse{d}{tail}"] = base + sparse
+                ARMS[f"diloco-h{h}-stream-sparse{d}{tail}"] = ARMS[f"diloco-h{h}-stream"] + sparse
 
 # Arms that older runs logged (bench/results/diloco-lm-*-2026-11-26) and `report` still reads, with the options
 # they ran with; `run` refuses them. "fp4" was commsgd_torch's 4-bit code before the C++ engine: E3M0 rounded
