@@ -141,6 +141,26 @@ select::laplace_bisect warm_exact() {
   return select::laplace_bisect(o);
 }
 
+// The ranks of two whose round refused top_k_ef's built with options(rank) as ranks that disagree.
+template <class Options>
+int disagreements(Options options) {
+  std::mutex mu;
+  int refusals = 0;
+  local_group(2).run([&](local& c) {
+    compress::top_k_ef<> x(10, options(c.rank()));
+    std::vector<float> g(10, 1.0f), out(10);
+    try {
+      x.reduce(c, g, out);
+    } catch (const invalid_argument& e) {
+      if (std::string(e.what()).find("disagree") != std::string::npos) {
+        std::lock_guard lock(mu);
+        ++refusals;
+      }
+    }
+  });
+  return refusals;
+}
+
 const toy::least_squares& problem() {
   static const toy::least_squares prob({.samples = 256, .dim = 23, .seed = 12});
   return prob;
@@ -433,21 +453,8 @@ TEST_CASE("top_k_ef's bad options and ranks that disagree are refused, naming th
                        invalid_argument);
   CHECK_NOTHROW(compress::top_k_ef<select::laplace_bisect>(10, {}, warm_exact()));
   // Ranks built with other densities would gather messages of other sizes: every rank refuses.
-  std::mutex mu;
-  int refusals = 0;
-  local_group(2).run([&](local& c) {
-    compress::top_k_ef<> x(10, {.density = c.rank() == 0 ? 0.3 : 0.5});
-    std::vector<float> g(10, 1.0f), out(10);
-    try {
-      x.reduce(c, g, out);
-    } catch (const invalid_argument& e) {
-      if (std::string(e.what()).find("disagree") != std::string::npos) {
-        std::lock_guard lock(mu);
-        ++refusals;
-      }
-    }
-  });
-  CHECK(refusals == 2);
+  CHECK(disagreements(
+            [](int rank) { return compress::top_k_ef_options{.density = rank == 0 ? 0.3 : 0.5}; }) == 2);
 }
 
 TEST_CASE("sender_mean: each value of the sum scaled to n over the ranks that sent it; residuals unchanged") {
@@ -481,19 +488,7 @@ TEST_CASE("sender_mean: each value of the sum scaled to n over the ranks that se
     });
   }
   // Ranks that take the sum differently would hold different models: every rank refuses.
-  std::mutex mu;
-  int refusals = 0;
-  local_group(2).run([&](local& c) {
-    compress::top_k_ef<> x(10, {.density = 0.3, .sender_mean = c.rank() == 0});
-    std::vector<float> g2(10, 1.0f), out(10);
-    try {
-      x.reduce(c, g2, out);
-    } catch (const invalid_argument& e) {
-      if (std::string(e.what()).find("disagree") != std::string::npos) {
-        std::lock_guard lock(mu);
-        ++refusals;
-      }
-    }
-  });
-  CHECK(refusals == 2);
+  CHECK(disagreements([](int rank) {
+          return compress::top_k_ef_options{.density = 0.3, .sender_mean = rank == 0};
+        }) == 2);
 }
