@@ -6,8 +6,8 @@ outer round, from the logs of `links.py run --rates none` (one --out folder a se
 For each arm: the validation loss at the run's last step (mean, min and max over the seeds that ran it to
 the end), its distance from float32 DiLoCo at the same H and schedule (diloco-h<H>, or diloco-h<H>-stream
 for a streamed arm) over the same seeds, rank 0's bytes per H inner steps (its whole run's bytes times
-H / steps) with float32 DiLoCo's bytes over these, and its bytes per inner step (what the plot's x is: arms
-of different H compare there at equal bytes). A run that did not reach its last step is listed as crashed, not used.
+H / steps) with float32 DiLoCo's bytes over these, and its bytes per inner step (arms of different H compare there
+at equal bytes). The plot: final loss against bytes per outer round, a panel per H, the named arms only. A run that did not reach its last step is listed as crashed, not used.
 """
 import argparse
 import json
@@ -46,9 +46,15 @@ def collect(dirs):
     return runs, crashed
 
 
+# train.py options that make another model or run: an arm with one of these overrides ("+width=128") is held to
+# float32 DiLoCo with the same overrides, not to the default model's.
+SHAPE = ("width", "layers", "heads", "context", "batch", "steps", "seq")
+
+
 def reference(arm):
     h = re.search(r"diloco-h\d+", arm).group(0)
-    return h + "-stream" if "-stream" in arm else h
+    ref = h + "-stream" if "-stream" in arm.split("+")[0] else h
+    return ref + "".join("+" + o for o in arm.split("+")[1:] if o.partition("=")[0] in SHAPE)
 
 
 def main(argv):
@@ -88,24 +94,35 @@ def main(argv):
         with open(args.md, "w") as f:
             f.write(text + "\n")
     if args.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(9, 5.5))
-        for arm in sorted(runs):
+        plot(runs, mean, per_round, args.plot)
+
+
+def plot(runs, mean, per_round, path):
+    """Final loss against bytes per outer round, one panel per H; the named arms only (an arm with "+option"
+    overrides is a sweep's point, in the table)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    named = [a for a in runs if "+" not in a]
+    hs = sorted({h_of(a) for a in named})
+    fig, axes = plt.subplots(1, len(hs), figsize=(7 * len(hs), 5.5), squeeze=False)
+    for ax, h in zip(axes[0], hs):
+        for arm in sorted(a for a in named if h_of(a) == h):
             losses = [v for v, _, _ in runs[arm]]
             m = mean[arm]
             marker = "s" if "sparse" in arm else ("o" if arm == reference(arm) else "^")
-            x = per_round[arm] / h_of(arm)
-            ax.errorbar(x, m, yerr=[[m - min(losses)], [max(losses) - m]], fmt=marker, capsize=3)
-            ax.annotate(arm.replace("diloco-", ""), (x, m), fontsize=7, xytext=(4, 3),
-                        textcoords="offset points")
+            color = "tab:orange" if "-stream" in arm else "tab:blue"
+            ax.errorbar(per_round[arm], m, yerr=[[m - min(losses)], [max(losses) - m]], fmt=marker, capsize=3,
+                        color=color)
+            ax.annotate(f"{arm.replace(f'diloco-h{h}', '') or 'float32'} ({len(losses)})", (per_round[arm], m),
+                        fontsize=7, xytext=(4, 3), textcoords="offset points")
         ax.set_xscale("log")
-        ax.set_xlabel("bytes rank 0 sends per inner step (its outer rounds' bytes / H)")
+        ax.set_title(f"H = {h} (orange: streamed; in brackets: seeds)")
+        ax.set_xlabel("bytes rank 0 sends per outer round")
         ax.set_ylabel("validation loss after the last step (nats/byte; mean, min-max over seeds)")
         ax.grid(True, which="both", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
