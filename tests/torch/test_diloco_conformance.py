@@ -13,9 +13,10 @@ from commsgd_torch import _C
 from helpers import run_ranks
 
 STEPS = 23
-# Top-k as SparseLoCo runs it (chunks, 2-bit values, a decayed residual): the plain "topk-<density>" is the same
-# compressor with one chunk and float values, held to the engine in C++ (tests/unit/sync_diloco_code.cpp).
-CODES = ["dense", "fp16", "bf16", "int8", "e3m0", "topk-0.2-c16-2bit-b0.95"]
+# Top-k as SparseLoCo runs it (chunks, 2-bit values, a decayed residual), and with the mean over the senders:
+# the plain "topk-<density>" is the same compressor with one chunk and float values, held to the engine in C++
+# (tests/unit/sync_diloco_code.cpp).
+CODES = ["dense", "fp16", "bf16", "int8", "e3m0", "topk-0.2-c16-2bit-b0.95", "topk-0.2-c16-2bit-b0.95-senders"]
 
 
 class _Net(torch.nn.Module):
