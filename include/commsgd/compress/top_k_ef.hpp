@@ -99,7 +99,7 @@ public:
   explicit top_k_ef(std::size_t length, top_k_ef_options o = {}, S selector = {})
       : round_state(checked_length(length), true), opt_(checked(o)),
         chunks_(cost::top_k_chunks::of(length, o.chunk, o.density)), k_(chunks_.k()),
-        sel_(static_cast<std::size_t>(chunks_.count), checked(std::move(selector))) {
+        sel_(static_cast<std::size_t>(chunks_.count), checked_selector(std::move(selector))) {
     msg_.resize(message_bytes(length, opt_));
     idx_.resize(k_);
     val_.resize(k_);
@@ -151,7 +151,7 @@ private:
     commsgd::check_range("decay", o.decay, 0.0f, 1.0f, "[0, 1]");
     return o;
   }
-  static S checked(S s) {
+  static S checked_selector(S s) {
     if (!select::selects_exactly(s))
       throw invalid_argument(commsgd::concat("argument 'selector' = ", S::name,
                                              " does not select exactly k; allowed: a selector that does "
