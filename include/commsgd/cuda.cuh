@@ -1,6 +1,7 @@
 // The one entry to commsgd's CUDA code: selection (exact, radix, laplace_bisect, hierarchical, sampled),
-// compaction, input validation, the top-k step with a host exchange (cuda::top_k) and the device-resident
-// step over many tensors (cuda::batched_top_k) in namespace commsgd::cuda. Include it from .cu files only; no .hpp reaches
+// compaction, input validation, the top-k step with a host exchange (cuda::top_k), the device-resident
+// step over many tensors (cuda::batched_top_k) and DiLoCo's round on device parameters
+// (cuda::diloco_fragment, cuda::diloco_exchange) in namespace commsgd::cuda. Include it from .cu files only; no .hpp reaches
 // it, so host-only builds never see CUDA.
 //
 // Every selector has a two-phase form in the CUB manner,
@@ -18,6 +19,8 @@
 
 #include <commsgd/cuda/batched_top_k.cuh>
 #include <commsgd/cuda/compact.cuh>
+#include <commsgd/cuda/diloco/exchange.cuh>
+#include <commsgd/cuda/diloco/fragment.cuh>
 #include <commsgd/cuda/error.cuh>
 #include <commsgd/cuda/exact.cuh>
 #include <commsgd/cuda/hierarchical.cuh>

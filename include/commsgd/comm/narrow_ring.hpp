@@ -80,10 +80,10 @@ void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffer
     if constexpr (bulk_wire_codec<Codec>) {
       Codec::encode_n(std::span<const float>(x), std::span<std::uint16_t>(buf.wire), saturate);
       Codec::decode_n(std::span<const std::uint16_t>(buf.wire), x);
-      return;
+    } else {
+      for (std::size_t i = 0; i < m; ++i)
+        x[i] = Codec::decode(narrow(x[i]));
     }
-    for (std::size_t i = 0; i < m; ++i)
-      x[i] = Codec::decode(narrow(x[i]));
     return;
   }
   const auto un = static_cast<std::uint64_t>(n);

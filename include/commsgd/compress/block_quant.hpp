@@ -41,15 +41,22 @@
 
 namespace commsgd::inline v1::compress {
 
+// The codes' per-value maths is host and device code alike (the device round, cuda/diloco/, encodes and
+// decodes with these very functions). Double operations are a multiply then a divide, which no compiler
+// fuses, so both sides round the same way.
 struct int8_code {
   static constexpr const char* name = "int8";
   static constexpr unsigned bits = 8;
   // x = p / s in [-1, 1].
-  static std::uint32_t encode(float p, float s) noexcept {
+  COMMSGD_HOST_DEVICE static std::uint32_t encode(float p, float s) noexcept {
+#if defined(__CUDA_ARCH__)
+    const double q = rint(127.0 * static_cast<double>(p) / static_cast<double>(s)); // ties to even
+#else
     const double q = std::nearbyint(127.0 * static_cast<double>(p) / static_cast<double>(s));
+#endif
     return static_cast<std::uint32_t>(static_cast<std::int32_t>(q) + 127);
   }
-  static float decode(std::uint32_t code, float s) noexcept {
+  COMMSGD_HOST_DEVICE static float decode(std::uint32_t code, float s) noexcept {
     const auto c = static_cast<std::int32_t>(code) - 127;
     return static_cast<float>(static_cast<double>(c) * static_cast<double>(s) / 127.0);
   }
@@ -62,17 +69,20 @@ struct e3m0_code {
   // 0.75 2^j = 1.5 2^(j-1), a tie going to the smaller power, so k = j + 7 = 1 + #{i in [-6, -1] : x > 1.5 2^i}
   // (comparisons that the compiler vectorises; the thresholds are exact in double, so the decision is the
   // same as rounding x's mantissa at 0.75).
-  static std::uint32_t encode(float p, float s) noexcept {
+  COMMSGD_HOST_DEVICE static std::uint32_t encode(float p, float s) noexcept {
     const std::uint32_t sign = std::signbit(p) ? 8u : 0u;
     const double x = std::fabs(static_cast<double>(p)) / static_cast<double>(s);
     if (x < 0x1p-7) return sign; // nearer zero than 2^-6
-    static constexpr double above[] = {0x1.8p-6, 0x1.8p-5, 0x1.8p-4, 0x1.8p-3, 0x1.8p-2, 0x1.8p-1};
     std::uint32_t k = 1;
-    for (double t : above)
-      k += x > t ? 1u : 0u;
+    k += x > 0x1.8p-6 ? 1u : 0u;
+    k += x > 0x1.8p-5 ? 1u : 0u;
+    k += x > 0x1.8p-4 ? 1u : 0u;
+    k += x > 0x1.8p-3 ? 1u : 0u;
+    k += x > 0x1.8p-2 ? 1u : 0u;
+    k += x > 0x1.8p-1 ? 1u : 0u;
     return sign | k;
   }
-  static float decode(std::uint32_t code, float s) noexcept {
+  COMMSGD_HOST_DEVICE static float decode(std::uint32_t code, float s) noexcept {
     const int k = static_cast<int>(code & 7u);
     const float mag = k == 0 ? 0.0f : std::ldexp(s, k - 7);
     return (code & 8u) ? -mag : mag;
@@ -85,6 +95,14 @@ struct e3m0_code {
     return t;
   }
 };
+
+// The code of value p in a block of scale s: in a block of zeros (s = 0), the code of +-0 (int8: 127; e3m0:
+// the sign alone).
+template <class Code>
+COMMSGD_HOST_DEVICE std::uint32_t block_code(float p, float s) noexcept {
+  if (s == 0.0f) return Code::bits == 8 ? 127u : (std::signbit(p) ? 8u : 0u);
+  return Code::encode(p, s);
+}
 
 struct block_quant_options {
   std::size_t block_size = 256; // values per scale: [1, inf)
@@ -147,12 +165,7 @@ private:
       std::memcpy(msg_.data() + 4 * k, &s, 4);
     }
     detail::pack_bits(std::span<std::byte>(msg_).subspan(4 * blocks()), length_, Code::bits,
-                      [&](std::size_t i) {
-                        const float s = scales_[i / b];
-                        // Zero in a block of zeros: the code of +-0 (int8: 127; e3m0: the sign alone).
-                        return s == 0.0f ? (Code::bits == 8 ? 127u : (std::signbit(p_[i]) ? 8u : 0u))
-                                         : Code::encode(p_[i], s);
-                      });
+                      [&](std::size_t i) { return block_code<Code>(p_[i], scales_[i / b]); });
   }
 
   // Every rank's message gathered and summed in rank order from +0, as compress/compressor_round.hpp's gather_and_sum,

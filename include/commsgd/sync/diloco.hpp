@@ -64,6 +64,7 @@
 #include <commsgd/select/validate.hpp>
 #include <commsgd/state/strategy.hpp>
 #include <commsgd/sync/exchange_thread.hpp>
+#include <commsgd/sync/diloco_math.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/outer_optimizer.hpp>
 #include <commsgd/sync/replica_promise.hpp>
@@ -410,9 +411,9 @@ private:
                       std::span<float>(out).subspan(at, len));
       at += len;
     }
-    if (weight_ != 1.0f) // 1 leaves the bits as they were
+    if (weight_ != 1.0f) // math::pseudo_gradient's scaling, in a second pass only when it changes bits
       for (float& v : out)
-        v *= weight_;
+        v = math::mul(v, weight_);
   }
 
   static void wait(exchange& e) noexcept {
@@ -450,8 +451,7 @@ private:
     for (const auto& [off, len] : frags_[p].runs) {
       float* x = params.data() + off;
       outer_[p].step_on_sum(g, ex->sum, static_cast<float>(ranks_), at, len, [&](std::size_t j, float gj) {
-        float& xi = x[j - at];
-        xi = a == 0.0f ? gj : gj + a * (xi - gj);
+        x[j - at] = math::merge(gj, x[j - at], a);
       });
       at += len;
     }

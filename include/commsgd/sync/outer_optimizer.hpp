@@ -18,6 +18,7 @@
 
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/sync/diloco_math.hpp>
 
 #include <cmath>
 #include <concepts>
@@ -89,24 +90,22 @@ public:
 
   // The same step on [first, first + count) of the model, its mean sum[i] / n computed on the way, calling
   // after(i, global[i]) once each value is final: one pass where a caller would otherwise divide, step and
-  // then read the model again. The same bits as step() on the divided sums.
+  // then read the model again. The same bits as step() on the divided sums, and as the device round's
+  // (sync/diloco_math.hpp).
   template <class After>
   void step_on_sum(std::span<float> global, std::span<const float> sum, float n, std::size_t first,
                    std::size_t count, After&& after) {
     const float lr = opt_.lr, mu = opt_.momentum;
     if (!has_momentum()) {
       for (std::size_t i = first; i < first + count; ++i) {
-        const float mean = sum[i] / n;
-        global[i] = global[i] - lr * mean;
+        global[i] = math::outer_step(global[i], sum[i], n, lr, 0.0f, nullptr);
         after(i, global[i]);
       }
       return;
     }
     if (v_.empty()) v_.assign(global.size(), 0.0f);
     for (std::size_t i = first; i < first + count; ++i) {
-      const float mean = sum[i] / n;
-      v_[i] = mu * v_[i] + mean;
-      global[i] = global[i] - lr * (mean + mu * v_[i]);
+      global[i] = math::outer_step(global[i], sum[i], n, lr, mu, &v_[i]);
       after(i, global[i]);
     }
   }

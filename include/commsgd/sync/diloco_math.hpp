@@ -1,0 +1,66 @@
+// The per-value arithmetic of a DiLoCo round, written once for the host engine (sync/diloco.hpp,
+// sync/outer_optimizer.hpp) and the device round (cuda/diloco/), so that both give the same bits.
+//
+// Each float operation is rounded on its own: on the device through the _rn intrinsics, which nvcc never
+// fuses into an FMA (a fused multiply-add rounds once where the host rounds twice, and the bits would
+// differ); on the host as plain operators, which the build does not contract (no -ffp-contract=fast with an
+// FMA target).
+#pragma once
+
+#include <commsgd/config.hpp>
+
+namespace commsgd::inline v1::sync::math {
+
+COMMSGD_HOST_DEVICE inline float mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+COMMSGD_HOST_DEVICE inline float add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+COMMSGD_HOST_DEVICE inline float sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+COMMSGD_HOST_DEVICE inline float div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// A rank's pseudo-gradient value, old minus new (sync/outer_optimizer.hpp has the sign), scaled by the
+// rank's weight; a weight of 1 leaves the bits of the difference.
+COMMSGD_HOST_DEVICE inline float pseudo_gradient(float global, float local, float weight) {
+  const float d = sub(global, local);
+  return weight == 1.0f ? d : mul(d, weight);
+}
+
+// The outer step on one value from the sum over n ranks: mean = sum / n, then Nesterov SGD as PyTorch's
+// SGD(nesterov=True) writes it,
+//   v <- mu v + mean;  global <- global - lr (mean + mu v)
+// or, without momentum (mu = 0, v untouched), global <- global - lr mean. Returns the new global value.
+COMMSGD_HOST_DEVICE inline float outer_step(float global, float sum, float n, float lr, float mu, float* v) {
+  const float mean = div(sum, n);
+  if (mu == 0.0f) return sub(global, mul(lr, mean));
+  *v = add(mul(mu, *v), mean);
+  return sub(global, mul(lr, add(mean, mul(mu, *v))));
+}
+
+// The merge of the local value with the new common one: alpha = 0 restarts from the common model.
+COMMSGD_HOST_DEVICE inline float merge(float global, float local, float alpha) {
+  return alpha == 0.0f ? global : add(global, mul(alpha, sub(local, global)));
+}
+
+} // namespace commsgd::inline v1::sync::math
