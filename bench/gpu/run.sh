@@ -3,7 +3,7 @@
 # steady-state step and batched benchmarks, the selection benchmarks with their like-for-like anchors
 # (cub::DeviceTopK pairs where a CCCL >= 3.3 is found, torch.topk), the Nsight Compute profile, and write
 # dated tables into bench/results/:
-#   step-gpu-<date>.md, batched-gpu-<date>.md, profile-gpu-<date>.md, select-gpu-<date>.md,
+#   step-gpu-<date>.md, batched-gpu-<date>.md, diloco-round-gpu-<date>.md, profile-gpu-<date>.md, select-gpu-<date>.md,
 #   select-gpu-sequence-<date>.md  (+ the raw .json / .csv beside them)
 # With OUT set, also $OUT/results.tgz (every table, JSON, CSV and log), the tables themselves and $OUT/run.log.
 #   bench/gpu/run.sh [--quick]    (--quick: 2^24 and smaller, fewer steps and repetitions)
@@ -112,7 +112,7 @@ stage "find CCCL" "${#cccl_cands[@]} candidate(s)" $t
 # include path) beside it, trying each CCCL candidate until one compiles.
 bin="$build/tests/cuda/bench_gpu"
 test_bin="$build/tests/cuda/cuda_select_test"
-programs=(step_gpu_bench batched_gpu_bench select_gpu_bench sequence_gpu_bench)
+programs=(step_gpu_bench batched_gpu_bench select_gpu_bench sequence_gpu_bench diloco_round_gpu_bench)
 if [[ $use_prebuilt -eq 1 ]]; then
   # Built by `run.sh --build-only` with the same nvcc, carried here: no build on the lent machine.
   echo "using the programs built beforehand in $prebuilt: $(cat "$prebuilt/built" 2>/dev/null)"
@@ -153,7 +153,7 @@ static_link="-static-libstdc++ -static-libgcc"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCOMMSGD_ENABLE_CUDA=ON -DCOMMSGD_ENABLE_MPI=OFF -DCOMMSGD_ENABLE_TORCH=OFF -DCOMMSGD_BUILD_EXAMPLES=OFF \
   -DCOMMSGD_BUILD_BENCHMARKS=OFF -DCMAKE_EXE_LINKER_FLAGS="$static_link" >"$build/configure.log" 2>&1 || { build_status=$?; tail -20 "$build/configure.log"; }
-targets=(step_gpu_bench batched_gpu_bench select_gpu_bench sequence_gpu_bench)
+targets=(step_gpu_bench batched_gpu_bench select_gpu_bench sequence_gpu_bench diloco_round_gpu_bench)
 [[ "${SKIP_TESTS:-0}" != 1 ]] && targets=(cuda_select_test "${targets[@]}")
 [[ $build_status -eq 0 ]] && { cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" || build_status=$?; }
 stage "build" "exit $build_status" $t
@@ -186,7 +186,7 @@ fi
 # they may share the GPU). A failing test does not stop the benchmarks (their results are checked too).
 test_status=skipped
 shard_pids=()
-shards=(select_test top_k_test batched_top_k_test)
+shards=(select_test top_k_test batched_top_k_test diloco_round_test)
 if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
   tests_t=$SECONDS
   # ctest -L cuda runs this one program; here its three source files run as three processes side by side
@@ -252,6 +252,21 @@ run_stage() { # run_stage NAME LIMIT_SECONDS COMMAND...
 # --- The step in steady state on raw gradients, and ResNet-50's tensors batched.
 run_stage "step_gpu_bench" 120 "$bin/step_gpu_bench" --out "$work/step_gpu" "${quick[@]}"
 run_stage "batched_gpu_bench" 120 "$bin/batched_gpu_bench" --out "$work/batched_gpu" "${quick[@]}"
+# --- DiLoCo's round on device parameters against its memory floor, then the same rounds as torch ops.
+if run_stage "diloco_round_gpu_bench" 90 "$bin/diloco_round_gpu_bench" --out "$work/diloco_round_gpu" "${quick[@]}"; then
+  run_stage "diloco_round_torch.py" 120 python3 "$root/bench/gpu/diloco_round_torch.py" \
+    --ours "$work/diloco_round_gpu.csv" --out "$work/diloco_round_torch.md" ||
+    echo "diloco_round_torch.py failed: the table will have no torch rows"
+fi
+{
+  echo "# DiLoCo's round on device parameters, $device, $date"
+  echo
+  echo "\`bench/gpu/run.sh\` (diloco_round_gpu_bench, then diloco_round_torch.py on its sizes)."
+  echo
+  cat "$work/diloco_round_gpu.md" 2>/dev/null
+  echo
+  cat "$work/diloco_round_torch.md" 2>/dev/null
+} >"$results/diloco-round-gpu-$date.md"
 # --- torch.topk anchors: the selection cases and the ResNet-50 loop, one python process.
 run_stage "torch_topk.py" 150 python3 "$root/bench/gpu/torch_topk.py" --out "$work/torch_topk.json" \
   --resnet-out "$work/batched_torch.json" "${quick[@]}" ||
@@ -319,7 +334,7 @@ fi
 if [[ -n "${OUT:-}" ]]; then
   (cd "$root" && tar -czf "$OUT/results.tgz" bench/results/*-"$date"* -C "$build" results cccl_build.log \
     configure.log cccl_used profile 2>/dev/null)
-  for f in step-gpu batched-gpu profile-gpu select-gpu select-gpu-sequence; do
+  for f in step-gpu batched-gpu diloco-round-gpu profile-gpu select-gpu select-gpu-sequence; do
     [[ -f "$results/$f-$date.md" ]] && cp "$results/$f-$date.md" "$OUT/"
   done
   echo "wrote $OUT/results.tgz ($(du -h "$OUT/results.tgz" | cut -f1)) and the tables"

@@ -9,8 +9,8 @@
 
 #include <commsgd/comm/local.hpp>
 #include <commsgd/compress/bit_pack.hpp>
-#include <commsgd/cuda.cuh>
 #include <commsgd/cost/diloco.hpp>
+#include <commsgd/cuda.cuh>
 #include <commsgd/sync/diloco.hpp>
 
 #include <cfloat>
@@ -54,11 +54,21 @@ std::vector<float> make(std::size_t n, shape s, unsigned seed) {
   std::vector<float> x(n);
   for (std::size_t i = 0; i < n; ++i) {
     switch (s) {
-    case shape::normal: x[i] = nd(rng); break;
-    case shape::zeros: x[i] = 0.0f; break;
-    case shape::signed_zeros: x[i] = (rng() & 1) ? -0.0f : 0.0f; break;
-    case shape::ties: x[i] = 0.25f * static_cast<float>(static_cast<int>(rng() % 9) - 4); break;
-    case shape::wide: x[i] = std::ldexp(nd(rng), static_cast<int>(rng() % 40) - 20); break;
+    case shape::normal:
+      x[i] = nd(rng);
+      break;
+    case shape::zeros:
+      x[i] = 0.0f;
+      break;
+    case shape::signed_zeros:
+      x[i] = (rng() & 1) ? -0.0f : 0.0f;
+      break;
+    case shape::ties:
+      x[i] = 0.25f * static_cast<float>(static_cast<int>(rng() % 9) - 4);
+      break;
+    case shape::wide:
+      x[i] = std::ldexp(nd(rng), static_cast<int>(rng() % 40) - 20);
+      break;
     }
   }
   return x;
@@ -79,11 +89,12 @@ std::vector<std::byte> host_message(const std::vector<float>& p, std::size_t b) 
 }
 
 template <class Code>
-void check_messages(const runs_t& runs, std::size_t total, shape sh, float weight, std::size_t b, unsigned seed) {
+void check_messages(const runs_t& runs, std::size_t total, shape sh, float weight, std::size_t b,
+                    unsigned seed) {
   cu::diloco_fragment<Code> f(runs, {.block_size = b});
   const std::size_t len = f.length();
-  const auto global = make(len, sh, seed), params = make(total, sh == shape::zeros ? shape::signed_zeros : sh,
-                                                         seed + 1);
+  const auto global = make(len, sh, seed),
+             params = make(total, sh == shape::zeros ? shape::signed_zeros : sh, seed + 1);
   f.load(global, {});
   cu::device_buffer<float> x(total);
   upload(x.data(), params);
@@ -119,7 +130,8 @@ struct host_engine {
   using type = sync::diloco<comm::local, compress::block_quantizer<Code>>;
   static type make(comm::local& c, const std::vector<std::size_t>& layers, const sync::diloco_options& o) {
     return type(c, layers, o, [](std::size_t n) {
-      return compress::block_quantizer<Code>(n, {.block_size = cost::diloco_block_size, .error_feedback = false});
+      return compress::block_quantizer<Code>(
+          n, {.block_size = cost::diloco_block_size, .error_feedback = false});
     });
   }
 };
@@ -169,7 +181,8 @@ void check_run(const run_case& rc) {
     upload(xd.data(), xh);
     for (auto& f : frags)
       f.start(xd.data(), nullptr);
-    const float w = rc.weighted ? static_cast<float>(c.rank() + 1) * 2.0f / static_cast<float>(rc.ranks + 1) : 1.0f;
+    const float w =
+        rc.weighted ? static_cast<float>(c.rank() + 1) * 2.0f / static_cast<float>(rc.ranks + 1) : 1.0f;
     host.set_weight(w);
     std::mt19937 rng(rc.seed * 1000 + static_cast<unsigned>(c.rank()));
     std::normal_distribution<float> step(0.0f, 0.01f);
@@ -201,8 +214,8 @@ void check_run(const run_case& rc) {
 
 TEST_CASE_TEMPLATE("the device message is the host code's, byte for byte", Code, compress::int8_code,
                    compress::e3m0_code) {
-  for (std::size_t len : {std::size_t{1}, std::size_t{31}, std::size_t{256}, std::size_t{257}, std::size_t{1000},
-                          std::size_t{65539}})
+  for (std::size_t len : {std::size_t{1}, std::size_t{31}, std::size_t{256}, std::size_t{257},
+                          std::size_t{1000}, std::size_t{65539}})
     for (shape sh : {shape::normal, shape::zeros, shape::signed_zeros, shape::ties, shape::wide})
       for (float w : {1.0f, 0.5f, 3.0f})
         for (std::size_t b : {std::size_t{256}, std::size_t{32}, std::size_t{1024}}) {
@@ -231,8 +244,8 @@ TEST_CASE_TEMPLATE("a device round is the host engine's, bit for bit", Code, cu:
   }
 }
 
-TEST_CASE_TEMPLATE("a rank's NaN, or a sum that overflows, is refused on every rank with nothing changed", Code,
-                   cu::dense_code, compress::int8_code, compress::e3m0_code) {
+TEST_CASE_TEMPLATE("a rank's NaN, or a sum that overflows, is refused on every rank with nothing changed",
+                   Code, cu::dense_code, compress::int8_code, compress::e3m0_code) {
   for (int which : {0, 1}) { // 0: rank 1's pseudo-gradient holds a NaN; 1: the sum overflows
     CAPTURE(which);
     const std::size_t len = 700;
@@ -267,13 +280,15 @@ TEST_CASE("bad arguments are refused, naming them") {
   using f8 = cu::diloco_fragment<compress::int8_code>;
   const runs_t one{{0, 100}};
   CHECK_THROWS_WITH_AS(f8(one, {.block_size = 48}), doctest::Contains("'block_size' = 48"), invalid_argument);
-  CHECK_THROWS_WITH_AS(f8(one, {.block_size = 2048}), doctest::Contains("'block_size' = 2048"), invalid_argument);
+  CHECK_THROWS_WITH_AS(f8(one, {.block_size = 2048}), doctest::Contains("'block_size' = 2048"),
+                       invalid_argument);
   CHECK_THROWS_WITH_AS(f8(runs_t{}, {}), doctest::Contains("'runs'"), invalid_argument);
   CHECK_THROWS_WITH_AS(f8(runs_t{{0, 0}}, {}), doctest::Contains("'runs'"), invalid_argument);
   CHECK_THROWS_WITH_AS(f8(one, {.alpha = 1.5f}), doctest::Contains("'alpha'"), invalid_argument);
   CHECK_THROWS_WITH_AS(f8(one, {.momentum = 1.0f}), doctest::Contains("'outer.momentum'"), invalid_argument);
   f8 f(one, {});
   cu::device_buffer<float> x(100);
-  CHECK_THROWS_WITH_AS(f.apply(f.message(), 0, x.data(), nullptr), doctest::Contains("'n' = 0"), invalid_argument);
+  CHECK_THROWS_WITH_AS(f.apply(f.message(), 0, x.data(), nullptr), doctest::Contains("'n' = 0"),
+                       invalid_argument);
   CHECK_THROWS_WITH_AS(f.load(std::vector<float>(99), {}), doctest::Contains("'global'"), invalid_argument);
 }

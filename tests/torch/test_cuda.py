@@ -350,3 +350,13 @@ def test_diloco_on_cuda_parameters_agrees_with_the_engine_bit_for_bit(code, frag
     import test_diloco_conformance as conf
     runs = [torch.load(io.BytesIO(b)) for b in run_ranks(conf._run, 2, (code, fragments, delay, alpha, "cuda"))]
     conf.check_agreement(runs, code, fragments, delay, alpha)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (DiLoCo needs no _cuda part: the engine works on a host copy)")
+@pytest.mark.skipif(not dist.is_nccl_available(), reason="torch has no NCCL")
+@pytest.mark.parametrize("code", ["dense", "int8", "topk-0.1-c64-2bit-b0.95-senders"])
+def test_diloco_under_an_nccl_process_group_agrees_with_the_engine(code):
+    """The trainer's group is NCCL (one rank): DiLoCo runs its engine on a gloo group beside it."""
+    import test_diloco_conformance as conf
+    runs = [torch.load(io.BytesIO(b)) for b in run_ranks(conf._run, 1, (code, 2, 1, 0.0, "cuda"), backend="nccl")]
+    conf.check_agreement(runs, code, 2, 1, 0.0)

@@ -19,8 +19,8 @@
 #include <commsgd/compress/agree.hpp>
 #include <commsgd/compress/bit_pack.hpp>
 #include <commsgd/compress/compressor.hpp>
-#include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/compressor_round.hpp>
+#include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/cost/diloco.hpp>

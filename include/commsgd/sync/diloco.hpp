@@ -63,8 +63,8 @@
 #include <commsgd/error.hpp>
 #include <commsgd/select/validate.hpp>
 #include <commsgd/state/strategy.hpp>
-#include <commsgd/sync/exchange_thread.hpp>
 #include <commsgd/sync/diloco_math.hpp>
+#include <commsgd/sync/exchange_thread.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <commsgd/sync/outer_optimizer.hpp>
 #include <commsgd/sync/replica_promise.hpp>
@@ -450,9 +450,8 @@ private:
     std::size_t at = 0;
     for (const auto& [off, len] : frags_[p].runs) {
       float* x = params.data() + off;
-      outer_[p].step_on_sum(g, ex->sum, static_cast<float>(ranks_), at, len, [&](std::size_t j, float gj) {
-        x[j - at] = math::merge(gj, x[j - at], a);
-      });
+      outer_[p].step_on_sum(g, ex->sum, static_cast<float>(ranks_), at, len,
+                            [&](std::size_t j, float gj) { x[j - at] = math::merge(gj, x[j - at], a); });
       at += len;
     }
     applied_at_[p] = step_;

@@ -34,12 +34,13 @@ public:
   std::uint64_t run(C& c, diloco_fragment<Code>& f, float* params, float weight, cudaStream_t stream) {
     const auto n = static_cast<std::size_t>(c.size());
     if (f.message_bytes() != bytes_)
-      throw invalid_argument(commsgd::concat("argument 'f' has messages of ", f.message_bytes(),
-                                             " bytes; the allowed fragment is the one this exchange was made for (",
-                                             bytes_, " bytes)"));
+      throw invalid_argument(commsgd::concat(
+          "argument 'f' has messages of ", f.message_bytes(),
+          " bytes; the allowed fragment is the one this exchange was made for (", bytes_, " bytes)"));
     f.encode(params, weight, stream);
     grow(send_, bytes_);
-    check(cudaMemcpyAsync(send_.data(), f.message(), bytes_, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(send_.data(), f.message(), bytes_, cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync");
     const diloco_verdict own = f.verdict(stream); // synchronises: the message is on the host
     std::uint64_t wire = 0;
     const std::byte* in = nullptr;
@@ -58,20 +59,21 @@ public:
                    std::as_writable_bytes(std::span<std::uint64_t>(counts)));
       for (std::size_t r = 0; r < n; ++r)
         if (counts[2 * r] != 0)
-          throw non_finite(commsgd::concat("cuda::diloco_exchange: rank ", r, "'s pseudo-gradient (",
-                                           Code::name, ")"),
-                           counts[2 * r], counts[2 * r + 1]);
+          throw non_finite(
+              commsgd::concat("cuda::diloco_exchange: rank ", r, "'s pseudo-gradient (", Code::name, ")"),
+              counts[2 * r], counts[2 * r + 1]);
       grow(all_, n * bytes_);
-      c.all_gather(std::span<const std::byte>(send_.data(), bytes_), std::span<std::byte>(all_.data(), n * bytes_));
+      c.all_gather(std::span<const std::byte>(send_.data(), bytes_),
+                   std::span<std::byte>(all_.data(), n * bytes_));
       wire = comm::all_gather_traffic(bytes_, c.size()).bytes_sent;
       in = upload(all_.data(), n * bytes_, stream);
     }
     f.apply(in, static_cast<int>(n), params, stream);
     const diloco_verdict v = f.verdict(stream);
     if (v.sum != 0)
-      throw non_finite(commsgd::concat("cuda::diloco_exchange: the sum of the ranks' pseudo-gradients (", Code::name,
-                                       ")"),
-                       v.sum, v.sum_first);
+      throw non_finite(
+          commsgd::concat("cuda::diloco_exchange: the sum of the ranks' pseudo-gradients (", Code::name, ")"),
+          v.sum, v.sum_first);
     return wire;
   }
 

@@ -49,9 +49,9 @@ inline constexpr bool is_diloco_device_code =
     std::is_same_v<Code, compress::e3m0_code>;
 
 struct diloco_fragment_options {
-  float lr = 0.7f;       // the outer step's: (0, inf)
-  float momentum = 0.9f; // [0, 1)
-  float alpha = 0.0f;    // the local model's weight in the merge: [0, 1]
+  float lr = 0.7f;                                  // the outer step's: (0, inf)
+  float momentum = 0.9f;                            // [0, 1)
+  float alpha = 0.0f;                               // the local model's weight in the merge: [0, 1]
   std::size_t block_size = cost::diloco_block_size; // int8, e3m0: a multiple of 32 in [32, 1024]
 };
 
@@ -64,9 +64,10 @@ struct diloco_verdict {
 
 template <class Code>
 class diloco_fragment {
-  static_assert(is_diloco_device_code<Code>,
-                "cuda::diloco_fragment runs cuda::dense_code, compress::int8_code and compress::e3m0_code; the "
-                "other DiLoCo codes run on a host copy (sync::coded_diloco)");
+  static_assert(
+      is_diloco_device_code<Code>,
+      "cuda::diloco_fragment runs cuda::dense_code, compress::int8_code and compress::e3m0_code; the "
+      "other DiLoCo codes run on a host copy (sync::coded_diloco)");
 
 public:
   using options = diloco_fragment_options;
@@ -79,12 +80,15 @@ public:
     commsgd::check_range("alpha", o.alpha, 0.0f, 1.0f, "[0, 1]");
     if constexpr (!dense)
       if (o.block_size < 32 || o.block_size > 1024 || o.block_size % 32 != 0)
-        throw invalid_argument(commsgd::concat("argument 'block_size' = ", o.block_size,
-                                               " is outside the allowed range: a multiple of 32 in [32, 1024]"));
-    if (runs.empty()) throw invalid_argument("argument 'runs' is empty; the allowed range is at least one run");
+        throw invalid_argument(
+            commsgd::concat("argument 'block_size' = ", o.block_size,
+                            " is outside the allowed range: a multiple of 32 in [32, 1024]"));
+    if (runs.empty())
+      throw invalid_argument("argument 'runs' is empty; the allowed range is at least one run");
     std::vector<std::uint64_t> begin{0}, offset;
     for (const auto& [off, len] : runs) {
-      if (len == 0) throw invalid_argument("argument 'runs' holds a run of length 0; the allowed range is [1, inf)");
+      if (len == 0)
+        throw invalid_argument("argument 'runs' holds a run of length 0; the allowed range is [1, inf)");
       offset.push_back(off);
       begin.push_back(begin.back() + len);
     }
@@ -108,7 +112,9 @@ public:
 
   std::size_t length() const noexcept { return length_; }
   const options& opts() const noexcept { return opt_; }
-  std::size_t blocks() const noexcept { return dense ? 0 : (length_ + opt_.block_size - 1) / opt_.block_size; }
+  std::size_t blocks() const noexcept {
+    return dense ? 0 : (length_ + opt_.block_size - 1) / opt_.block_size;
+  }
   // Bytes of one rank's message (dense: the float pseudo-gradient).
   std::size_t message_bytes() const noexcept {
     if constexpr (dense)
@@ -123,7 +129,7 @@ public:
 
   // The common model <- the fragment's values of params (the flat model).
   void start(const float* params, cudaStream_t stream) {
-    diloco_detail::gather_kernel<<<grid(256), 256, 0, stream>>>(table_, length_, params, global_.data());
+    diloco_detail::gather_kernel<><<<grid(256), 256, 0, stream>>>(table_, length_, params, global_.data());
     check_launch("cuda::diloco_fragment::start");
   }
 
@@ -132,13 +138,13 @@ public:
   void encode(const float* params, float weight, cudaStream_t stream) {
     reset(0, stream);
     if constexpr (dense) {
-      diloco_detail::dense_encode_kernel<<<grid(256), 256, 0, stream>>>(
-          table_, length_, global_.data(), params, weight, reinterpret_cast<float*>(message_.data()),
-          verdict_.data());
+      diloco_detail::dense_encode_kernel<>
+          <<<grid(256), 256, 0, stream>>>(table_, length_, global_.data(), params, weight,
+                                          reinterpret_cast<float*>(message_.data()), verdict_.data());
     } else {
-      diloco_detail::block_encode_kernel<Code><<<static_cast<unsigned>(blocks()),
-                                                 static_cast<unsigned>(opt_.block_size), 0, stream>>>(
-          table_, length_, global_.data(), params, weight, blocks(), message_.data(), verdict_.data());
+      diloco_detail::block_encode_kernel<Code>
+          <<<static_cast<unsigned>(blocks()), static_cast<unsigned>(opt_.block_size), 0, stream>>>(
+              table_, length_, global_.data(), params, weight, blocks(), message_.data(), verdict_.data());
     }
     check_launch("cuda::diloco_fragment::encode");
   }
@@ -149,19 +155,20 @@ public:
   void apply(const std::byte* in, int n, float* params, cudaStream_t stream) {
     commsgd::check_range("n", n, 1, std::numeric_limits<int>::max(), "[1, inf)");
     reset(1, stream);
-    diloco_detail::step_args a{table_,      length_,         static_cast<float>(n), opt_.lr, opt_.momentum,
-                               opt_.alpha,  global_.data(), velocity_.data(),      params,  verdict_.data() + 1};
+    diloco_detail::step_args a{
+        table_,     length_,        static_cast<float>(n), opt_.lr, opt_.momentum,
+        opt_.alpha, global_.data(), velocity_.data(),      params,  verdict_.data() + 1};
     if constexpr (dense) {
       const auto* sum = reinterpret_cast<const float*>(in);
-      diloco_detail::dense_check_kernel<<<grid(256), 256, 0, stream>>>(length_, sum, verdict_.data() + 1);
+      diloco_detail::dense_check_kernel<><<<grid(256), 256, 0, stream>>>(length_, sum, verdict_.data() + 1);
       check_launch("cuda::diloco_fragment::apply (check)");
-      diloco_detail::dense_step_kernel<<<grid(256), 256, 0, stream>>>(a, sum);
+      diloco_detail::dense_step_kernel<><<<grid(256), 256, 0, stream>>>(a, sum);
     } else {
       diloco_detail::block_check_kernel<Code><<<static_cast<unsigned>(blocks()), 256, 0, stream>>>(
           length_, opt_.block_size, blocks(), in, message_bytes(), n, verdict_.data() + 1);
       check_launch("cuda::diloco_fragment::apply (check)");
-      diloco_detail::block_step_kernel<Code><<<grid(256), 256, 0, stream>>>(a, opt_.block_size, blocks(), in,
-                                                                             message_bytes(), n);
+      diloco_detail::block_step_kernel<Code>
+          <<<grid(256), 256, 0, stream>>>(a, opt_.block_size, blocks(), in, message_bytes(), n);
     }
     check_launch("cuda::diloco_fragment::apply");
   }
@@ -186,7 +193,8 @@ public:
     if (opt_.momentum == 0.0f) return;
     if (!velocity.empty() && velocity.size() != length_)
       throw invalid_argument(commsgd::concat("argument 'velocity' holds ", velocity.size(),
-                                             " values; the allowed sizes are 0 and the fragment's ", length_));
+                                             " values; the allowed sizes are 0 and the fragment's ",
+                                             length_));
     if (velocity.empty())
       check(cudaMemset(velocity_.data(), 0, length_ * 4), "cudaMemset");
     else

@@ -44,14 +44,17 @@ __device__ inline void note_non_finite(device_verdict* v, std::uint64_t i) {
   atomicMin(&v->first, static_cast<unsigned long long>(i));
 }
 
+// A template, so that every .cu including this header may hold it (as an inline function).
+template <class = void>
 __global__ void gather_kernel(run_table t, std::uint64_t length, const float* params, float* out) {
   const std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
   if (i < length) out[i] = params[flat_index(t, i)];
 }
 
 // Dense: the message is the pseudo-gradient itself.
-__global__ void dense_encode_kernel(run_table t, std::uint64_t length, const float* global, const float* params,
-                                    float weight, float* out, device_verdict* v) {
+template <class = void>
+__global__ void dense_encode_kernel(run_table t, std::uint64_t length, const float* global,
+                                    const float* params, float weight, float* out, device_verdict* v) {
   const std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
   if (i >= length) return;
   const float d = sync::math::pseudo_gradient(global[i], params[flat_index(t, i)], weight);
@@ -79,8 +82,9 @@ __device__ inline float block_max(float x, float* shared) {
 // max |p|, then each value's code, packed as compress/bit_pack.hpp lays it out. Message: the scales (4 bytes
 // each), then the codes.
 template <class Code>
-__global__ void block_encode_kernel(run_table t, std::uint64_t length, const float* global, const float* params,
-                                    float weight, std::uint64_t blocks, std::byte* msg, device_verdict* v) {
+__global__ void block_encode_kernel(run_table t, std::uint64_t length, const float* global,
+                                    const float* params, float weight, std::uint64_t blocks, std::byte* msg,
+                                    device_verdict* v) {
   __shared__ float shared[32];
   const std::uint64_t k = blockIdx.x;
   const std::uint64_t i = k * blockDim.x + threadIdx.x;
@@ -129,7 +133,8 @@ __global__ void block_check_kernel(std::uint64_t length, std::uint64_t block_siz
   for (int r = 0; r < n; ++r)
     bound += reinterpret_cast<const float*>(all + r * bytes)[k];
   if (bound <= 0.5 * FLT_MAX) return;
-  for (std::uint64_t i = k * block_size + threadIdx.x; i < min(length, (k + 1) * block_size); i += blockDim.x) {
+  for (std::uint64_t i = k * block_size + threadIdx.x; i < min(length, (k + 1) * block_size);
+       i += blockDim.x) {
     float sum = 0.0f;
     for (int r = 0; r < n; ++r)
       sum = sync::math::add(sum, decode_value<Code>(all + r * bytes, blocks, k, i));
@@ -137,6 +142,7 @@ __global__ void block_check_kernel(std::uint64_t length, std::uint64_t block_siz
   }
 }
 
+template <class = void>
 __global__ void dense_check_kernel(std::uint64_t length, const float* sum, device_verdict* v) {
   const std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
   if (i < length && !isfinite(sum[i])) note_non_finite(v, i);
@@ -161,6 +167,7 @@ __device__ inline void step_value(const step_args& a, std::uint64_t i, float sum
   x = a.alpha == 0.0f ? g : sync::math::merge(g, x, a.alpha);
 }
 
+template <class = void>
 __global__ void dense_step_kernel(step_args a, const float* sum) {
   if (a.verdict->count != 0) return;
   const std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
