@@ -37,6 +37,7 @@ public:
       throw invalid_argument(commsgd::concat(
           "argument 'f' has messages of ", f.message_bytes(),
           " bytes; the allowed fragment is the one this exchange was made for (", bytes_, " bytes)"));
+    commsgd::check_range("weight", weight, 0.0f, static_cast<float>(c.size()), "[0, the number of ranks]");
     f.encode(params, weight, stream);
     grow(send_, bytes_);
     check(cudaMemcpyAsync(send_.data(), f.message(), bytes_, cudaMemcpyDeviceToHost, stream),

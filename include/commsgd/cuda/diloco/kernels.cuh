@@ -107,10 +107,21 @@ __global__ void block_encode_kernel(run_table t, std::uint64_t length, const flo
   }
 }
 
+// Block k's scale in a message. A message is 4 blocks + the codes' bytes long, so in the gathered messages
+// rank r's starts at r times that, which need not be a multiple of 4: then the scale is read byte by byte.
+__device__ inline float load_scale(const std::byte* msg, std::uint64_t k) {
+  const std::byte* p = msg + 4 * k;
+  if ((reinterpret_cast<std::uintptr_t>(p) & 3u) == 0) return *reinterpret_cast<const float*>(p);
+  std::uint32_t u = 0;
+  for (int j = 0; j < 4; ++j)
+    u |= static_cast<std::uint32_t>(p[j]) << (8 * j); // the host's byte order: little-endian, as the device's
+  return __uint_as_float(u);
+}
+
 template <class Code>
 __device__ inline float decode_value(const std::byte* msg, std::uint64_t blocks, std::uint64_t k,
                                      std::uint64_t i) {
-  const float s = reinterpret_cast<const float*>(msg)[k];
+  const float s = load_scale(msg, k);
   const std::byte* codes = msg + 4 * blocks;
   std::uint32_t code;
   if constexpr (Code::bits == 8)
@@ -131,7 +142,7 @@ __global__ void block_check_kernel(std::uint64_t length, std::uint64_t block_siz
   const std::uint64_t k = blockIdx.x;
   double bound = 0.0;
   for (int r = 0; r < n; ++r)
-    bound += reinterpret_cast<const float*>(all + r * bytes)[k];
+    bound += load_scale(all + r * bytes, k);
   if (bound <= 0.5 * FLT_MAX) return;
   for (std::uint64_t i = k * block_size + threadIdx.x; i < min(length, (k + 1) * block_size);
        i += blockDim.x) {
@@ -164,7 +175,10 @@ __device__ inline void step_value(const step_args& a, std::uint64_t i, float sum
   a.global[i] = g;
   if (a.momentum != 0.0f) a.velocity[i] = v;
   float& x = a.params[flat_index(a.runs, i)];
-  x = a.alpha == 0.0f ? g : sync::math::merge(g, x, a.alpha);
+  if (a.alpha == 0.0f)
+    x = g; // the parameters are not read
+  else
+    x = sync::math::merge(g, x, a.alpha);
 }
 
 template <class = void>
