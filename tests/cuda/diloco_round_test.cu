@@ -20,6 +20,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -124,11 +125,13 @@ runs_t strided(const std::vector<std::size_t>& layers, std::size_t P, std::size_
   return r;
 }
 
-// The host engine of each device code, with sync::coded_diloco's settings for it.
+// The host engine of each device code, with sync::coded_diloco's settings for it (top-k: exact selection,
+// the set coded_diloco's warm-started selector finds too).
 template <class Code>
 struct host_engine {
   using type = sync::diloco<comm::local, compress::block_quantizer<Code>>;
-  static type make(comm::local& c, const std::vector<std::size_t>& layers, const sync::diloco_options& o) {
+  static type make(comm::local& c, const std::vector<std::size_t>& layers, const sync::diloco_options& o,
+                   const compress::top_k_ef_options&) {
     return type(c, layers, o, [](std::size_t n) {
       return compress::block_quantizer<Code>(
           n, {.block_size = cost::diloco_block_size, .error_feedback = false});
@@ -138,8 +141,17 @@ struct host_engine {
 template <>
 struct host_engine<cu::dense_code> {
   using type = sync::diloco<comm::local>;
-  static type make(comm::local& c, const std::vector<std::size_t>& layers, const sync::diloco_options& o) {
+  static type make(comm::local& c, const std::vector<std::size_t>& layers, const sync::diloco_options& o,
+                   const compress::top_k_ef_options&) {
     return type(c, layers, o);
+  }
+};
+template <>
+struct host_engine<cu::top_k_code> {
+  using type = sync::diloco<comm::local, compress::top_k_ef<>>;
+  static type make(comm::local& c, const std::vector<std::size_t>& layers, const sync::diloco_options& o,
+                   const compress::top_k_ef_options& t) {
+    return type(c, layers, o, [t](std::size_t n) { return compress::top_k_ef<>(n, t); });
   }
 };
 
@@ -148,6 +160,8 @@ struct run_case {
   float alpha = 0.0f, momentum = 0.9f;
   bool weighted = false;
   unsigned seed = 1;
+  compress::top_k_ef_options top_k = {
+      .density = 0.1, .two_bit = true, .chunk = 64, .decay = 0.95f, .sender_mean = true};
 };
 
 // Every rank runs the host engine and the device fragments side by side on the same local steps (a random
@@ -165,13 +179,14 @@ void check_run(const run_case& rc) {
                                  .fragments = rc.P,
                                  .alpha = rc.alpha,
                                  .outer = {.lr = 0.7f, .momentum = rc.momentum}};
-    auto host = host_engine<Code>::make(c, layers, o);
+    auto host = host_engine<Code>::make(c, layers, o, rc.top_k);
     std::vector<cu::diloco_fragment<Code>> frags;
     std::vector<cu::diloco_exchange<Code>> ex;
     for (std::size_t p = 0; p < host.num_fragments(); ++p) {
       const auto r = host.fragment_runs(p);
       frags.emplace_back(runs_t(r.begin(), r.end()),
-                         cu::diloco_fragment_options{.lr = 0.7f, .momentum = rc.momentum, .alpha = rc.alpha});
+                         cu::diloco_fragment_options{
+                             .lr = 0.7f, .momentum = rc.momentum, .alpha = rc.alpha, .top_k = rc.top_k});
     }
     for (auto& f : frags)
       ex.emplace_back(f);
@@ -204,6 +219,8 @@ void check_run(const run_case& rc) {
       bad += !same_bits(host.global_model(p), download(frags[p].global(), frags[p].length()));
       if (rc.momentum != 0.0f)
         bad += !same_bits(host.outer(p).velocity(), download(frags[p].velocity(), frags[p].length()));
+      if constexpr (std::is_same_v<Code, cu::top_k_code>)
+        bad += !same_bits(host.compressor(p).residual(), download(frags[p].residual(), frags[p].length()));
     }
   });
   for (auto m : mismatched)
@@ -231,8 +248,33 @@ TEST_CASE_TEMPLATE("the device message is the host code's, byte for byte", Code,
   check_messages<Code>(runs, total, shape::normal, 1.0f, 256, 7);
 }
 
+TEST_CASE("a device top-k round is the host engine's, bit for bit, for every shape of the code") {
+  using T = compress::top_k_ef_options;
+  const T cases[] = {
+      {.density = 0.1,
+       .two_bit = true,
+       .chunk = 64,
+       .decay = 0.95f,
+       .sender_mean = true}, // SparseLoCo's, small
+      {.density = 0.03, .two_bit = true, .chunk = 4096, .decay = 0.95f, .sender_mean = true},
+      {.density = 0.25, .two_bit = false, .chunk = 0, .decay = 1.0f},
+      {.density = 0.01, .two_bit = true, .chunk = 16, .decay = 0.0f}, // k = 1 a chunk, no error feedback
+      {.density = 1.0, .two_bit = false, .chunk = 100, .decay = 0.5f, .sender_mean = true},
+      {.density = 0.2, .two_bit = true, .chunk = 7, .decay = 1.0f}, // chunks of 7: 3-bit indices
+  };
+  for (const auto& t : cases)
+    for (unsigned seed : {1u, 2u}) {
+      CAPTURE(t.density);
+      CAPTURE(t.chunk);
+      CAPTURE(seed);
+      check_run<cu::top_k_code>({.seed = seed, .top_k = t});
+      check_run<cu::top_k_code>(
+          {.ranks = 4, .P = 3, .alpha = 0.25f, .weighted = true, .seed = seed, .top_k = t});
+    }
+}
+
 TEST_CASE_TEMPLATE("a device round is the host engine's, bit for bit", Code, cu::dense_code,
-                   compress::int8_code, compress::e3m0_code) {
+                   compress::int8_code, compress::e3m0_code, cu::top_k_code) {
   for (unsigned seed : {1u, 2u}) {
     CAPTURE(seed);
     check_run<Code>({.seed = seed});
@@ -245,13 +287,13 @@ TEST_CASE_TEMPLATE("a device round is the host engine's, bit for bit", Code, cu:
 }
 
 TEST_CASE_TEMPLATE("a rank's NaN, or a sum that overflows, is refused on every rank with nothing changed",
-                   Code, cu::dense_code, compress::int8_code, compress::e3m0_code) {
+                   Code, cu::dense_code, compress::int8_code, compress::e3m0_code, cu::top_k_code) {
   for (int which : {0, 1}) { // 0: rank 1's pseudo-gradient holds a NaN; 1: the sum overflows
     CAPTURE(which);
     const std::size_t len = 700;
     std::vector<int> refused(3, 0), unchanged(3, 0);
     comm::local_group(3).run([&](comm::local& c) {
-      cu::diloco_fragment<Code> f(runs_t{{0, len}}, {});
+      cu::diloco_fragment<Code> f(runs_t{{0, len}}, {.top_k = {.density = 0.1, .chunk = 64}});
       cu::diloco_exchange<Code> ex(f);
       auto x = make(len, shape::normal, 5);
       cu::device_buffer<float> xd(len);
@@ -261,13 +303,15 @@ TEST_CASE_TEMPLATE("a rank's NaN, or a sum that overflows, is refused on every r
       if (which == 1) x[400] = -FLT_MAX * 0.9f; // every rank's pseudo-gradient near +FLT_MAX at 400
       upload(xd.data(), x);
       const auto before = download(f.global(), len);
+      const auto residual_before = f.residual() ? download(f.residual(), len) : std::vector<float>();
       try {
         ex.run(c, f, xd.data(), 1.0f, nullptr);
       } catch (const non_finite&) {
         refused[static_cast<std::size_t>(c.rank())] = 1;
       }
       unchanged[static_cast<std::size_t>(c.rank())] =
-          same_bits(before, download(f.global(), len)) && same_bits(x, download(xd.data(), len));
+          same_bits(before, download(f.global(), len)) && same_bits(x, download(xd.data(), len)) &&
+          (!f.residual() || same_bits(residual_before, download(f.residual(), len)));
     });
     for (int r = 0; r < 3; ++r) {
       CHECK(refused[static_cast<std::size_t>(r)] == 1);
@@ -286,6 +330,16 @@ TEST_CASE("bad arguments are refused, naming them") {
   CHECK_THROWS_WITH_AS(f8(runs_t{{0, 0}}, {}), doctest::Contains("'runs'"), invalid_argument);
   CHECK_THROWS_WITH_AS(f8(one, {.alpha = 1.5f}), doctest::Contains("'alpha'"), invalid_argument);
   CHECK_THROWS_WITH_AS(f8(one, {.momentum = 1.0f}), doctest::Contains("'outer.momentum'"), invalid_argument);
+  using fk = cu::diloco_fragment<cu::top_k_code>;
+  const runs_t big{{0, 20000}};
+  CHECK_THROWS_WITH_AS(fk(big, {.top_k = {.chunk = 10000}}), doctest::Contains("'top_k.chunk' = 10000"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS(fk(big, {.top_k = {.chunk = 0}}), doctest::Contains("'top_k.chunk' = 0"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS(fk(one, {.top_k = {.density = 0.0}}), doctest::Contains("'density' = 0"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS(fk(one, {.top_k = {.decay = 2.0f}}), doctest::Contains("'top_k.decay' = 2"),
+                       invalid_argument);
   f8 f(one, {});
   cu::device_buffer<float> x(100);
   CHECK_THROWS_WITH_AS(f.apply(f.message(), 0, x.data(), nullptr), doctest::Contains("'n' = 0"),

@@ -17,6 +17,7 @@
 
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/rounded.hpp>
 #include <commsgd/state/stream.hpp>
 
 #include <algorithm>
@@ -30,6 +31,26 @@
 #include <vector>
 
 namespace commsgd::inline v1::compress {
+
+// One value of p = g + decay e + decay r, the low part added only where it is not zero (so that where every
+// subtraction was exact p is g + decay e bit for bit, signed zeros included). decay = 1 gives g + e + r:
+// 1 e is e exactly. Host and device code alike.
+COMMSGD_HOST_DEVICE inline float accumulate_value(float g, float e, float r, float decay) {
+  const float s = rounded::add(g, rounded::mul(decay, e));
+  const float low = rounded::mul(decay, r);
+  return low == 0.0f ? s : rounded::add(s, low);
+}
+
+// (e, r) <- p - d split exactly: the two-sum of p and -d, s the rounded difference and t its error, both
+// floats (each operation evaluated as written). Host and device code alike.
+COMMSGD_HOST_DEVICE inline void split_difference(float p, float d, float& e, float& r) {
+  const float a = p, b = -d;
+  const float s = rounded::add(a, b);
+  const float bb = rounded::sub(s, a);
+  const float t = rounded::add(rounded::sub(a, rounded::sub(s, bb)), rounded::sub(b, bb));
+  e = s;
+  r = t == 0.0f ? 0.0f : t;
+}
 
 class error_feedback {
 public:
@@ -64,26 +85,15 @@ public:
       accumulate(g, p);
       return;
     }
-    for (std::size_t i = 0; i < g.size(); ++i) {
-      const float s = g[i] + decay * e_[i];
-      const float r = decay * r_[i];
-      p[i] = r == 0.0f ? s : s + r;
-    }
+    for (std::size_t i = 0; i < g.size(); ++i)
+      p[i] = accumulate_value(g[i], e_[i], r_[i], decay);
   }
 
   // (e, r) <- p - d split exactly, once the round has succeeded.
   void commit(std::span<const float> p, std::span<const float> d) noexcept {
     if (!on_) return;
-    for (std::size_t i = 0; i < p.size(); ++i) {
-      // Two-sum of p and -d: s is the rounded difference, t the error, both floats (no fast-math here:
-      // the operations must be evaluated as written).
-      const float a = p[i], b = -d[i];
-      const float s = a + b;
-      const float bb = s - a;
-      const float t = (a - (s - bb)) + (b - bb);
-      e_[i] = s;
-      r_[i] = t == 0.0f ? 0.0f : t;
-    }
+    for (std::size_t i = 0; i < p.size(); ++i)
+      split_difference(p[i], d[i], e_[i], r_[i]);
   }
 
   // Replaces the residual (from a loaded state); both must have the residual's length.

@@ -45,6 +45,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cfloat>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -74,18 +75,27 @@ inline std::size_t top_k_ef_count(std::size_t d, double density) {
 }
 
 // The 2-bit code of a sent value: bit 1 its sign, bit 0 whether its magnitude is at or above the scale.
+// Host and device code alike (the device round, cuda/diloco/, codes with it).
 struct two_bit_code {
-  static std::uint32_t encode(float v, float s) noexcept {
+  COMMSGD_HOST_DEVICE static std::uint32_t encode(float v, float s) noexcept {
     return (std::signbit(v) ? 2u : 0u) | (std::fabs(v) >= s ? 1u : 0u);
   }
   // 1.5 s is clamped to the largest float, so that a huge mean still decodes to a finite value of the
   // right sign and p - value cannot overflow.
-  static float decode(std::uint32_t code, float s) noexcept {
+  COMMSGD_HOST_DEVICE static float decode(std::uint32_t code, float s) noexcept {
     const double m = (code & 1u) ? 1.5 * static_cast<double>(s) : 0.5 * static_cast<double>(s);
-    const auto mag = static_cast<float>(std::min(m, static_cast<double>(std::numeric_limits<float>::max())));
+    const auto mag = static_cast<float>(m < static_cast<double>(FLT_MAX) ? m : static_cast<double>(FLT_MAX));
     return (code & 2u) ? -mag : mag;
   }
 };
+
+// The scale of the mean over the senders (sender_mean): sum n / senders in double, rounded once; where every
+// rank or none sent the value, its bits as they were.
+COMMSGD_HOST_DEVICE inline float over_senders_value(float sum, std::uint32_t senders,
+                                                    std::uint32_t n) noexcept {
+  if (senders == 0 || senders == n) return sum;
+  return static_cast<float>(static_cast<double>(sum) * static_cast<double>(n) / static_cast<double>(senders));
+}
 
 // S: a selector whose objects select exactly k (select/exact.hpp, select/radix.hpp, laplace_bisect with
 // trim, ...); the constructor refuses one that does not. An approximate one would send a count that varies
@@ -223,9 +233,7 @@ private:
       decode(std::span<const std::byte>(all_).subspan(r * bytes, bytes),
              [&](std::size_t i, float) { ++senders_[i]; });
     for (std::size_t i = 0; i < length_; ++i)
-      if (senders_[i] != 0 && senders_[i] != n)
-        out[i] = static_cast<float>(static_cast<double>(out[i]) * static_cast<double>(n) /
-                                    static_cast<double>(senders_[i]));
+      out[i] = over_senders_value(out[i], senders_[i], static_cast<std::uint32_t>(n));
   }
 
   // Every rank decodes every message, so an index out of its chunk (a corrupt peer) is refused on all of

@@ -1,44 +1,18 @@
 // The per-value arithmetic of a DiLoCo round, written once for the host engine (sync/diloco.hpp,
 // sync/outer_optimizer.hpp) and the device round (cuda/diloco/), so that both give the same bits.
 //
-// Each float operation is rounded on its own: on the device through the _rn intrinsics, which nvcc never
-// fuses into an FMA (a fused multiply-add rounds once where the host rounds twice, and the bits would
-// differ); on the host as plain operators, which the build does not contract (no -ffp-contract=fast with an
-// FMA target).
+// Each float operation is rounded on its own (commsgd/rounded.hpp).
 #pragma once
 
 #include <commsgd/config.hpp>
+#include <commsgd/rounded.hpp>
 
 namespace commsgd::inline v1::sync::math {
 
-COMMSGD_HOST_DEVICE inline float mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-COMMSGD_HOST_DEVICE inline float add(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-COMMSGD_HOST_DEVICE inline float sub(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-COMMSGD_HOST_DEVICE inline float div(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
+using rounded::add;
+using rounded::div;
+using rounded::mul;
+using rounded::sub;
 
 // A rank's pseudo-gradient value, old minus new (sync/outer_optimizer.hpp has the sign), scaled by the
 // rank's weight; a weight of 1 leaves the bits of the difference.

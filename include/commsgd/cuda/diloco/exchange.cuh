@@ -1,6 +1,7 @@
 // cuda::diloco_exchange: a device fragment's round over a host communicator (comm::local, comm::mpi, a
 // process group). The round's work on the model runs on the device; only the message travels through the
-// host: for int8 a quarter of the fragment's bytes, for e3m0 an eighth (dense: the floats, all-reduced).
+// host: for int8 a quarter of the fragment's bytes, for e3m0 an eighth, for top-k its pairs (dense: the
+// floats, all-reduced).
 // The device's fragment is the host engine's bit for bit, refusals included: a rank whose pseudo-gradient
 // is not finite refuses the round on every rank, and a sum that is not finite is refused before it changes
 // anything; both throw commsgd::non_finite with the fragment's state as it was.
@@ -66,15 +67,20 @@ public:
       grow(all_, n * bytes_);
       c.all_gather(std::span<const std::byte>(send_.data(), bytes_),
                    std::span<std::byte>(all_.data(), n * bytes_));
-      wire = comm::all_gather_traffic(bytes_, c.size()).bytes_sent;
+      wire = comm::all_gather_traffic(sizeof mine, c.size()).bytes_sent +
+             comm::all_gather_traffic(bytes_, c.size()).bytes_sent;
       in = upload(all_.data(), n * bytes_, stream);
     }
     f.apply(in, static_cast<int>(n), params, stream);
     const diloco_verdict v = f.verdict(stream);
+    if (v.corrupt != 0)
+      throw corrupt_data(commsgd::concat("cuda::diloco_exchange: ", v.corrupt,
+                                         " gathered index(es) outside their chunk (", Code::name, ")"));
     if (v.sum != 0)
       throw non_finite(
           commsgd::concat("cuda::diloco_exchange: the sum of the ranks' pseudo-gradients (", Code::name, ")"),
           v.sum, v.sum_first);
+    f.commit();
     return wire;
   }
 
@@ -84,7 +90,7 @@ private:
     if (buf.size() < bytes) buf = T(bytes);
   }
   const std::byte* upload(const std::byte* host, std::size_t bytes, cudaStream_t stream) {
-    grow(device_, bytes);
+    grow(device_, bytes + 8); // the bit readers never pass a field's last byte; the slack is for safety
     check(cudaMemcpyAsync(device_.data(), host, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
     return device_.data();
   }

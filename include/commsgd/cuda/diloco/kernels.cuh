@@ -166,7 +166,7 @@ struct step_args {
   float* global;
   float* velocity; // unused without momentum
   float* params;
-  const device_verdict* verdict; // the step is skipped when it counted anything
+  device_verdict* verdict; // the check kernel's count: the step is skipped when it counted anything
 };
 
 __device__ inline void step_value(const step_args& a, std::uint64_t i, float sum) {
