@@ -4,7 +4,7 @@
 //
 // A round reads the parameters, the common model and the momentum, writes them back, writes this rank's
 // message and reads the n messages: 28 + (n + 1) b / 8 bytes a value for b-bit codes (dense: 36, the float
-// message written and the sum read). The floor is those bytes at the device's streaming rate, measured in
+// message written and the sum read; top-k: 44, the residual's two floats read and written, and the pairs). The floor is those bytes at the device's streaming rate, measured in
 // the same run by bench_common.cuh's floor kernel (read g, read e, write e). Parameters move by a small
 // random step between rounds (outside the timed region), so every round encodes a fresh pseudo-gradient.
 // Each row: min / median / max over the timed rounds; ok when every round was applied (no refusal).
@@ -50,22 +50,25 @@ double order(std::vector<double> v, double q) {
 }
 
 template <class Code>
-row run(u64 n, int ranks, int rounds, int warmup, double bytes_per_s) {
+row run(u64 n, int ranks, int rounds, int warmup, double bytes_per_s, cu::diloco_fragment_options o = {},
+        const char* name = Code::name) {
   row r;
-  r.code = Code::name;
+  r.code = name;
   r.n = n;
   r.ranks = ranks;
   cu::device_buffer<float> x(n);
   init_kernel<<<grid_for(n), 256>>>(x.data(), n);
   cu::check_launch("init_kernel");
   const std::vector<std::pair<std::size_t, std::size_t>> runs{{0, n}};
-  cu::diloco_fragment<Code> f(runs, {});
+  cu::diloco_fragment<Code> f(runs, o);
   f.start(x.data(), nullptr);
   const std::size_t mb = f.message_bytes();
   const bool dense = cu::diloco_fragment<Code>::dense;
   cu::device_buffer<std::byte> all(dense ? mb : mb * static_cast<std::size_t>(ranks));
   if constexpr (cu::diloco_fragment<Code>::dense)
     r.bytes_per_value = 36;
+  else if constexpr (cu::diloco_fragment<Code>::top_k) // and the residual, both parts, read and written
+    r.bytes_per_value = 44 + (ranks + 1) * static_cast<double>(mb) / static_cast<double>(n);
   else
     r.bytes_per_value = 28 + (ranks + 1) * Code::bits / 8.0;
   r.floor_ms = 1e3 * r.bytes_per_value * static_cast<double>(n) / bytes_per_s;
@@ -170,12 +173,20 @@ int main(int argc, char** argv) {
     rows.push_back(run<cu::dense_code>(n, ranks, rounds, warmup, rate));
     rows.push_back(run<commsgd::compress::int8_code>(n, ranks, rounds, warmup, rate));
     rows.push_back(run<commsgd::compress::e3m0_code>(n, ranks, rounds, warmup, rate));
+    // SparseLoCo's recipe, and the 3 % that keeps float32's loss (bench/results/diloco-sparse-2026-11-28.md).
+    for (double density : {0.01, 0.03}) {
+      cu::diloco_fragment_options o;
+      o.top_k = {.density = density, .two_bit = true, .chunk = 4096, .decay = 0.95f, .sender_mean = true};
+      rows.push_back(run<cu::top_k_code>(n, ranks, rounds, warmup, rate, o,
+                                         density == 0.01 ? "topk-0.01-c4096-2bit-b0.95-senders"
+                                                         : "topk-0.03-c4096-2bit-b0.95-senders"));
+    }
   }
   bool all_ok = true;
   std::printf("device: %s; streaming rate %.0f GB/s (floor kernel); %d ranks' messages\n", prop.name,
               rate / 1e9, ranks);
-  std::printf("%-6s %6s %10s %10s %10s %10s %10s %8s %s\n", "code", "log2 N", "B/value", "floor ms", "min ms",
-              "median ms", "max ms", "/floor", "ok");
+  std::printf("%-36s %6s %10s %10s %10s %10s %10s %8s %s\n", "code", "log2 N", "B/value", "floor ms",
+              "min ms", "median ms", "max ms", "/floor", "ok");
   const std::string md = out + ".md";
   FILE* f = std::fopen(md.c_str(), "w");
   if (f) {
@@ -186,7 +197,7 @@ int main(int argc, char** argv) {
   for (const auto& r : rows) {
     const double med = order(r.ms, 0.5), lo = order(r.ms, 0.0), hi = order(r.ms, 1.0);
     all_ok = all_ok && r.ok;
-    std::printf("%-6s %6d %10.1f %10.3f %10.3f %10.3f %10.3f %8.2f %s\n", r.code.c_str(),
+    std::printf("%-36s %6d %10.1f %10.3f %10.3f %10.3f %10.3f %8.2f %s\n", r.code.c_str(),
                 static_cast<int>(std::log2(static_cast<double>(r.n))), r.bytes_per_value, r.floor_ms, lo, med,
                 hi, med / r.floor_ms, r.ok ? "yes" : "NO");
     if (f)

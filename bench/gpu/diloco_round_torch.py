@@ -1,13 +1,14 @@
 """The DiLoCo round of diloco_round_gpu_bench.cu written as torch ops on the same GPU, the way a trainer
 without a fused round runs it: the pseudo-gradient, the code (int8 or 4-bit e3m0 in blocks of 256 with a
-float scale each, the 4-bit codes packed two to a byte), the n messages decoded and summed, the outer
-Nesterov step and the merge. Same sizes, ranks and rounds as the C++ benchmark; the network is not timed
+float scale each, the 4-bit codes packed two to a byte; top-k per chunk with torch.topk, 2-bit values and a
+decayed residual), the n messages decoded and summed, the outer Nesterov step and the merge. Same sizes, ranks and rounds as the C++ benchmark; the network is not timed
 there and is not here. With --ours (the C++ benchmark's CSV) it writes both side by side:
 
     python3 bench/gpu/diloco_round_torch.py --ours build/.../diloco-round-gpu.csv --out bench/results/x.md
 """
 import argparse
 import csv
+import math
 import statistics
 import sys
 
@@ -39,9 +40,40 @@ def decode(code, s, q):
     return torch.where((c & 8) != 0, -mag, mag)
 
 
-def one_round(code, x, g, v, ranks, lr=0.7, mu=0.9):
+def parse_top_k(code):
+    """"topk-<density>-c<chunk>-2bit-b<decay>-senders" -> (density, chunk, decay)."""
+    parts = code.split("-")
+    density = float(parts[1])
+    chunk = next(int(p[1:]) for p in parts if p.startswith("c"))
+    decay = next((float(p[1:]) for p in parts if p.startswith("b")), 1.0)
+    return density, chunk, decay
+
+
+def top_k_round(code, d, residual, ranks):
+    """The chunked top-k with 2-bit values and a decayed residual, the n messages summed, the mean over the
+    senders: SparseLoCo's recipe as torch ops."""
+    density, chunk, decay = parse_top_k(code)
+    p = (d + decay * residual).view(-1, chunk)
+    k = max(1, math.ceil(density * chunk - 1e-9))
+    idx = p.abs().topk(k, dim=1, sorted=False).indices
+    val = p.gather(1, idx)
+    s = val.abs().mean(dim=1, keepdim=True)
+    sent = torch.where(val.abs() >= s, 1.5 * s, 0.5 * s).copysign(val)
+    own = torch.zeros_like(p).scatter_(1, idx, sent)
+    residual.copy_((p - own).view(-1))
+    total = torch.zeros_like(p)
+    count = torch.zeros_like(p)
+    for _ in range(ranks):  # every rank's message is this rank's, as in the C++ benchmark
+        total.scatter_add_(1, idx, sent)
+        count.scatter_add_(1, idx, torch.ones_like(sent))
+    return (total * torch.where(count > 0, ranks / count.clamp(min=1), torch.ones_like(count))).view(-1)
+
+
+def one_round(code, x, g, v, ranks, residual=None, lr=0.7, mu=0.9):
     d = g - x
-    if code == "dense":
+    if code.startswith("topk"):
+        total = top_k_round(code, d, residual, ranks)
+    elif code == "dense":
         total = d  # the all-reduce's sum stands in, as in the C++ benchmark
     else:
         msg = encode(code, d)
@@ -61,20 +93,21 @@ def time_rounds(code, n, ranks, rounds, warmup, device):
     x = torch.rand(n, device=device, generator=gen) - 0.5
     g = x.clone()
     v = torch.zeros_like(x)
+    residual = torch.zeros_like(x) if code.startswith("topk") else None
     out = []
     for t in range(warmup + rounds):
         x.add_(1e-3 * (torch.rand(n, device=device, generator=gen) - 0.5))
         if device == "cuda":
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            one_round(code, x, g, v, ranks)
+            one_round(code, x, g, v, ranks, residual)
             b.record()
             b.synchronize()
             ms = a.elapsed_time(b)
         else:
             import time
             t0 = time.perf_counter()
-            one_round(code, x, g, v, ranks)
+            one_round(code, x, g, v, ranks, residual)
             ms = 1e3 * (time.perf_counter() - t0)
         if t >= warmup:
             out.append(ms)
@@ -92,7 +125,8 @@ def main():
     ap.add_argument("--out", help="the side-by-side table (markdown)")
     a = ap.parse_args()
     ours = {}
-    cases = [(c, int(l), a.ranks) for l in a.log_n.split(",") for c in ("dense", "int8", "e3m0")]
+    codes = ("dense", "int8", "e3m0", "topk-0.01-c4096-2bit-b0.95-senders", "topk-0.03-c4096-2bit-b0.95-senders")
+    cases = [(c, int(l), a.ranks) for l in a.log_n.split(",") for c in codes]
     if a.ours:
         with open(a.ours) as f:
             rows = list(csv.DictReader(f))

@@ -16,7 +16,7 @@
 //                         all-reduce's result), not the messages
 //   compress::int8_code,  blocks of block_size values (a multiple of 32 in [32, 1024]) with a float scale
 //   compress::e3m0_code   each; apply takes the n messages and sums them in rank order
-//   cuda::top_k_code      options.top_k: chunks of at most 8192 values (top_k_max_chunk), each chunk's k
+//   cuda::top_k_code      options.top_k: chunks of at most 4096 values (top_k_max_chunk), each chunk's k
 //                         largest |p| of p = g + decay e, 2-bit values optionally, the mean over the senders
 //                         optionally; the residual carried from round to round on the device
 // cuda/diloco/exchange.cuh runs the round over a host communicator. The 16-bit codes have no device round:
@@ -127,8 +127,6 @@ public:
       r_next_ = device_buffer<float>(length_);
       sel_index_ = device_buffer<std::uint32_t>(layout_.k);
       sel_value_ = device_buffer<float>(layout_.k);
-      sum_ = device_buffer<float>(length_);
-      if (o.top_k.sender_mean) senders_ = device_buffer<std::uint16_t>(length_);
     }
     verdict_ = device_buffer<diloco_detail::device_verdict>(slots);
     host_verdict_ = detail::owned_array<diloco_detail::device_verdict, detail::pinned_memory>(slots);
@@ -220,23 +218,15 @@ public:
       diloco_detail::dense_step_kernel<><<<grid(256), 256, 0, stream>>>(a, sum);
     } else if constexpr (top_k) {
       reset(corrupt_slot, stream);
-      check(cudaMemsetAsync(sum_.data(), 0, length_ * 4, stream), "cudaMemsetAsync");
-      if (senders_.data()) check(cudaMemsetAsync(senders_.data(), 0, length_ * 2, stream), "cudaMemsetAsync");
-      const std::size_t bytes = message_bytes();
-      if (layout_.k != 0)
-        for (int r = 0; r < n; ++r) {
-          diloco_detail::top_k_scatter_kernel<>
-              <<<static_cast<unsigned>((layout_.k + 255) / 256), 256, 0, stream>>>(
-                  layout_, in + static_cast<std::size_t>(r) * bytes, sum_.data(), senders_.data(),
-                  verdict_.data() + corrupt_slot);
-          check_launch("cuda::diloco_fragment::apply (scatter)");
-        }
-      const auto un = static_cast<std::uint32_t>(n);
-      diloco_detail::top_k_check_kernel<>
-          <<<grid(256), 256, 0, stream>>>(length_, sum_.data(), senders_.data(), un, a.verdict);
-      check_launch("cuda::diloco_fragment::apply (check)");
-      diloco_detail::top_k_step_kernel<><<<grid(256), 256, 0, stream>>>(a, sum_.data(), senders_.data(), un,
-                                                                        verdict_.data() + corrupt_slot);
+      if (layout_.count != 0) {
+        const auto blocks = static_cast<unsigned>(layout_.count);
+        const bool mean = opt_.top_k.sender_mean;
+        diloco_detail::top_k_check_kernel<><<<blocks, diloco_detail::top_k_threads, 0, stream>>>(
+            layout_, in, message_bytes(), n, mean, a.verdict, verdict_.data() + corrupt_slot);
+        check_launch("cuda::diloco_fragment::apply (check)");
+        diloco_detail::top_k_step_kernel<><<<blocks, diloco_detail::top_k_threads, 0, stream>>>(
+            a, layout_, in, message_bytes(), n, mean, verdict_.data() + corrupt_slot);
+      }
     } else {
       diloco_detail::block_check_kernel<Code><<<static_cast<unsigned>(blocks()), 256, 0, stream>>>(
           length_, opt_.block_size, blocks(), in, message_bytes(), n, a.verdict);
@@ -348,9 +338,8 @@ private:
   device_buffer<std::uint64_t> runs_;
   diloco_detail::run_table table_;
   device_buffer<float> global_, velocity_;
-  device_buffer<float> e_, r_, e_next_, r_next_, sum_, sel_value_; // top-k
+  device_buffer<float> e_, r_, e_next_, r_next_, sel_value_; // top-k
   device_buffer<std::uint32_t> sel_index_;
-  device_buffer<std::uint16_t> senders_; // top-k with sender_mean
   device_buffer<std::byte> message_;
   device_buffer<diloco_detail::device_verdict> verdict_;
   detail::owned_array<diloco_detail::device_verdict, detail::pinned_memory> host_verdict_;

@@ -3,7 +3,8 @@
 // the chunk's k largest |p| exactly (a radix select over the magnitude keys in shared memory, ties to the
 // lowest index), writes the values (floats, or the chunk's scale and 2-bit codes) and the chunk-relative
 // indices into the message, and the new residual beside the old one (kept until the round succeeds).
-// Applying scatters the n messages into a sum in rank order, counts the senders of each value, and steps.
+// Applying sums each chunk's pairs from the n messages in shared memory, in rank order, counting the senders
+// of each value, and steps; the model is read and written once, the messages twice.
 #pragma once
 
 #include <commsgd/compress/error_feedback.hpp>
@@ -30,7 +31,7 @@ struct chunk_layout {
 };
 
 // The largest chunk the encode kernel holds in shared memory.
-inline constexpr std::uint64_t top_k_max_chunk = 8192;
+inline constexpr std::uint64_t top_k_max_chunk = 4096;
 inline constexpr unsigned top_k_threads = 256;
 
 // ORs `width` bits of v at bit `bit` of a zeroed, 4-aligned message (the stream order of
@@ -191,59 +192,81 @@ __global__ void __launch_bounds__(top_k_threads) top_k_encode_kernel(top_k_encod
   }
 }
 
-// Chunk-relative index q of message m, its chunk j and its decoded value; false for an index outside the
-// chunk (a corrupt peer).
-__device__ inline bool top_k_pair(const chunk_layout& c, const std::byte* m, std::uint64_t q,
-                                  std::uint64_t& index, float& value) {
-  const std::uint64_t j = q / c.k_full < c.count ? q / c.k_full : c.count - 1;
-  const std::uint32_t rel =
-      read_bits(m, 8 * c.index_offset + static_cast<std::uint64_t>(c.index_bits) * q, c.index_bits);
+// Pair q of message m (q counted over all chunks; chunk j holds pairs [j k_full, j k_full + k_of(j))): its
+// index relative to chunk j and its decoded value; false for an index outside the chunk (a corrupt peer).
+__device__ inline bool top_k_pair(const chunk_layout& c, const std::byte* m, std::uint64_t j, std::uint64_t q,
+                                  std::uint32_t& rel, float& value) {
+  rel = read_bits(m, 8 * c.index_offset + static_cast<std::uint64_t>(c.index_bits) * q, c.index_bits);
   if (rel >= c.length(j)) return false;
-  index = j * c.size + rel;
-  if (c.two_bit) {
-    const float s = load_scale(m, j);
-    value = compress::two_bit_code::decode(read_bits(m, 8 * c.code_offset + 2 * q, 2), s);
-  } else {
-    value = load_scale(m, q); // a float at 4 q
-  }
+  if (c.two_bit)
+    value = compress::two_bit_code::decode(read_bits(m, 8 * c.code_offset + 2 * q, 2), load_scale(m, j));
+  else
+    value = load_scale(m, q); // the float at byte 4 q
   return true;
 }
 
-// One rank's message added into the sum (ranks one launch each, in rank order: the host's order). A
-// message's indices are distinct, so no two threads of a launch touch one value.
-template <class = void>
-__global__ void top_k_scatter_kernel(chunk_layout c, const std::byte* m, float* sum, std::uint16_t* senders,
-                                     device_verdict* corrupt) {
-  const std::uint64_t q = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-  if (q >= c.k) return;
-  std::uint64_t i;
-  float x;
-  if (!top_k_pair(c, m, q, i, x)) {
-    note_non_finite(corrupt, q);
-    return;
+// Chunk j's sum over the n gathered messages into shared memory, as the host adds them: from +0, rank by
+// rank (a barrier between ranks keeps the order; a message's indices are distinct, so no two threads of one
+// rank touch one value), with the count of senders of each value. Returns the sums' scale: n / senders
+// applied by top_k_value. Every thread of the block must call it.
+__device__ inline void top_k_chunk_sum(const chunk_layout& c, std::uint64_t j, const std::byte* all,
+                                       std::uint64_t bytes, int n, float* acc, std::uint16_t* senders,
+                                       device_verdict* corrupt) {
+  const std::uint64_t len = c.length(j), kj = c.k_of(j), at = j * c.k_full;
+  for (std::uint64_t i = threadIdx.x; i < len; i += blockDim.x) {
+    acc[i] = 0.0f;
+    senders[i] = 0;
   }
-  sum[i] = sync::math::add(sum[i], x);
-  if (senders) senders[i] = static_cast<std::uint16_t>(senders[i] + 1);
+  __syncthreads();
+  for (int r = 0; r < n; ++r) {
+    const std::byte* m = all + static_cast<std::uint64_t>(r) * bytes;
+    for (std::uint64_t q = at + threadIdx.x; q < at + kj; q += blockDim.x) {
+      std::uint32_t rel;
+      float x;
+      if (!top_k_pair(c, m, j, q, rel, x)) {
+        if (corrupt) note_non_finite(corrupt, q);
+        continue;
+      }
+      acc[rel] = sync::math::add(acc[rel], x);
+      senders[rel] = static_cast<std::uint16_t>(senders[rel] + 1);
+    }
+    __syncthreads();
+  }
 }
 
-__device__ inline float top_k_sum(const float* sum, const std::uint16_t* senders, std::uint32_t n,
-                                  std::uint64_t i) {
-  return senders ? compress::over_senders_value(sum[i], senders[i], n) : sum[i];
+__device__ inline float top_k_value(const float* acc, const std::uint16_t* senders, bool sender_mean, int n,
+                                    std::uint64_t i) {
+  return sender_mean ? compress::over_senders_value(acc[i], senders[i], static_cast<std::uint32_t>(n))
+                     : acc[i];
 }
 
+// Pass 1 of applying: every chunk's sums, counted where they are not finite (each value once) and where a
+// message holds an index outside its chunk. Reads only the messages.
 template <class = void>
-__global__ void top_k_check_kernel(std::uint64_t length, const float* sum, const std::uint16_t* senders,
-                                   std::uint32_t n, device_verdict* v) {
-  const std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-  if (i < length && !isfinite(top_k_sum(sum, senders, n, i))) note_non_finite(v, i);
+__global__ void __launch_bounds__(top_k_threads)
+    top_k_check_kernel(chunk_layout c, const std::byte* all, std::uint64_t bytes, int n, bool sender_mean,
+                       device_verdict* sum_verdict, device_verdict* corrupt) {
+  __shared__ float acc[top_k_max_chunk];
+  __shared__ std::uint16_t senders[top_k_max_chunk];
+  const std::uint64_t j = blockIdx.x;
+  top_k_chunk_sum(c, j, all, bytes, n, acc, senders, corrupt);
+  for (std::uint64_t i = threadIdx.x; i < c.length(j); i += blockDim.x)
+    if (!isfinite(top_k_value(acc, senders, sender_mean, n, i))) note_non_finite(sum_verdict, j * c.size + i);
 }
 
+// Pass 2, when pass 1 counted nothing: the sums again (from the messages, a small fraction of the model's
+// bytes), the outer step and the merge, chunk by chunk.
 template <class = void>
-__global__ void top_k_step_kernel(step_args a, const float* sum, const std::uint16_t* senders,
-                                  std::uint32_t n, const device_verdict* corrupt) {
+__global__ void __launch_bounds__(top_k_threads)
+    top_k_step_kernel(step_args a, chunk_layout c, const std::byte* all, std::uint64_t bytes, int n,
+                      bool sender_mean, const device_verdict* corrupt) {
+  __shared__ float acc[top_k_max_chunk];
+  __shared__ std::uint16_t senders[top_k_max_chunk];
   if (a.verdict->count != 0 || corrupt->count != 0) return;
-  const std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-  if (i < a.length) step_value(a, i, top_k_sum(sum, senders, n, i));
+  const std::uint64_t j = blockIdx.x;
+  top_k_chunk_sum(c, j, all, bytes, n, acc, senders, nullptr);
+  for (std::uint64_t i = threadIdx.x; i < c.length(j); i += blockDim.x)
+    step_value(a, j * c.size + i, top_k_value(acc, senders, sender_mean, n, i));
 }
 
 } // namespace commsgd::inline v1::cuda::diloco_detail
