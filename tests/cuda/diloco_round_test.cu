@@ -9,6 +9,7 @@
 
 #include <commsgd/comm/local.hpp>
 #include <commsgd/compress/bit_pack.hpp>
+#include <commsgd/compress/half.hpp>
 #include <commsgd/cost/diloco.hpp>
 #include <commsgd/cuda.cuh>
 #include <commsgd/sync/diloco.hpp>
@@ -146,6 +147,31 @@ struct host_engine<cu::dense_code> {
     return type(c, layers, o);
   }
 };
+// fp16, bf16: the device runs the dense fragment, the host compressor the sum.
+template <class X>
+struct host_reduced {};
+template <class X>
+struct host_engine<host_reduced<X>> {
+  using type = sync::diloco<comm::local, X>;
+  static type make(comm::local& c, const std::vector<std::size_t>& layers, const sync::diloco_options& o,
+                   const compress::top_k_ef_options&) {
+    return type(c, layers, o, [](std::size_t n) { return X(n, {.error_feedback = false}); });
+  }
+};
+template <class Code>
+struct device_side {
+  using code = Code;
+  using exchange = cu::diloco_exchange<Code>;
+  static exchange make(const cu::diloco_fragment<Code>& f) { return exchange(f); }
+};
+template <class X>
+struct device_side<host_reduced<X>> {
+  using code = cu::dense_code;
+  using exchange = cu::diloco_exchange<cu::dense_code, X>;
+  static exchange make(const cu::diloco_fragment<cu::dense_code>& f) {
+    return exchange(f, X(f.length(), {.error_feedback = false}));
+  }
+};
 template <>
 struct host_engine<cu::top_k_code> {
   using type = sync::diloco<comm::local, compress::top_k_ef<>>;
@@ -180,8 +206,9 @@ void check_run(const run_case& rc) {
                                  .alpha = rc.alpha,
                                  .outer = {.lr = 0.7f, .momentum = rc.momentum}};
     auto host = host_engine<Code>::make(c, layers, o, rc.top_k);
-    std::vector<cu::diloco_fragment<Code>> frags;
-    std::vector<cu::diloco_exchange<Code>> ex;
+    using device = device_side<Code>;
+    std::vector<cu::diloco_fragment<typename device::code>> frags;
+    std::vector<typename device::exchange> ex;
     for (std::size_t p = 0; p < host.num_fragments(); ++p) {
       const auto r = host.fragment_runs(p);
       frags.emplace_back(runs_t(r.begin(), r.end()),
@@ -189,7 +216,7 @@ void check_run(const run_case& rc) {
                              .lr = 0.7f, .momentum = rc.momentum, .alpha = rc.alpha, .top_k = rc.top_k});
     }
     for (auto& f : frags)
-      ex.emplace_back(f);
+      ex.push_back(device::make(f));
     auto xh = make(total, shape::normal, rc.seed); // every rank alike: start() broadcasts rank 0's anyway
     host.start(xh);
     cu::device_buffer<float> xd(total);
@@ -274,7 +301,8 @@ TEST_CASE("a device top-k round is the host engine's, bit for bit, for every sha
 }
 
 TEST_CASE_TEMPLATE("a device round is the host engine's, bit for bit", Code, cu::dense_code,
-                   compress::int8_code, compress::e3m0_code, cu::top_k_code) {
+                   compress::int8_code, compress::e3m0_code, cu::top_k_code, host_reduced<compress::fp16>,
+                   host_reduced<compress::bf16>) {
   for (unsigned seed : {1u, 2u}) {
     CAPTURE(seed);
     check_run<Code>({.seed = seed});

@@ -17,16 +17,29 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace commsgd::inline v1::cuda {
 
+// The dense exchange's sum: all_reduce_sum of the floats.
+struct all_reduce_floats {};
+
 // The staging buffers of one fragment's exchanges (page-locked host memory and the gathered messages on the
-// device), kept from round to round.
-template <class Code>
+// device), kept from round to round. Reducer, for the dense fragment only: all_reduce_floats, or a host
+// compressor that sums the pseudo-gradients its own way: compress::fp16 and compress::bf16 (without error
+// feedback, as sync::coded_diloco makes them), whose ring rounds its partial sums to 16 bits at every hop on
+// the host, so that the device does the pseudo-gradient and the step and the host the code.
+template <class Code, class Reducer = all_reduce_floats>
 class diloco_exchange {
+  static_assert(
+      std::is_same_v<Reducer, all_reduce_floats> || std::is_same_v<Code, dense_code>,
+      "cuda::diloco_exchange: a host Reducer goes with the dense fragment (its message is the floats)");
+
 public:
-  explicit diloco_exchange(const diloco_fragment<Code>& f) : bytes_(f.message_bytes()) {}
+  explicit diloco_exchange(const diloco_fragment<Code>& f, Reducer reducer = {})
+      : bytes_(f.message_bytes()), reducer_(std::move(reducer)) {}
 
   // One round: encode, exchange, apply. Throws commsgd::non_finite on every rank when a rank's
   // pseudo-gradient or the sum is not finite (nothing of f or params changed); comm errors as the
@@ -50,9 +63,17 @@ public:
       // The host engine's uncompressed exchange: the raw floats summed, non-finite ones too, and the sum
       // judged.
       (void)own;
-      c.all_reduce_sum(std::span<float>(reinterpret_cast<float*>(send_.data()), f.length()));
-      wire = comm::ring_all_reduce_traffic(f.length(), sizeof(float), c.size(), c.rank()).bytes_sent;
-      in = upload(send_.data(), bytes_, stream);
+      const std::span<float> mine(reinterpret_cast<float*>(send_.data()), f.length());
+      if constexpr (std::is_same_v<Reducer, all_reduce_floats>) {
+        c.all_reduce_sum(mine);
+        wire = comm::ring_all_reduce_traffic(f.length(), sizeof(float), c.size(), c.rank()).bytes_sent;
+        in = upload(send_.data(), bytes_, stream);
+      } else {
+        sum_.resize(f.length());
+        reducer_.reduce(c, std::span<const float>(mine), std::span<float>(sum_)); // refusals throw here
+        wire = reducer_.wire_bytes();
+        in = upload(reinterpret_cast<const std::byte*>(sum_.data()), bytes_, stream);
+      }
     } else {
       // Every rank's count first, so that every rank refuses together (compress/agree.hpp's rule).
       const std::uint64_t mine[2] = {own.own, own.own_first};
@@ -96,6 +117,8 @@ private:
   }
 
   std::size_t bytes_;
+  Reducer reducer_;
+  std::vector<float> sum_; // a host Reducer's sum
   detail::owned_array<std::byte, detail::pinned_memory> send_, all_;
   device_buffer<std::byte> device_;
 };

@@ -19,8 +19,9 @@
 //   cuda::top_k_code      options.top_k: chunks of at most 4096 values (top_k_max_chunk), each chunk's k
 //                         largest |p| of p = g + decay e, 2-bit values optionally, the mean over the senders
 //                         optionally; the residual carried from round to round on the device
-// cuda/diloco/exchange.cuh runs the round over a host communicator. The 16-bit codes have no device round:
-// their sum is a ring of 16-bit partial sums, which their engines run on a host copy.
+// cuda/diloco/exchange.cuh runs the round over a host communicator. The 16-bit codes are the dense fragment
+// with their host compressor as the exchange's reducer: their sum is a ring that rounds its partial sums to
+// 16 bits at every hop, which is the host's part; the device's is the pseudo-gradient and the step.
 #pragma once
 
 #include <commsgd/compress/block_quant.hpp>
@@ -82,7 +83,8 @@ template <class Code>
 class diloco_fragment {
   static_assert(is_diloco_device_code<Code>,
                 "cuda::diloco_fragment runs cuda::dense_code, compress::int8_code, compress::e3m0_code and "
-                "cuda::top_k_code; the 16-bit codes run on a host copy (sync::coded_diloco)");
+                "cuda::top_k_code (the 16-bit codes: dense_code with their compressor as the exchange's "
+                "reducer)");
 
 public:
   using options = diloco_fragment_options;
