@@ -1,7 +1,7 @@
 // Float operations rounded one at a time, for maths that host and device code must compute to the same bits.
 // On the device they are the _rn intrinsics, which nvcc never fuses into an FMA (a fused multiply-add rounds
-// once where the host rounds twice); on the host plain operators, which the build does not contract (no
-// -ffp-contract=fast with an FMA target).
+// once where the host rounds twice); on the host plain operators, which the commsgd target compiles with
+// -ffp-contract=off (a build that does not use the target must pass it too where the CPU has FMA).
 #pragma once
 
 #include <commsgd/config.hpp>

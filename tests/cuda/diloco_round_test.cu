@@ -1,17 +1,20 @@
-// DiLoCo's round on device parameters (cuda/diloco/) against the host engine (sync::diloco with
-// sync::coded_diloco's settings for the code) on the
-// same ranks and the same local steps: the messages byte for byte (a host encoding written here from the
-// codes' functions), and over whole runs the parameters, the common model and the outer momentum bit for
-// bit, for every device code, with the model cut into strided fragments, weighted ranks, a merge that keeps
-// part of the local model and no momentum; refusals (a rank's NaN, a sum that overflows) on every rank with
-// nothing changed; bad arguments named.
+// DiLoCo's round on device parameters (cuda/diloco/) against the host: the messages byte for byte (int8,
+// e3m0, and top-k with its residual, against host encodings written here from the codes' public parts), and
+// over whole runs against the host engine (sync::diloco with sync::coded_diloco's settings) on the same ranks
+// and the same local steps, the parameters, the common model, the outer momentum and the residual bit for
+// bit, for every code (fp16 and bf16 through their host compressor), with the model cut into strided
+// fragments, weighted ranks, a merge that keeps part of the local model and no momentum; refusals (a rank's
+// NaN, a sum that overflows, a corrupt index) with nothing changed; bad arguments named.
 #include <doctest/doctest.h>
 
 #include <commsgd/comm/local.hpp>
 #include <commsgd/compress/bit_pack.hpp>
 #include <commsgd/compress/half.hpp>
+#include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/cost/diloco.hpp>
 #include <commsgd/cuda.cuh>
+#include <commsgd/select/compact.hpp>
+#include <commsgd/select/exact.hpp>
 #include <commsgd/sync/diloco.hpp>
 
 #include <cfloat>
@@ -113,6 +116,81 @@ void check_messages(const runs_t& runs, std::size_t total, shape sh, float weigh
   for (std::size_t i = 0; i < got.size(); ++i)
     wrong += got[i] != want[i];
   CHECK(wrong == 0);
+}
+
+// The host's top-k message for p (compress/top_k_ef.hpp's encode, from its public parts), and the residual
+// (e, r) it leaves.
+std::vector<std::byte> host_top_k(const std::vector<float>& p, const compress::top_k_ef_options& o,
+                                  std::vector<float>& e, std::vector<float>& r) {
+  const auto ch = cost::top_k_chunks::of(p.size(), o.chunk, o.density);
+  const std::size_t k = ch.k();
+  std::vector<std::uint32_t> idx(k);
+  std::vector<float> val(k), scale(ch.count), d(p.size(), 0.0f);
+  select::exact sel;
+  for (std::uint64_t j = 0, at = 0; j < ch.count; at += ch.k_of(j), ++j) {
+    const auto x = std::span<const float>(p).subspan(ch.first(j), ch.length(j));
+    select::compact<std::uint32_t>(x, sel.select(x, ch.k_of(j)),
+                                   std::span<std::uint32_t>(idx).subspan(at, ch.k_of(j)),
+                                   std::span<float>(val).subspan(at, ch.k_of(j)));
+  }
+  std::vector<std::byte> msg(cost::top_k_message_bytes(ch, o.two_bit));
+  std::byte* out = msg.data();
+  std::vector<std::uint64_t> chunk_of(k);
+  for (std::uint64_t j = 0, at = 0; j < ch.count; at += ch.k_of(j), ++j) {
+    double sum = 0.0;
+    for (std::size_t i = at; i < at + ch.k_of(j); ++i) {
+      sum += std::fabs(static_cast<double>(val[i]));
+      chunk_of[i] = j;
+    }
+    scale[j] = ch.k_of(j) == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(ch.k_of(j)));
+  }
+  if (o.two_bit) {
+    std::memcpy(out, scale.data(), 4 * ch.count);
+    out += 4 * ch.count;
+    compress::detail::pack_bits(
+        std::span<std::byte>(out, compress::detail::packed_bytes(k, 2)), k, 2,
+        [&](std::size_t i) { return compress::two_bit_code::encode(val[i], scale[chunk_of[i]]); });
+    out += compress::detail::packed_bytes(k, 2);
+  } else if (k != 0) {
+    std::memcpy(out, val.data(), 4 * k);
+    out += 4 * k;
+  }
+  compress::detail::pack_bits(std::span<std::byte>(out, compress::detail::packed_bytes(k, ch.index_bits)), k,
+                              ch.index_bits, [&](std::size_t i) { return idx[i]; });
+  for (std::size_t i = 0; i < k; ++i) {
+    const float s = scale[chunk_of[i]];
+    d[ch.first(chunk_of[i]) + idx[i]] =
+        o.two_bit ? compress::two_bit_code::decode(compress::two_bit_code::encode(val[i], s), s) : val[i];
+  }
+  e.resize(p.size());
+  r.resize(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i)
+    compress::split_difference(p[i], d[i], e[i], r[i]);
+  return msg;
+}
+
+void check_top_k_message(std::size_t len, shape sh, const compress::top_k_ef_options& o, unsigned seed) {
+  cu::diloco_fragment<cu::top_k_code> f(runs_t{{0, len}}, {.top_k = o});
+  const auto global = make(len, sh, seed),
+             params = make(len, sh == shape::zeros ? shape::signed_zeros : sh, seed + 1);
+  auto e0 = make(len, sh, seed + 7), r0 = make(len, shape::wide, seed + 9);
+  for (auto& v : r0)
+    v *= 1e-9f; // a low part, as two-sums leave it
+  f.load(global, {}, e0, r0);
+  cu::device_buffer<float> x(len);
+  upload(x.data(), params);
+  f.encode(x.data(), 1.0f, nullptr);
+  REQUIRE(f.verdict(nullptr).own == 0);
+  std::vector<float> p(len), e, r;
+  for (std::size_t i = 0; i < len; ++i)
+    p[i] = compress::accumulate_value(sync::math::pseudo_gradient(global[i], params[i], 1.0f), e0[i], r0[i],
+                                      o.decay);
+  const auto want = host_top_k(p, o, e, r);
+  const auto got = download_bytes(f.message(), want.size());
+  CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
+  f.commit();
+  CHECK(same_bits(e, download(f.residual(), len)));
+  CHECK(same_bits(r, download(f.residual_low(), len)));
 }
 
 // Strided runs of a model cut into layers of the given sizes: fragment 0 of P.
@@ -247,7 +325,9 @@ void check_run(const run_case& rc) {
       if (rc.momentum != 0.0f)
         bad += !same_bits(host.outer(p).velocity(), download(frags[p].velocity(), frags[p].length()));
       if constexpr (std::is_same_v<Code, cu::top_k_code>)
-        bad += !same_bits(host.compressor(p).residual(), download(frags[p].residual(), frags[p].length()));
+        bad += !same_bits(host.compressor(p).residual(), download(frags[p].residual(), frags[p].length())) +
+               !same_bits(host.compressor(p).residual_low(),
+                          download(frags[p].residual_low(), frags[p].length()));
     }
   });
   for (auto m : mismatched)
@@ -273,6 +353,53 @@ TEST_CASE_TEMPLATE("the device message is the host code's, byte for byte", Code,
   std::size_t total = 0;
   const auto runs = strided({300, 7, 513, 64, 1, 290, 5}, 3, total);
   check_messages<Code>(runs, total, shape::normal, 1.0f, 256, 7);
+}
+
+TEST_CASE("the device top-k message and residual are the host code's, byte for byte") {
+  using T = compress::top_k_ef_options;
+  for (const T& o :
+       {T{.density = 0.01, .two_bit = true, .chunk = 4096, .decay = 0.95f},
+        T{.density = 0.1, .two_bit = true, .chunk = 64, .decay = 1.0f},
+        T{.density = 0.25, .two_bit = false, .chunk = 0, .decay = 0.5f},
+        T{.density = 1.0, .two_bit = true, .chunk = 7}, T{.density = 0.2, .two_bit = false, .chunk = 1},
+        T{.density = 0.03, .two_bit = true, .chunk = 4095, .decay = 0.0f}})
+    for (std::size_t len :
+         {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{4096}, std::size_t{20001}})
+      for (shape sh : {shape::normal, shape::zeros, shape::signed_zeros, shape::ties, shape::wide}) {
+        if (o.chunk == 0 && len > 4096) continue; // one chunk of the fragment: at most 4096 on the device
+        CAPTURE(o.density);
+        CAPTURE(o.chunk);
+        CAPTURE(len);
+        CAPTURE(static_cast<int>(sh));
+        check_top_k_message(len, sh, o, static_cast<unsigned>(len + o.chunk));
+      }
+}
+
+TEST_CASE("a top-k message whose indices leave their chunk or do not rise is refused, with nothing changed") {
+  const std::size_t len = 60;
+  cu::diloco_fragment<cu::top_k_code> f(runs_t{{0, len}}, {.top_k = {.density = 0.25}}); // k = 15, 6-bit
+  const std::size_t bytes = f.message_bytes(), values = 4 * 15;
+  auto x = make(len, shape::normal, 3);
+  cu::device_buffer<float> xd(len);
+  upload(xd.data(), x);
+  f.start(xd.data(), nullptr);
+  for (auto& v : x)
+    v += 0.5f;
+  upload(xd.data(), x);
+  const auto global = download(f.global(), len);
+  f.encode(xd.data(), 1.0f, nullptr);
+  for (unsigned char fill : {0xffu, 0x00u}) { // every index 63 (outside the chunk), or every index 0
+    CAPTURE(static_cast<int>(fill));
+    auto two = download_bytes(f.message(), bytes);
+    two.insert(two.end(), two.begin(), two.end());
+    std::fill(two.begin() + static_cast<std::ptrdiff_t>(bytes + values), two.end(), std::byte{fill});
+    cu::device_buffer<std::byte> in(two.size() + 8);
+    cu::check(cudaMemcpy(in.data(), two.data(), two.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    f.apply(in.data(), 2, xd.data(), nullptr);
+    CHECK(f.verdict(nullptr).corrupt > 0);
+    CHECK(same_bits(global, download(f.global(), len)));
+    CHECK(same_bits(x, download(xd.data(), len)));
+  }
 }
 
 TEST_CASE("a device top-k round is the host engine's, bit for bit, for every shape of the code") {
@@ -373,4 +500,7 @@ TEST_CASE("bad arguments are refused, naming them") {
   CHECK_THROWS_WITH_AS(f.apply(f.message(), 0, x.data(), nullptr), doctest::Contains("'n' = 0"),
                        invalid_argument);
   CHECK_THROWS_WITH_AS(f.load(std::vector<float>(99), {}), doctest::Contains("'global'"), invalid_argument);
+  f8 still(one, {.momentum = 0.0f});
+  CHECK_THROWS_WITH_AS(still.load(std::vector<float>(100), std::vector<float>(100)),
+                       doctest::Contains("'velocity'"), invalid_argument);
 }

@@ -492,3 +492,94 @@ TEST_CASE("sender_mean: each value of the sum scaled to n over the ranks that se
           return compress::top_k_ef_options{.density = 0.3, .sender_mean = rank == 0};
         }) == 2);
 }
+
+namespace {
+
+// comm::local whose gathered top-k messages arrive with rank 1's indices overwritten by `fill` (every rank
+// receives the same damaged bytes, as from a corrupt peer).
+struct damaged_indices {
+  using request_type = comm::local_request;
+  local inner;
+  std::size_t message_bytes, index_offset;
+  std::byte fill;
+
+  int rank() const { return inner.rank(); }
+  int size() const { return inner.size(); }
+  void barrier() { inner.barrier(); }
+  template <comm::reducible T>
+  void all_reduce_sum(std::span<T> d) {
+    inner.all_reduce_sum(d);
+  }
+  template <comm::transferable T>
+  void all_gather(std::span<const T> m, std::span<T> a) {
+    inner.all_gather(m, a);
+    if constexpr (std::is_same_v<T, std::byte>)
+      if (m.size() == message_bytes)
+        std::fill(a.begin() + static_cast<std::ptrdiff_t>(message_bytes + index_offset),
+                  a.begin() + static_cast<std::ptrdiff_t>(2 * message_bytes), fill);
+  }
+  template <comm::transferable T>
+  std::vector<std::size_t> all_gather_v(std::span<const T> m, std::vector<T>& a) {
+    return inner.all_gather_v(m, a);
+  }
+  template <comm::transferable T>
+  void broadcast(std::span<T> d, int root) {
+    inner.broadcast(d, root);
+  }
+  template <comm::transferable T>
+  void send(std::span<const T> d, int p, int t) {
+    inner.send(d, p, t);
+  }
+  template <comm::transferable T>
+  void recv(std::span<T> d, int p, int t) {
+    inner.recv(d, p, t);
+  }
+  template <comm::transferable T>
+  request_type isend(std::span<const T> d, int p, int t) {
+    return inner.isend(d, p, t);
+  }
+  template <comm::transferable T>
+  request_type irecv(std::span<T> d, int p, int t) {
+    return inner.irecv(d, p, t);
+  }
+  damaged_indices split(int color, int key) {
+    return {inner.split(color, key), message_bytes, index_offset, fill};
+  }
+};
+static_assert(comm::communicator<damaged_indices>);
+
+} // namespace
+
+TEST_CASE(
+    "a gathered index outside its chunk, or not above the one before it, is corrupt_data on every rank") {
+  // 60 values, k = 15 floats: 6-bit indices after 60 bytes of values. 0xff bytes: every index 63, outside the
+  // chunk; zero bytes: every index 0, repeated.
+  const std::size_t len = 60;
+  const compress::top_k_ef_options o{.density = 0.25};
+  const std::size_t bytes = compress::top_k_ef<>::message_bytes(len, o), k = 15;
+  for (std::byte fill : {std::byte{0xff}, std::byte{0}}) {
+    CAPTURE(static_cast<int>(fill));
+    std::vector<int> refused(2, 0), kept(2, 0);
+    local_group(2).run([&](local& c) {
+      damaged_indices d{c, bytes, 4 * k, fill};
+      compress::top_k_ef<> x(len, o);
+      std::vector<float> g(len), out(len);
+      std::mt19937 rng(static_cast<unsigned>(c.rank()));
+      std::normal_distribution<float> nd;
+      for (auto& v : g)
+        v = nd(rng);
+      x.reduce(c, std::span<const float>(g), std::span<float>(out)); // a residual to keep
+      const std::vector<float> before(x.residual().begin(), x.residual().end());
+      try {
+        x.reduce(d, std::span<const float>(g), std::span<float>(out));
+      } catch (const corrupt_data& e) {
+        refused[static_cast<std::size_t>(c.rank())] =
+            std::string(e.what()).find(fill == std::byte{0} ? "indices rise" : "outside [0, its length") !=
+            std::string::npos;
+      }
+      kept[static_cast<std::size_t>(c.rank())] = same_bits(before, x.residual());
+    });
+    CHECK(refused == std::vector<int>{1, 1});
+    CHECK(kept == std::vector<int>{1, 1});
+  }
+}

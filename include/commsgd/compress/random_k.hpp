@@ -15,9 +15,9 @@
 #include <commsgd/compress/agree.hpp>
 #include <commsgd/compress/compressed_reducer.hpp>
 #include <commsgd/compress/compressor.hpp>
+#include <commsgd/compress/compressor_round.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/random.hpp>
-#include <commsgd/compress/compressor_round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>

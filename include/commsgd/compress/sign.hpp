@@ -12,9 +12,9 @@
 #include <commsgd/compress/bit_pack.hpp>
 #include <commsgd/compress/compressed_reducer.hpp>
 #include <commsgd/compress/compressor.hpp>
+#include <commsgd/compress/compressor_round.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/layers.hpp>
-#include <commsgd/compress/compressor_round.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 

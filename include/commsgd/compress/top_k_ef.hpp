@@ -247,8 +247,8 @@ private:
       out[i] = over_senders_value(out[i], senders_[i], static_cast<std::uint32_t>(n));
   }
 
-  // Every rank decodes every message, so an index out of its chunk (a corrupt peer) is refused on all of
-  // them.
+  // Every rank decodes every message, so an index out of its chunk or out of order (a corrupt peer) is
+  // refused on all of them.
   template <class Sink>
   void decode(std::span<const std::byte> m, Sink&& sink) const {
     const std::size_t values = value_bytes();
@@ -261,6 +261,10 @@ private:
         if (rel >= len)
           throw corrupt_data(commsgd::concat(what(), ": a message holds index ", rel, " in chunk ", j,
                                              ", outside [0, its length = ", len, ")"));
+        // The encoder writes a chunk's indices rising: one that does not is a corrupt peer's.
+        if (i > at && rel <= rel_[i - at - 1])
+          throw corrupt_data(commsgd::concat(what(), ": a message holds index ", rel, " in chunk ", j,
+                                             " after ", rel_[i - at - 1], "; a chunk's indices rise"));
         rel_[i - at] = rel;
       });
       if (opt_.two_bit) {

@@ -8,8 +8,13 @@
 //   f.start(params, stream);                       // the common model <- the fragment's parameters
 //   f.encode(params, weight, stream);              // f.message(): message_bytes() on the device
 //   ... every rank's message gathered, in rank order, n * message_bytes() on the device ...
+//   ... every rank's verdict().own gathered too: any non-zero refuses the round on every rank ...
 //   f.apply(gathered, n, params, stream);          // skipped when the sum is not finite
 //   if (f.verdict(stream).clean()) f.commit();     // reads what encode and apply counted (synchronises)
+//
+// A rank whose own values are not finite must not apply on any rank: its message is not a code of them (an
+// int8 block's scale skips a NaN), so the sum need not show it. cuda::diloco_exchange gathers the counts
+// first; a caller of the raw calls must too. apply() never steps on the rank that counted them.
 //
 // Codes (sync::coded_diloco's, with the same settings):
 //   cuda::dense_code      the message is the float pseudo-gradient; apply takes the sum of the n messages (an
@@ -112,6 +117,10 @@ public:
       begin.push_back(begin.back() + len);
     }
     length_ = begin.back();
+    if ((length_ + 255) / 256 > max_grid || (block && (length_ + o.block_size - 1) / o.block_size > max_grid))
+      throw invalid_argument(
+          commsgd::concat("argument 'runs' holds ", length_,
+                          " values; the allowed range for one fragment is [1, 2^31 x 32)"));
     if constexpr (top_k) layout_ = checked_layout(length_, o.top_k);
     runs_ = device_buffer<std::uint64_t>(begin.size() + offset.size());
     check(cudaMemcpy(runs_.data(), begin.data(), begin.size() * 8, cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -176,6 +185,7 @@ public:
           <<<grid(256), 256, 0, stream>>>(table_, length_, global_.data(), params, weight,
                                           reinterpret_cast<float*>(message_.data()), verdict_.data());
     } else if constexpr (top_k) {
+      pending_ = true;
       check(cudaMemsetAsync(message_.data(), 0, message_.size(), stream), "cudaMemsetAsync");
       if (layout_.count == 0) return;
       diloco_detail::top_k_encode_args a{table_,
@@ -210,9 +220,17 @@ public:
     commsgd::check_range("n", n, 1, top_k ? 65535 : std::numeric_limits<int>::max(),
                          top_k ? "[1, 65535]" : "[1, inf)");
     reset(sum_slot, stream);
-    diloco_detail::step_args a{
-        table_,     length_,        static_cast<float>(n), opt_.lr, opt_.momentum,
-        opt_.alpha, global_.data(), velocity_.data(),      params,  verdict_.data() + sum_slot};
+    diloco_detail::step_args a{table_,
+                               length_,
+                               static_cast<float>(n),
+                               opt_.lr,
+                               opt_.momentum,
+                               opt_.alpha,
+                               global_.data(),
+                               velocity_.data(),
+                               params,
+                               verdict_.data() + sum_slot,
+                               verdict_.data() + own_slot};
     if constexpr (dense) {
       const auto* sum = reinterpret_cast<const float*>(in);
       diloco_detail::dense_check_kernel<><<<grid(256), 256, 0, stream>>>(length_, sum, a.verdict);
@@ -242,10 +260,11 @@ public:
   // After an apply whose verdict is clean: the round's residual becomes the residual (top-k; nothing for the
   // other codes). A refused round is not committed, so the residual stays as it was, as on the host.
   void commit() noexcept {
-    if constexpr (top_k) {
-      std::swap(e_, e_next_);
-      std::swap(r_, r_next_);
-    }
+    if constexpr (top_k)
+      if (std::exchange(pending_, false)) { // once per encode: a second call must not bring the old one back
+        std::swap(e_, e_next_);
+        std::swap(r_, r_next_);
+      }
   }
 
   // What the last encode and apply counted; synchronises the stream.
@@ -274,6 +293,9 @@ public:
         throw invalid_argument(commsgd::concat("argument '", name, "' holds ", s.size(),
                                                " values; the allowed sizes are 0 and the fragment's ",
                                                length_));
+    if (opt_.momentum == 0.0f && !velocity.empty())
+      throw invalid_argument(commsgd::concat("argument 'velocity' holds ", velocity.size(),
+                                             " values; without momentum the allowed size is 0"));
     put(global_, global);
     if (opt_.momentum != 0.0f) put(velocity_, velocity);
     if constexpr (top_k) {
@@ -284,6 +306,7 @@ public:
 
 private:
   static constexpr int own_slot = 0, sum_slot = 1, fresh_slot = 2, corrupt_slot = 3, slots = 4;
+  static constexpr std::uint64_t max_grid = 0x7fffffffu; // CUDA's limit on blocks in x
 
   static diloco_detail::chunk_layout checked_layout(std::uint64_t length,
                                                     const compress::top_k_ef_options& o) {
@@ -291,6 +314,9 @@ private:
     commsgd::check_range("length", length, std::uint64_t{1},
                          std::uint64_t{std::numeric_limits<std::uint32_t>::max()}, "[1, 2^32 - 1]");
     const auto c = cost::top_k_chunks::of(length, o.chunk, o.density); // checks the density
+    if (c.count > max_grid)
+      throw invalid_argument(commsgd::concat("argument 'top_k.chunk' = ", o.chunk, " makes ", c.count,
+                                             " chunks; the device round allows at most ", max_grid));
     if (c.size > diloco_detail::top_k_max_chunk)
       throw invalid_argument(commsgd::concat("argument 'top_k.chunk' = ", o.chunk, " makes chunks of ",
                                              c.size, " values; the device round allows [1, ",
@@ -345,6 +371,7 @@ private:
   device_buffer<std::byte> message_;
   device_buffer<diloco_detail::device_verdict> verdict_;
   detail::owned_array<diloco_detail::device_verdict, detail::pinned_memory> host_verdict_;
+  bool pending_ = false; // top-k: an encoded round whose residual commit() may take
 };
 
 } // namespace commsgd::inline v1::cuda

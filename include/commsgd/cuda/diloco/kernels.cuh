@@ -142,7 +142,7 @@ __global__ void block_check_kernel(std::uint64_t length, std::uint64_t block_siz
   const std::uint64_t k = blockIdx.x;
   double bound = 0.0;
   for (int r = 0; r < n; ++r)
-    bound += load_scale(all + r * bytes, k);
+    bound += fabs(static_cast<double>(load_scale(all + r * bytes, k))); // a corrupt peer's negative scale too
   if (bound <= 0.5 * FLT_MAX) return;
   for (std::uint64_t i = k * block_size + threadIdx.x; i < min(length, (k + 1) * block_size);
        i += blockDim.x) {
@@ -166,7 +166,8 @@ struct step_args {
   float* global;
   float* velocity; // unused without momentum
   float* params;
-  device_verdict* verdict; // the check kernel's count: the step is skipped when it counted anything
+  device_verdict* verdict;   // the check kernel's count: the step is skipped when it counted anything
+  const device_verdict* own; // encode's count: a rank whose own values are not finite never steps
 };
 
 __device__ inline void step_value(const step_args& a, std::uint64_t i, float sum) {
@@ -183,7 +184,7 @@ __device__ inline void step_value(const step_args& a, std::uint64_t i, float sum
 
 template <class = void>
 __global__ void dense_step_kernel(step_args a, const float* sum) {
-  if (a.verdict->count != 0) return;
+  if (a.verdict->count != 0 || a.own->count != 0) return;
   const std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
   if (i < a.length) step_value(a, i, sum[i]);
 }
@@ -193,7 +194,7 @@ __global__ void dense_step_kernel(step_args a, const float* sum) {
 template <class Code>
 __global__ void block_step_kernel(step_args a, std::uint64_t block_size, std::uint64_t blocks,
                                   const std::byte* all, std::uint64_t bytes, int n) {
-  if (a.verdict->count != 0) return;
+  if (a.verdict->count != 0 || a.own->count != 0) return;
   const std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
   if (i >= a.length) return;
   const std::uint64_t k = i / block_size;

@@ -192,11 +192,16 @@ __global__ void __launch_bounds__(top_k_threads) top_k_encode_kernel(top_k_encod
   }
 }
 
+// The chunk-relative index of pair q of message m.
+__device__ inline std::uint32_t rel_at(const chunk_layout& c, const std::byte* m, std::uint64_t q) {
+  return read_bits(m, 8 * c.index_offset + static_cast<std::uint64_t>(c.index_bits) * q, c.index_bits);
+}
+
 // Pair q of message m (q counted over all chunks; chunk j holds pairs [j k_full, j k_full + k_of(j))): its
 // index relative to chunk j and its decoded value; false for an index outside the chunk (a corrupt peer).
 __device__ inline bool top_k_pair(const chunk_layout& c, const std::byte* m, std::uint64_t j, std::uint64_t q,
                                   std::uint32_t& rel, float& value) {
-  rel = read_bits(m, 8 * c.index_offset + static_cast<std::uint64_t>(c.index_bits) * q, c.index_bits);
+  rel = rel_at(c, m, q);
   if (rel >= c.length(j)) return false;
   if (c.two_bit)
     value = compress::two_bit_code::decode(read_bits(m, 8 * c.code_offset + 2 * q, 2), load_scale(m, j));
@@ -223,7 +228,10 @@ __device__ inline void top_k_chunk_sum(const chunk_layout& c, std::uint64_t j, c
     for (std::uint64_t q = at + threadIdx.x; q < at + kj; q += blockDim.x) {
       std::uint32_t rel;
       float x;
-      if (!top_k_pair(c, m, j, q, rel, x)) {
+      // A message's indices rise within a chunk (the encoder writes them in index order); one that does not
+      // is a corrupt peer's, and two equal ones would race on one value.
+      const bool rises = q == at || rel_at(c, m, q - 1) < rel_at(c, m, q);
+      if (!rises || !top_k_pair(c, m, j, q, rel, x)) {
         if (corrupt) note_non_finite(corrupt, q);
         continue;
       }
@@ -262,7 +270,7 @@ __global__ void __launch_bounds__(top_k_threads)
                       bool sender_mean, const device_verdict* corrupt) {
   __shared__ float acc[top_k_max_chunk];
   __shared__ std::uint16_t senders[top_k_max_chunk];
-  if (a.verdict->count != 0 || corrupt->count != 0) return;
+  if (a.verdict->count != 0 || a.own->count != 0 || corrupt->count != 0) return;
   const std::uint64_t j = blockIdx.x;
   top_k_chunk_sum(c, j, all, bytes, n, acc, senders, nullptr);
   for (std::uint64_t i = threadIdx.x; i < c.length(j); i += blockDim.x)
