@@ -6,30 +6,30 @@
 
 #include <commsgd/config.hpp>
 
-namespace commsgd::inline v1::rounded {
+namespace commsgd::inline v1::detail {
 
-COMMSGD_HOST_DEVICE inline float mul(float a, float b) {
+COMMSGD_HOST_DEVICE inline float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
 #else
   return a * b;
 #endif
 }
-COMMSGD_HOST_DEVICE inline float add(float a, float b) {
+COMMSGD_HOST_DEVICE inline float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(a, b);
 #else
   return a + b;
 #endif
 }
-COMMSGD_HOST_DEVICE inline float sub(float a, float b) {
+COMMSGD_HOST_DEVICE inline float sub_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fsub_rn(a, b);
 #else
   return a - b;
 #endif
 }
-COMMSGD_HOST_DEVICE inline float div(float a, float b) {
+COMMSGD_HOST_DEVICE inline float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fdiv_rn(a, b);
 #else
@@ -37,4 +37,4 @@ COMMSGD_HOST_DEVICE inline float div(float a, float b) {
 #endif
 }
 
-} // namespace commsgd::inline v1::rounded
+} // namespace commsgd::inline v1::detail

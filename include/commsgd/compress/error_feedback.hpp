@@ -36,18 +36,19 @@ namespace commsgd::inline v1::compress {
 // subtraction was exact p is g + decay e bit for bit, signed zeros included). decay = 1 gives g + e + r:
 // 1 e is e exactly. Host and device code alike.
 COMMSGD_HOST_DEVICE inline float accumulate_value(float g, float e, float r, float decay) {
-  const float s = rounded::add(g, rounded::mul(decay, e));
-  const float low = rounded::mul(decay, r);
-  return low == 0.0f ? s : rounded::add(s, low);
+  const float s = commsgd::detail::add_rn(g, commsgd::detail::mul_rn(decay, e));
+  const float low = commsgd::detail::mul_rn(decay, r);
+  return low == 0.0f ? s : commsgd::detail::add_rn(s, low);
 }
 
 // (e, r) <- p - d split exactly: the two-sum of p and -d, s the rounded difference and t its error, both
 // floats (each operation evaluated as written). Host and device code alike.
 COMMSGD_HOST_DEVICE inline void split_difference(float p, float d, float& e, float& r) {
   const float a = p, b = -d;
-  const float s = rounded::add(a, b);
-  const float bb = rounded::sub(s, a);
-  const float t = rounded::add(rounded::sub(a, rounded::sub(s, bb)), rounded::sub(b, bb));
+  const float s = commsgd::detail::add_rn(a, b);
+  const float bb = commsgd::detail::sub_rn(s, a);
+  const float t = commsgd::detail::add_rn(commsgd::detail::sub_rn(a, commsgd::detail::sub_rn(s, bb)),
+                                          commsgd::detail::sub_rn(b, bb));
   e = s;
   r = t == 0.0f ? 0.0f : t;
 }

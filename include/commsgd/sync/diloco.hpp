@@ -413,7 +413,7 @@ private:
     }
     if (weight_ != 1.0f) // math::pseudo_gradient's scaling, in a second pass only when it changes bits
       for (float& v : out)
-        v = math::mul(v, weight_);
+        v = math::mul_rn(v, weight_);
   }
 
   static void wait(exchange& e) noexcept {

@@ -9,16 +9,16 @@
 
 namespace commsgd::inline v1::sync::math {
 
-using rounded::add;
-using rounded::div;
-using rounded::mul;
-using rounded::sub;
+using commsgd::detail::add_rn;
+using commsgd::detail::div_rn;
+using commsgd::detail::mul_rn;
+using commsgd::detail::sub_rn;
 
 // A rank's pseudo-gradient value, old minus new (sync/outer_optimizer.hpp has the sign), scaled by the
 // rank's weight; a weight of 1 leaves the bits of the difference.
 COMMSGD_HOST_DEVICE inline float pseudo_gradient(float global, float local, float weight) {
-  const float d = sub(global, local);
-  return weight == 1.0f ? d : mul(d, weight);
+  const float d = sub_rn(global, local);
+  return weight == 1.0f ? d : mul_rn(d, weight);
 }
 
 // The outer step on one value from the sum over n ranks: mean = sum / n, then Nesterov SGD as PyTorch's
@@ -26,15 +26,15 @@ COMMSGD_HOST_DEVICE inline float pseudo_gradient(float global, float local, floa
 //   v <- mu v + mean;  global <- global - lr (mean + mu v)
 // or, without momentum (mu = 0, v untouched), global <- global - lr mean. Returns the new global value.
 COMMSGD_HOST_DEVICE inline float outer_step(float global, float sum, float n, float lr, float mu, float* v) {
-  const float mean = div(sum, n);
-  if (mu == 0.0f) return sub(global, mul(lr, mean));
-  *v = add(mul(mu, *v), mean);
-  return sub(global, mul(lr, add(mean, mul(mu, *v))));
+  const float mean = div_rn(sum, n);
+  if (mu == 0.0f) return sub_rn(global, mul_rn(lr, mean));
+  *v = add_rn(mul_rn(mu, *v), mean);
+  return sub_rn(global, mul_rn(lr, add_rn(mean, mul_rn(mu, *v))));
 }
 
 // The merge of the local value with the new common one: alpha = 0 restarts from the common model.
 COMMSGD_HOST_DEVICE inline float merge(float global, float local, float alpha) {
-  return alpha == 0.0f ? global : add(global, mul(alpha, sub(local, global)));
+  return alpha == 0.0f ? global : add_rn(global, mul_rn(alpha, sub_rn(local, global)));
 }
 
 } // namespace commsgd::inline v1::sync::math

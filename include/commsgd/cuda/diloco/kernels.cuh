@@ -148,7 +148,7 @@ __global__ void block_check_kernel(std::uint64_t length, std::uint64_t block_siz
        i += blockDim.x) {
     float sum = 0.0f;
     for (int r = 0; r < n; ++r)
-      sum = sync::math::add(sum, decode_value<Code>(all + r * bytes, blocks, k, i));
+      sum = sync::math::add_rn(sum, decode_value<Code>(all + r * bytes, blocks, k, i));
     if (!isfinite(sum)) note_non_finite(v, i);
   }
 }
@@ -200,7 +200,7 @@ __global__ void block_step_kernel(step_args a, std::uint64_t block_size, std::ui
   const std::uint64_t k = i / block_size;
   float sum = 0.0f;
   for (int r = 0; r < n; ++r)
-    sum = sync::math::add(sum, decode_value<Code>(all + r * bytes, blocks, k, i));
+    sum = sync::math::add_rn(sum, decode_value<Code>(all + r * bytes, blocks, k, i));
   step_value(a, i, sum);
 }
 

@@ -235,7 +235,7 @@ __device__ inline void top_k_chunk_sum(const chunk_layout& c, std::uint64_t j, c
         if (corrupt) note_non_finite(corrupt, q);
         continue;
       }
-      acc[rel] = sync::math::add(acc[rel], x);
+      acc[rel] = sync::math::add_rn(acc[rel], x);
       senders[rel] = static_cast<std::uint16_t>(senders[rel] + 1);
     }
     __syncthreads();
