@@ -57,17 +57,25 @@ inline input_verdict take_input(std::span<const float> g, std::size_t out_size, 
 // Gathers every rank's `msg` (the same size on every rank) into `all`, sums what each decodes to into `out`
 // in rank order from +0, so every rank adds the same floats in the same order and ends with the same bits,
 // and decodes this rank's own message into `d`, what the residual keeps the rest of.
-// decode(message, sink) calls sink(i, x) for the value x at index i.
+// decode(message, sink) calls sink(i, x) for the value x at index i. With `senders` (zeroed, out's length),
+// each gathered value also counts its rank there, in the same decoding pass.
 template <comm::communicator C, class Decode>
 void gather_and_sum(C& c, std::span<const std::byte> msg, std::vector<std::byte>& all, std::span<float> out,
-                    std::span<float> d, Decode&& decode) {
+                    std::span<float> d, Decode&& decode, std::span<std::uint32_t> senders = {}) {
   const auto n = static_cast<std::size_t>(c.size());
   all.resize(n * msg.size());
   c.all_gather(msg, std::span<std::byte>(all));
   std::fill(out.begin(), out.end(), 0.0f);
-  for (std::size_t r = 0; r < n; ++r)
-    decode(std::span<const std::byte>(all).subspan(r * msg.size(), msg.size()),
-           [&](std::size_t i, float x) { out[i] += x; });
+  for (std::size_t r = 0; r < n; ++r) {
+    const auto m = std::span<const std::byte>(all).subspan(r * msg.size(), msg.size());
+    if (senders.empty())
+      decode(m, [&](std::size_t i, float x) { out[i] += x; });
+    else
+      decode(m, [&](std::size_t i, float x) {
+        out[i] += x;
+        ++senders[i];
+      });
+  }
   decode(msg, [&](std::size_t i, float x) { d[i] = x; });
 }
 

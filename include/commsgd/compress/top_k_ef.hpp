@@ -133,24 +133,11 @@ public:
     detail::agree(c, what(), length_, config(), v, verdicts_);
     encode();
     std::fill(d_.begin(), d_.end(), 0.0f); // what is not sent decodes to +0: the residual keeps p there
-    if (opt_.sender_mean) {
-      // gather_and_sum's steps, with the senders counted in the same decoding pass as the sum.
-      const auto n = static_cast<std::size_t>(c.size());
-      all_.resize(n * msg_.size());
-      c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
-      std::fill(out.begin(), out.end(), 0.0f);
-      senders_.assign(length_, 0);
-      for (std::size_t r = 0; r < n; ++r)
-        decode(std::span<const std::byte>(all_).subspan(r * msg_.size(), msg_.size()),
-               [&](std::size_t i, float x) {
-                 out[i] += x;
-                 ++senders_[i];
-               });
-      decode(std::span<const std::byte>(msg_), [&](std::size_t i, float x) { d_[i] = x; });
-      over_senders(out, n);
-    } else {
-      detail::gather_and_sum(c, msg_, all_, out, d_, [&](auto m, auto&& sink) { decode(m, sink); });
-    }
+    if (opt_.sender_mean) senders_.assign(length_, 0);
+    detail::gather_and_sum(
+        c, msg_, all_, out, d_, [&](auto m, auto&& sink) { decode(m, sink); },
+        std::span<std::uint32_t>(senders_));
+    if (opt_.sender_mean) over_senders(out, static_cast<std::size_t>(c.size()));
     wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
                 .bytes_sent;
     return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), k_, false);
