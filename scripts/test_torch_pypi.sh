@@ -17,7 +17,9 @@ bash scripts/deps.sh
 version=${COMMSGD_TORCH_VERSION:-2.15.0}
 venv=${COMMSGD_TORCH_VENV:-build/torch-$version}
 python=$venv/bin/python
-export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+# No pip cache: the venv is kept for reruns, and a second copy of torch's 4 GB of wheels in the cache is what
+# fills a small disk.
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_NO_CACHE_DIR=1
 mode=${1:-}
 case "$mode" in "" | --prepare | --install | --tests) ;; *)
   echo "test_torch_pypi: unknown argument '$mode' (expected --prepare, --install, --tests or nothing)" >&2
