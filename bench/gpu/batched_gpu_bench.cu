@@ -14,12 +14,14 @@
 // conservation check and the per-tensor top-set check of step_gpu_bench on one more (untimed) step; every
 // message count is checked (top_k: k_t per tensor; batched: no refused or broken step).
 //
-//   batched_gpu_bench [--out PREFIX] [--steps 100] [--warmup 20] [--quick]
+//   gpu_bench batched [--out PREFIX] [--steps 100] [--warmup 20] [--quick]
 #include "bench_common.cuh"
 
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+
+namespace batched_bench {
 
 namespace {
 
@@ -70,7 +72,8 @@ struct row {
   std::optional<u64> fast_timed, full_timed, tensors_full_timed;
   std::string note;
   bool ok() const {
-    return counts_ok && same_residual.value_or(true) && conservation_ok.value_or(true) && top_ok.value_or(true);
+    return counts_ok && same_residual.value_or(true) && conservation_ok.value_or(true) &&
+           top_ok.value_or(true);
   }
 };
 
@@ -91,7 +94,7 @@ void add_report(fast_full& f, const B& bt, cudaStream_t stream = nullptr) {
 
 } // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string out = "batched_gpu";
   int steps = 100, warmup = 20;
   const double density = 1e-3;
@@ -133,7 +136,8 @@ int main(int argc, char** argv) {
               "first %d untimed\n",
               prop.name, lengths.size(), total, total_k, density, steps, warmup);
   std::vector<std::size_t> offsets(lengths.size());
-  for (std::size_t t = 1; t < lengths.size(); ++t) offsets[t] = offsets[t - 1] + lengths[t - 1];
+  for (std::size_t t = 1; t < lengths.size(); ++t)
+    offsets[t] = offsets[t - 1] + lengths[t - 1];
 
   cu::device_buffer<float> g(n);
   events ev;
@@ -149,13 +153,15 @@ int main(int argc, char** argv) {
     std::printf("  %-18s median %.4f ms  p90 %.4f ms", r.method.c_str(), r.median_ms, r.p90_ms);
     if (r.fast_timed)
       std::printf("  fast/full tensor-steps (timed) %llu/%llu, tensors with a full step %llu",
-                  static_cast<unsigned long long>(*r.fast_timed), static_cast<unsigned long long>(*r.full_timed),
+                  static_cast<unsigned long long>(*r.fast_timed),
+                  static_cast<unsigned long long>(*r.full_timed),
                   static_cast<unsigned long long>(r.tensors_full_timed.value_or(0)));
     if (r.same_residual) std::printf("  residual %s", *r.same_residual ? "= batched_f32's" : "DIFFERS");
     if (r.conservation_ok)
       std::printf("  conservation %s  top sets %s", *r.conservation_ok ? "ok" : "FAILED",
                   r.top_ok.value_or(false) ? "ok" : "FAILED");
-    std::printf("  counts %s%s%s\n", r.counts_ok ? "ok" : "FAILED", r.note.empty() ? "" : ": ", r.note.c_str());
+    std::printf("  counts %s%s%s\n", r.counts_ok ? "ok" : "FAILED", r.note.empty() ? "" : ": ",
+                r.note.c_str());
     std::fflush(stdout);
     rows.push_back(r);
   };
@@ -194,42 +200,46 @@ int main(int argc, char** argv) {
     if (bt.total_k() != total_k) r.counts_ok = false;
     fast_full before, after;
     try {
-    for (int s = 0; s < steps; ++s) {
-      draw_gradient(g.data(), n, s);
-      if (s == warmup) add_report(before, bt);
-      if (s >= warmup)
-        r.ms.push_back(ev.time(nullptr, [&] { bt.step(g.data()); }));
-      else
-        bt.step(g.data());
-    }
-    add_report(after, bt);
-    timed_window(before, after, r);
-    const std::vector<float> old_e = bt.residual_to_host();
-    draw_gradient(g.data(), n, steps);
-    const sums gs = device_sums(g.data(), n);
-    bt.step(g.data());
-    std::vector<float> v(bt.total_k());
-    std::vector<std::uint32_t> idx(bt.total_k());
-    cu::check(cudaMemcpy(v.data(), bt.value(), v.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
-    cu::check(cudaMemcpy(idx.data(), bt.index(), idx.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost),
-              "cudaMemcpy");
-    reference = bt.residual_to_host();
-    r.cons = check_conservation(host_sums(old_e.data(), old_e.size()), gs, host_sums(v.data(), v.size()),
-                                host_sums(reference.data(), reference.size()), n);
-    r.conservation_ok = r.cons.ok();
-    // Per tensor: its k_t pairs lie in its message range, point into it, and are its largest |p|.
-    bool top = true;
-    for (std::size_t t = 0; t < lengths.size() && top; ++t) {
-      const std::size_t m0 = bt.message_offset(t), kt = bt.k(t);
-      float least = INFINITY, most = 0.0f;
-      for (std::size_t j = m0; j < m0 + kt; ++j) {
-        least = std::min(least, std::fabs(v[j]));
-        if (idx[j] < offsets[t] || idx[j] >= offsets[t] + lengths[t] || reference[idx[j]] != 0.0f) top = false;
+      for (int s = 0; s < steps; ++s) {
+        draw_gradient(g.data(), n, s);
+        if (s == warmup) add_report(before, bt);
+        if (s >= warmup)
+          r.ms.push_back(ev.time(nullptr, [&] { bt.step(g.data()); }));
+        else
+          bt.step(g.data());
       }
-      for (std::size_t i = offsets[t]; i < offsets[t] + lengths[t]; ++i) most = std::max(most, std::fabs(reference[i]));
-      if (kt > 0 && !(least >= most)) top = false;
-    }
-    r.top_ok = top;
+      add_report(after, bt);
+      timed_window(before, after, r);
+      const std::vector<float> old_e = bt.residual_to_host();
+      draw_gradient(g.data(), n, steps);
+      const sums gs = device_sums(g.data(), n);
+      bt.step(g.data());
+      std::vector<float> v(bt.total_k());
+      std::vector<std::uint32_t> idx(bt.total_k());
+      cu::check(cudaMemcpy(v.data(), bt.value(), v.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                "cudaMemcpy");
+      cu::check(
+          cudaMemcpy(idx.data(), bt.index(), idx.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost),
+          "cudaMemcpy");
+      reference = bt.residual_to_host();
+      r.cons = check_conservation(host_sums(old_e.data(), old_e.size()), gs, host_sums(v.data(), v.size()),
+                                  host_sums(reference.data(), reference.size()), n);
+      r.conservation_ok = r.cons.ok();
+      // Per tensor: its k_t pairs lie in its message range, point into it, and are its largest |p|.
+      bool top = true;
+      for (std::size_t t = 0; t < lengths.size() && top; ++t) {
+        const std::size_t m0 = bt.message_offset(t), kt = bt.k(t);
+        float least = INFINITY, most = 0.0f;
+        for (std::size_t j = m0; j < m0 + kt; ++j) {
+          least = std::min(least, std::fabs(v[j]));
+          if (idx[j] < offsets[t] || idx[j] >= offsets[t] + lengths[t] || reference[idx[j]] != 0.0f)
+            top = false;
+        }
+        for (std::size_t i = offsets[t]; i < offsets[t] + lengths[t]; ++i)
+          most = std::max(most, std::fabs(reference[i]));
+        if (kt > 0 && !(least >= most)) top = false;
+      }
+      r.top_ok = top;
     } catch (const std::exception& e) {
       r.counts_ok = false;
       r.note = e.what();
@@ -313,26 +323,29 @@ int main(int argc, char** argv) {
     row r{"loop_batched_f32"};
     std::vector<std::unique_ptr<cu::batched_top_k<float>>> bts;
     for (std::size_t t = 0; t < lengths.size(); ++t)
-      bts.push_back(std::make_unique<cu::batched_top_k<float>>(std::span<const std::size_t>(&lengths[t], 1),
-                                                               cu::batched_top_k_options{.density = density}));
+      bts.push_back(std::make_unique<cu::batched_top_k<float>>(
+          std::span<const std::size_t>(&lengths[t], 1), cu::batched_top_k_options{.density = density}));
     auto all = [&] {
-      for (std::size_t t = 0; t < lengths.size(); ++t) bts[t]->step(g.data() + offsets[t]);
+      for (std::size_t t = 0; t < lengths.size(); ++t)
+        bts[t]->step(g.data() + offsets[t]);
     };
     fast_full before, after;
     std::vector<float> residual;
     try {
-    for (int s = 0; s <= steps; ++s) {
-      draw_gradient(g.data(), n, s);
-      if (s == warmup)
-        for (auto& b : bts) add_report(before, *b);
-      if (s >= warmup && s < steps)
-        r.ms.push_back(ev.time(nullptr, all));
-      else
-        all();
-      if (s == steps - 1)
-        for (auto& b : bts) add_report(after, *b);
-    }
-    timed_window(before, after, r);
+      for (int s = 0; s <= steps; ++s) {
+        draw_gradient(g.data(), n, s);
+        if (s == warmup)
+          for (auto& b : bts)
+            add_report(before, *b);
+        if (s >= warmup && s < steps)
+          r.ms.push_back(ev.time(nullptr, all));
+        else
+          all();
+        if (s == steps - 1)
+          for (auto& b : bts)
+            add_report(after, *b);
+      }
+      timed_window(before, after, r);
       for (auto& b : bts) {
         b->check_refused();
         const auto rep = b->report();
@@ -353,7 +366,8 @@ int main(int argc, char** argv) {
     row r{"loop_top_k_radix"};
     std::vector<std::unique_ptr<cu::top_k<cu::radix>>> tks;
     for (std::size_t t = 0; t < lengths.size(); ++t)
-      tks.push_back(std::make_unique<cu::top_k<cu::radix>>(lengths[t], cu::top_k_options{.density = density}));
+      tks.push_back(
+          std::make_unique<cu::top_k<cu::radix>>(lengths[t], cu::top_k_options{.density = density}));
     std::size_t bad = 0;
     auto all = [&] {
       for (std::size_t t = 0; t < lengths.size(); ++t)
@@ -387,28 +401,35 @@ int main(int argc, char** argv) {
   const double floor_ms = rows.front().median_ms;
   const std::string json = out + ".json";
   if (FILE* f = std::fopen(json.c_str(), "w")) {
-    std::fprintf(f,
-                 "{\n  \"device\": \"%s\",\n  \"model\": \"resnet50\",\n  \"tensors\": %zu,\n  \"n\": %zu,\n  "
-                 "\"density\": %g,\n  \"total_k\": %zu,\n  \"steps\": %d,\n  \"warmup\": %d,\n  \"results\": [\n",
-                 json_escape(prop.name).c_str(), lengths.size(), total, density, total_k, steps, warmup);
+    std::fprintf(
+        f,
+        "{\n  \"device\": \"%s\",\n  \"model\": \"resnet50\",\n  \"tensors\": %zu,\n  \"n\": %zu,\n  "
+        "\"density\": %g,\n  \"total_k\": %zu,\n  \"steps\": %d,\n  \"warmup\": %d,\n  \"results\": [\n",
+        json_escape(prop.name).c_str(), lengths.size(), total, density, total_k, steps, warmup);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const row& r = rows[i];
-      std::fprintf(f,
-                   "    {\"method\": \"%s\", \"timed\": %zu, \"median_ms\": %.6f, \"p90_ms\": %.6f, \"min_ms\": %.6f, "
-                   "\"floor_ms\": %.6f, \"counts_ok\": %s",
-                   r.method.c_str(), r.ms.size(), r.median_ms, r.p90_ms, r.min_ms, floor_ms,
-                   r.counts_ok ? "true" : "false");
+      std::fprintf(
+          f,
+          "    {\"method\": \"%s\", \"timed\": %zu, \"median_ms\": %.6f, \"p90_ms\": %.6f, \"min_ms\": %.6f, "
+          "\"floor_ms\": %.6f, \"counts_ok\": %s",
+          r.method.c_str(), r.ms.size(), r.median_ms, r.p90_ms, r.min_ms, floor_ms,
+          r.counts_ok ? "true" : "false");
       if (r.same_residual) std::fprintf(f, ", \"same_residual\": %s", *r.same_residual ? "true" : "false");
       if (r.conservation_ok)
-        std::fprintf(f, ", \"conservation_ok\": %s, \"conservation_diff\": %.6g, \"conservation_bound\": %.6g, \"top_ok\": %s",
+        std::fprintf(f,
+                     ", \"conservation_ok\": %s, \"conservation_diff\": %.6g, \"conservation_bound\": %.6g, "
+                     "\"top_ok\": %s",
                      *r.conservation_ok ? "true" : "false", std::fabs(r.cons.lhs - r.cons.rhs), r.cons.bound,
                      r.top_ok.value_or(false) ? "true" : "false");
       if (r.fast_timed)
         std::fprintf(f, ", \"fast_timed\": %llu, \"full_timed\": %llu, \"tensors_full_timed\": %llu",
-                     static_cast<unsigned long long>(*r.fast_timed), static_cast<unsigned long long>(*r.full_timed),
+                     static_cast<unsigned long long>(*r.fast_timed),
+                     static_cast<unsigned long long>(*r.full_timed),
                      static_cast<unsigned long long>(r.tensors_full_timed.value_or(0)));
-      std::fprintf(f, ", \"ok\": %s, \"note\": \"%s\", \"ms\": [", r.ok() ? "true" : "false", json_escape(r.note).c_str());
-      for (std::size_t j = 0; j < r.ms.size(); ++j) std::fprintf(f, "%s%.5f", j ? ", " : "", r.ms[j]);
+      std::fprintf(f, ", \"ok\": %s, \"note\": \"%s\", \"ms\": [", r.ok() ? "true" : "false",
+                   json_escape(r.note).c_str());
+      for (std::size_t j = 0; j < r.ms.size(); ++j)
+        std::fprintf(f, "%s%.5f", j ? ", " : "", r.ms[j]);
       std::fprintf(f, "]}%s\n", i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
@@ -418,3 +439,11 @@ int main(int argc, char** argv) {
   std::printf("wrote %s; %s\n", json.c_str(), all_ok ? "all checks passed" : "SOME CHECKS FAILED");
   return all_ok ? 0 : 1;
 }
+
+} // namespace batched_bench
+
+#ifndef COMMSGD_GPU_BENCH_ONE_PROGRAM
+int main(int argc, char** argv) {
+  return batched_bench::run(argc, argv);
+}
+#endif

@@ -26,12 +26,22 @@ __host__ __device__ inline u64 mix(u64 z) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
-__device__ inline float unit(u64 h) { return (static_cast<float>(h >> 40) + 0.5f) * (1.0f / 16777216.0f); }
+__device__ inline float unit(u64 h) {
+  return (static_cast<float>(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
 
-__device__ inline void store(float* g, u64 i, float v) { g[i] = v; }
-__device__ inline void store(__nv_bfloat16* g, u64 i, float v) { g[i] = __float2bfloat16_rn(v); }
-__device__ inline float load(const float* g, u64 i) { return g[i]; }
-__device__ inline float load(const __nv_bfloat16* g, u64 i) { return __bfloat162float(g[i]); }
+__device__ inline void store(float* g, u64 i, float v) {
+  g[i] = v;
+}
+__device__ inline void store(__nv_bfloat16* g, u64 i, float v) {
+  g[i] = __float2bfloat16_rn(v);
+}
+__device__ inline float load(const float* g, u64 i) {
+  return g[i];
+}
+__device__ inline float load(const __nv_bfloat16* g, u64 i) {
+  return __bfloat162float(g[i]);
+}
 
 // The gradient law of the steady-state benchmarks, as training makes it, with consecutive steps correlated:
 //   g_i(t) = s(t) * c_i * r_i(t)
@@ -76,7 +86,8 @@ __global__ void raw_gradient_kernel(G* __restrict__ g, u64 n, u64 step, gradient
 template <class G>
 void draw_gradient(G* g, u64 n, u64 step, cudaStream_t stream = nullptr, gradient_law law = {}) {
   const u64 blocks = std::min<u64>((n + 255) / 256, 132ull * 16);
-  raw_gradient_kernel<G><<<static_cast<unsigned>(std::max<u64>(blocks, 1)), 256, 0, stream>>>(g, n, step, law);
+  raw_gradient_kernel<G>
+      <<<static_cast<unsigned>(std::max<u64>(blocks, 1)), 256, 0, stream>>>(g, n, step, law);
   cu::check_launch("raw_gradient_kernel");
 }
 
@@ -132,7 +143,8 @@ sums device_sums(const G* x, u64 n, cudaStream_t stream = nullptr) {
   cu::device_buffer<double> out(2);
   cu::check(cudaMemsetAsync(out.data(), 0, 2 * sizeof(double), stream), "cudaMemsetAsync");
   if (n > 0) {
-    sum_kernel<G><<<static_cast<unsigned>(std::min<u64>((n + 255) / 256, 1024)), 256, 0, stream>>>(x, n, out.data());
+    sum_kernel<G>
+        <<<static_cast<unsigned>(std::min<u64>((n + 255) / 256, 1024)), 256, 0, stream>>>(x, n, out.data());
     cu::check_launch("sum_kernel");
   }
   double h[2];
@@ -170,12 +182,15 @@ inline conservation check_conservation(sums old_residual, sums gradient, sums se
 
 // The sent set of an exact (or threshold) top-k holds the largest |p|: every sent |value| is at least every
 // entry left in the new residual, and the residual is +0 where an entry was sent.
-inline bool sent_set_is_top(const std::vector<float>& sent_value, const std::vector<std::uint32_t>& sent_index,
+inline bool sent_set_is_top(const std::vector<float>& sent_value,
+                            const std::vector<std::uint32_t>& sent_index,
                             const std::vector<float>& new_residual) {
   float least_sent = INFINITY;
-  for (float v : sent_value) least_sent = std::min(least_sent, std::fabs(v));
+  for (float v : sent_value)
+    least_sent = std::min(least_sent, std::fabs(v));
   float most_left = 0.0f;
-  for (float v : new_residual) most_left = std::max(most_left, std::fabs(v));
+  for (float v : new_residual)
+    most_left = std::max(most_left, std::fabs(v));
   if (!sent_value.empty() && !(least_sent >= most_left)) return false;
   for (std::uint32_t i : sent_index)
     if (i >= new_residual.size() || new_residual[i] != 0.0f) return false;

@@ -9,12 +9,14 @@
 // random step between rounds (outside the timed region), so every round encodes a fresh pseudo-gradient.
 // Each row: min / median / max over the timed rounds; ok when every round was applied (no refusal).
 //
-//   diloco_round_gpu_bench [--out PREFIX] [--log-n 26,28] [--ranks 4] [--rounds 30] [--warmup 5] [--quick]
+//   gpu_bench diloco_round [--out PREFIX] [--log-n 26,28] [--ranks 4] [--rounds 30] [--warmup 5] [--quick]
 #include "bench_common.cuh"
 
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+
+namespace diloco_round_bench {
 
 namespace {
 
@@ -130,7 +132,7 @@ double streaming_rate() {
 
 } // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string out = "diloco-round-gpu";
   std::vector<int> log_ns{26, 28};
   int ranks = 4, rounds = 30, warmup = 5;
@@ -224,3 +226,11 @@ int main(int argc, char** argv) {
   std::printf("wrote %s; %s\n", md.c_str(), all_ok ? "every round applied" : "SOME ROUNDS REFUSED");
   return all_ok ? 0 : 1;
 }
+
+} // namespace diloco_round_bench
+
+#ifndef COMMSGD_GPU_BENCH_ONE_PROGRAM
+int main(int argc, char** argv) {
+  return diloco_round_bench::run(argc, argv);
+}
+#endif

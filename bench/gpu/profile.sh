@@ -16,7 +16,7 @@ out="${1:-$build/results/profile.md}"
 steps="${2:-3}"
 log_n="${PROFILE_LOG_N:-26}"
 methods="${PROFILE_METHODS:-floor_f32 batched_f32 top_k_laplace}"
-bench="${BENCH_BIN:-$build/tests/cuda/bench_gpu}/step_gpu_bench"
+bench="${BENCH_BIN:-$build/tests/cuda/bench_gpu}/gpu_bench"
 work="$build/profile"
 mkdir -p "$work" "$(dirname "$out")"
 ncu_bin="$(command -v ncu || true)"
@@ -32,7 +32,7 @@ for m in $methods; do
   timeout "${NCU_LIMIT:-60}" "$ncu_bin" --clock-control none --profile-from-start off \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
     --csv --page raw --print-units base \
-    "$bench" --cases "$log_n:1e-3" --only "$m" --profile-steps "$steps" >"$work/$m.csv" 2>"$work/$m.err" ||
+    "$bench" step --cases "$log_n:1e-3" --only "$m" --profile-steps "$steps" >"$work/$m.csv" 2>"$work/$m.err" ||
     { echo "profile.sh: ncu failed for $m (exit $?): $(tail -3 "$work/$m.err" | tr '\n' ' ')"; status=1; }
 done
 python3 - "$out" "$device" "$log_n" "$steps" "$work" $methods <<'PY'
@@ -51,7 +51,7 @@ def number(s):
 
 
 lines = [f"# DRAM traffic of the step, counted by Nsight Compute ({device}, {datetime.date.today().isoformat()})", "",
-         f"Command: `bash bench/gpu/profile.sh` (run by `bench/gpu/run.sh`). `step_gpu_bench --cases {log_n}:1e-3 "
+         f"Command: `bash bench/gpu/profile.sh` (run by `bench/gpu/run.sh`). `gpu_bench step --cases {log_n}:1e-3 "
          f"--only METHOD --profile-steps {steps}` under `ncu --clock-control none --metrics "
          "gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum`; 5 steps unprofiled, then "
          f"{steps} profiled (the gradient drawing outside the profiled range). Figures per step (sums over the "

@@ -96,7 +96,7 @@ PY
 }
 t=$SECONDS
 use_prebuilt=0
-[[ $build_only -eq 0 && -f "$prebuilt/cuda_select_test" && -f "$prebuilt/step_gpu_bench" ]] && use_prebuilt=1
+[[ $build_only -eq 0 && -f "$prebuilt/cuda_select_test" && -f "$prebuilt/gpu_bench" ]] && use_prebuilt=1
 cccl_cands=()
 [[ $use_prebuilt -eq 0 ]] && mapfile -t cccl_cands < <(find_cccl)
 echo "CCCL with DeviceTopK: ${#cccl_cands[@]} candidate(s)"
@@ -112,7 +112,7 @@ stage "find CCCL" "${#cccl_cands[@]} candidate(s)" $t
 # include path) beside it, trying each CCCL candidate until one compiles.
 bin="$build/tests/cuda/bench_gpu"
 test_bin="$build/tests/cuda/cuda_select_test"
-programs=(step_gpu_bench batched_gpu_bench select_gpu_bench sequence_gpu_bench diloco_round_gpu_bench)
+programs=(gpu_bench)
 if [[ $use_prebuilt -eq 1 ]]; then
   # Built by `run.sh --build-only` with the same nvcc, carried here: no build on the lent machine.
   echo "using the programs built beforehand in $prebuilt: $(cat "$prebuilt/built" 2>/dev/null)"
@@ -153,7 +153,7 @@ static_link="-static-libstdc++ -static-libgcc"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCOMMSGD_ENABLE_CUDA=ON -DCOMMSGD_ENABLE_MPI=OFF -DCOMMSGD_ENABLE_TORCH=OFF -DCOMMSGD_BUILD_EXAMPLES=OFF \
   -DCOMMSGD_BUILD_BENCHMARKS=OFF -DCMAKE_EXE_LINKER_FLAGS="$static_link" >"$build/configure.log" 2>&1 || { build_status=$?; tail -20 "$build/configure.log"; }
-targets=(step_gpu_bench batched_gpu_bench select_gpu_bench sequence_gpu_bench diloco_round_gpu_bench)
+targets=(gpu_bench)
 [[ "${SKIP_TESTS:-0}" != 1 ]] && targets=(cuda_select_test "${targets[@]}")
 [[ $build_status -eq 0 ]] && { cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" || build_status=$?; }
 stage "build" "exit $build_status" $t
@@ -189,7 +189,7 @@ shard_pids=()
 shards=(select_test top_k_test batched_top_k_test diloco_round_test)
 if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
   tests_t=$SECONDS
-  # ctest -L cuda runs this one program; here its three source files run as three processes side by side
+  # ctest -L cuda runs this one program; here its four test files run as four processes side by side
   # (the host references of one overlap the kernels of another), each with its own time limit.
   for f in "${shards[@]}"; do
     timeout "${CTEST_LIMIT:-240}" "$test_bin" --source-file="*/$f.cu" --duration=true >"$work/test_$f.log" 2>&1 &
@@ -250,10 +250,10 @@ run_stage() { # run_stage NAME LIMIT_SECONDS COMMAND...
 }
 
 # --- The step in steady state on raw gradients, and ResNet-50's tensors batched.
-run_stage "step_gpu_bench" 120 "$bin/step_gpu_bench" --out "$work/step_gpu" "${quick[@]}"
-run_stage "batched_gpu_bench" 120 "$bin/batched_gpu_bench" --out "$work/batched_gpu" "${quick[@]}"
+run_stage "step_gpu_bench" 120 "$bin/gpu_bench" step --out "$work/step_gpu" "${quick[@]}"
+run_stage "batched_gpu_bench" 120 "$bin/gpu_bench" batched --out "$work/batched_gpu" "${quick[@]}"
 # --- DiLoCo's round on device parameters against its memory floor, then the same rounds as torch ops.
-if run_stage "diloco_round_gpu_bench" 90 "$bin/diloco_round_gpu_bench" --out "$work/diloco_round_gpu" "${quick[@]}"; then
+if run_stage "diloco_round_gpu_bench" 90 "$bin/gpu_bench" diloco_round --out "$work/diloco_round_gpu" "${quick[@]}"; then
   run_stage "diloco_round_torch.py" 120 python3 "$root/bench/gpu/diloco_round_torch.py" \
     --ours "$work/diloco_round_gpu.csv" --out "$work/diloco_round_torch.md" ||
     echo "diloco_round_torch.py failed: the table will have no torch rows"
@@ -288,9 +288,9 @@ if [[ "${SKIP_PROFILE:-0}" != 1 ]]; then
 fi
 
 # --- Threshold selection on i.i.d. buffers, with the like-for-like anchors.
-select_bench="$bin/select_gpu_bench"
-[[ -x "$build/select_gpu_bench_cccl" ]] && select_bench="$build/select_gpu_bench_cccl"
-run_stage "select_gpu_bench" 150 "$select_bench" --out "$work/select_gpu" "${quick[@]}"
+select_bench=("$bin/gpu_bench" select)
+[[ -x "$build/select_gpu_bench_cccl" ]] && select_bench=("$build/select_gpu_bench_cccl")
+run_stage "select_gpu_bench" 150 "${select_bench[@]}" --out "$work/select_gpu" "${quick[@]}"
 python3 "$root/bench/gpu/report.py" "$work/select_gpu.json" "$work/torch_topk.json" \
   "$results/select-gpu-$date.md" --device "$device" --date "$date" || bench_status=1
 cp "$work/select_gpu.json" "$results/select-gpu-$date.json" 2>/dev/null
@@ -319,9 +319,9 @@ done
 stage "sequence.py make" "${#seq_dirs[@]} sequence(s)" $t
 for d in ${SEQUENCE_DIRS:-}; do seq_dirs+=("$d"); done
 if [[ ${#seq_dirs[@]} -gt 0 ]]; then
-  seq_bench="$bin/sequence_gpu_bench"
-  [[ -x "$build/sequence_gpu_bench_cccl" ]] && seq_bench="$build/sequence_gpu_bench_cccl"
-  run_stage "sequence_gpu_bench" 150 "$seq_bench" --out "$work/sequence_gpu" "${seq_dirs[@]}"
+  seq_bench=("$bin/gpu_bench" sequence)
+  [[ -x "$build/sequence_gpu_bench_cccl" ]] && seq_bench=("$build/sequence_gpu_bench_cccl")
+  run_stage "sequence_gpu_bench" 150 "${seq_bench[@]}" --out "$work/sequence_gpu" "${seq_dirs[@]}"
   run_stage "sequence.py time" 90 python3 "$root/bench/gpu/sequence.py" time --out "$work/sequence_torch.json" \
     "${seq_dirs[@]}" || echo "sequence.py time failed: the report will have no torch.topk row"
   python3 "$root/bench/gpu/report_sequence.py" "$work/sequence_gpu.json" "$work/sequence_torch.json" \

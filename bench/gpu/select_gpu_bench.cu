@@ -14,7 +14,7 @@
 // key, the least returned key equal to the exact k-th key (from cuda::radix on the same buffer), and as many
 // keys above it as the exact selection has.
 //
-//   select_gpu_bench [--out PREFIX] [--reps R] [--buffers B] [--sizes 20,24,26,28] [--quick]
+//   gpu_bench select [--out PREFIX] [--reps R] [--buffers B] [--sizes 20,24,26,28] [--quick]
 #include <commsgd/cuda.cuh>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -34,6 +34,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+namespace select_bench {
 
 namespace cu = commsgd::cuda;
 
@@ -136,7 +138,7 @@ struct timer {
 
 } // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string out = "select_gpu";
   int reps = 30;
   int buffers = 4;
@@ -402,3 +404,11 @@ int main(int argc, char** argv) {
               all_ok ? "all counts within tolerance" : "SOME COUNTS OUT OF TOLERANCE");
   return all_ok ? 0 : 1;
 }
+
+} // namespace select_bench
+
+#ifndef COMMSGD_GPU_BENCH_ONE_PROGRAM
+int main(int argc, char** argv) {
+  return select_bench::run(argc, argv);
+}
+#endif

@@ -9,7 +9,7 @@
 // values: the same outputs as radix_compact / trim_compact (selection + cuda::compact<uint32>). Also cuda::top_k's whole step (p = g + e, select, compact, residual
 // update, pairs to pinned memory, one synchronisation) with the accumulators given as gradients.
 //
-//   sequence_gpu_bench --out PREFIX [--sweeps S] [--only METHOD] DIR [DIR ...]
+//   gpu_bench sequence --out PREFIX [--sweeps S] [--only METHOD] DIR [DIR ...]
 // (--only runs one method and the copy, for a profiler: bench/gpu/profile.sh)
 #include <commsgd/cuda.cuh>
 
@@ -32,6 +32,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+namespace sequence_bench {
 
 namespace cu = commsgd::cuda;
 
@@ -115,7 +117,7 @@ struct row {
 
 } // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string out = "sequence_gpu";
   int sweeps = 11;
   std::vector<std::string> dirs;
@@ -349,3 +351,11 @@ int main(int argc, char** argv) {
               all_ok ? "all counts within tolerance" : "SOME COUNTS OUT OF TOLERANCE");
   return all_ok ? 0 : 1;
 }
+
+} // namespace sequence_bench
+
+#ifndef COMMSGD_GPU_BENCH_ONE_PROGRAM
+int main(int argc, char** argv) {
+  return sequence_bench::run(argc, argv);
+}
+#endif

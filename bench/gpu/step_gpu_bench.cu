@@ -19,7 +19,7 @@
 // rounding of p = g + e) and for the sent set being the largest |p| (every sent |value| >= every |residual|,
 // the residual +0 at every sent index).
 //
-//   step_gpu_bench [--out PREFIX] [--steps 100] [--warmup 20] [--cases 24:1e-3,26:1e-3,24:1e-2]
+//   gpu_bench step [--out PREFIX] [--steps 100] [--warmup 20] [--cases 24:1e-3,26:1e-3,24:1e-2]
 //                  [--only m1,m2] [--profile-steps S] [--quick]
 // --profile-steps S: for Nsight Compute (bench/gpu/profile.sh): 5 unprofiled steps, then S steps inside
 // cudaProfilerStart/Stop (the gradient drawing outside it); no checks, no JSON.
@@ -32,6 +32,8 @@
 #include <functional>
 #include <optional>
 #include <sstream>
+
+namespace step_bench {
 
 namespace {
 
@@ -61,16 +63,16 @@ struct row {
 
 // What a method supplies to the common driver.
 struct method_calls {
-  std::function<void(u64 step)> step;                 // enqueue one step (may synchronise inside)
-  std::function<bool(u64& count)> count;              // last message's size; false if out of tolerance
-  std::function<void(std::vector<float>&)> residual;  // host copy of the residual (waits)
+  std::function<void(u64 step)> step;                // enqueue one step (may synchronise inside)
+  std::function<bool(u64& count)> count;             // last message's size; false if out of tolerance
+  std::function<void(std::vector<float>&)> residual; // host copy of the residual (waits)
   std::function<void(std::vector<float>&, std::vector<std::uint32_t>&)> sent; // last message on the host
-  std::function<void(u64& fast, u64& full)> report;   // batched only
+  std::function<void(u64& fast, u64& full)> report;                           // batched only
 };
 
 } // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string out = "step_gpu";
   int steps = 100, warmup = 20, profile_steps = 0;
   std::vector<test_case> cases{{24, 1e-3}, {26, 1e-3}, {24, 1e-2}};
@@ -97,7 +99,8 @@ int main(int argc, char** argv) {
         parse_cases(argv[++i]);
       else if (a == "--only" && i + 1 < argc) {
         std::stringstream in(argv[++i]);
-        for (std::string m; std::getline(in, m, ',');) only.push_back(m);
+        for (std::string m; std::getline(in, m, ',');)
+          only.push_back(m);
       } else if (a == "--profile-steps" && i + 1 < argc)
         profile_steps = std::max(1, std::atoi(argv[++i]));
       else if (a == "--quick") {
@@ -161,60 +164,60 @@ int main(int argc, char** argv) {
           draw_gradient(g32.data(), n, s);
       };
       try { // a throwing step (refused, broken) fails its row, not the run
-      for (int s = 0; s < steps; ++s) {
-        draw(static_cast<u64>(s));
-        if (s == warmup && calls.report) calls.report(fast0, full0);
-        if (profiling && s >= profile_warm) {
-          cu::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-          cu::check(cudaProfilerStart(), "cudaProfilerStart");
-          calls.step(static_cast<u64>(s));
-          cu::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-          cu::check(cudaProfilerStop(), "cudaProfilerStop");
-        } else if (s >= warmup) {
-          r.ms.push_back(ev.time(nullptr, [&] { calls.step(static_cast<u64>(s)); }));
-        } else {
-          calls.step(static_cast<u64>(s));
+        for (int s = 0; s < steps; ++s) {
+          draw(static_cast<u64>(s));
+          if (s == warmup && calls.report) calls.report(fast0, full0);
+          if (profiling && s >= profile_warm) {
+            cu::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+            cu::check(cudaProfilerStart(), "cudaProfilerStart");
+            calls.step(static_cast<u64>(s));
+            cu::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+            cu::check(cudaProfilerStop(), "cudaProfilerStop");
+          } else if (s >= warmup) {
+            r.ms.push_back(ev.time(nullptr, [&] { calls.step(static_cast<u64>(s)); }));
+          } else {
+            calls.step(static_cast<u64>(s));
+          }
+          if (calls.count) {
+            u64 c = 0;
+            if (!calls.count(c)) r.counts_ok = false;
+            r.min_count = std::min(r.min_count, c);
+            r.max_count = std::max(r.max_count, c);
+          }
         }
-        if (calls.count) {
-          u64 c = 0;
-          if (!calls.count(c)) r.counts_ok = false;
-          r.min_count = std::min(r.min_count, c);
-          r.max_count = std::max(r.max_count, c);
-        }
-      }
-      cu::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-      if (calls.report) {
-        u64 fast = 0, full = 0;
-        calls.report(fast, full);
-        r.fast_all = fast;
-        r.full_all = full;
-        if (!profiling) {
-          r.fast_timed = fast - fast0;
-          r.full_timed = full - full0;
-        }
-      }
-      if (!profiling && calls.residual) {
-        // The checked step (not timed).
-        const u64 s = static_cast<u64>(steps);
-        std::vector<float> old_e, new_e, sent_v;
-        std::vector<std::uint32_t> sent_i;
-        calls.residual(old_e);
-        draw(s);
-        const sums gs = bf16 ? device_sums(g16.data(), n) : device_sums(g32.data(), n);
-        calls.step(s);
         cu::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-        if (calls.count) {
-          u64 c = 0;
-          if (!calls.count(c)) r.counts_ok = false;
+        if (calls.report) {
+          u64 fast = 0, full = 0;
+          calls.report(fast, full);
+          r.fast_all = fast;
+          r.full_all = full;
+          if (!profiling) {
+            r.fast_timed = fast - fast0;
+            r.full_timed = full - full0;
+          }
         }
-        calls.sent(sent_v, sent_i);
-        calls.residual(new_e);
-        r.cons = check_conservation(host_sums(old_e.data(), old_e.size()), gs,
-                                    host_sums(sent_v.data(), sent_v.size()), host_sums(new_e.data(), new_e.size()),
-                                    n);
-        r.conservation_ok = r.cons.ok();
-        r.top_ok = sent_set_is_top(sent_v, sent_i, new_e);
-      }
+        if (!profiling && calls.residual) {
+          // The checked step (not timed).
+          const u64 s = static_cast<u64>(steps);
+          std::vector<float> old_e, new_e, sent_v;
+          std::vector<std::uint32_t> sent_i;
+          calls.residual(old_e);
+          draw(s);
+          const sums gs = bf16 ? device_sums(g16.data(), n) : device_sums(g32.data(), n);
+          calls.step(s);
+          cu::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+          if (calls.count) {
+            u64 c = 0;
+            if (!calls.count(c)) r.counts_ok = false;
+          }
+          calls.sent(sent_v, sent_i);
+          calls.residual(new_e);
+          r.cons = check_conservation(host_sums(old_e.data(), old_e.size()), gs,
+                                      host_sums(sent_v.data(), sent_v.size()),
+                                      host_sums(new_e.data(), new_e.size()), n);
+          r.conservation_ok = r.cons.ok();
+          r.top_ok = sent_set_is_top(sent_v, sent_i, new_e);
+        }
       } catch (const std::exception& e) {
         r.counts_ok = false;
         r.note = e.what();
@@ -229,11 +232,13 @@ int main(int argc, char** argv) {
         r.min_ms = *std::min_element(r.ms.begin(), r.ms.end());
       }
       std::printf("  %-14s %-5s median %.4f ms  p90 %.4f ms", method, grad, r.median_ms, r.p90_ms);
-      if (r.fast_timed) std::printf("  fast/full (timed) %llu/%llu", static_cast<unsigned long long>(*r.fast_timed),
-                                    static_cast<unsigned long long>(*r.full_timed));
+      if (r.fast_timed)
+        std::printf("  fast/full (timed) %llu/%llu", static_cast<unsigned long long>(*r.fast_timed),
+                    static_cast<unsigned long long>(*r.full_timed));
       if (r.conservation_ok)
-        std::printf("  conservation %s (|diff| %.3g <= %.3g)  top set %s", *r.conservation_ok ? "ok" : "FAILED",
-                    std::fabs(r.cons.lhs - r.cons.rhs), r.cons.bound, r.top_ok.value_or(false) ? "ok" : "FAILED");
+        std::printf("  conservation %s (|diff| %.3g <= %.3g)  top set %s",
+                    *r.conservation_ok ? "ok" : "FAILED", std::fabs(r.cons.lhs - r.cons.rhs), r.cons.bound,
+                    r.top_ok.value_or(false) ? "ok" : "FAILED");
       std::printf("  counts %s\n", r.counts_ok ? "ok" : "OUT OF TOLERANCE");
       std::fflush(stdout);
       rows.push_back(std::move(r));
@@ -248,7 +253,8 @@ int main(int argc, char** argv) {
       drive("copy", "f32",
             {.step =
                  [&](u64) {
-                   cu::check(cudaMemcpyAsync(target.data(), g32.data(), n * sizeof(float), cudaMemcpyDeviceToDevice),
+                   cu::check(cudaMemcpyAsync(target.data(), g32.data(), n * sizeof(float),
+                                             cudaMemcpyDeviceToDevice),
                              "cudaMemcpyAsync");
                  }},
             false);
@@ -302,8 +308,9 @@ int main(int argc, char** argv) {
                  [&](std::vector<float>& v, std::vector<std::uint32_t>& i) {
                    v.resize(bt.total_k());
                    i.resize(bt.total_k());
-                   cu::check(cudaMemcpy(v.data(), bt.value(), v.size() * sizeof(float), cudaMemcpyDeviceToHost),
-                             "cudaMemcpy");
+                   cu::check(
+                       cudaMemcpy(v.data(), bt.value(), v.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                       "cudaMemcpy");
                    cu::check(cudaMemcpy(i.data(), bt.index(), i.size() * sizeof(std::uint32_t),
                                         cudaMemcpyDeviceToHost),
                              "cudaMemcpy");
@@ -321,7 +328,8 @@ int main(int argc, char** argv) {
         const auto rep = bt.report();
         if (rep.refused != 0 || rep.committed != static_cast<u64>(steps + (profiling ? 0 : 1))) {
           rows.back().counts_ok = false;
-          rows.back().note = "committed " + std::to_string(rep.committed) + ", refused " + std::to_string(rep.refused);
+          rows.back().note =
+              "committed " + std::to_string(rep.committed) + ", refused " + std::to_string(rep.refused);
         }
       } catch (const std::exception& e) {
         rows.back().counts_ok = false;
@@ -347,29 +355,37 @@ int main(int argc, char** argv) {
   };
   const std::string json = out + ".json";
   if (FILE* f = std::fopen(json.c_str(), "w")) {
-    std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"steps\": %d,\n  \"warmup\": %d,\n  \"tolerance\": %g,\n  \"results\": [\n",
+    std::fprintf(f,
+                 "{\n  \"device\": \"%s\",\n  \"steps\": %d,\n  \"warmup\": %d,\n  \"tolerance\": %g,\n  "
+                 "\"results\": [\n",
                  json_escape(prop.name).c_str(), steps, warmup, tol);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const row& r = rows[i];
       const double fl = floor_of(r);
-      std::fprintf(f,
-                   "    {\"method\": \"%s\", \"grad\": \"%s\", \"n\": %llu, \"density\": %g, \"k\": %llu, "
-                   "\"timed\": %d, \"median_ms\": %.6f, \"p90_ms\": %.6f, \"min_ms\": %.6f, \"floor_ms\": %.6f, "
-                   "\"min_count\": %llu, \"max_count\": %llu, \"counts_ok\": %s",
-                   r.method.c_str(), r.grad.c_str(), static_cast<unsigned long long>(r.n), r.density,
-                   static_cast<unsigned long long>(r.k), r.timed, r.median_ms, r.p90_ms, r.min_ms, fl,
-                   static_cast<unsigned long long>(r.min_count == ~0ull ? 0 : r.min_count),
-                   static_cast<unsigned long long>(r.max_count), r.counts_ok ? "true" : "false");
+      std::fprintf(
+          f,
+          "    {\"method\": \"%s\", \"grad\": \"%s\", \"n\": %llu, \"density\": %g, \"k\": %llu, "
+          "\"timed\": %d, \"median_ms\": %.6f, \"p90_ms\": %.6f, \"min_ms\": %.6f, \"floor_ms\": %.6f, "
+          "\"min_count\": %llu, \"max_count\": %llu, \"counts_ok\": %s",
+          r.method.c_str(), r.grad.c_str(), static_cast<unsigned long long>(r.n), r.density,
+          static_cast<unsigned long long>(r.k), r.timed, r.median_ms, r.p90_ms, r.min_ms, fl,
+          static_cast<unsigned long long>(r.min_count == ~0ull ? 0 : r.min_count),
+          static_cast<unsigned long long>(r.max_count), r.counts_ok ? "true" : "false");
       if (r.conservation_ok)
-        std::fprintf(f, ", \"conservation_ok\": %s, \"conservation_diff\": %.6g, \"conservation_bound\": %.6g, \"top_ok\": %s",
+        std::fprintf(f,
+                     ", \"conservation_ok\": %s, \"conservation_diff\": %.6g, \"conservation_bound\": %.6g, "
+                     "\"top_ok\": %s",
                      *r.conservation_ok ? "true" : "false", std::fabs(r.cons.lhs - r.cons.rhs), r.cons.bound,
                      r.top_ok.value_or(false) ? "true" : "false");
       if (r.fast_timed)
-        std::fprintf(f, ", \"fast_timed\": %llu, \"full_timed\": %llu, \"fast_all\": %llu, \"full_all\": %llu",
-                     static_cast<unsigned long long>(*r.fast_timed), static_cast<unsigned long long>(*r.full_timed),
-                     static_cast<unsigned long long>(*r.fast_all), static_cast<unsigned long long>(*r.full_all));
-      std::fprintf(f, ", \"ok\": %s, \"note\": \"%s\", \"ms\": [", r.ok() ? "true" : "false", json_escape(r.note).c_str());
-      for (std::size_t j = 0; j < r.ms.size(); ++j) std::fprintf(f, "%s%.5f", j ? ", " : "", r.ms[j]);
+        std::fprintf(
+            f, ", \"fast_timed\": %llu, \"full_timed\": %llu, \"fast_all\": %llu, \"full_all\": %llu",
+            static_cast<unsigned long long>(*r.fast_timed), static_cast<unsigned long long>(*r.full_timed),
+            static_cast<unsigned long long>(*r.fast_all), static_cast<unsigned long long>(*r.full_all));
+      std::fprintf(f, ", \"ok\": %s, \"note\": \"%s\", \"ms\": [", r.ok() ? "true" : "false",
+                   json_escape(r.note).c_str());
+      for (std::size_t j = 0; j < r.ms.size(); ++j)
+        std::fprintf(f, "%s%.5f", j ? ", " : "", r.ms[j]);
       std::fprintf(f, "]}%s\n", i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
@@ -379,3 +395,11 @@ int main(int argc, char** argv) {
   std::printf("wrote %s; %s\n", json.c_str(), all_ok ? "all checks passed" : "SOME CHECKS FAILED");
   return all_ok ? 0 : 1;
 }
+
+} // namespace step_bench
+
+#ifndef COMMSGD_GPU_BENCH_ONE_PROGRAM
+int main(int argc, char** argv) {
+  return step_bench::run(argc, argv);
+}
+#endif

@@ -1,7 +1,7 @@
 // cuda::batched_top_k against a host reference of exact top-k with error feedback (ties to the lowest
 // index), bit for bit: many tensors, odd and empty ones, thresholds that jump (so both the candidate path
 // and the re-read path run), ties, signed zeros, momentum, 16-bit gradients, graph capture, refused steps and
-// checkpoints. Part of the cuda_select_test program (main in select_test.cu skips without a device).
+// checkpoints. Part of the cuda_select_test program (main in cuda_tests.cu).
 #include <doctest/doctest.h>
 
 #include <commsgd/cuda.cuh>
@@ -14,6 +14,8 @@
 #include <random>
 #include <sstream>
 #include <vector>
+
+namespace batched_top_k_cases {
 
 namespace cu = commsgd::cuda;
 
@@ -391,3 +393,5 @@ TEST_CASE("batched_top_k refuses bad settings with the argument named") {
   CHECK_THROWS_WITH_AS(s.step(nullptr), doctest::Contains("grad"), commsgd::invalid_argument);
   CHECK_THROWS_WITH_AS(s.k(2), doctest::Contains("'t' = 2"), commsgd::invalid_argument);
 }
+
+} // namespace batched_top_k_cases

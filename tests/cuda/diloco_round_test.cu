@@ -28,6 +28,8 @@
 #include <utility>
 #include <vector>
 
+namespace diloco_round_cases {
+
 using namespace commsgd;
 namespace cu = commsgd::cuda;
 using runs_t = std::vector<std::pair<std::size_t, std::size_t>>;
@@ -504,3 +506,5 @@ TEST_CASE("bad arguments are refused, naming them") {
   CHECK_THROWS_WITH_AS(still.load(std::vector<float>(100), std::vector<float>(100)),
                        doctest::Contains("'velocity'"), invalid_argument);
 }
+
+} // namespace diloco_round_cases

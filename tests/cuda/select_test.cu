@@ -1,7 +1,6 @@
 // Every CUDA selector and the compaction against a sorted CPU reference written here, independent of the
 // host selectors: exact methods must give the same (value, above, at) and the same pairs; approximate ones
 // must land in [k, ceil((1 + tol) k)] with a threshold consistent with the input.
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <commsgd/cuda.cuh>
@@ -15,6 +14,8 @@
 #include <random>
 #include <utility>
 #include <vector>
+
+namespace select_cases {
 
 namespace cu = commsgd::cuda;
 using commsgd::select::magnitude_key;
@@ -507,12 +508,4 @@ TEST_CASE("compaction writes the reference set in index order") {
   check_compaction<std::uint32_t>(x, n / 1000);
 }
 
-int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("skipped: no CUDA device\n");
-    return 77;
-  }
-  doctest::Context context(argc, argv);
-  return context.run();
-}
+} // namespace select_cases

@@ -1,5 +1,5 @@
 // cuda::top_k against the host sparsifier and against the error-feedback identity, bit for bit. Part of
-// the cuda_select_test program (whose main, in select_test.cu, skips with 77 when there is no device).
+// the cuda_select_test program (main in cuda_tests.cu).
 #include <doctest/doctest.h>
 
 #include <commsgd/cuda.cuh>
@@ -12,6 +12,8 @@
 #include <limits>
 #include <random>
 #include <vector>
+
+namespace top_k_cases {
 
 namespace cu = commsgd::cuda;
 
@@ -305,3 +307,5 @@ TEST_CASE("cuda::top_k refuses arguments out of range") {
   cu::top_k<cu::exact> empty(0, {.density = 0.5});
   CHECK(empty.step(nullptr).size() == 0);
 }
+
+} // namespace top_k_cases
