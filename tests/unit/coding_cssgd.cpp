@@ -4,6 +4,7 @@
 #include <commsgd/comm/local.hpp>
 
 #include <doctest/doctest.h>
+#include <support/forwarding_comm.hpp>
 
 #include <bit>
 #include <cmath>
@@ -266,29 +267,11 @@ namespace {
 // comm::local with one fault: the packet a chosen root broadcasts is damaged on the root's side.
 enum class fault { truncate, flip_last_word };
 
-struct faulty {
-  using request_type = comm::local_request;
-  local inner;
+struct faulty : test_comm::forwarding<local> {
   fault kind;
   int bad_world_rank;
   int world_rank;
-  int broadcasts = 0;
 
-  int rank() const { return inner.rank(); }
-  int size() const { return inner.size(); }
-  void barrier() { inner.barrier(); }
-  template <comm::reducible T>
-  void all_reduce_sum(std::span<T> d) {
-    inner.all_reduce_sum(d);
-  }
-  template <comm::transferable T>
-  void all_gather(std::span<const T> m, std::span<T> a) {
-    inner.all_gather(m, a);
-  }
-  template <comm::transferable T>
-  std::vector<std::size_t> all_gather_v(std::span<const T> m, std::vector<T>& a) {
-    return inner.all_gather_v(m, a);
-  }
   template <comm::transferable T>
   void broadcast(std::span<T> d, int root) {
     const bool damage = world_rank == bad_world_rank && rank() == root && !d.empty();
@@ -298,23 +281,7 @@ struct faulty {
     }
     inner.broadcast(d, root);
   }
-  template <comm::transferable T>
-  void send(std::span<const T> d, int p, int t) {
-    inner.send(d, p, t);
-  }
-  template <comm::transferable T>
-  void recv(std::span<T> d, int p, int t) {
-    inner.recv(d, p, t);
-  }
-  template <comm::transferable T>
-  request_type isend(std::span<const T> d, int p, int t) {
-    return inner.isend(d, p, t);
-  }
-  template <comm::transferable T>
-  request_type irecv(std::span<T> d, int p, int t) {
-    return inner.irecv(d, p, t);
-  }
-  faulty split(int color, int key) { return {inner.split(color, key), kind, bad_world_rank, world_rank}; }
+  faulty split(int color, int key) { return {{inner.split(color, key)}, kind, bad_world_rank, world_rank}; }
 };
 static_assert(comm::communicator<faulty>);
 
@@ -324,7 +291,7 @@ TEST_CASE("a truncated or corrupted packet raises corrupt_data") {
   // d = 10, r = 3: packets of 4 words, the last segment has 2, so every packet has padding to check.
   for (fault kind : {fault::truncate, fault::flip_last_word}) {
     CHECK_THROWS_AS(local_group(4).run([&](local& c) {
-      faulty f{c, kind, 3, c.rank()}; // rank 3 owns the short last segment in every packet
+      faulty f{{c}, kind, 3, c.rank()}; // rank 3 owns the short last segment in every packet
       auto scheme = coding::make_cssgd<coding::xor_bits>(f, 3);
       const auto g = my_gradients(scheme.assignment(), c.rank(), 10, false);
       std::vector<float> out(10);

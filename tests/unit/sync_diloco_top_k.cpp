@@ -9,6 +9,7 @@
 #include <commsgd/select/radix.hpp>
 #include <commsgd/sync/local_sgd.hpp>
 #include <support/compressor_ranks.hpp>
+#include <support/forwarding_comm.hpp>
 #include <support/least_squares.hpp>
 #include <support/train_ranks.hpp>
 
@@ -497,19 +498,10 @@ namespace {
 
 // comm::local whose gathered top-k messages arrive with rank 1's indices overwritten by `fill` (every rank
 // receives the same damaged bytes, as from a corrupt peer).
-struct damaged_indices {
-  using request_type = comm::local_request;
-  local inner;
+struct damaged_indices : test_comm::forwarding<local> {
   std::size_t message_bytes, index_offset;
   std::byte fill;
 
-  int rank() const { return inner.rank(); }
-  int size() const { return inner.size(); }
-  void barrier() { inner.barrier(); }
-  template <comm::reducible T>
-  void all_reduce_sum(std::span<T> d) {
-    inner.all_reduce_sum(d);
-  }
   template <comm::transferable T>
   void all_gather(std::span<const T> m, std::span<T> a) {
     inner.all_gather(m, a);
@@ -518,32 +510,8 @@ struct damaged_indices {
         std::fill(a.begin() + static_cast<std::ptrdiff_t>(message_bytes + index_offset),
                   a.begin() + static_cast<std::ptrdiff_t>(2 * message_bytes), fill);
   }
-  template <comm::transferable T>
-  std::vector<std::size_t> all_gather_v(std::span<const T> m, std::vector<T>& a) {
-    return inner.all_gather_v(m, a);
-  }
-  template <comm::transferable T>
-  void broadcast(std::span<T> d, int root) {
-    inner.broadcast(d, root);
-  }
-  template <comm::transferable T>
-  void send(std::span<const T> d, int p, int t) {
-    inner.send(d, p, t);
-  }
-  template <comm::transferable T>
-  void recv(std::span<T> d, int p, int t) {
-    inner.recv(d, p, t);
-  }
-  template <comm::transferable T>
-  request_type isend(std::span<const T> d, int p, int t) {
-    return inner.isend(d, p, t);
-  }
-  template <comm::transferable T>
-  request_type irecv(std::span<T> d, int p, int t) {
-    return inner.irecv(d, p, t);
-  }
   damaged_indices split(int color, int key) {
-    return {inner.split(color, key), message_bytes, index_offset, fill};
+    return {{inner.split(color, key)}, message_bytes, index_offset, fill};
   }
 };
 static_assert(comm::communicator<damaged_indices>);
@@ -561,7 +529,7 @@ TEST_CASE(
     CAPTURE(static_cast<int>(fill));
     std::vector<int> refused(2, 0), kept(2, 0);
     local_group(2).run([&](local& c) {
-      damaged_indices d{c, bytes, 4 * k, fill};
+      damaged_indices d{{c}, bytes, 4 * k, fill};
       compress::top_k_ef<> x(len, o);
       std::vector<float> g(len), out(len);
       std::mt19937 rng(static_cast<unsigned>(c.rank()));

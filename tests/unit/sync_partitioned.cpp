@@ -3,6 +3,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/sync/partitioned.hpp>
 #include <commsgd/sync/synchronous.hpp>
+#include <support/forwarding_comm.hpp>
 #include <support/least_squares.hpp>
 
 #include <doctest/doctest.h>
@@ -42,49 +43,19 @@ struct lagging_request {
   }
 };
 
-class lagging {
-public:
-  lagging(local& c, int lag) : c_(&c), lag_(lag) {}
-  int rank() const { return c_->rank(); }
-  int size() const { return c_->size(); }
-  void barrier() { c_->barrier(); }
-  template <comm::reducible T>
-  void all_reduce_sum(std::span<T> d) {
-    c_->all_reduce_sum(d);
-  }
-  template <comm::transferable T>
-  void all_gather(std::span<const T> m, std::span<T> a) {
-    c_->all_gather(m, a);
-  }
-  template <comm::transferable T>
-  std::vector<std::size_t> all_gather_v(std::span<const T> m, std::vector<T>& a) {
-    return c_->all_gather_v(m, a);
-  }
-  template <comm::transferable T>
-  void broadcast(std::span<T> d, int root) {
-    c_->broadcast(d, root);
-  }
-  template <comm::transferable T>
-  void send(std::span<const T> d, int dest, int tag) {
-    c_->send(d, dest, tag);
-  }
-  template <comm::transferable T>
-  void recv(std::span<T> d, int source, int tag) {
-    c_->recv(d, source, tag);
-  }
+struct lagging : test_comm::forwarding<local> {
+  using request_type = lagging_request;
+  int lag;
+
   template <comm::transferable T>
   lagging_request isend(std::span<const T> d, int dest, int tag) {
-    return {c_->isend(d, dest, tag), lag_};
+    return {inner.isend(d, dest, tag), lag};
   }
   template <comm::transferable T>
   lagging_request irecv(std::span<T> d, int source, int tag) {
-    return {c_->irecv(d, source, tag), 0};
+    return {inner.irecv(d, source, tag), 0};
   }
-  lagging split(int, int) { throw commsgd::unsupported("lagging::split is not needed by these tests"); }
-
-private:
-  local* c_;
-  int lag_;
+  lagging split(int color, int key) { return {{inner.split(color, key)}, lag}; }
 };
 static_assert(comm::communicator<lagging>);
 
@@ -216,7 +187,7 @@ TEST_CASE("every partition is exchanged exactly once, in priority order, within 
         CAPTURE(credit);
         const int steps = 3;
         local_group(n).run([&](local& c) {
-          lagging slow(c, lag);
+          lagging slow{{c}, lag};
           const sync::partitioned_options opt{
               .lr = 0.1f, .partition_elements = 4, .credit_bytes = credit, .keep_log = true};
           std::vector<event> log;
@@ -231,7 +202,7 @@ TEST_CASE("a layer that becomes ready last still goes first once credit frees up
   // Two ranks, one partition of credit, sends that take a few polls: layers 3, 2, 1 fill the queue, and when
   // layer 0 is reported, its partitions jump ahead of everything still queued.
   local_group(2).run([](local& c) {
-    lagging slow(c, 4);
+    lagging slow{{c}, 4};
     sync::partitioned<lagging> s(slow, {8, 8, 8, 8},
                                  {.lr = 0.1f, .partition_elements = 4, .credit_bytes = 16, .keep_log = true});
     std::vector<float> x(32, 0.0f), g(32, 1.0f);
