@@ -85,12 +85,17 @@ struct top_k_chunks {
     c.index_bits = cost::index_bits(c.size);
     return c;
   }
-  constexpr std::uint64_t first(std::uint64_t j) const noexcept { return j * size; }
-  constexpr std::uint64_t length(std::uint64_t j) const noexcept {
+  // Host and device: the device round's chunk layout (cuda/diloco/) is this struct.
+  COMMSGD_HOST_DEVICE constexpr std::uint64_t first(std::uint64_t j) const noexcept { return j * size; }
+  COMMSGD_HOST_DEVICE constexpr std::uint64_t length(std::uint64_t j) const noexcept {
     return j + 1 == count ? d - j * size : size;
   }
-  constexpr std::uint64_t k_of(std::uint64_t j) const noexcept { return j + 1 == count ? k_last : k_full; }
-  constexpr std::uint64_t k() const noexcept { return count == 0 ? 0 : (count - 1) * k_full + k_last; }
+  COMMSGD_HOST_DEVICE constexpr std::uint64_t k_of(std::uint64_t j) const noexcept {
+    return j + 1 == count ? k_last : k_full;
+  }
+  COMMSGD_HOST_DEVICE constexpr std::uint64_t k() const noexcept {
+    return count == 0 ? 0 : (count - 1) * k_full + k_last;
+  }
 };
 
 // Bytes of a top-k message: float values (or, two_bit, a float scale per chunk and 2 bits a value), then

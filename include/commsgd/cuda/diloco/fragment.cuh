@@ -136,8 +136,8 @@ public:
       r_ = zeros<float>(length_);
       e_next_ = device_buffer<float>(length_);
       r_next_ = device_buffer<float>(length_);
-      sel_index_ = device_buffer<std::uint32_t>(layout_.k);
-      sel_value_ = device_buffer<float>(layout_.k);
+      sel_index_ = device_buffer<std::uint32_t>(layout_.k());
+      sel_value_ = device_buffer<float>(layout_.k());
     }
     verdict_ = device_buffer<diloco_detail::device_verdict>(slots);
     host_verdict_ = detail::owned_array<diloco_detail::device_verdict, detail::pinned_memory>(slots);
@@ -322,17 +322,10 @@ private:
                                              c.size, " values; the device round allows [1, ",
                                              diloco_detail::top_k_max_chunk,
                                              "] (0 only for a fragment of at most that many values)"));
-    diloco_detail::chunk_layout l;
-    l.d = c.d;
-    l.size = c.size;
-    l.count = c.count;
-    l.k_full = c.k_full;
-    l.k_last = c.k_last;
-    l.index_bits = c.index_bits;
+    diloco_detail::chunk_layout l{c};
     l.two_bit = o.two_bit;
-    l.k = c.k();
     l.code_offset = 4 * c.count;
-    l.index_offset = o.two_bit ? 4 * c.count + (2 * l.k + 7) / 8 : 4 * l.k;
+    l.index_offset = o.two_bit ? 4 * c.count + (2 * c.k() + 7) / 8 : 4 * c.k();
     return l;
   }
 

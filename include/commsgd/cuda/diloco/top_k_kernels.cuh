@@ -17,17 +17,11 @@
 
 namespace commsgd::inline v1::cuda::diloco_detail {
 
-// The chunks as cost::top_k_chunks has them, for device code.
-struct chunk_layout {
-  std::uint64_t d = 0, size = 0, count = 0, k_full = 0, k_last = 0;
-  unsigned index_bits = 0;
+// The chunks (cost::top_k_chunks, whose accessors device code calls) and where each part of a message starts.
+struct chunk_layout : cost::top_k_chunks {
   bool two_bit = false;
-  std::uint64_t k = 0;            // over all chunks
   std::uint64_t code_offset = 0;  // two_bit: where the 2-bit codes start (after the scales)
   std::uint64_t index_offset = 0; // where the packed indices start
-
-  __device__ std::uint64_t length(std::uint64_t j) const { return j + 1 == count ? d - j * size : size; }
-  __device__ std::uint64_t k_of(std::uint64_t j) const { return j + 1 == count ? k_last : k_full; }
 };
 
 // The largest chunk the encode kernel holds in shared memory.
