@@ -193,3 +193,93 @@ TEST_CASE("the bytes the engine counts are those the wire carried and those cost
       });
     }
 }
+
+TEST_CASE(
+    "a layer of no values (an empty shard) keeps its fragment's turns and changes no other bit, every code") {
+  // The engine over layers {5, 0, 3, 9}, one fragment each, against the same over {5, 1, 3, 9} whose extra
+  // value never moves: fragments 0, 2 and 3 hold the same bits after every step, the empty fragment is
+  // exchanged on its turns (its verdict travels) and the bytes are cost/'s for its length, 0.
+  const std::vector<std::size_t> empty = {5, 0, 3, 9}, padded = {5, 1, 3, 9};
+  const sync::diloco_options o{.sync_every = 4, .fragments = 4, .delay = 1, .alpha = 0.25f};
+  const int steps = 19;
+  for (const char* name : codes)
+    for (int n : {1, 2, 3}) {
+      CAPTURE(name);
+      CAPTURE(n);
+      const auto code = diloco_code::parse(name);
+      // Rank r's local values after step t: a fixed walk, different on every rank and value.
+      auto walk = [](int r, int t, std::size_t i) {
+        return 0.01f * static_cast<float>((r + 1) * (t + 1)) + 0.003f * static_cast<float>(i * i % 7);
+      };
+      auto run = [&](const std::vector<std::size_t>& sizes, comm::local& c,
+                     std::vector<std::vector<float>>& out, std::uint64_t& sent) {
+        comm::metered<comm::local> m(c);
+        sync::coded_diloco<comm::metered<comm::local>> s(m, sizes, o, code);
+        std::size_t total = 0;
+        for (auto l : sizes)
+          total += l;
+        std::vector<float> x(total, 0.0f);
+        s.start(x);
+        for (int t = 0; t < steps; ++t) {
+          // Inner steps move every value but the padding's (layer 1 when it has one).
+          for (std::size_t i = 0, at = 0; i < sizes.size(); at += sizes[i++])
+            if (i != 1)
+              for (std::size_t j = 0; j < sizes[i]; ++j)
+                x[at + j] += walk(c.rank(), t, at + j - (sizes[1] && at > 5 ? 1 : 0));
+          s.advance(x);
+          for (std::size_t p : {0u, 2u, 3u}) {
+            const auto g = s.global_model(p);
+            out.emplace_back(g.begin(), g.end());
+          }
+          CHECK(s.global_model(1).size() == sizes[1]);
+        }
+        s.finish(x);
+        sent = s.bytes_sent();
+        if (sizes[1] == 0) {
+          // Every fragment's turns, the empty one's too: 19 steps of H = 4 with t_p = p, and finish().
+          std::uint64_t rounds = 0, predicted = 0;
+          for (std::size_t p = 0; p < 4; ++p) {
+            std::uint64_t k = 1;
+            for (std::int64_t step = 1; step <= steps; ++step)
+              k += s.starts_after(p, step) ? 1 : 0;
+            for (std::uint64_t i = 0; i < k; ++i)
+              predicted += code.round_traffic(s.fragment_length(p), n, c.rank(), i == 0).bytes_sent;
+            rounds += k;
+          }
+          CHECK(s.exchanges_applied() == rounds);
+          CHECK(s.bytes_sent() == predicted);
+          CHECK(m.counters().total().bytes_sent >= predicted);
+        }
+      };
+      comm::local_group(n).run([&](comm::local& c) {
+        std::vector<std::vector<float>> a, b;
+        std::uint64_t sent_a = 0, sent_b = 0;
+        run(empty, c, a, sent_a);
+        run(padded, c, b, sent_b);
+        REQUIRE(a.size() == b.size());
+        for (std::size_t i = 0; i < a.size(); ++i)
+          CHECK(same_bits(a[i], b[i]));
+        CHECK(sent_a <= sent_b);
+      });
+    }
+}
+
+TEST_CASE("a rank that holds no values at all takes every turn of every code") {
+  const sync::diloco_options o{.sync_every = 2, .fragments = 2, .delay = 1};
+  for (const char* name : codes)
+    for (int n : {1, 2, 3}) {
+      CAPTURE(name);
+      CAPTURE(n);
+      comm::local_group(n).run([&](comm::local& c) {
+        sync::coded_diloco<comm::local> s(c, {0, 0}, o, diloco_code::parse(name));
+        std::vector<float> x;
+        s.start(x);
+        for (int t = 0; t < 7; ++t)
+          s.advance(x);
+        s.finish(x);
+        CHECK(s.exchanges_applied() == s.exchanges_started());
+        CHECK(s.exchanges_applied() >= 6);
+        CHECK(s.global_model(0).empty());
+      });
+    }
+}

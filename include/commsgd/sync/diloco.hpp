@@ -326,12 +326,11 @@ private:
   void cut() {
     const std::size_t nl = layers_.size(), P = static_cast<std::size_t>(opt_.fragments);
     std::vector<std::size_t> begin(nl + 1, 0);
-    for (std::size_t l = 0; l < nl; ++l) {
-      if (layers_[l] == 0)
-        throw invalid_argument(
-            commsgd::concat("argument 'layer_sizes[", l, "]' = 0 is outside the allowed range [1, inf)"));
+    // A layer may hold no values: a rank's shard of a small sharded layer can be empty. It keeps its place in
+    // the fragments' layout, and a fragment of no values keeps its turns, so that every shard of a model syncs
+    // fragment p on the same steps.
+    for (std::size_t l = 0; l < nl; ++l)
       begin[l + 1] = begin[l] + layers_[l];
-    }
     total_ = begin[nl];
     frags_.assign(P, {});
     for (std::size_t l = 0; l < nl; ++l) {
