@@ -107,6 +107,7 @@ public:
     engine_.drain();
   }
   std::vector<std::size_t> touched_next() const { return engine_.touched_next(); }
+  std::vector<std::size_t> applied_next() const { return engine_.applied_next(); }
   std::int64_t steps() const { return engine_.steps(); }
   std::uint64_t bytes_sent() const { return engine_.bytes_sent(); }
   std::uint64_t exchanges_started() const { return engine_.exchanges_started(); }
@@ -250,6 +251,7 @@ void bind_diloco(py::module_& m) {
       .def("finish", &diloco_engine::finish)
       .def("drain", &diloco_engine::drain)
       .def("touched_next", &diloco_engine::touched_next)
+      .def("applied_next", &diloco_engine::applied_next)
       .def("steps", &diloco_engine::steps)
       .def("bytes_sent", &diloco_engine::bytes_sent)
       .def("exchanges_started", &diloco_engine::exchanges_started)

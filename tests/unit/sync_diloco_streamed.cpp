@@ -236,6 +236,10 @@ TEST_CASE(
             for (std::size_t p = 0; p < s.num_fragments(); ++p)
               if (starts_at(p, s1) || starts_at(p, s1 - delay)) touched.push_back(p);
             CHECK(s.touched_next() == touched);
+            std::vector<std::size_t> applied;
+            for (std::size_t p = 0; p < s.num_fragments(); ++p)
+              if (starts_at(p, s1 - delay)) applied.push_back(p);
+            CHECK(s.applied_next() == applied);
             const auto before = s.exchanges_started();
             const auto r = s1 % 2 ? s.step(x, g) : s.advance(x);
             CHECK(s.steps() == s1);

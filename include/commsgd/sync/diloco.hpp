@@ -188,6 +188,16 @@ public:
       if ((pending_[p] && pending_[p]->due <= s) || starts_after(p, s)) out.push_back(p);
     return out;
   }
+  // The fragments whose exchange advance() will apply after the next step (of touched_next(), those whose
+  // local values it writes), so that a trainer that keeps copies of the local model elsewhere (the other
+  // ranks of a replica) refreshes only those.
+  std::vector<std::size_t> applied_next() const {
+    std::vector<std::size_t> out;
+    const std::int64_t s = step_ + 1;
+    for (std::size_t p = 0; p < frags_.size(); ++p)
+      if ((pending_[p] && pending_[p]->due <= s) || (opt_.delay == 0 && starts_after(p, s))) out.push_back(p);
+    return out;
+  }
 
   // Applies the exchanges in flight, then exchanges once more every fragment that has moved since its last
   // exchange was applied (all of them when alpha > 0) and applies it at once: with alpha = 0 every rank ends

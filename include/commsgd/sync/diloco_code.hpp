@@ -80,6 +80,9 @@ public:
   std::vector<std::size_t> touched_next() const {
     return visit([](const auto& s) { return s.touched_next(); });
   }
+  std::vector<std::size_t> applied_next() const {
+    return visit([](const auto& s) { return s.applied_next(); });
+  }
   std::int64_t steps() const {
     return visit([](const auto& s) { return s.steps(); });
   }
