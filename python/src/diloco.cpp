@@ -277,6 +277,9 @@ void bind_diloco(py::module_& m) {
       "diloco_code_name", [](const std::string& text) { return cost::diloco_code::parse(text).name(); },
       py::arg("compression"));
   m.def(
+      "diloco_code_unit", [](const std::string& code) { return cost::diloco_code::parse(code).unit(); },
+      py::arg("compression"));
+  m.def(
       "diloco_message_bytes",
       [](const std::string& code, std::uint64_t d) {
         return cost::diloco_code::parse(code).message_bytes(d);

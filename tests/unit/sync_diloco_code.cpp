@@ -283,3 +283,37 @@ TEST_CASE("a rank that holds no values at all takes every turn of every code") {
       });
     }
 }
+
+TEST_CASE("parts cut at the code's unit are coded in the whole's sizes, for every code and cut") {
+  CHECK(diloco_code::parse("dense").unit() == 1);
+  CHECK(diloco_code::parse("bf16").unit() == 1);
+  CHECK(diloco_code::parse("int8").unit() == 256);
+  CHECK(diloco_code::parse("e3m0").unit() == 256);
+  CHECK(diloco_code::parse("topk-0.1").unit() == 0);
+  CHECK(diloco_code::parse("topk-0.01-c4096-2bit-b0.95").unit() == 4096);
+  for (const char* name :
+       {"dense", "fp16", "int8", "e3m0", "topk-0.1-c7", "topk-0.3-c64-2bit", "topk-0.5-c1"})
+    for (std::size_t d : {0u, 1u, 255u, 257u, 1000u, 4099u})
+      for (std::size_t parts : {1u, 2u, 3u, 8u}) {
+        CAPTURE(name);
+        CAPTURE(d);
+        CAPTURE(parts);
+        const auto code = diloco_code::parse(name);
+        const std::size_t u = code.unit(), units = (d + u - 1) / u;
+        std::uint64_t sum = 0;
+        for (std::size_t i = 0; i < parts; ++i) {
+          const std::size_t a = std::min(d, i * units / parts * u),
+                            b = std::min(d, (i + 1) * units / parts * u);
+          sum += code.message_bytes(b - a);
+        }
+        // Whole blocks and chunks cost the same wherever they are cut: the block codes' sums are exact; a
+        // top-k part packs its values and its indices apart, each rounded up to a byte (and a last part
+        // shorter than a chunk may need fewer index bits).
+        if (code.format == cost::diloco_format::top_k) {
+          CHECK(sum <= code.message_bytes(d) + 2 * (parts - 1));
+          CHECK(sum + 8 >= code.message_bytes(d));
+        } else {
+          CHECK(sum == code.message_bytes(d));
+        }
+      }
+}

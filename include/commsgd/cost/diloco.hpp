@@ -197,6 +197,21 @@ struct diloco_code {
   }
 
   // Bytes of one rank's message for d values.
+  // The values this code cuts a fragment by (a block's scale, a chunk's k): a part of a fragment that starts
+  // at a multiple of it is coded as the same values are in the whole fragment, so a replica whose ranks each
+  // exchange one part sends the whole fragment's bits. 0: the fragment is one unit (top-k without chunks).
+  std::uint64_t unit() const noexcept {
+    switch (format) {
+    case diloco_format::int8:
+    case diloco_format::e3m0:
+      return diloco_block_size;
+    case diloco_format::top_k:
+      return chunk;
+    default:
+      return 1;
+    }
+  }
+
   std::uint64_t message_bytes(std::uint64_t d) const {
     switch (format) {
     case diloco_format::dense:
