@@ -29,6 +29,14 @@ def gloo_group_like(group: Optional[dist.ProcessGroup], ranks: Optional[List[int
     return dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
 
 
+def gloo_subgroup(group: Optional[dist.ProcessGroup], ranks: List[int]) -> dist.ProcessGroup:
+    """A new gloo group of `ranks`, with `group`'s deadline, made by those ranks alone: the other ranks make
+    their own subgroups at the same time (every replica its own, every shard's counterparts theirs)."""
+    timeout = group_timeout(group)
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    return dist.new_group(ranks=sorted(ranks), backend="gloo", use_local_synchronization=True, **kwargs)
+
+
 def own_group(process_group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
     """The group a state talks over: the one given, or a new gloo group of all ranks with the default group's
     deadline (so that a state's traffic is its own and counted apart from DDP's). Making one is collective:

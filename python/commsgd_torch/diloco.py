@@ -12,9 +12,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, _replica
 from ._C import InvalidArgument, NonFinite
-from ._state import gloo_group_like
+from ._state import gloo_group_like, gloo_subgroup
 
 __all__ = ["DiLoCo", "COMPRESSIONS"]
 
@@ -171,7 +171,8 @@ class DiLoCo:
                  process_group: Optional[dist.ProcessGroup] = None, sync_every: int = 100,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  fragments: Union[int, Sequence[Union[torch.nn.Module, Iterable[torch.nn.Parameter]]]] = 1,
-                 delay: int = 0, alpha: float = 0.0, compression: str = "dense") -> None:
+                 delay: int = 0, alpha: float = 0.0, compression: str = "dense",
+                 replica_group: Optional[dist.ProcessGroup] = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise _bad("model", type(model).__name__, "a torch.nn.Module")
         if not isinstance(inner_optimizer, torch.optim.Optimizer):
@@ -192,6 +193,19 @@ class DiLoCo:
             raise _bad("model", type(model).__name__, "a module with at least one parameter that requires grad")
         # The engine's layers, in flat order (a module's parameters, or a group given), its P and layout.
         layers, num_fragments, layout = self._fragments(model, params, fragments)
+        sharded = sum(_replica.is_sharded(p) for p in params)
+        if sharded and sharded != len(params):
+            raise _bad("model", f"a module with {sharded} DTensor parameters of {len(params)}",
+                       "every trainable parameter a DTensor (FSDP2's fully_shard) or none")
+        if replica_group is not None and not isinstance(replica_group, dist.ProcessGroup):
+            raise _bad("replica_group", type(replica_group).__name__, "a ProcessGroup or None")
+        if replica_group is not None and dist.get_world_size(replica_group) > 1 and \
+                not hasattr(dist, "get_process_group_ranks"):
+            raise _bad("replica_group", "a group of several ranks", f"None on torch {torch.__version__}: replicas "
+                       "of several ranks need torch 2 or newer")
+        if sharded and replica_group is not None:
+            raise _bad("replica_group", "a group", "None with FSDP2 parameters (the mesh says which ranks share "
+                       "a replica)")
 
         self.model = model
         self.inner_optimizer = inner_optimizer
@@ -202,9 +216,15 @@ class DiLoCo:
         self.delay = delay
         self.alpha = float(alpha)
         self.compression = code
+        self.replica_group = replica_group
         names = {id(p): n for n, p in model.named_parameters()}
         self._order = [p for layer in layers for p in layer]
         self._names = {id(p): names.get(id(p), "?") for p in self._order}
+        self._fragment_params = self._by_fragment(layers, num_fragments, layout)
+        self._plan: Optional[_replica.Plan] = None
+        if sharded or (replica_group is not None and dist.get_world_size(replica_group) > 1):
+            self._init_replica(process_group, replica_group)
+            return
         total = sum(p.numel() for p in self._order)
         self._in_place = DiLoCo._IN_PLACE and all(p.device.type == "cpu" and p.dtype == torch.float32
                                                   for p in self._order)
@@ -220,9 +240,43 @@ class DiLoCo:
                 v.copy_(p.detach())
                 if self._in_place:
                     p.data = v
-        self._fragment_params = self._by_fragment(layers, num_fragments, layout)
         self._attach([sum(p.numel() for p in layer) for layer in layers], num_fragments, layout)
         self._copy_out(range(len(self._order)))
+
+    def _init_replica(self, process_group: Optional[dist.ProcessGroup],
+                      replica_group: Optional[dist.ProcessGroup]) -> None:
+        """A replica of many ranks (_replica.py): the engine holds this rank's shards or part, one layer per
+        fragment, and exchanges them with this rank's counterparts."""
+        order = {id(p): i for i, p in enumerate(self._order)}
+        if replica_group is None:
+            plan = _replica.sharded_plan(self._order, self._fragment_params, order, process_group, _bad)
+        else:
+            plan = _replica.split_plan(self._fragment_params, order, self.compression, process_group,
+                                       gloo_subgroup(replica_group, _replica.group_ranks(replica_group)), _bad)
+        self._plan = plan
+        self.process_group = plan.counterparts
+        self._in_place = False
+        self._flat = torch.zeros(sum(plan.lengths), dtype=torch.float32)
+        self._offsets = [sum(plan.lengths[:f]) for f in range(len(plan.lengths))]
+        every = range(len(plan.lengths))
+        _replica.copy_in(plan, self._order, self._flat, every, self._offsets)
+        self._world = dist.get_world_size(plan.counterparts)
+        self._rank = dist.get_rank(plan.counterparts)
+        self._engine_group = gloo_subgroup(plan.counterparts, _replica.group_ranks(plan.counterparts))
+        self._engine = self._make_engine(self._engine_group, plan.lengths, len(plan.lengths), "contiguous")
+        self._engine.start(self._flat)  # replica 0's shards or parts, on every replica
+        self._broadcast_bytes = self._engine.traffic()["bytes_sent"]
+        _replica.copy_out(plan, self._order, self._flat, every, self._offsets)
+        self._refresh(every)
+
+    def _refresh(self, fragments: Iterable[int]) -> None:
+        """Split replicas: the fragments' new parts from every rank of the replica, into the parameters."""
+        plan = self._plan
+        if plan is None or plan.kind != "split":
+            return
+        for f in fragments:
+            own = self._flat[self._offsets[f]:self._offsets[f] + plan.lengths[f]]
+            _replica.write_whole(plan, self._order, f, _replica.gather_fragment(plan, f, own))
 
     def _make_engine(self, group: Any, layer_sizes: List[int], num_fragments: int, layout: str) -> Any:
         return _C.DiLoCoEngine(group, layer_sizes, self.sync_every, num_fragments, self.delay, self.alpha, layout,
@@ -322,6 +376,9 @@ class DiLoCo:
             commsgd_torch.NonFinite: on every rank, when some rank's pseudo-gradient is not finite.
         """
         loss = self.inner_optimizer.step() if closure is None else self.inner_optimizer.step(closure)
+        if self._plan is not None:
+            self._replica_call(self._engine.advance, self._engine.touched_next(), self._engine.applied_next())
+            return loss
         touched = [] if self._in_place else self._indices(self._engine.touched_next())
         self._call_engine(self._engine.advance, touched)
         return loss
@@ -330,7 +387,24 @@ class DiLoCo:
         """Applies the exchanges in flight, then exchanges once more every fragment that has moved since its
         last exchange was applied (every fragment with ``alpha > 0``) and applies it at once, so that every
         rank holds the global model (with ``alpha = 0``). Collective; for the end of training."""
+        if self._plan is not None:
+            every = list(range(self.num_fragments))
+            self._replica_call(self._engine.finish, every, every)
+            return
         self._call_engine(self._engine.finish, range(len(self._order)))
+
+    def _replica_call(self, call: Any, touched: List[int], applied: List[int]) -> None:
+        """call(flat) for a replica of many ranks: the touched fragments' shards or parts copied in and out,
+        and, split, the applied fragments gathered whole on every rank of the replica (even when the exchange
+        was refused, so that the replica's ranks meet in the same collectives)."""
+        _replica.copy_in(self._plan, self._order, self._flat, touched, self._offsets)
+        try:
+            call(self._flat)
+        except NonFinite as e:
+            raise self._named(e) from None
+        finally:
+            _replica.copy_out(self._plan, self._order, self._flat, touched, self._offsets)
+            self._refresh(applied)
 
     def _call_engine(self, call: Any, indices: Iterable[int]) -> None:
         """call(flat) with the parameters at `indices` copied in before and out after (nothing to copy in
@@ -352,7 +426,8 @@ class DiLoCo:
 
     def _named(self, error: NonFinite) -> NonFinite:
         """The engine's refusal, with the names of this rank's parameters that hold NaN or inf."""
-        bad = [self._names[id(p)] for p in self._order if not bool(torch.isfinite(p.detach()).all())]
+        bad = [self._names[id(p)] for p in self._order
+               if not bool(torch.isfinite(_replica.local(p).detach()).all())]
         where = f" (here, on rank {self._rank}, in parameter(s) {', '.join(bad)})" if bad else ""
         return NonFinite(f"DiLoCo: {error}{where}; every rank refuses this exchange and keeps its global model, "
                          "outer momentum and residuals")
@@ -392,7 +467,8 @@ class DiLoCo:
         ``broadcast_bytes`` (the parameters rank 0 broadcast at construction, counted apart)."""
         return {"inner_steps": self._engine.steps(), "exchanges_started": self._engine.exchanges_started(),
                 "outer_steps": self._engine.exchanges_applied(), "bytes_sent": self._engine.bytes_sent(),
-                "broadcast_bytes": self._broadcast_bytes}
+                "broadcast_bytes": self._broadcast_bytes,
+                "replica_ranks": 1 if self._plan is None else self._plan.replica_size}
 
     def fragment_parameters(self, p: int) -> List[torch.nn.Parameter]:
         """The local parameters of fragment ``p``."""
@@ -401,7 +477,11 @@ class DiLoCo:
     def global_parameters(self) -> List[torch.Tensor]:
         """A copy of the global model (the engine's), one tensor per parameter shaped like it, in
         :meth:`fragment_parameters` order, fragment after fragment: equal on every rank after each outer
-        step."""
+        step. With FSDP2 parameters each is a DTensor sharded as its parameter is (this rank's shard of the
+        global model); in a split replica the parts are gathered from the replica's ranks (collective over
+        ``replica_group``)."""
+        if self._plan is not None:
+            return self._replica_globals()
         out = []
         for f, params in enumerate(self._fragment_params):
             flat = self._engine.global_model(f)
@@ -409,6 +489,25 @@ class DiLoCo:
             for p in params:
                 out.append(flat[off:off + p.numel()].view(p.shape).to(p.dtype))
                 off += p.numel()
+        return out
+
+    def _replica_globals(self) -> List[torch.Tensor]:
+        plan, out = self._plan, []
+        for f, params in enumerate(self._fragment_params):
+            values = self._engine.global_model(f)
+            if plan.kind == "split":
+                values = _replica.gather_fragment(plan, f, values)
+            off = 0
+            for p in params:
+                if plan.kind == "split":
+                    out.append(values[off:off + p.numel()].view(p.shape).to(p.dtype))
+                    off += p.numel()
+                    continue
+                shard = _replica.local(p)
+                t = values[off:off + shard.numel()].view(shard.shape).to(shard.dtype)
+                off += shard.numel()
+                out.append(type(p).from_local(t, p.device_mesh, p.placements, shape=p.shape, stride=p.stride(),
+                                              run_check=False))
         return out
 
     def outer_velocity(self, p: int) -> torch.Tensor:
@@ -423,8 +522,12 @@ class DiLoCo:
     # --- checkpoints ---------------------------------------------------------------------------------------
 
     def _config(self) -> Dict[str, Any]:
-        return {"sync_every": self.sync_every, "fragments": [[tuple(p.shape) for p in g] for g in self._fragment_params],
-                "delay": self.delay, "compression": self.compression, "world_size": self._world}
+        config = {"sync_every": self.sync_every,
+                  "fragments": [[tuple(p.shape) for p in g] for g in self._fragment_params],
+                  "delay": self.delay, "compression": self.compression, "world_size": self._world}
+        if self._plan is not None:  # which shards or part this rank holds: a checkpoint is not resharded
+            config[self._plan.kind] = self._plan.config
+        return config
 
     def state_dict(self) -> Dict[str, Any]:
         """Everything a resume needs besides the model's own ``state_dict()``: the inner optimizer's state and
@@ -450,6 +553,8 @@ class DiLoCo:
         self._engine.load(bytes(state_dict["engine"].numpy().tobytes()))
         self.inner_optimizer.load_state_dict(state_dict["inner"])
         self._broadcast_bytes = int(state_dict.get("broadcast_bytes", 0))
+        if self._plan is not None:
+            _replica.copy_in(self._plan, self._order, self._flat, range(self.num_fragments), self._offsets)
         self._engine.start(self._flat)  # attaches the loaded state; broadcasts nothing
 
     def __repr__(self) -> str:

@@ -23,13 +23,13 @@ import time
 # the last to start is a short one.
 SUITES = {"fault_tolerant": (7, 290), "auto": (19, 150), "hooks": (19, 150), "fault_tolerant_links": (1, 65),
           "diloco_lm": (8, 45), "async": (5, 40), "diloco": (52, 40), "endings": (4, 30), "ddp_links": (4, 25),
-          "compressors": (14, 25), "diloco_conformance": (5, 20), "powersgd": (9, 15), "train": (1, 15),
+          "compressors": (14, 25), "diloco_conformance": (5, 20), "diloco_replicas": (7, 30), "powersgd": (9, 15), "train": (1, 15),
           "cuda": (1, 5)}
 
 # The only reasons a test may skip and its suite still pass: what this machine lacks, not what was not
 # installed. A skip reason must start with one of these.
 ALLOWED_SKIPS = ("no CUDA device", "commsgd_torch built without _cuda", "torch has no NCCL",
-                 "torchft needs torch 2", "the emulated cluster needs root")
+                 "torchft needs torch 2", "the emulated cluster needs root", "FSDP2 needs torch 2")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
