@@ -137,7 +137,9 @@ class DiLoCo:
             construction, so every rank starts from the same model: constructing is collective.
         inner_optimizer (torch.optim.Optimizer): the rank's own optimizer over ``model``'s parameters (AdamW
             in the papers); its state stays local. Schedule its learning rate directly.
-        process_group (ProcessGroup, optional): the ranks to average over; ``None``: every rank.
+        process_group (ProcessGroup, optional): the ranks to average over, one per replica; ``None``: every
+            rank (or, with FSDP2 parameters on ``mesh["shard"]`` of a (replicate, shard) mesh, the mesh's
+            replicate dimension).
         sync_every (int): H, the inner steps between two exchanges of a fragment, at least 1.
         outer_lr (float): eta, the outer learning rate, finite and > 0 (0.7 in the paper).
         outer_momentum (float): mu, the outer Nesterov momentum, in [0, 1) (0.9 in the paper; 0: none).
@@ -148,6 +150,10 @@ class DiLoCo:
             every rank restarts from the global model).
         compression (str): ``"dense"``, ``"fp16"``, ``"bf16"``, ``"int8"``, ``"e3m0"`` or
             ``"topk-<density>"`` with a density in (0, 1]: the code of each rank's pseudo-gradient.
+        replica_group (ProcessGroup, optional): the ranks of this rank's replica when each of them holds the
+            whole model (DDP inside): they split every outer round, each exchanging 1/L of every fragment with
+            its counterparts in ``process_group``, and gather the result. FSDP2 parameters (DTensors) need
+            none: each rank exchanges its shards. docs/diloco.md, "Replicas of many ranks".
 
     Example::
         >>> # xdoctest: +SKIP
