@@ -13,12 +13,15 @@ Batches: step s draws `--batch` global windows of `--context` + 1 bytes at offse
 
 Arms (all with AdamW, the same learning-rate schedule, the same global batch):
     ddp            DistributedDataParallel, dense all-reduce every step
+    fsdp           FSDP2 (fully_shard, each block and the whole) over every rank: DDP's step, the model sharded
     ddp-powersgd   DDP with PyTorch's PowerSGD hook (--psgd-rank, dense for --warmup steps)
     ddp-topk       DDP with commsgd_torch.TopKState / topk_hook (--density, dense for --warmup steps)
     postlocal      DDP with PyTorch's post-local-SGD hook and PostLocalSGDOptimizer + PeriodicModelAverager
                    (dense for --warmup steps, then model averaging every --sync-every steps)
     diloco         commsgd_torch.DiLoCo over AdamW (--sync-every, --outer-lr, --outer-momentum, --fragments,
-                   --delay, --alpha, --compression: dense, fp16, bf16, int8, e3m0 or topk-<density>)
+                   --delay, --alpha, --compression: dense, fp16, bf16, int8, e3m0 or topk-<density>);
+                   with --replica-ranks L > 1, replicas of L ranks with FSDP2 inside (a (replicate, shard)
+                   mesh, each block and the whole sharded on the shard dimension), DiLoCo between them
     torchft-diloco torchft's DiLoCo (torchft.local_sgd.DiLoCo; pip install torchft) over AdamW, each rank a
                    replica group of one, a lighthouse started by rank 0 (--sync-every, --outer-lr,
                    --outer-momentum, --fragments as contiguous groups of blocks, --delay, --alpha; float32
@@ -47,7 +50,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-ARMS = ("ddp", "ddp-powersgd", "ddp-topk", "postlocal", "diloco", "torchft-diloco")
+ARMS = ("ddp", "fsdp", "ddp-powersgd", "ddp-topk", "postlocal", "diloco", "torchft-diloco")
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
@@ -180,6 +183,8 @@ def make_arm(args, model, inner):
         return model, opt, (lambda: opt.bytes_sent), global_params
     if args.arm == "torchft-diloco":
         return torchft_arm(args, model, inner)
+    if args.arm == "fsdp":  # sharded by shard(); its collectives are FSDP2's own (bytes not counted)
+        return model, inner, (lambda: None), (lambda: params)
     ddp = DDP(model)  # the model has no buffers (the causal mask is a plain attribute): nothing else to sync
     opt = inner
     global_params = lambda: params  # every rank holds the same model after each step  # noqa: E731
@@ -327,11 +332,15 @@ def parse(argv):
                    help="diloco's code of the pseudo-gradients (commsgd_torch.DiLoCo's compression): dense "
                         "(float32, the default), fp16, bf16, int8, e3m0 (4-bit, blocks of 256) or "
                         "topk-<density> (top-k with error feedback, density in (0, 1], e.g. topk-0.01)")
+    p.add_argument("--replica-ranks", type=int, default=1,
+                   help="diloco: ranks a replica, FSDP2 inside it (1: each rank its own replica)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--stop-at", type=float, default=None,
                    help="stop after the first evaluation whose validation loss is at or below this (a time-to-"
                         "target run need not train on; the schedule still spans --steps)")
     args = p.parse_args(argv)
+    if args.replica_ranks < 1 or (args.replica_ranks > 1 and args.arm != "diloco"):
+        p.error(f"--replica-ranks {args.replica_ranks}: 1, or more with --arm diloco")
     if args.arm == "diloco":  # refused here, before any rank starts, rather than by DiLoCo on every rank
         from commsgd_torch import InvalidArgument, _C
         try:
@@ -351,12 +360,37 @@ def init_group():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
+def whole(t):
+    """A sharded parameter (an FSDP2 DTensor) gathered whole, on every rank of its mesh (collective); any other
+    tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def shard(args, model):
+    """FSDP2 on the model, in place, before its optimizer is made: over every rank (the fsdp arm), or inside
+    each replica of --replica-ranks ranks (diloco)."""
+    if args.arm != "fsdp" and args.replica_ranks == 1:
+        return
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    world, L = dist.get_world_size(), args.replica_ranks
+    if world % L:
+        raise SystemExit(f"--replica-ranks {L} does not divide the world size {world}")
+    if args.arm == "fsdp":
+        mesh = init_device_mesh("cpu", (world,))
+    else:
+        mesh = init_device_mesh("cpu", (world // L, L), mesh_dim_names=("replicate", "shard"))["shard"]
+    for blk in model.blocks:
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
 @torch.no_grad()
 def evaluate(model, global_params, windows):
     """Validation loss (nats per byte) of the global model: `model` with the global parameters copied in,
     this rank's share of the windows, summed over ranks."""
     for p, g in zip(model.parameters(), global_params):
-        p.copy_(g)
+        p.copy_(whole(g))
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = windows[rank::world]
     total = torch.zeros(2, dtype=torch.float64)
@@ -382,6 +416,7 @@ def main(argv=None):
     model = ByteLM(args.layers, args.width, args.heads, args.context)
     eval_model = copy.deepcopy(model)
     nparams = sum(p.numel() for p in model.parameters())
+    shard(args, model)
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                               betas=(0.9, 0.95))
 
@@ -444,11 +479,12 @@ def main(argv=None):
                 break
     if log:
         log.close()
-    final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    global_final = torch.cat([p.detach().reshape(-1) for p in global_params()])
+    final = torch.cat([whole(p.detach()).reshape(-1) for p in model.parameters()])
+    global_final = torch.cat([whole(p.detach()).reshape(-1) for p in global_params()])
     return records, final, nparams, global_final
 
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    dist.barrier()  # every rank past FSDP2's last gathers before any tears the group down
     dist.destroy_process_group()

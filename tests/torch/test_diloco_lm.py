@@ -89,3 +89,26 @@ def test_torchft_and_commsgd_diloco_agree_without_compression():
     x = torch.frombuffer(bytearray(ours[0][2]), dtype=torch.float32)
     y = torch.frombuffer(bytearray(theirs[0][2]), dtype=torch.float32)
     assert x.shape == y.shape and torch.allclose(x, y, rtol=0, atol=1e-4), (x - y).abs().max().item()
+
+
+def _fsdp2():
+    if int(torch.__version__.split(".")[0]) < 2:
+        pytest.skip(f"FSDP2 needs torch 2 (this is torch {torch.__version__}): the newest-torch suite runs it")
+
+
+def test_fsdp2_replicas_under_diloco_and_fsdp2_over_every_rank():
+    """4 ranks: 2 replicas of 2 FSDP2 ranks under DiLoCo (int8, streamed), and FSDP2 over all 4 (DDP's step,
+    sharded: its losses are DDP's to float rounding)."""
+    _fsdp2()
+    opts = TINY + ["--batch", "16"]
+    out = run_ranks(_run, 4, (opts + ["--arm", "diloco", "--replica-ranks", "2", "--compression", "int8",
+                                      "--fragments", "2", "--delay", "1"],))
+    losses = [r["val_loss"] for r in out[0][0]]
+    assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0] < math.log(256), losses
+    assert all(o[2] == out[0][2] for o in out), "the ranks' global models differ"
+    assert out[0][0][-1]["bytes_sent"] > 0
+    fsdp = run_ranks(_run, 4, (opts + ["--arm", "fsdp"],))
+    ddp = run_ranks(_run, 4, (opts + ["--arm", "ddp"],))
+    a, b = [r["val_loss"] for r in fsdp[0][0]], [r["val_loss"] for r in ddp[0][0]]
+    assert all(abs(x - y) <= 1e-4 for x, y in zip(a, b)) and len(a) == 2, (a, b)
+    assert all(o[1] == fsdp[0][1] for o in fsdp), "FSDP2's ranks hold different models"
