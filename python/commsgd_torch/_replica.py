@@ -89,11 +89,12 @@ def _pieces_of(sizes: Sequence[int], positions: Sequence[int], first: int, last:
 
 
 def sharded_plan(params: List[torch.Tensor], fragment_params: List[List[torch.Tensor]], order: Dict[int, int],
-                 process_group: Optional[Any], bad: Any) -> Plan:
+                 process_group: Optional[Any], bad: Any, find_counterparts: bool = True) -> Plan:
     """FSDP2: the engine holds each parameter's local shard; `process_group` (or the mesh's replicate
-    dimension) holds this rank's counterparts, checked."""
-    meshes = {(p.device_mesh.device_type, tuple(p.device_mesh.mesh.shape), tuple(p.device_mesh.mesh.flatten().tolist()))
-              for p in params}
+    dimension) holds this rank's counterparts, checked. Without `find_counterparts` they are left to the
+    caller (a membership engine's group, rebuilt each time the replicas change)."""
+    meshes = {(m.device_type, tuple(m.mesh.shape), tuple(m.mesh.flatten().tolist()))
+              for m in (p.device_mesh for p in params)}
     if len(meshes) != 1:
         raise bad("model", f"DTensor parameters on {len(meshes)} device meshes", "every parameter on one mesh")
     mesh = params[0].device_mesh
@@ -103,12 +104,13 @@ def sharded_plan(params: List[torch.Tensor], fragment_params: List[List[torch.Te
                   "parameters sharded on a 1-D mesh inside each replica: fully_shard(model, mesh=mesh['shard']) "
                   "on a (replicate, shard) mesh, whose replicate dimension DiLoCo then exchanges over")
     shard_ranks = dist.get_process_group_ranks(mesh.get_group(0))
-    if process_group is None:
-        process_group = _replicate_group(mesh)
-    if process_group is None:
-        raise bad("process_group", None, "with FSDP2 on a mesh of its own, the group of this rank's counterparts: "
-                  "the ranks that hold the same shards in the other replicas (one per replica)")
-    _check_counterparts(process_group, shard_ranks, bad)
+    if find_counterparts:
+        if process_group is None:
+            process_group = _replicate_group(mesh)
+        if process_group is None:
+            raise bad("process_group", None, "with FSDP2 on a mesh of its own, the group of this rank's "
+                      "counterparts: the ranks that hold the same shards in the other replicas (one per replica)")
+        _check_counterparts(process_group, shard_ranks, bad)
     pieces, lengths = [], []
     for group in fragment_params:
         out, at = [], 0
@@ -121,7 +123,8 @@ def sharded_plan(params: List[torch.Tensor], fragment_params: List[List[torch.Te
         lengths.append(at)
     coordinate = shard_ranks.index(dist.get_rank())
     signature = {"shard": coordinate, "of": len(shard_ranks), "lengths": lengths}
-    _check_alike(process_group, signature, "process_group", bad)
+    if find_counterparts:
+        _check_alike(process_group, signature, "process_group", bad)
     plan = Plan("sharded", pieces, lengths, process_group, None, len(shard_ranks), coordinate, signature)
     return plan
 

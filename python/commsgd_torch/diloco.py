@@ -249,13 +249,18 @@ class DiLoCo:
         self._attach([sum(p.numel() for p in layer) for layer in layers], num_fragments, layout)
         self._copy_out(range(len(self._order)))
 
+    #: Whether the counterparts of a sharded rank come from its mesh or the process group given (False: from
+    #: elsewhere, a membership engine's group; no group is checked at construction).
+    _COUNTERPARTS_AT_CONSTRUCTION = True
+
     def _init_replica(self, process_group: Optional[dist.ProcessGroup],
                       replica_group: Optional[dist.ProcessGroup]) -> None:
         """A replica of many ranks (_replica.py): the engine holds this rank's shards or part, one layer per
         fragment, and exchanges them with this rank's counterparts."""
         order = {id(p): i for i, p in enumerate(self._order)}
         if replica_group is None:
-            plan = _replica.sharded_plan(self._order, self._fragment_params, order, process_group, _bad)
+            plan = _replica.sharded_plan(self._order, self._fragment_params, order, process_group, _bad,
+                                         self._COUNTERPARTS_AT_CONSTRUCTION)
         else:
             plan = _replica.split_plan(self._fragment_params, order, self.compression, process_group,
                                        gloo_subgroup(replica_group, _replica.group_ranks(replica_group)), _bad)
@@ -265,14 +270,9 @@ class DiLoCo:
         self._flat = torch.zeros(sum(plan.lengths), dtype=torch.float32)
         self._offsets = [sum(plan.lengths[:f]) for f in range(len(plan.lengths))]
         every = range(len(plan.lengths))
-        _replica.copy_in(plan, self._order, self._flat, every, self._offsets)
-        self._world = dist.get_world_size(plan.counterparts)
-        self._rank = dist.get_rank(plan.counterparts)
-        self._engine_group = gloo_subgroup(plan.counterparts, _replica.group_ranks(plan.counterparts))
-        self._engine = self._make_engine(self._engine_group, plan.lengths, len(plan.lengths), "contiguous")
-        self._engine.start(self._flat)  # replica 0's shards or parts, on every replica
-        self._broadcast_bytes = self._engine.traffic()["bytes_sent"]
-        _replica.copy_out(plan, self._order, self._flat, every, self._offsets)
+        self._load_fragments(every)
+        self._attach(plan.lengths, len(plan.lengths), "contiguous")  # replica 0's shards or parts everywhere
+        self._store_fragments(every)
         self._refresh(every)
 
     def _refresh(self, fragments: Iterable[int]) -> None:
@@ -292,8 +292,10 @@ class DiLoCo:
         """Makes the engine over the ranks of ``process_group`` and starts it from rank 0's parameters."""
         self._world = dist.get_world_size(self.process_group)
         self._rank = dist.get_rank(self.process_group)
-        # The engine's own group: its thread's collectives never interleave with the trainer's.
-        self._engine_group = gloo_group_like(self.process_group, _group_ranks(self.process_group))
+        # The engine's own group: its thread's collectives never interleave with the trainer's. Counterparts
+        # make theirs alone (each shard's or part's group at the same time as the others').
+        make = gloo_group_like if self._plan is None else gloo_subgroup
+        self._engine_group = make(self.process_group, _group_ranks(self.process_group))
         self._engine = self._make_engine(self._engine_group, layer_sizes, num_fragments, layout)
         self._engine.start(self._flat)
         self._broadcast_bytes = self._engine.traffic()["bytes_sent"]
@@ -352,6 +354,20 @@ class DiLoCo:
             for i in indices:
                 self._views[i].copy_(self._order[i].detach(), non_blocking=False)
 
+    def _load_fragments(self, fragments: Iterable[int]) -> None:
+        """The fragments' values this rank holds, into the engine's flat tensor (nothing to do in place)."""
+        if self._plan is not None:
+            _replica.copy_in(self._plan, self._order, self._flat, list(fragments), self._offsets)
+        else:
+            self._copy_in(self._indices(fragments))
+
+    def _store_fragments(self, fragments: Iterable[int]) -> None:
+        """The engine's values of the fragments back into the parameters this rank holds."""
+        if self._plan is not None:
+            _replica.copy_out(self._plan, self._order, self._flat, list(fragments), self._offsets)
+        else:
+            self._copy_out(self._indices(fragments))
+
     def _copy_out(self, indices: Iterable[int]) -> None:
         if self._in_place:
             return
@@ -403,13 +419,13 @@ class DiLoCo:
         """call(flat) for a replica of many ranks: the touched fragments' shards or parts copied in and out,
         and, split, the applied fragments gathered whole on every rank of the replica (even when the exchange
         was refused, so that the replica's ranks meet in the same collectives)."""
-        _replica.copy_in(self._plan, self._order, self._flat, touched, self._offsets)
+        self._load_fragments(touched)
         try:
             call(self._flat)
         except NonFinite as e:
             raise self._named(e) from None
         finally:
-            _replica.copy_out(self._plan, self._order, self._flat, touched, self._offsets)
+            self._store_fragments(touched)
             self._refresh(applied)
 
     def _call_engine(self, call: Any, indices: Iterable[int]) -> None:
@@ -560,7 +576,7 @@ class DiLoCo:
         self.inner_optimizer.load_state_dict(state_dict["inner"])
         self._broadcast_bytes = int(state_dict.get("broadcast_bytes", 0))
         if self._plan is not None:
-            _replica.copy_in(self._plan, self._order, self._flat, range(self.num_fragments), self._offsets)
+            self._load_fragments(range(self.num_fragments))
         self._engine.start(self._flat)  # attaches the loaded state; broadcasts nothing
 
     def __repr__(self) -> str:

@@ -122,7 +122,14 @@ class FaultTolerantDiLoCo(DiLoCo):
 
     Args:
         model, inner_optimizer, sync_every, outer_lr, outer_momentum, compression: as :class:`DiLoCo`.
-        manager (torchft.Manager): this replica's Manager (one rank per replica group).
+        manager (torchft.Manager): this rank's Manager. A replica of one rank: ``rank=0, world_size=1``. An
+            FSDP2 replica of L ranks (the model's parameters DTensors sharded over the replica's own ranks):
+            each rank its own Manager with ``rank`` and ``world_size=L`` in the replica, on the replica's store.
+            torchft then builds the group of this rank's counterparts (the same rank in every replica), which
+            the engine exchanges this rank's shards over, and heals each rank from its counterpart in a live
+            replica: a replica that comes back heals every shard. The replica commits a round only when every
+            rank's part succeeded (torchft's vote); a rank whose part succeeded in a round its replica did not
+            commit counts it as failed and is healed at the next quorum if the others committed it.
         deadline_multiple, deadline_floor, deadline_ceiling: the exchange's deadline (each of its operations
             fails after it without an answer from a peer): ``deadline_multiple`` times the median of the last
             8 exchanges in a steady membership, within [``deadline_floor``, ``deadline_ceiling``] seconds;
@@ -130,6 +137,10 @@ class FaultTolerantDiLoCo(DiLoCo):
             whose membership changed. ``deadline_multiple=0``: always the ceiling. ``stats()["deadline_ms"]``
             is the last round's.
     """
+
+    # A sharded rank's counterparts are the Manager's group of this rank in every replica, rebuilt with the
+    # membership: none is looked for at construction.
+    _COUNTERPARTS_AT_CONSTRUCTION = False
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, manager: Any,
                  sync_every: int = 100, outer_lr: float = 0.7, outer_momentum: float = 0.9,
@@ -225,7 +236,7 @@ class FaultTolerantDiLoCo(DiLoCo):
         self._engine.start(self._flat, broadcast=False)  # the loaded common model stands
         with torch.no_grad():
             self._flat.copy_(self._engine.global_model(0))
-        self._copy_out(range(len(self._order)))
+        self._store_fragments(range(self.num_fragments))
         self._since = 0
         self.heals += 1
 
@@ -247,8 +258,8 @@ class FaultTolerantDiLoCo(DiLoCo):
         else:
             changed = True
         self._fresh_quorum = False
-        touched = [] if self._in_place else self._indices(self._engine.touched_next())
-        self._copy_in(touched)
+        touched = self._engine.touched_next()
+        self._load_fragments(touched)
         ok = True
         self.deadline = self._deadline(changed)
         self._engine.set_timeout(self.deadline)
@@ -268,12 +279,18 @@ class FaultTolerantDiLoCo(DiLoCo):
             self.last_error = e
             self.manager.report_error(e)
         finally:
-            self._copy_out(touched)
+            self._store_fragments(touched)
         self._last_ok = ok
-        if self.manager.should_commit() and ok:
+        committed = self.manager.should_commit()
+        if committed and ok:
             self.rounds_committed += 1
             self.steps_delivered += self._since
             self._since = 0
+        elif ok and self._replica_ranks() > 1:
+            # Another rank of this replica failed its part of the round: the replica does not commit it, and
+            # is healed at the next quorum if the others did.
+            self._last_ok = False
+            self.rounds_failed += 1
         elif ok:
             raise CommError("FaultTolerantDiLoCo: the round's exchange succeeded but the Manager did not commit "
                             f"it (participants {self.manager.num_participants()}, minimum "
@@ -281,6 +298,9 @@ class FaultTolerantDiLoCo(DiLoCo):
         else:
             self.rounds_failed += 1
         return loss
+
+    def _replica_ranks(self) -> int:
+        return 1 if self._plan is None else self._plan.replica_size
 
     def _deadline(self, changed: bool) -> float:
         """The round's deadline for each operation of its exchange: the multiple of the median of the last
