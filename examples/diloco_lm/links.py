@@ -40,6 +40,7 @@ from launch import rate_bits  # noqa: E402
 # "topk-0.03" as "topk0.03"); "stream" adds P fragments with a delay and a merge.
 ARMS = {
     "ddp": ["--arm", "ddp"],
+    "fsdp": ["--arm", "fsdp"],
     "ddp-powersgd": ["--arm", "ddp-powersgd", "--psgd-rank", "4"],
     "ddp-topk": ["--arm", "ddp-topk", "--density", "0.01"],
     "postlocal-h30": ["--arm", "postlocal", "--sync-every", "30"],
@@ -114,7 +115,10 @@ def run(args, train_args):
                 if args.local_steps and opts[1] in LOCAL_STEP_ARMS:
                     train += ["--steps", str(args.local_steps)]  # argparse keeps the last --steps
                 out = subprocess.DEVNULL if args.quiet else None
-                code, wall, before, after, command = launch.ranks(train, args.ranks, rate, 29533, arm, stdout=out)
+                groups = [] if args.group_size == 1 else ["--groups", str(args.ranks // args.group_size),
+                                                          "--group-rate", args.group_rate]
+                code, wall, before, after, command = launch.ranks(train, args.ranks, rate, 29533, arm, stdout=out,
+                                                                  cluster=groups)
                 runs.row([rate, arm, args.ranks, code, wall, before, after, command])
 
 
@@ -303,6 +307,11 @@ def main(argv):
     r.add_argument("--ranks", type=int, default=4)
     r.add_argument("--python", default=sys.executable)
     r.add_argument("--quiet", action="store_true", help="no training output on the terminal")
+    r.add_argument("--group-rate", default=None,
+                   help="with --group-size: the rate among the ranks of a group (netcluster --groups), the rate "
+                        "of --rates everywhere else")
+    r.add_argument("--group-size", type=int, default=1,
+                   help="consecutive ranks a group (a node, or a replica of train.py --replica-ranks)")
     r.add_argument("--local-steps", type=int, default=0,
                    help=f"--steps for the local-step arms ({', '.join(LOCAL_STEP_ARMS)}); default: train.py's "
                         "--steps")

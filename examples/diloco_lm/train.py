@@ -140,17 +140,6 @@ def lm_loss(model, x, y):
     return F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
 
 
-# --- bytes of PyTorch's collectives ------------------------------------------------------------------------------
-
-def ring_bytes_sent(elements, element_size, group=None):
-    """The bytes this rank sends in a ring all-reduce of `elements` values of `element_size` bytes over `group`:
-    comm/traffic.hpp's exact count (chunk j of the n holds m (j + 1) / n - m j / n values; about
-    2 (n - 1) / n of the buffer), the rule commsgd's own counters use."""
-    from commsgd_torch import _C
-    n, rank = dist.get_world_size(group), dist.get_rank(group)
-    return _C.ring_all_reduce_traffic(elements, element_size, n, rank)["bytes_sent"]
-
-
 # --- arms ------------------------------------------------------------------------------------------------------
 
 def make_arm(args, model, inner):
@@ -227,9 +216,11 @@ def make_arm(args, model, inner):
 
 
 def torchft_arm(args, model, inner):
-    """torchft's DiLoCo as its users run it on CPUs: a Manager per replica group (here one rank each) over
-    torchft's reconfigurable gloo group, a quorum from a lighthouse (rank 0 starts it, at MASTER_ADDR), an outer
-    Nesterov SGD. Every address is this rank's own (NETCLUSTER_ADDR on an emulated cluster)."""
+    """torchft's DiLoCo as its users run it on CPUs: a Manager per rank of each replica group (one rank each, or
+    --replica-ranks with FSDP2 inside: torchft's group of a rank then holds that rank of every replica, and its
+    all-reduces carry the rank's shards) over torchft's reconfigurable gloo group, a quorum from a lighthouse
+    (rank 0 starts it, at MASTER_ADDR), an outer Nesterov SGD. Every address is this rank's own (NETCLUSTER_ADDR
+    on an emulated cluster); a replica's store is its first rank's."""
     import atexit
     import datetime
     import shutil
@@ -239,20 +230,26 @@ def torchft_arm(args, model, inner):
     from torchft.checkpointing.http_transport import HTTPTransport
     from torchft.local_sgd import DiLoCo as TorchftDiLoCo
     rank, world = dist.get_rank(), dist.get_world_size()
+    L = args.replica_ranks
+    replicas, first = world // L, rank // L * L
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     own = os.environ.get("NETCLUSTER_ADDR", "127.0.0.1")
-    lighthouse_port, store_port, manager_port = 29510, 29600 + rank, 29700 + rank
+    addresses = [None] * world
+    dist.all_gather_object(addresses, own)
+    lighthouse_port, store_port, manager_port = 29510, 29600 + first, 29700 + rank
     if rank == 0:
         exe = shutil.which("torchft_lighthouse") or os.path.join(os.path.dirname(sys.executable),
                                                                   "torchft_lighthouse")
-        lighthouse = subprocess.Popen([exe, "--min_replicas", str(world), "--quorum_tick_ms", "100",
+        lighthouse = subprocess.Popen([exe, "--min_replicas", str(replicas), "--quorum_tick_ms", "100",
                                        "--join_timeout_ms", "10000", "--bind", f"[::]:{lighthouse_port}"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         atexit.register(lighthouse.terminate)
     dist.barrier()
     timeout = datetime.timedelta(seconds=120)
-    # The replica group's own store (torchrun's, were each replica group started by a torchrun of its own).
-    store = dist.TCPStore(own, store_port, is_master=True, wait_for_workers=False, timeout=timeout)
+    # The replica group's own store, on its first rank (torchrun's, were each replica group started by a
+    # torchrun of its own).
+    store = dist.TCPStore(addresses[first], store_port, is_master=rank == first, wait_for_workers=False,
+                          timeout=timeout)
     pg = ProcessGroupGloo(timeout=timeout)
 
     class Transport(HTTPTransport):  # the recovery checkpoint's address: this rank's, not the machine's name
@@ -260,9 +257,9 @@ def torchft_arm(args, model, inner):
             return super().address().replace(socket.gethostname(), own, 1)
     state = lambda: {"model": model.state_dict(), "inner": inner.state_dict()}  # noqa: E731
     load = lambda sd: (model.load_state_dict(sd["model"]), inner.load_state_dict(sd["inner"]))  # noqa: E731
-    manager = Manager(pg=pg, min_replica_size=world, load_state_dict=load, state_dict=state,
-                      use_async_quorum=False, replica_id=f"rank{rank}", store_addr=own,
-                      store_port=store_port, rank=0, world_size=1,
+    manager = Manager(pg=pg, min_replica_size=replicas, load_state_dict=load, state_dict=state,
+                      use_async_quorum=False, replica_id=f"rank{first}", store_addr=addresses[first],
+                      store_port=store_port, rank=rank - first, world_size=L,
                       lighthouse_addr=f"http://{master}:{lighthouse_port}", port=manager_port, hostname=own,
                       timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
                       checkpoint_transport=Transport(timeout=timeout, num_chunks=0),
@@ -285,15 +282,23 @@ def torchft_arm(args, model, inner):
     diloco.__enter__()
     params = list(model.parameters())
 
-    # The global model: each fragment's copy as of its last outer step (torchft's backup of it).
+    # The global model: each fragment's copy as of its last outer step (torchft's backup of it; with FSDP2 this
+    # rank's shard of it, made a DTensor again).
     def global_params():
         by_id = {}
         for frag, f in zip(frags, diloco._fragments):
             for name, p in frag.named_parameters():
-                by_id[id(p)] = f.original_parameters[name]
+                t = f.original_parameters[name]
+                if hasattr(p, "device_mesh"):
+                    t = type(p).from_local(t, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+                by_id[id(p)] = t
         return [by_id[id(p)] for p in params]
-    # One float32 ring all-reduce of one fragment per outer step (manager.current_step() counts them), in turn.
-    frag_sent = [ring_bytes_sent(sum(p.numel() for p in f.parameters()), 4) for f in frags]
+    # One float32 ring all-reduce of one fragment per outer step (manager.current_step() counts them), in turn:
+    # of this rank's shards, among the replicas, with FSDP2.
+    from commsgd_torch import _C
+    shard_values = [sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in f.parameters())
+                    for f in frags]
+    frag_sent = [_C.ring_all_reduce_traffic(v, 4, replicas, rank // L)["bytes_sent"] for v in shard_values]
 
     def sent():
         rounds, extra = divmod(manager.current_step(), P)
@@ -339,8 +344,8 @@ def parse(argv):
                    help="stop after the first evaluation whose validation loss is at or below this (a time-to-"
                         "target run need not train on; the schedule still spans --steps)")
     args = p.parse_args(argv)
-    if args.replica_ranks < 1 or (args.replica_ranks > 1 and args.arm != "diloco"):
-        p.error(f"--replica-ranks {args.replica_ranks}: 1, or more with --arm diloco")
+    if args.replica_ranks < 1 or (args.replica_ranks > 1 and args.arm not in ("diloco", "torchft-diloco")):
+        p.error(f"--replica-ranks {args.replica_ranks}: 1, or more with --arm diloco or torchft-diloco")
     if args.arm == "diloco":  # refused here, before any rank starts, rather than by DiLoCo on every rank
         from commsgd_torch import InvalidArgument, _C
         try:
@@ -368,7 +373,7 @@ def whole(t):
 
 def shard(args, model):
     """FSDP2 on the model, in place, before its optimizer is made: over every rank (the fsdp arm), or inside
-    each replica of --replica-ranks ranks (diloco)."""
+    each replica of --replica-ranks ranks (diloco, torchft-diloco)."""
     if args.arm != "fsdp" and args.replica_ranks == 1:
         return
     from torch.distributed.device_mesh import init_device_mesh
@@ -464,7 +469,14 @@ def main(argv=None):
                    "val_loss": round(evaluate(eval_model, global_params(), windows), 5),
                    "bytes_sent": int(sent) if sent is not None else None}
             if args.arm == "diloco":
-                rec["exchanges"] = opt.stats()["exchanges_started"]
+                stats = opt.stats()
+                rec["exchanges"] = stats["exchanges_started"]
+                # What this rank's engine keeps of the model, and what its replica sent: its ranks' sum.
+                rec["engine_values"] = stats["engine_values"]
+                sent_by = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+                dist.all_gather(sent_by, torch.tensor([stats["bytes_sent"]], dtype=torch.float64))
+                first = rank // args.replica_ranks * args.replica_ranks
+                rec["replica_bytes_sent"] = int(sum(float(t) for t in sent_by[first:first + args.replica_ranks]))
             records.append(rec)
             if rank == 0:
                 print(json.dumps(rec), flush=True)

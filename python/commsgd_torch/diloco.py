@@ -486,11 +486,15 @@ class DiLoCo:
         """This rank's counters: ``inner_steps``; ``exchanges_started`` and ``outer_steps`` (fragment
         exchanges started and applied); ``bytes_sent`` (what this rank sent in exchanges: a ring all-reduce
         of B bytes about 2 (n - 1) B / n, an all-gather of B-byte messages (n - 1) B, comm/traffic.hpp);
-        ``broadcast_bytes`` (the parameters rank 0 broadcast at construction, counted apart)."""
+        ``broadcast_bytes`` (the parameters rank 0 broadcast at construction, counted apart);
+        ``replica_ranks`` (L, the ranks of this rank's replica) and ``engine_values`` (the values of the model
+        this rank's engine holds, and keeps a common copy, outer momentum and residual of: the whole model, or
+        its shards or part, about 1/L of it)."""
         return {"inner_steps": self._engine.steps(), "exchanges_started": self._engine.exchanges_started(),
                 "outer_steps": self._engine.exchanges_applied(), "bytes_sent": self._engine.bytes_sent(),
                 "broadcast_bytes": self._broadcast_bytes,
-                "replica_ranks": 1 if self._plan is None else self._plan.replica_size}
+                "replica_ranks": 1 if self._plan is None else self._plan.replica_size,
+                "engine_values": self._flat.numel()}
 
     def fragment_parameters(self, p: int) -> List[torch.nn.Parameter]:
         """The local parameters of fragment ``p``."""

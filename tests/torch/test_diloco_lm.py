@@ -112,3 +112,22 @@ def test_fsdp2_replicas_under_diloco_and_fsdp2_over_every_rank():
     a, b = [r["val_loss"] for r in fsdp[0][0]], [r["val_loss"] for r in ddp[0][0]]
     assert all(abs(x - y) <= 1e-4 for x, y in zip(a, b)) and len(a) == 2, (a, b)
     assert all(o[1] == fsdp[0][1] for o in fsdp), "FSDP2's ranks hold different models"
+
+
+def test_torchft_and_commsgd_diloco_agree_on_fsdp2_replicas():
+    """The same head-to-head on 2 replicas of 2 FSDP2 ranks: torchft's DiLoCo with a Manager per rank (its
+    group of a rank: that rank of each replica) and commsgd's (each rank's shards with its counterparts) hold
+    the same global model to float rounding, and each charges a replica half its model's ring per rank."""
+    _fsdp2()
+    import torchft  # noqa: F401
+    opts = TINY + ["--batch", "16", "--outer-lr", "0.7", "--outer-momentum", "0.9", "--replica-ranks", "2"]
+    ours = run_ranks(_run, 4, (opts + ["--arm", "diloco"],))
+    theirs = run_ranks(_run, 4, (opts + ["--arm", "torchft-diloco"],))
+    a = [r["val_loss"] for r in ours[0][0]]
+    b = [r["val_loss"] for r in theirs[0][0]]
+    assert len(a) == len(b) == 2 and all(abs(x - y) <= 1e-4 for x, y in zip(a, b)), (a, b)
+    x = torch.frombuffer(bytearray(ours[0][2]), dtype=torch.float32)
+    y = torch.frombuffer(bytearray(theirs[0][2]), dtype=torch.float32)
+    assert x.shape == y.shape and torch.allclose(x, y, rtol=0, atol=1e-4), (x - y).abs().max().item()
+    # Both count rank 0's float32 ring over 2 replicas of its shards: the same bytes.
+    assert ours[0][0][-1]["bytes_sent"] == theirs[0][0][-1]["bytes_sent"] > 0

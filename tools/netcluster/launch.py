@@ -49,9 +49,10 @@ def loadavg():
         return f.read().split()[0]
 
 
-def ranks(cmd, ranks, rate, port, label="", stdout=None, env=None):
+def ranks(cmd, ranks, rate, port, label="", stdout=None, env=None, cluster=()):
     """Runs `cmd` once per rank at `rate`, one thread each; returns (exit code, the first non-zero one or 0;
-    wall seconds; load average before; after; the command line as run)."""
+    wall seconds; load average before; after; the command line as run). `cluster`: more options of
+    `netcluster up` (groups, say)."""
     env = dict(os.environ if env is None else env, OMP_NUM_THREADS="1")
     before, t0 = loadavg(), time.monotonic()
     if rate == "none":
@@ -62,7 +63,7 @@ def ranks(cmd, ranks, rate, port, label="", stdout=None, env=None):
         codes = [p.wait() for p in procs]
         code = next((c for c in codes if c != 0), 0)
     else:
-        cmd = [NETCLUSTER, "exec", "-n", str(ranks), "--rate", rate, "run", "--"] + cmd
+        cmd = [NETCLUSTER, "exec", "-n", str(ranks), "--rate", rate] + list(cluster) + ["run", "--"] + cmd
         print(f"== {rate} {label}: {' '.join(cmd)}", flush=True)
         code = subprocess.call(cmd, env=env, stdout=stdout)
     wall = round(time.monotonic() - t0, 1)
