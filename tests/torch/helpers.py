@@ -53,13 +53,25 @@ def run_ranks(fn, world=2, args=(), timeout=240, backend="gloo", spawn=False, cu
         except Exception as e:  # queue.Empty: some rank hung or died without reporting
             errors.append(f"ranks {sorted(set(range(world)) - set(results))} did not report: {e!r}")
         finally:
-            for p in procs:
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
+            reap(procs)
         if errors:
             raise AssertionError("\n".join(errors))
         return [results[r] for r in range(world)]
+
+
+def reap(procs):
+    """Waits a little for each process, then kills what is left: no test leaves a process behind."""
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+
+
+def no_errors(errors, what="replica"):
+    """Fails the test with every (who, traceback) in `errors`, naming each."""
+    if errors:
+        import pytest
+        pytest.fail("\n".join(f"{what} {who}:\n{tb}" for who, tb in errors), pytrace=False)
 
 
 class Dot(torch.nn.Module):

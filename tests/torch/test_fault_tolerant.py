@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from helpers import SIZES, Dot, run_ranks
+from helpers import SIZES, Dot, no_errors, reap, run_ranks
 
 import commsgd_torch  # noqa: E402
 
@@ -154,16 +154,8 @@ def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, late=N
                 errors.append((idx, res))
         return out, errors
     finally:
-        for p in procs.values():
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
+        reap(procs.values())
         server.shutdown()
-
-
-def _no_errors(errors):
-    if errors:
-        pytest.fail("\n".join(f"replica {i}:\n{tb}" for i, tb in errors), pytrace=False)
 
 
 def _agree(out):
@@ -194,7 +186,7 @@ def _plain(rank, world, code, steps):
 @pytest.mark.parametrize("code", ["dense", "topk-0.1-c64-2bit-b0.9"])  # a dense code and a sparse one
 def test_without_failures_it_is_the_plain_engine_bit_for_bit(code):
     out, errors = _run(3, 5 * H, code, min_replicas=3)
-    _no_errors(errors)
+    no_errors(errors)
     plain = run_ranks(_plain, 3, (code, 5 * H), spawn=True)
     # init_sync hands every replica the primary's model, the lowest replica id's (r0): the plain run starts
     # every rank from replica 0's.
@@ -207,7 +199,7 @@ def test_without_failures_it_is_the_plain_engine_bit_for_bit(code):
 
 def test_a_replica_killed_in_a_round_is_dropped_and_the_others_go_on():
     out, errors = _run(3, 8 * H, "e3m0", min_replicas=2, kill=(2, 3))
-    _no_errors(errors)
+    no_errors(errors)
     assert sorted(out) == [0, 1]
     a, b = out[0], out[1]
     assert a["stats"]["inner_steps"] == b["stats"]["inner_steps"] == 8 * H
@@ -220,7 +212,7 @@ def test_a_replica_killed_in_a_round_is_dropped_and_the_others_go_on():
 def test_a_killed_replica_restarts_and_joins_with_the_same_bits():
     # Paced, so that the others do not spin through rounds while the restarted replica starts.
     out, errors = _run(3, 8 * H, "dense", min_replicas=2, kill=(2, 3), restart=2, pace=0.1)
-    _no_errors(errors)
+    no_errors(errors)
     assert sorted(out) == [0, 1, 2]
     joined = out[2]
     assert joined["stats"]["heals"] >= 1
@@ -237,7 +229,7 @@ def test_a_frozen_replica_fails_the_round_by_the_adaptive_deadline_not_the_group
     # ends the others' wait in the exchange. The group's timeout is 30 s; the exchanges before took
     # milliseconds, so the deadline is the floor, 1 s.
     out, errors = _run(3, 8 * H, "dense", min_replicas=2, kill=(2, 3), freeze=True, group_s=30.0)
-    _no_errors(errors)
+    no_errors(errors)
     assert sorted(out) == [0, 1]
     _agree(out)
     for rep in out.values():
@@ -255,7 +247,7 @@ def test_a_late_replica_is_left_out_of_the_round_and_its_late_steps_are_not_appl
     # them, is healed (its late steps dropped, not applied a round late) and goes on with them.
     steps = 12 * H
     out, errors = _run(3, steps, "dense", min_replicas=2, late=(2, 3, 4.0), join_timeout_ms=2000, pace=0.25)
-    _no_errors(errors)
+    no_errors(errors)
     assert sorted(out) == [0, 1, 2]
     _agree(out)
     a, late = out[0], out[2]

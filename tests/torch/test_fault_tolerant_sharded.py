@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import SIZES, Dot, run_ranks
+from helpers import SIZES, Dot, no_errors, reap, run_ranks
 
 import commsgd_torch  # noqa: E402
 
@@ -160,20 +160,15 @@ def _run(n, steps, code, kill=None, restart=False, timeout=150):
             key, status, res = queue.get(timeout=max(1.0, deadline - time.monotonic()))
             if kill and key[0] == kill[0] and status == "error" and not restart:
                 continue  # the killed replica's rank 0 may report its end before the parent kills it
-            (out.__setitem__(key, res) if status == "ok" else errors.append((key, res)))
+            if status == "ok":
+                out[key] = res
+            else:
+                errors.append((key, res))
         return out, errors
     finally:
-        for p in procs.values():
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
+        reap(procs.values())
         server.shutdown()
         tmp.cleanup()
-
-
-def _no_errors(errors):
-    if errors:
-        pytest.fail("\n".join(f"replica {k}:\n{tb}" for k, tb in errors), pytrace=False)
 
 
 def _agree(out):
@@ -201,7 +196,7 @@ def _plain(rank, world, code, steps):
 @pytest.mark.parametrize("code", ["dense", "topk-0.1-c64-2bit-b0.9"])
 def test_sharded_replicas_without_failures_are_the_plain_sharded_class_bit_for_bit(code):
     out, errors = _run(2, 4 * H, code)
-    _no_errors(errors)
+    no_errors(errors)
     _agree(out)
     plain = run_ranks(_plain, 4, (code, 4 * H), spawn=True)
     for (idx, rank), rep in out.items():
@@ -213,7 +208,7 @@ def test_sharded_replicas_without_failures_are_the_plain_sharded_class_bit_for_b
 
 def test_a_replica_that_loses_a_rank_is_dropped_then_heals_every_shard_when_it_restarts():
     out, errors = _run(3, 0, "e3m0", kill=(2, 2), restart=True)
-    _no_errors(errors)
+    no_errors(errors)
     assert sorted(out) == [(i, r) for i in range(3) for r in range(L)]
     _agree(out)
     a = out[(0, 0)]
