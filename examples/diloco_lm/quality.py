@@ -6,8 +6,9 @@ outer round, from the logs of `links.py run --rates none` (one --out folder a se
 For each arm: the validation loss at the run's last step (mean, min and max over the seeds that ran it to
 the end), its distance from float32 DiLoCo at the same H and schedule (diloco-h<H>, or diloco-h<H>-stream
 for a streamed arm) over the same seeds, rank 0's bytes per H inner steps (its whole run's bytes times
-H / steps) with float32 DiLoCo's bytes over these, and its bytes per inner step (arms of different H compare there
-at equal bytes). The plot: final loss against bytes per outer round, a panel per H, the named arms only. A run that did not reach its last step is listed as crashed, not used.
+H / steps; rank 0's replica's, its ranks summed, where the log has them: replicas of several ranks) with
+float32 DiLoCo's bytes over these, and its bytes per inner step (arms of different H compare there at equal
+bytes). Arms that exchange every step (ddp, fsdp) are listed first, with their losses only. The plot: final loss against bytes per outer round, a panel per H, the named arms only. A run that did not reach its last step is listed as crashed, not used.
 """
 import argparse
 import json
@@ -23,8 +24,9 @@ def read(path):
 
 
 def h_of(arm):
-    """H, from the arm's name (diloco-h<H>...)."""
-    return int(re.search(r"-h(\d+)", arm).group(1))
+    """H, from the arm's name (diloco-h<H>...); None for an arm that exchanges every step (ddp, fsdp)."""
+    m = re.search(r"-h(\d+)", arm)
+    return int(m.group(1)) if m else None
 
 
 def collect(dirs):
@@ -42,7 +44,9 @@ def collect(dirs):
                 continue
             h = h_of(arm)
             last = recs[-1]
-            runs.setdefault(arm, []).append((last["val_loss"], last["bytes_sent"] * h / last["step"], d))
+            sent = last.get("replica_bytes_sent", last["bytes_sent"])
+            per_round = sent * h / last["step"] if h is not None and sent is not None else None
+            runs.setdefault(arm, []).append((last["val_loss"], per_round, d))
     return runs, crashed
 
 
@@ -64,6 +68,8 @@ def main(argv):
     p.add_argument("--plot")
     args = p.parse_args(argv)
     runs, crashed = collect(args.dirs)
+    every_step = {a: r for a, r in runs.items() if h_of(a) is None}
+    runs = {a: r for a, r in runs.items() if h_of(a) is not None}
     mean = {a: statistics.mean(v for v, _, _ in r) for a, r in runs.items()}
     per_round = {a: statistics.mean(b for _, b, _ in r) for a, r in runs.items()}
 
@@ -78,6 +84,10 @@ def main(argv):
     lines = ["| arm | seeds | final val loss: mean (min, max) | vs float32 at its H, same seeds | "
              "bytes per outer round | float32's bytes / these | bytes per inner step |",
              "|---|---|---|---|---|---|---|"]
+    for arm, r in sorted(every_step.items()):
+        losses = [v for v, _, _ in r]
+        lines.append(f"| {arm} (every step) | {len(losses)} | {statistics.mean(losses):.4f} ({min(losses):.4f}, "
+                     f"{max(losses):.4f}) | - | - | - | - |")
     for arm in sorted(runs, key=lambda a: (reference(a), per_round[a] * -1)):
         losses = [v for v, _, _ in runs[arm]]
         ref = reference(arm)

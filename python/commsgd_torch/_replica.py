@@ -5,7 +5,7 @@ shapes:
 
 - **sharded** (FSDP2 inside): the parameters are DTensors and each rank holds its local shards. Its engine holds
   those shards, fragment by fragment, and exchanges them with its counterparts: the ranks that hold the same
-  shards in the other replicas (a 2-D mesh's replicate dimension).
+  shards in the other replicas (the replicate dimension of the mesh the shard mesh was sliced from).
 - **split** (DDP inside, or a plain model every rank of the replica holds whole): rank i of the replica's L
   ranks holds the i-th of L parts of each fragment, cut at the code's unit (cost::diloco_code::unit) so that
   each part is coded as it is in the whole fragment, exchanges it with its counterparts, and after each outer
@@ -50,12 +50,12 @@ def local(p: torch.Tensor) -> torch.Tensor:
     return p.to_local() if is_sharded(p) else p
 
 
-def flat_local(p: torch.Tensor, name: str, bad: Any) -> torch.Tensor:
-    t = local(p).detach()
-    if not t.is_contiguous():
-        raise bad("model", f"parameter {name} with a non-contiguous local tensor",
-                  "parameters whose local tensors are contiguous (FSDP2's shards are)")
-    return t.view(-1)
+def check_contiguous(params: Sequence[torch.Tensor], bad: Any) -> None:
+    """The engine reads and writes each parameter's local values as one flat run."""
+    for i, p in enumerate(params):
+        if not local(p).is_contiguous():
+            raise bad("model", f"a parameter (the {i}-th of the fragments) whose local tensor is not contiguous",
+                      "parameters whose local tensors are contiguous (FSDP2's shards are)")
 
 
 class Plan:
@@ -97,6 +97,7 @@ def sharded_plan(params: List[torch.Tensor], fragment_params: List[List[torch.Te
               for m in (p.device_mesh for p in params)}
     if len(meshes) != 1:
         raise bad("model", f"DTensor parameters on {len(meshes)} device meshes", "every parameter on one mesh")
+    check_contiguous(params, bad)
     mesh = params[0].device_mesh
     if mesh.ndim != 1:
         # HSDP all-reduces every gradient across the replicas, each step: what DiLoCo's outer round replaces.
@@ -156,6 +157,7 @@ def split_plan(fragment_params: List[List[torch.Tensor]], order: Dict[int, int],
                   "of the same replica rank in every replica (one per replica)")
     members = group_ranks(replica_group)
     _check_counterparts(process_group, members, bad)
+    check_contiguous([p for group in fragment_params for p in group], bad)
     pieces, whole, lengths, parts = [], [], [], []
     for group in fragment_params:
         sizes = [p.numel() for p in group]
