@@ -215,6 +215,17 @@ def make_arm(args, model, inner):
     return ddp, opt, (lambda: meter.bytes_sent), global_params
 
 
+def _die_with_parent():
+    """In a child before exec: SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG), so that a helper such
+    as the lighthouse never outlives the rank that started it."""
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: atexit is all there is
+        pass
+
+
 def torchft_arm(args, model, inner):
     """torchft's DiLoCo as its users run it on CPUs: a Manager per rank of each replica group (one rank each, or
     --replica-ranks with FSDP2 inside: torchft's group of a rank then holds that rank of every replica, and its
@@ -242,8 +253,10 @@ def torchft_arm(args, model, inner):
                                                                   "torchft_lighthouse")
         lighthouse = subprocess.Popen([exe, "--min_replicas", str(replicas), "--quorum_tick_ms", "100",
                                        "--join_timeout_ms", "10000", "--bind", f"[::]:{lighthouse_port}"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        atexit.register(lighthouse.terminate)
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      preexec_fn=_die_with_parent)
+        atexit.register(lighthouse.terminate)  # a process that ends without atexit (a forked test rank,
+        # a kill) takes it down through the parent-death signal instead
     dist.barrier()
     timeout = datetime.timedelta(seconds=120)
     # The replica group's own store, on its first rank (torchrun's, were each replica group started by a
