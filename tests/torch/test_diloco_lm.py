@@ -5,6 +5,7 @@ log the same ones proves nothing, so the models themselves are compared.)"""
 import math
 import os
 import sys
+import time
 
 import pytest
 import torch
@@ -56,35 +57,44 @@ def test_stop_at_ends_both_ranks_at_the_first_evaluation_on_target():
     assert [r["step"] for r in out[0][0]] == [10, 20]  # never on target: the whole run
 
 
-def _lighthouses():
-    """The pids of torchft lighthouses on train.py's port that are still running."""
+def _lighthouses(tag):
+    """The pids of torchft lighthouses still running that carry `tag` in their environment (started under this
+    test: another suite's lighthouse, on the same port, may be running at the same time)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
         except OSError:
             continue
-        if any(c.endswith(b"torchft_lighthouse") for c in cmd) and b"[::]:29510" in cmd:
+        if any(c.endswith(b"torchft_lighthouse") for c in cmd) and f"COMMSGD_TEST_TAG={tag}".encode() in env:
             found.append(int(pid))
     return found
 
 
-def _none_left():
-    """train.py's lighthouse ends with the rank that started it, whichever way that rank ends."""
+def _run_leaving_nothing(args):
+    """run_ranks(_run, 2, args), then: train.py's lighthouse ended with the rank that started it (the ranks
+    were forked, so they end without atexit, as a killed rank does)."""
+    tag = f"diloco_lm-{os.getpid()}-{time.monotonic_ns()}"
+    os.environ["COMMSGD_TEST_TAG"] = tag
+    try:
+        out = run_ranks(_run, 2, args)
+    finally:
+        del os.environ["COMMSGD_TEST_TAG"]
     for _ in range(50):
-        if not _lighthouses():
-            return
-        __import__("time").sleep(0.1)
-    raise AssertionError(f"a torchft lighthouse outlived its run: pids {_lighthouses()}")
+        if not _lighthouses(tag):
+            return out
+        time.sleep(0.1)
+    raise AssertionError(f"a torchft lighthouse outlived its run: pids {_lighthouses(tag)}")
 
 
 def test_torchft_diloco_arm():
     if int(torch.__version__.split(".")[0]) < 2:
         pytest.skip(f"torchft needs torch 2 (this is torch {torch.__version__}): the newest-torch suite runs it")
     import torchft  # noqa: F401  (missing: the suite fails, as run_pytest.py fails any skip for want of it)
-    out = run_ranks(_run, 2, (TINY + ["--arm", "torchft-diloco"],))
-    _none_left()  # the ranks were forked: they end without atexit, as a killed rank does
+    out = _run_leaving_nothing((TINY + ["--arm", "torchft-diloco"],))
     records = out[0][0]
     assert [r["step"] for r in records] == [10, 20]
     losses = [r["val_loss"] for r in records]
