@@ -9,8 +9,7 @@
 //                 carried from round to round (decayed by -b<decay>; the error feedback is the method). Each
 //                 chunk's k largest are found by laplace_bisect warm-started from that chunk's threshold of
 //                 the last round and trimmed to exactly k (ties to the lowest index): the set exact selection
-//                 gives, bit for bit, at 1.4x radix select's speed on DiLoCo's real accumulators in chunks of
-//                 4096 (bench/results/select-diloco-sequence-2026-11-28.md)
+//                 gives, bit for bit (its speed on DiLoCo's real accumulators: docs/diloco.md, top-k)
 // Every call forwards to the engine of that code; see sync/diloco.hpp for what they do.
 #pragma once
 
