@@ -198,23 +198,20 @@ def _check_alike(group: Any, signature: Dict[str, Any], name: str, bad: Any) -> 
                   "ranks that hold the same shard or part in every replica")
 
 
-def copy_in(plan: Plan, order: List[torch.Tensor], flat: torch.Tensor, fragments: Sequence[int],
-            offsets: List[int]) -> None:
-    """The fragments' values this rank holds, from the parameters into the engine's flat tensor."""
+def move(plan: Plan, order: List[torch.Tensor], flat: torch.Tensor, fragments: Sequence[int], offsets: List[int],
+         into_engine: bool) -> None:
+    """The fragments' values this rank holds, from the parameters into the engine's flat tensor
+    (`into_engine`) or back."""
     with torch.no_grad():
         for f in fragments:
             base = offsets[f]
             for pos, first, n, at in plan.pieces[f]:
-                flat[base + at:base + at + n].copy_(local(order[pos]).detach().view(-1)[first:first + n])
-
-
-def copy_out(plan: Plan, order: List[torch.Tensor], flat: torch.Tensor, fragments: Sequence[int],
-             offsets: List[int]) -> None:
-    with torch.no_grad():
-        for f in fragments:
-            base = offsets[f]
-            for pos, first, n, at in plan.pieces[f]:
-                local(order[pos]).detach().view(-1)[first:first + n].copy_(flat[base + at:base + at + n])
+                param = local(order[pos]).detach().view(-1)[first:first + n]
+                engine = flat[base + at:base + at + n]
+                if into_engine:
+                    engine.copy_(param)
+                else:
+                    param.copy_(engine)
 
 
 def gather_fragment(plan: Plan, f: int, part: torch.Tensor) -> torch.Tensor:

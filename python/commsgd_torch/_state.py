@@ -23,18 +23,19 @@ def group_timeout(group: Optional[dist.ProcessGroup]) -> Optional[timedelta]:
 
 def gloo_group_like(group: Optional[dist.ProcessGroup], ranks: Optional[List[int]] = None) -> dist.ProcessGroup:
     """A new gloo group of `ranks` (None: every rank) with `group`'s deadline. Collective."""
-    timeout = group_timeout(group)
-    if timeout is None:
-        return dist.new_group(ranks=ranks, backend="gloo")
-    return dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+    return dist.new_group(ranks=ranks, backend="gloo", **_deadline_of(group))
 
 
 def gloo_subgroup(group: Optional[dist.ProcessGroup], ranks: List[int]) -> dist.ProcessGroup:
     """A new gloo group of `ranks`, with `group`'s deadline, made by those ranks alone: the other ranks make
     their own subgroups at the same time (every replica its own, every shard's counterparts theirs)."""
+    return dist.new_group(ranks=sorted(ranks), backend="gloo", use_local_synchronization=True, **_deadline_of(group))
+
+
+def _deadline_of(group: Optional[dist.ProcessGroup]) -> Dict[str, timedelta]:
+    """new_group's timeout argument for `group`'s deadline, or none where torch does not say."""
     timeout = group_timeout(group)
-    kwargs = {} if timeout is None else {"timeout": timeout}
-    return dist.new_group(ranks=sorted(ranks), backend="gloo", use_local_synchronization=True, **kwargs)
+    return {} if timeout is None else {"timeout": timeout}
 
 
 def own_group(process_group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:

@@ -357,14 +357,14 @@ class DiLoCo:
     def _load_fragments(self, fragments: Iterable[int]) -> None:
         """The fragments' values this rank holds, into the engine's flat tensor (nothing to do in place)."""
         if self._plan is not None:
-            _replica.copy_in(self._plan, self._order, self._flat, list(fragments), self._offsets)
+            _replica.move(self._plan, self._order, self._flat, list(fragments), self._offsets, into_engine=True)
         else:
             self._copy_in(self._indices(fragments))
 
     def _store_fragments(self, fragments: Iterable[int]) -> None:
         """The engine's values of the fragments back into the parameters this rank holds."""
         if self._plan is not None:
-            _replica.copy_out(self._plan, self._order, self._flat, list(fragments), self._offsets)
+            _replica.move(self._plan, self._order, self._flat, list(fragments), self._offsets, into_engine=False)
         else:
             self._copy_out(self._indices(fragments))
 
