@@ -6,11 +6,15 @@
                                            (scripts/test_torch_pypi.sh: the ranks of one test wait on each
                                            other's sockets often enough that two suites share two cores well)
     run_pytest.py --list                   the suite names, ';'-separated, for CMake
+    run_pytest.py --machine-skips          the skip reasons this machine implies, ';'-separated, for scripts
+                                           that opt in to them (scripts/test.sh, scripts/test_torch_pypi.sh)
 
 A suite fails when fewer of its tests ran than SUITES says (pytest's "no tests collected" included), so a
-test file that silently stops collecting is noticed instead of passing, and when a test skips for a reason
+test file that silently stops collecting is noticed instead of passing; when a test skips for a reason
 other than the machine's (ALLOWED_SKIPS: no GPU, no NCCL, a torch too old for torchft): a test that skips
-because something it needs was not installed fails its suite instead of passing unseen.
+because something it needs was not installed fails its suite instead of passing unseen; and when every test
+of a suite skipped, unless COMMSGD_ALLOW_SKIP (';'-separated) names each reason they gave: a suite that ran
+nothing passes only where the one who runs it said that this machine cannot run it.
 """
 import os
 import subprocess
@@ -41,9 +45,27 @@ def skip_reason(report):
     return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
 
 
+def machine_skips():
+    """The ALLOWED_SKIPS reasons that hold on this machine, by the checks the tests make."""
+    import torch
+    import torch.distributed as dist
+    reasons = []
+    if int(torch.__version__.split(".")[0]) < 2:
+        reasons += ["torchft needs torch 2", "FSDP2 needs torch 2"]
+    if not torch.cuda.is_available():
+        reasons.append("no CUDA device")
+    if not dist.is_nccl_available():
+        reasons.append("torch has no NCCL")
+    if os.geteuid() != 0:
+        reasons.append("the emulated cluster needs root")
+    return reasons
+
+
 class Count:
     def __init__(self):
         self.ran = dict.fromkeys(SUITES, 0)
+        self.passed = dict.fromkeys(SUITES, 0)
+        self.skip_reasons = {s: set() for s in SUITES}
         self.bad_skips = []
 
     def pytest_runtest_logreport(self, report):
@@ -51,8 +73,20 @@ class Count:
             suite = os.path.basename(report.nodeid.split("::")[0])[len("test_"):-len(".py")]
             if suite in self.ran:
                 self.ran[suite] += 1
+                self.passed[suite] += report.passed
+                if report.skipped:
+                    self.skip_reasons[suite].add(skip_reason(report))
             if report.skipped and not skip_reason(report).startswith(ALLOWED_SKIPS):
                 self.bad_skips.append(f"{report.nodeid}: {skip_reason(report)}")
+
+    def wholly_skipped(self, suites, allowed):
+        """Suites of which every test skipped, each with the reasons `allowed` does not name."""
+        out = []
+        for s in suites:
+            unnamed = sorted(r for r in self.skip_reasons[s] if not r.startswith(allowed))
+            if self.ran[s] and not self.passed[s] and unnamed:
+                out.append(f"{s}: " + "; ".join(unnamed))
+        return out
 
 
 def run_parallel(jobs, args):
@@ -89,8 +123,11 @@ def main(argv):
     if argv[:1] == ["--list"]:
         print(";".join(SUITES), end="")
         return 0
+    if argv[:1] == ["--machine-skips"]:
+        print(";".join(machine_skips()), end="")
+        return 0
     if not argv or (argv[0] != "--all" and argv[0] not in SUITES):
-        print(f"run_pytest: the first argument must be --all, --list or one of {', '.join(SUITES)}",
+        print(f"run_pytest: the first argument must be --all, --list, --machine-skips or one of {', '.join(SUITES)}",
               file=sys.stderr)
         return 2
     if argv[:2] == ["--all", "--jobs"]:
@@ -114,6 +151,13 @@ def main(argv):
     if rc == 0 and count.bad_skips:
         print("run_pytest: tests skipped what they were asked to run (allowed only: " +
               ", ".join(repr(a) for a in ALLOWED_SKIPS) + "):\n  " + "\n  ".join(count.bad_skips),
+              file=sys.stderr)
+        return 1
+    allowed = tuple(r for r in os.environ.get("COMMSGD_ALLOW_SKIP", "").split(";") if r)
+    skipped = count.wholly_skipped(suites, allowed)
+    if rc == 0 and skipped:
+        print("run_pytest: every test of a suite skipped, for a reason COMMSGD_ALLOW_SKIP does not name (it "
+              f"names: {', '.join(repr(a) for a in allowed) or 'nothing'}):\n  " + "\n  ".join(skipped),
               file=sys.stderr)
         return 1
     return int(rc)
