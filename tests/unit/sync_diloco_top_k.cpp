@@ -7,7 +7,7 @@
 #include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #include <commsgd/select/radix.hpp>
-#include <commsgd/sync/local_sgd.hpp>
+#include <commsgd/sync/diloco.hpp>
 #include <support/compressor_ranks.hpp>
 #include <support/forwarding_comm.hpp>
 #include <support/least_squares.hpp>
@@ -26,16 +26,18 @@
 #include <string>
 #include <vector>
 
-// local_sgd with an outer optimizer: local SGD's sync points (PeriodicModelAverager's schedule) with the
-// outer step of sync/outer_optimizer.hpp. sync::diloco is DiLoCo's own engine.
-template <class C, class X = commsgd::sync::uncompressed>
-using outer_local_sgd = commsgd::sync::local_sgd<C, commsgd::sync::all_reduce_exchange<C>, X>;
-
 using namespace commsgd;
 using comm::local;
 using comm::local_group;
 
 namespace {
+
+// DiLoCo's engine over one layer of the problem's size, its pseudo-gradients in top-k with selector S.
+template <class S = select::exact>
+sync::diloco<local, compress::top_k_ef<S>> top_k_diloco(local& c, std::size_t dim, sync::diloco_options o,
+                                                         compress::top_k_ef_options t) {
+  return {c, {dim}, o, [t](std::size_t d) { return compress::top_k_ef<S>(d, t); }};
+}
 
 bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() &&
@@ -331,9 +333,8 @@ TEST_CASE("DiLoCo with top-k pseudo-gradients: every rank ends with the same mod
       CAPTURE(n);
       CAPTURE(two_bit);
       const auto got = toy::train_ranks(prob, n, 150, [&](local& c) {
-        return outer_local_sgd<local, compress::top_k_ef<>>(
-            c, {.lr = 0.1f, .period = 5, .outer = {.lr = 0.7f, .momentum = 0.5f}},
-            compress::top_k_ef<>(prob.dim(), {.density = 0.3, .two_bit = two_bit}));
+        return top_k_diloco(c, prob.dim(), {.lr = 0.1f, .sync_every = 5, .outer = {.lr = 0.7f, .momentum = 0.5f}},
+                            {.density = 0.3, .two_bit = two_bit});
       });
       for (int r = 1; r < n; ++r)
         CHECK(same_bits(got[static_cast<std::size_t>(r)], got[0]));
@@ -343,38 +344,30 @@ TEST_CASE("DiLoCo with top-k pseudo-gradients: every rank ends with the same mod
 
 TEST_CASE("density 1 without 2-bit values is uncompressed DiLoCo bit for bit; exact and radix agree") {
   // Bit for bit up to the sign of a zero: the compressor sums from +0, the all-reduce from rank 0's value,
-  // so a sum of -0 alone would come out +0. The pseudo-gradients here hold no -0. Not with plain_average
-  // (lr 1, momentum 0): uncompressed, the strategy averages the models themselves, which rounds otherwise
-  // than theta_global - mean delta; every other outer step goes through the same mean pseudo-gradient.
+  // so a sum of -0 alone would come out +0. The pseudo-gradients here hold no -0.
   const auto& prob = problem();
   for (int n = 1; n <= 4; ++n)
     for (const sync::outer_sgd_options o : {sync::outer_sgd_options{}, sync::outer_sgd_options{0.5f, 0.0f},
-                                            sync::outer_sgd_options{1.0f, 0.3f}}) {
+                                            sync::outer_sgd_options{1.0f, 0.3f}, sync::outer_sgd_options{1.0f, 0.0f}}) {
       CAPTURE(n);
       CAPTURE(o.lr);
       CAPTURE(o.momentum);
-      const sync::local_sgd_options opt{.lr = 0.1f, .period = 3, .warmup_steps = 2, .outer = o};
+      const sync::diloco_options opt{.lr = 0.1f, .sync_every = 3, .outer = o};
       const auto plain =
-          toy::train_ranks(prob, n, 31, [&](local& c) { return outer_local_sgd<local>(c, opt); });
-      const auto topk = toy::train_ranks(prob, n, 31, [&](local& c) {
-        return outer_local_sgd<local, compress::top_k_ef<>>(
-            c, opt, compress::top_k_ef<>(prob.dim(), {.density = 1.0}));
-      });
+          toy::train_ranks(prob, n, 31, [&](local& c) { return sync::diloco<local>(c, {prob.dim()}, opt); });
+      const auto topk =
+          toy::train_ranks(prob, n, 31, [&](local& c) { return top_k_diloco(c, prob.dim(), opt, {.density = 1.0}); });
       for (int r = 0; r < n; ++r)
         CHECK(same_bits(topk[static_cast<std::size_t>(r)], plain[static_cast<std::size_t>(r)]));
     }
   // A sparse run: the radix selector picks the same set as the exact one, so the models agree bit for bit.
   for (const bool two_bit : {false, true}) {
     CAPTURE(two_bit);
-    const sync::local_sgd_options opt{.lr = 0.1f, .period = 4, .outer = {}};
+    const sync::diloco_options opt{.lr = 0.1f, .sync_every = 4};
     const compress::top_k_ef_options o{.density = 0.2, .two_bit = two_bit};
-    const auto a = toy::train_ranks(prob, 3, 40, [&](local& c) {
-      return outer_local_sgd<local, compress::top_k_ef<>>(c, opt, compress::top_k_ef<>(prob.dim(), o));
-    });
-    const auto b = toy::train_ranks(prob, 3, 40, [&](local& c) {
-      using X = compress::top_k_ef<select::radix>;
-      return outer_local_sgd<local, X>(c, opt, X(prob.dim(), o));
-    });
+    const auto a = toy::train_ranks(prob, 3, 40, [&](local& c) { return top_k_diloco(c, prob.dim(), opt, o); });
+    const auto b = toy::train_ranks(
+        prob, 3, 40, [&](local& c) { return top_k_diloco<select::radix>(c, prob.dim(), opt, o); });
     for (std::size_t r = 0; r < 3; ++r)
       CHECK(same_bits(a[r], b[r]));
   }
@@ -385,10 +378,9 @@ TEST_CASE("DiLoCo's checkpoint keeps the top-k residual: a resumed run goes on b
   for (const bool two_bit : {false, true}) {
     CAPTURE(two_bit);
     const int n = 3, at = 13, total = 30;
-    using S = outer_local_sgd<local, compress::top_k_ef<>>;
+    using S = sync::diloco<local, compress::top_k_ef<>>;
     auto make = [&](local& c) {
-      return S(c, {.lr = 0.1f, .period = 4, .outer = {}},
-               compress::top_k_ef<>(prob.dim(), {.density = 0.25, .two_bit = two_bit}));
+      return top_k_diloco(c, prob.dim(), {.lr = 0.1f, .sync_every = 4}, {.density = 0.25, .two_bit = two_bit});
     };
     std::mutex mu;
     std::vector<std::string> failures;
@@ -407,7 +399,7 @@ TEST_CASE("DiLoCo's checkpoint keeps the top-k residual: a resumed run goes on b
       std::stringstream saved;
       s.save(saved);
       auto y = x;
-      const std::vector<float> residual(s.compressor().residual().begin(), s.compressor().residual().end());
+      const std::vector<float> residual(s.compressor(0).residual().begin(), s.compressor(0).residual().end());
       train(s, x, at, total);
       auto t = make(c);
       t.load(saved);
@@ -415,7 +407,7 @@ TEST_CASE("DiLoCo's checkpoint keeps the top-k residual: a resumed run goes on b
       std::string f;
       if (std::all_of(residual.begin(), residual.end(), [](float v) { return v == 0.0f; }))
         f = "the residual was empty at the checkpoint, so the test proves nothing";
-      if (!same_bits(t.compressor().residual(), residual)) f += " / the residual did not round-trip";
+      if (!same_bits(t.compressor(0).residual(), residual)) f += " / the residual did not round-trip";
       train(t, y, at, total);
       if (!same_bits(x, y)) f += " / the resumed model differs";
       if (!f.empty()) {
