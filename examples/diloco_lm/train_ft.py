@@ -310,7 +310,10 @@ def main(argv=None):
         frag = diloco._fragments[0]
         names = [n for n, _ in model.named_parameters()]
         global_params = lambda: [frag.original_parameters[n] for n in names]  # noqa: E731
-        delivered = [0]  # this replica's inner steps in the syncs it committed (a heal discards the others)
+        # This replica's inner steps in the syncs it committed. At every sync, committed or not, torchft puts the
+        # fragment back to its copy of the global model, so the steps since the last sync count only when that
+        # sync commits: a failed sync's steps are lost, not carried to the next.
+        delivered, since_sync = [0], [0]
 
         def round_record():
             return {"committed": manager.current_step(), "replicas": manager.num_participants(),
@@ -333,8 +336,11 @@ def main(argv=None):
             before = manager.current_step()
             opt.step()  # torchft's DiLoCo hooks the inner step; every sync_every it runs the round
             after = manager.current_step()
+            since_sync[0] += 1
             if after == before + 1:  # a sync this replica committed: its local steps reached the global model
-                delivered[0] += local_steps[0] + 1
+                delivered[0] += since_sync[0]
+            if diloco._local_step == 0:  # a sync ran (torchft resets its count then, committed or not)
+                since_sync[0] = 0
             local_steps[0] = 0 if after != before else local_steps[0] + 1
         taken += 1
         rec = round_record()
