@@ -41,6 +41,8 @@ from launch import rate_bits  # noqa: E402
 ARMS = {
     "ddp": ["--arm", "ddp"],
     "fsdp": ["--arm", "fsdp"],
+    "fsdp-rs-int8": ["--arm", "fsdp", "--reduce-scatter", "int8"],
+    "fsdp-rs-e3m0": ["--arm", "fsdp", "--reduce-scatter", "e3m0"],
     "ddp-powersgd": ["--arm", "ddp-powersgd", "--psgd-rank", "4"],
     "ddp-topk": ["--arm", "ddp-topk", "--density", "0.01"],
     "postlocal-h30": ["--arm", "postlocal", "--sync-every", "30"],

@@ -14,6 +14,7 @@ Batches: step s draws `--batch` global windows of `--context` + 1 bytes at offse
 Arms (all with AdamW, the same learning-rate schedule, the same global batch):
     ddp            DistributedDataParallel, dense all-reduce every step
     fsdp           FSDP2 (fully_shard, each block and the whole) over every rank: DDP's step, the model sharded
+                   (--reduce-scatter int8 or e3m0: the gradients' reduce-scatter in commsgd_torch.fsdp's codes)
     ddp-powersgd   DDP with PyTorch's PowerSGD hook (--psgd-rank, dense for --warmup steps)
     ddp-topk       DDP with commsgd_torch.TopKState / topk_hook (--density, dense for --warmup steps)
     postlocal      DDP with PyTorch's post-local-SGD hook and PostLocalSGDOptimizer + PeriodicModelAverager
@@ -172,8 +173,10 @@ def make_arm(args, model, inner):
         return model, opt, (lambda: opt.bytes_sent), global_params
     if args.arm == "torchft-diloco":
         return torchft_arm(args, model, inner)
-    if args.arm == "fsdp":  # sharded by shard(); its collectives are FSDP2's own (bytes not counted)
-        return model, inner, (lambda: None), (lambda: params)
+    if args.arm == "fsdp":  # sharded by shard(); its collectives are FSDP2's own (bytes not counted) unless
+        # --reduce-scatter codes the gradients' reduce-scatter: then its bytes, as the communicator counted them
+        codes = getattr(model, "_reduce_scatter_codes", None)
+        return model, inner, (lambda: codes.traffic()["bytes_sent"] if codes else None), (lambda: params)
     ddp = DDP(model)  # the model has no buffers (the causal mask is a plain attribute): nothing else to sync
     opt = inner
     global_params = lambda: params  # every rank holds the same model after each step  # noqa: E731
@@ -352,6 +355,8 @@ def parse(argv):
                         "topk-<density> (top-k with error feedback, density in (0, 1], e.g. topk-0.01)")
     p.add_argument("--replica-ranks", type=int, default=1,
                    help="diloco: ranks a replica, FSDP2 inside it (1: each rank its own replica)")
+    p.add_argument("--reduce-scatter", choices=("float32", "int8", "e3m0"), default="float32",
+                   help="fsdp: the gradients' reduce-scatter, FSDP2's own (float32) or commsgd_torch.fsdp's codes")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--stop-at", type=float, default=None,
                    help="stop after the first evaluation whose validation loss is at or below this (a time-to-"
@@ -401,6 +406,9 @@ def shard(args, model):
     for blk in model.blocks:
         fully_shard(blk, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    if args.arm == "fsdp" and args.reduce_scatter != "float32":
+        import commsgd_torch
+        model._reduce_scatter_codes = commsgd_torch.fsdp.compress_reduce_scatter(model, code=args.reduce_scatter)
 
 
 @torch.no_grad()

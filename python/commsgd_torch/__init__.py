@@ -13,6 +13,11 @@ and, without DDP, an optimizer wrapper:
     diloco       DiLoCo                            H local steps, then an outer Nesterov step on the averaged
                                                    (optionally streamed, compressed) pseudo-gradient
 
+and, under FSDP2 (torch 2):
+
+    fsdp         compress_reduce_scatter           the gradients' reduce-scatter in int8 or 4-bit blocks with
+                                                   error feedback (CompressedReduceScatter per module)
+
     state = commsgd_torch.TopKState(model=model, density=0.01, momentum=0.9)
     ddp.register_comm_hook(state, commsgd_torch.topk_hook)
 
@@ -28,6 +33,7 @@ the future with that error on every rank. Errors are commsgd_torch.Error (a Runt
 InvalidArgument (naming the argument), SizeMismatch, NonFinite, CommError, CorruptData, Unsupported.
 """
 from . import _torch_check  # noqa: F401  (first: refuses a torch other than the one _C was built against)
+from . import fsdp  # noqa: F401
 from ._C import CommError, CorruptData, Error, InvalidArgument, NonFinite, SizeMismatch, Unsupported
 from .auto import DEFAULT_CANDIDATES, AutoState, auto_hook
 from .compressors import KINDS, CompressorState, compressor_hook

@@ -8,6 +8,7 @@
 //   compressors.cpp  fp16, bf16 (a 16-bit ring all-reduce), sign, qsgd, random-k per bucket
 //   auto.cpp         the step-time model and the automatic choice of exchange (plain functions)
 //   diloco.cpp       sync::diloco, the DiLoCo engine behind commsgd_torch.DiLoCo, and the codes' sizes
+//   reduce_scatter.cpp  int8 and e3m0 reduce-scatters behind commsgd_torch.fsdp (FSDP2's gradients)
 // This file registers the library's exception types and the states.
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
@@ -22,6 +23,7 @@ void bind_powersgd(py::module_& m);    // powersgd.cpp
 void bind_compressors(py::module_& m); // compressors.cpp
 void bind_auto(py::module_& m);        // auto.cpp
 void bind_diloco(py::module_& m);      // diloco.cpp
+void bind_reduce_scatter(py::module_& m); // reduce_scatter.cpp
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "commsgd's communication-efficient exchanges behind DDP communication hooks";
@@ -42,4 +44,5 @@ PYBIND11_MODULE(_C, m) {
   bind_compressors(m);
   bind_auto(m);
   bind_diloco(m);
+  bind_reduce_scatter(m);
 }

@@ -82,4 +82,7 @@ constexpr traffic all_gather_v_traffic(std::uint64_t my_bytes, std::uint64_t oth
   return {peers, peers * (my_bytes + count), peers, others_bytes + peers * count};
 }
 
+// An all-to-all of `bytes` a block: its block to each of the n-1 others, theirs back (comm/all_to_all.hpp).
+constexpr traffic all_to_all_traffic(std::uint64_t bytes, int n) noexcept { return all_gather_traffic(bytes, n); }
+
 } // namespace commsgd::inline v1::comm

@@ -32,6 +32,7 @@ enum class input_problem : std::uint64_t {
   output_size = 2,   // out.size() != length; `where` holds out.size()
   non_finite = 3,    // p = g + e holds NaN or inf; `count` of them, the first at `where`
   overflow = 4,      // a finite value does not fit the wire format; the first at `where`, its `value`
+  part_size = 5,     // a reduce-scatter's out.size() != length / ranks; `where` holds it, `value` the allowed
 };
 
 struct input_verdict {
@@ -78,6 +79,10 @@ inline void throw_verdict(const char* what, const std::string& who, const std::u
                                         " elements, the compressor's length is ", o[0]));
   case input_problem::non_finite:
     throw non_finite(commsgd::concat(what, ": ", who, " gradient (plus its residual)"), o[1] >> 8, o[2]);
+  case input_problem::part_size:
+    throw size_mismatch(commsgd::concat(what, ": ", who, " argument 'out' has ", o[2],
+                                        " elements, the allowed size is the length over the ranks, ",
+                                        static_cast<std::uint64_t>(std::bit_cast<double>(o[3]))));
   case input_problem::overflow:
     throw invalid_argument(commsgd::concat(what, ": ", who, " gradient (plus its residual) value ",
                                            std::bit_cast<double>(o[3]), " at index ", o[2],

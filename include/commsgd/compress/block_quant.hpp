@@ -37,6 +37,7 @@
 #include <limits>
 #include <ostream>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace commsgd::inline v1::compress {
@@ -104,6 +105,47 @@ COMMSGD_HOST_DEVICE std::uint32_t block_code(float p, float s) noexcept {
   return Code::encode(p, s);
 }
 
+namespace detail {
+
+// The message of p's values, a scale per block of b values (the last block may be shorter): the scales (4
+// bytes each), then the codes packed; `scales` receives the scales. The message is
+// cost::block_quant_message_bytes(p.size(), b, Code::bits) bytes.
+template <class Code>
+void encode_blocks(std::span<const float> p, std::size_t b, std::vector<float>& scales, std::span<std::byte> msg) {
+  const std::size_t d = p.size(), blocks = (d + b - 1) / b;
+  scales.assign(blocks, 0.0f);
+  for (std::size_t k = 0; k < blocks; ++k) {
+    float s = 0.0f;
+    for (std::size_t i = k * b; i < std::min(d, (k + 1) * b); ++i)
+      s = std::max(s, std::fabs(p[i]));
+    scales[k] = s;
+    std::memcpy(msg.data() + 4 * k, &s, 4);
+  }
+  pack_bits(msg.subspan(4 * blocks), d, Code::bits, [&](std::size_t i) { return block_code<Code>(p[i], scales[i / b]); });
+}
+
+// Calls sink(i, x) for the values of blocks [k0, k1) of message m, which codes d values in blocks of b.
+template <class Code, class Sink>
+void decode_blocks(std::span<const std::byte> m, std::size_t d, std::size_t b, std::size_t k0, std::size_t k1,
+                   Sink&& sink) {
+  const std::size_t blocks = (d + b - 1) / b;
+  for (std::size_t k = k0; k < k1; ++k) {
+    float s;
+    std::memcpy(&s, m.data() + 4 * k, 4);
+    const std::size_t first = k * b, count = std::min(d, first + b) - first;
+    if constexpr (Code::bits == 4) {
+      const auto t = Code::table(s);
+      unpack_bits(m.subspan(4 * blocks), first, count, Code::bits,
+                  [&](std::size_t i, std::uint32_t code) { sink(i, t[code]); });
+    } else {
+      unpack_bits(m.subspan(4 * blocks), first, count, Code::bits,
+                  [&](std::size_t i, std::uint32_t code) { sink(i, Code::decode(code, s)); });
+    }
+  }
+}
+
+} // namespace detail
+
 struct block_quant_options {
   std::size_t block_size = 256; // values per scale: [1, inf)
   bool error_feedback = true;
@@ -154,19 +196,7 @@ private:
     return detail::fingerprint(p);
   }
 
-  void encode() {
-    const std::size_t b = opt_.block_size;
-    scales_.assign(blocks(), 0.0f);
-    for (std::size_t k = 0; k < blocks(); ++k) {
-      float s = 0.0f;
-      for (std::size_t i = k * b; i < std::min(length_, (k + 1) * b); ++i)
-        s = std::max(s, std::fabs(p_[i]));
-      scales_[k] = s;
-      std::memcpy(msg_.data() + 4 * k, &s, 4);
-    }
-    detail::pack_bits(std::span<std::byte>(msg_).subspan(4 * blocks()), length_, Code::bits,
-                      [&](std::size_t i) { return block_code<Code>(p_[i], scales_[i / b]); });
-  }
+  void encode() { detail::encode_blocks<Code>(p_, opt_.block_size, scales_, msg_); }
 
   // Every rank's message gathered and summed in rank order from +0, as compress/compressor_round.hpp's gather_and_sum,
   // but a chunk of blocks at a time across the ranks, so that each chunk of `out` is written once from
@@ -190,23 +220,9 @@ private:
       decode(std::span<const std::byte>(msg_), 0, blocks(), [&](std::size_t i, float x) { d_[i] = x; });
   }
 
-  // Calls sink(i, x) for the values of blocks [k0, k1) of message m.
   template <class Sink>
   void decode(std::span<const std::byte> m, std::size_t k0, std::size_t k1, Sink&& sink) const {
-    const std::size_t b = opt_.block_size;
-    for (std::size_t k = k0; k < k1; ++k) {
-      float s;
-      std::memcpy(&s, m.data() + 4 * k, 4);
-      const std::size_t first = k * b, count = std::min(length_, first + b) - first;
-      if constexpr (Code::bits == 4) {
-        const auto t = Code::table(s);
-        detail::unpack_bits(m.subspan(4 * blocks()), first, count, Code::bits,
-                            [&](std::size_t i, std::uint32_t code) { sink(i, t[code]); });
-      } else {
-        detail::unpack_bits(m.subspan(4 * blocks()), first, count, Code::bits,
-                            [&](std::size_t i, std::uint32_t code) { sink(i, Code::decode(code, s)); });
-      }
-    }
+    detail::decode_blocks<Code>(m, length_, opt_.block_size, k0, k1, std::forward<Sink>(sink));
   }
 
   block_quant_options opt_;

@@ -7,6 +7,9 @@
 //   sign         all_gather              4 L + ceil(d / 8)                    (n-1)(40 + 4 L + ceil(d / 8))
 //   qsgd (s)     all_gather              4 L + ceil(d (1 + bit_width(s)) / 8) likewise
 //   random-k     ring all_reduce_sum     k floats                             (n-1) 40 + ring share of 4 k
+//   int8 / e3m0  all_gather              4 ceil(d / b) + ceil(d bits / 8)     (n-1)(40 + that message)
+//   reduce-scatter of int8 / e3m0 (compress/block_reduce_scatter.hpp): all_to_all of n parts of d / n,
+//                                        each part's message as above         (n-1)(40 + a part's message)
 //
 // d is the gradient length, L the number of layers (one scale or norm each), k the values random-k sends.
 // Against a float ring all-reduce (about 8 (n-1)/n d each way) fp16/bf16 move half the bytes at every n,
@@ -29,6 +32,25 @@ inline constexpr std::uint64_t compress_header_bytes = compress_header_fields * 
 
 constexpr comm::traffic compress_header_traffic(int n) noexcept {
   return comm::all_gather_traffic(compress_header_bytes, n);
+}
+
+// Bytes of a block-quantised message: a float scale per block, then `bits` per value, packed.
+constexpr std::uint64_t block_quant_message_bytes(std::uint64_t d, std::uint64_t block_size,
+                                                  unsigned bits) noexcept {
+  return 4 * ((d + block_size - 1) / block_size) + (d * bits + 7) / 8;
+}
+
+// A compressed reduce-scatter (compress/block_reduce_scatter.hpp): n parts of `length` / n values, each
+// part's message in blocks of b, `bits` a value; a rank sends the verdict and a part's message to each of
+// the others.
+constexpr std::uint64_t block_reduce_scatter_part_bytes(std::uint64_t length, int n, std::uint64_t b,
+                                                        unsigned bits) noexcept {
+  return n < 1 ? 0 : block_quant_message_bytes(length / static_cast<std::uint64_t>(n), b, bits);
+}
+constexpr comm::traffic block_reduce_scatter_traffic(std::uint64_t length, int n, std::uint64_t b,
+                                                     unsigned bits) noexcept {
+  return compress_header_traffic(n) +
+         comm::all_to_all_traffic(block_reduce_scatter_part_bytes(length, n, b, bits), n);
 }
 
 constexpr std::uint64_t sign_message_bytes(std::uint64_t d, std::uint64_t layers) noexcept {

@@ -44,12 +44,6 @@ enum class diloco_format : std::uint8_t { dense, fp16, bf16, int8, e3m0, top_k }
 // Values per scale of the int8 and e3m0 codes.
 inline constexpr std::uint64_t diloco_block_size = 256;
 
-// Bytes of a block-quantised message: a float scale per block, then `bits` per value, packed.
-constexpr std::uint64_t block_quant_message_bytes(std::uint64_t d, std::uint64_t block_size,
-                                                  unsigned bits) noexcept {
-  return 4 * ((d + block_size - 1) / block_size) + (d * bits + 7) / 8;
-}
-
 // k for `density` of d values: ceil(density d - 1e-9), at least 1, at most d (0 for d = 0). The 1e-9 keeps
 // 0.07 * 100 = 7.000000000000001 at 7, which a plain ceil would make 8.
 inline std::uint64_t top_k_count(std::uint64_t d, double density) {

@@ -1,0 +1,131 @@
+// compress::block_reduce_scatter<Code>: a reduce-scatter whose messages are int8 or e3m0 blocks, for sharded
+// training (FSDP2's gradient reduce-scatter): each value is coded once and summed in float, where a ring
+// would round every partial sum again (the reason of ZeRO++'s qgZ).
+//
+//   compress::int8_reduce_scatter x(length);     // length = n parts of length / n values
+//   x.reduce_scatter(c, g, out);                  // out: part `rank` of the sum over ranks
+//
+// Each round: p = g + e (the residual, with error feedback, the default); p is cut into n equal parts, part j
+// coded with a scale per block of block_size values counted from the part's start (compress/block_quant.hpp's
+// codes and message); part j goes to rank j through an all-to-all (comm/all_to_all.hpp), and each rank
+// decodes the n parts it holds and sums them in float, in rank order from +0. This rank's own part is coded
+// too, so every part of the sum is what its n messages decode to, whoever holds it. What the codes do not
+// carry stays in the residual, exactly (compress/error_feedback.hpp): sent + new residual == p.
+// Before any payload moves, every rank's 40-byte verdict is gathered (compress/agree.hpp), so a wrong size, a
+// NaN or inf, or ranks built differently raise the same error on every rank.
+// Bytes a rank sends a round: cost::block_reduce_scatter_traffic, the verdict to each of the n - 1 others and
+// a part's message to each.
+#pragma once
+
+#include <commsgd/comm/all_to_all.hpp>
+#include <commsgd/comm/communicator.hpp>
+#include <commsgd/compress/agree.hpp>
+#include <commsgd/compress/block_quant.hpp>
+#include <commsgd/compress/compressor_round.hpp>
+#include <commsgd/cost/compress.hpp>
+#include <commsgd/error.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <istream>
+#include <limits>
+#include <ostream>
+#include <span>
+#include <vector>
+
+namespace commsgd::inline v1::compress {
+
+// The all-to-all's tag: one of the fixed tags (comm/tags.hpp) that no component of this library posts
+// receives on while a reduce-scatter runs.
+inline constexpr int block_reduce_scatter_tag = 31101;
+
+template <class Code>
+class block_reduce_scatter : public detail::round_state {
+public:
+  static constexpr const char* name = Code::name;
+
+  // `length`: the whole input, every rank's parts; it must divide into the ranks of the communicator.
+  explicit block_reduce_scatter(std::size_t length, block_quant_options o = {})
+      : round_state(length, o.error_feedback), opt_(o) {
+    commsgd::check_range("block_size", opt_.block_size, std::size_t{1},
+                         std::numeric_limits<std::size_t>::max(), "[1, inf)");
+  }
+
+  const block_quant_options& options() const noexcept { return opt_; }
+
+  // out (length / n values) receives part `rank` of the sum over ranks of what their messages decode to.
+  template <comm::communicator C>
+  comm::exchange_report reduce_scatter(C& c, std::span<const float> g, std::span<float> out) {
+    const auto n = static_cast<std::size_t>(c.size());
+    const std::size_t part = length_ / n;
+    detail::input_verdict v;
+    if (g.size() != length_)
+      v = {detail::input_problem::gradient_size, 0, g.size(), 0};
+    else if (length_ % n == 0 && out.size() != part)
+      v = {detail::input_problem::part_size, 0, out.size(), static_cast<double>(part)};
+    else {
+      ef_.accumulate(g, p_, 1.0f);
+      v = detail::check_finite(p_);
+    }
+    detail::agree(c, what(), length_, config(), v, verdicts_);
+    // The same length on every rank now, so every rank refuses it alike.
+    if (length_ % n != 0)
+      throw invalid_argument(commsgd::concat(what(), ": argument 'length' = ", length_, " does not divide into the ",
+                                             n, " ranks; the allowed lengths are multiples of the ranks"));
+
+    const std::size_t bytes = part_bytes(part);
+    msg_.resize(n * bytes);
+    inbox_.resize(n * bytes);
+    const std::span<const float> p(p_);
+    for (std::size_t j = 0; j < n; ++j)
+      detail::encode_blocks<Code>(p.subspan(j * part, part), opt_.block_size, scales_,
+                                  std::span<std::byte>(msg_).subspan(j * bytes, bytes));
+    comm::all_to_all(c, std::span<const std::byte>(msg_), std::span<std::byte>(inbox_), block_reduce_scatter_tag);
+
+    const std::size_t blocks = (part + opt_.block_size - 1) / opt_.block_size;
+    const std::span<const std::byte> in(inbox_);
+    detail::decode_blocks<Code>(in.first(bytes), part, opt_.block_size, 0, blocks,
+                                [&](std::size_t i, float x) { out[i] = 0.0f + x; });
+    for (std::size_t r = 1; r < n; ++r)
+      detail::decode_blocks<Code>(in.subspan(r * bytes, bytes), part, opt_.block_size, 0, blocks,
+                                  [&](std::size_t i, float x) { out[i] += x; });
+    if (ef_.on())
+      for (std::size_t j = 0; j < n; ++j)
+        detail::decode_blocks<Code>(std::span<const std::byte>(msg_).subspan(j * bytes, bytes), part,
+                                    opt_.block_size, 0, blocks,
+                                    [&](std::size_t i, float x) { d_[j * part + i] = x; });
+    wire_ = cost::block_reduce_scatter_traffic(length_, c.size(), opt_.block_size, Code::bits).bytes_sent;
+    return detail::finish_round(ef_, p_, d_, steps_, n, part, false);
+  }
+
+  // One part's message: its scales, then its codes.
+  std::size_t part_bytes(std::size_t part) const noexcept {
+    return static_cast<std::size_t>(cost::block_quant_message_bytes(part, opt_.block_size, Code::bits));
+  }
+
+  void save(std::ostream& os) const { detail::save_state(os, what(), params(), steps_, ef_); }
+  void load(std::istream& is) {
+    static constexpr const char* names[] = {"length", "block size"};
+    detail::load_state(is, what(), params(), names, length_, steps_, ef_);
+  }
+
+private:
+  static const char* what() noexcept {
+    return Code::bits == 8 ? "compress::int8_reduce_scatter" : "compress::e3m0_reduce_scatter";
+  }
+  std::array<std::uint64_t, 2> params() const noexcept { return {length_, opt_.block_size}; }
+  std::uint64_t config() const noexcept {
+    const std::array<std::uint64_t, 5> p{length_, opt_.block_size, ef_.on() ? 1u : 0u, Code::bits, 0x525343u};
+    return detail::fingerprint(p);
+  }
+
+  block_quant_options opt_;
+  std::vector<float> scales_;
+  std::vector<std::byte> msg_, inbox_;
+};
+
+using int8_reduce_scatter = block_reduce_scatter<int8_code>;
+using e3m0_reduce_scatter = block_reduce_scatter<e3m0_code>;
+
+} // namespace commsgd::inline v1::compress
