@@ -26,10 +26,14 @@ from ._C import InvalidArgument, Unsupported
 
 CODES = ("int8", "e3m0")
 
-try:  # torch 2.x: FSDP2's extension point; torch 1.13 has no FSDP2
-    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
-except ImportError:  # pragma: no cover - exercised on torch 1.13
-    _ReduceScatterBase = object
+# FSDP2's extension point, on torch 2. Not even imported on torch 1.13, whose torch.distributed.fsdp fails to
+# import on Python 3.11 (a dataclass with a mutable default).
+_ReduceScatterBase = object
+if int(torch.__version__.split(".")[0]) >= 2:
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
+    except ImportError:  # a torch 2 without FSDP2's custom collectives: the class still works as a callable
+        pass
 
 
 class CompressedReduceScatter(_ReduceScatterBase):
