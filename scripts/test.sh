@@ -8,9 +8,10 @@ cmake --preset dev
 cmake --build --preset dev -j "$(nproc)"
 # A suite whose every test skipped (a torch suite, the emulated cluster's test) fails unless COMMSGD_ALLOW_SKIP
 # names its reason. Unless it is set already, this names what this machine cannot run (an old torch, no GPU,
-# not root), by the tests' own checks, and says so.
+# not root), by the tests' own checks in the interpreter the torch suites run in, and says so.
 if [ -z "${COMMSGD_ALLOW_SKIP+set}" ]; then
-  if ! COMMSGD_ALLOW_SKIP=$(python3 tests/torch/run_pytest.py --machine-skips 2>/dev/null); then
+  py=$(sed -n 's/^COMMSGD_TORCH_PYTHON:[A-Z]*=//p' build/dev/CMakeCache.txt)
+  if [ -z "$py" ] || ! COMMSGD_ALLOW_SKIP=$("$py" tests/torch/run_pytest.py --machine-skips); then
     COMMSGD_ALLOW_SKIP=""  # no torch here: no torch suite is built
     [ "$(id -u)" -eq 0 ] || COMMSGD_ALLOW_SKIP="the emulated cluster needs root"
   fi
