@@ -32,12 +32,18 @@ namespace {
 using namespace commsgd_torch;
 using any_scatter = std::variant<compress::int8_reduce_scatter, compress::e3m0_reduce_scatter>;
 
+// Bits a value of `code`, or an error naming it.
+unsigned bits_of(const std::string& code) {
+  if (code == "int8") return 8;
+  if (code == "e3m0") return 4;
+  throw invalid_argument(commsgd::concat("argument 'code' = '", code, "' is not one of int8, e3m0"));
+}
+
 class reduce_scatter_state {
 public:
   reduce_scatter_state(const std::string& code, std::int64_t block_size, bool error_feedback)
       : code_(code), error_feedback_(error_feedback) {
-    if (code != "int8" && code != "e3m0")
-      throw invalid_argument(commsgd::concat("argument 'code' = '", code, "' is not one of int8, e3m0"));
+    bits_of(code);
     commsgd::check_range("block_size", block_size, std::int64_t{1}, std::numeric_limits<std::int64_t>::max(),
                          "[1, inf)");
     block_size_ = static_cast<std::size_t>(block_size);
@@ -138,9 +144,7 @@ void bind_reduce_scatter(py::module_& m) {
   m.def(
       "reduce_scatter_wire_bytes",
       [](const std::string& code, std::uint64_t length, std::uint64_t block_size, int world) {
-        if (code != "int8" && code != "e3m0")
-          throw invalid_argument(commsgd::concat("argument 'code' = '", code, "' is not one of int8, e3m0"));
-        return cost::block_reduce_scatter_traffic(length, world, block_size, code == "int8" ? 8u : 4u).bytes_sent;
+        return cost::block_reduce_scatter_traffic(length, world, block_size, bits_of(code)).bytes_sent;
       },
       py::arg("code"), py::arg("length"), py::arg("block_size"), py::arg("world"));
 }

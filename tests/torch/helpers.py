@@ -12,6 +12,20 @@ import torch.distributed as dist
 
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
+# FSDP2 (torch 2), or None: torch 1.13 has no DeviceMesh, so its torch.distributed.fsdp (which fails to import
+# under Python 3.11) is never tried.
+try:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+except ImportError:
+    init_device_mesh = FSDPModule = fully_shard = None
+
+
+def needs_fsdp2():
+    """The skip mark of a suite that needs FSDP2."""
+    import pytest
+    return pytest.mark.skipif(fully_shard is None, reason="FSDP2 needs torch 2 (fully_shard, DeviceMesh)")
+
 
 def _worker(fn, rank, world, backend, cuda_device, store, queue, args):
     try:

@@ -15,15 +15,9 @@ import torch.distributed as dist
 
 import commsgd_torch
 from commsgd_torch import _C
-from helpers import run_ranks
+from helpers import fully_shard, init_device_mesh, needs_fsdp2, run_ranks
 
-try:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-except ImportError:  # torch 1.13
-    fully_shard = None
-
-pytestmark = pytest.mark.skipif(fully_shard is None, reason="FSDP2 needs torch 2 (fully_shard, DeviceMesh)")
+pytestmark = needs_fsdp2()
 
 STEPS = 13
 H = 4

@@ -14,15 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import run_ranks
+from helpers import FSDPModule, fully_shard, init_device_mesh, needs_fsdp2, run_ranks
 
-try:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-except ImportError:  # torch 1.13
-    fully_shard = None
-
-pytestmark = pytest.mark.skipif(fully_shard is None, reason="FSDP2 needs torch 2 (fully_shard, DeviceMesh)")
+pytestmark = needs_fsdp2()
 
 WORLD = 4
 BLOCK = 16
