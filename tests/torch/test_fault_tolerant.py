@@ -35,14 +35,16 @@ def _grads(replica, step):
 
 
 def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, pace=0.0, late=None,
-             group_s=5.0, signal_to_self=signal.SIGKILL, rejoin=None, restarted=False, quorum_s=15.0):
+             group_s=5.0, signal_to_self=signal.SIGKILL, rejoin=None, restarted=False, quorum_s=15.0, start=None):
     """One replica: `steps` inner steps of SGD on Dot with its own gradients; each round's (step, hash,
     replicas) reported. With `kill_at_round`, SIGKILLs itself once that round's quorum is formed, while the
     others go into the round's exchange (`signal_to_self` SIGSTOP: freezes there, its sockets open). With
     `late` = (round, seconds), sleeps that long before that round's boundary step. Each report holds the
     longest step's seconds. `rejoin` = (event, end step) shared with a replica that restarts: the others
     train on until it has joined (at most 120 s), then every replica stops at the end step it set, four
-    round boundaries past the one it joined at, so that a slow restart never finds the others gone."""
+    round boundaries past the one it joined at, so that a slow restart never finds the others gone. `start`: a
+    barrier the first replicas pass once each one's Manager heartbeats, so that the first quorum holds them all
+    (with a minimum below n, a replica slow to start on a loaded machine would miss it)."""
     try:
         from torchft import Manager
         from torchft.checkpointing.http_transport import HTTPTransport
@@ -62,6 +64,8 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
                           lighthouse_addr=lighthouse, hostname="127.0.0.1", timeout=timeout,
                           quorum_timeout=timedelta(seconds=quorum_s), connect_timeout=timeout,
                           checkpoint_transport=Transport(timeout=timeout, num_chunks=0), init_sync=True)
+        if start is not None:
+            start.wait(timeout=60)
         torch.manual_seed(idx)  # every replica a different start: init_sync gives them one replica's
         model = Dot(SIZES)
         for p in model.parameters():
@@ -128,13 +132,14 @@ def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, late=N
     queue = ctx.Queue()
     procs = {}
     rejoin = (ctx.Event(), ctx.Value("i", 0)) if restart is not None else None
+    start = ctx.Barrier(n)
     try:
         for i in range(n):
             k = kill[1] if kill and kill[0] == i else None
             slow = late[1:] if late and late[0] == i else None
             procs[i] = ctx.Process(target=_replica, args=(i, server.address(), steps, code, min_replicas, k, queue, pace,
                                                           slow, group_s, signal.SIGSTOP if freeze else signal.SIGKILL,
-                                                          rejoin, False, quorum_s))
+                                                          rejoin, False, quorum_s, start))
             procs[i].start()
         expected = n - (1 if kill else 0)  # a frozen replica never reports either
         if restart is not None:

@@ -48,11 +48,13 @@ def _shards(opt):
     return [t.to_local().numpy().tobytes() for t in opt.global_parameters()]
 
 
-def _rank(idx, rank, folder, lighthouse, steps, code, kill_at_round, queue, until=None, restarted=False):
+def _rank(idx, rank, folder, lighthouse, steps, code, kill_at_round, queue, until=None, restarted=False,
+          start=None):
     """Rank `rank` of replica `idx`: `steps` inner steps (or, with `until` = (event, value), until the event
     is set and the step it names is reached: the restarted replica's rank 0 sets both once it has committed a
     round); each committed round's (step, hash of this rank's shards, replicas) reported. With
-    `kill_at_round`, rank 1 SIGKILLs itself once that round's quorum is formed."""
+    `kill_at_round`, rank 1 SIGKILLs itself once that round's quorum is formed. `start`: a barrier the first
+    replicas' ranks pass once their Managers heartbeat, so that the first quorum holds every replica."""
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torchft import Manager
@@ -80,6 +82,8 @@ def _rank(idx, rank, folder, lighthouse, steps, code, kill_at_round, queue, unti
                           lighthouse_addr=lighthouse, hostname="127.0.0.1", timeout=timeout,
                           quorum_timeout=timedelta(seconds=15), connect_timeout=timeout,
                           checkpoint_transport=Transport(timeout=timeout, num_chunks=0), init_sync=True)
+        if start is not None:
+            start.wait(timeout=60)
         mesh = init_device_mesh("cpu", (L,))
         # One start for every replica (the restarted replica's own is different: init_sync heals it).
         model = _model(100 + idx if restarted else 0, mesh)
@@ -134,13 +138,15 @@ def _run(n, steps, code, kill=None, restart=False, timeout=150):
     procs = {}
     until = (ctx.Event(), ctx.Value("i", 0)) if restart else None
     tmp = tempfile.TemporaryDirectory()
+    first = ctx.Barrier(n * L)
     try:
         def start(idx, generation, kill_round):
             folder = os.path.join(tmp.name, f"r{idx}-{generation}")
             os.mkdir(folder)
             for rank in range(L):
                 p = ctx.Process(target=_rank, args=(idx, rank, folder, server.address(), steps, code, kill_round,
-                                                    queue, until, generation > 0))
+                                                    queue, until, generation > 0,
+                                                    first if generation == 0 else None))
                 p.start()
                 procs[(idx, rank, generation)] = p
         for i in range(n):
