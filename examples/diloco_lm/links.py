@@ -43,6 +43,10 @@ ARMS = {
     "fsdp": ["--arm", "fsdp"],
     "fsdp-rs-int8": ["--arm", "fsdp", "--reduce-scatter", "int8"],
     "fsdp-rs-e3m0": ["--arm", "fsdp", "--reduce-scatter", "e3m0"],
+    "hsdp": ["--arm", "hsdp"],  # with --replica-ranks after `--` (and the cluster's --groups to match)
+    "hsdp-fp16": ["--arm", "hsdp", "--replicate", "fp16"],
+    "hsdp-powersgd": ["--arm", "hsdp", "--replicate", "powersgd", "--psgd-rank", "4"],
+    "hsdp-topk": ["--arm", "hsdp", "--replicate", "topk", "--density", "0.01"],
     "ddp-powersgd": ["--arm", "ddp-powersgd", "--psgd-rank", "4"],
     "ddp-topk": ["--arm", "ddp-topk", "--density", "0.01"],
     "postlocal-h30": ["--arm", "postlocal", "--sync-every", "30"],

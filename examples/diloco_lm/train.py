@@ -15,6 +15,10 @@ Arms (all with AdamW, the same learning-rate schedule, the same global batch):
     ddp            DistributedDataParallel, dense all-reduce every step
     fsdp           FSDP2 (fully_shard, each block and the whole) over every rank: DDP's step, the model sharded
                    (--reduce-scatter int8 or e3m0: the gradients' reduce-scatter in commsgd_torch.fsdp's codes)
+    hsdp           replicas of --replica-ranks ranks, FSDP2 inside each, the gradients averaged across replicas
+                   every step: --replicate float32 is FSDP2's own HSDP (a 2-D mesh, float32 all-reduce); fp16,
+                   powersgd (--psgd-rank) or topk (--density) go through commsgd_torch.hsdp's replicate hook
+                   with that commsgd DDP hook family (dense for --warmup steps)
     ddp-powersgd   DDP with PyTorch's PowerSGD hook (--psgd-rank, dense for --warmup steps)
     ddp-topk       DDP with commsgd_torch.TopKState / topk_hook (--density, dense for --warmup steps)
     postlocal      DDP with PyTorch's post-local-SGD hook and PostLocalSGDOptimizer + PeriodicModelAverager
@@ -51,7 +55,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-ARMS = ("ddp", "fsdp", "ddp-powersgd", "ddp-topk", "postlocal", "diloco", "torchft-diloco")
+ARMS = ("ddp", "fsdp", "hsdp", "ddp-powersgd", "ddp-topk", "postlocal", "diloco", "torchft-diloco")
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
@@ -148,7 +152,7 @@ def make_arm(args, model, inner):
     function returning the global model's parameters in model.parameters() order)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     meter = None
-    if args.arm in ("ddp", "ddp-powersgd", "postlocal"):
+    if args.arm in ("ddp", "ddp-powersgd", "postlocal") or (args.arm == "hsdp" and args.replicate == "float32"):
         import commsgd_torch
         meter = commsgd_torch.AllReduceMeter(on=False)  # counting during training steps only (main())
     params = list(model.parameters())
@@ -173,6 +177,11 @@ def make_arm(args, model, inner):
         return model, opt, (lambda: opt.bytes_sent), global_params
     if args.arm == "torchft-diloco":
         return torchft_arm(args, model, inner)
+    if args.arm == "hsdp":  # sharded by shard(); the bytes are the cross-replica exchange's
+        if args.replicate == "float32":
+            return model, inner, (lambda: meter.bytes_sent), (lambda: params)
+        state = model._replicate_state
+        return model, inner, (lambda: state.traffic()["bytes_sent"]), (lambda: params)
     if args.arm == "fsdp":  # sharded by shard(); its collectives are FSDP2's own (bytes not counted) unless
         # --reduce-scatter codes the gradients' reduce-scatter: then its bytes, as the communicator counted them
         codes = getattr(model, "_reduce_scatter_codes", None)
@@ -357,13 +366,15 @@ def parse(argv):
                    help="diloco: ranks a replica, FSDP2 inside it (1: each rank its own replica)")
     p.add_argument("--reduce-scatter", choices=("float32", "int8", "e3m0"), default="float32",
                    help="fsdp: the gradients' reduce-scatter, FSDP2's own (float32) or commsgd_torch.fsdp's codes")
+    p.add_argument("--replicate", choices=("float32", "fp16", "powersgd", "topk"), default="float32",
+                   help="hsdp: the cross-replica exchange, FSDP2's own (float32) or a commsgd hook family")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--stop-at", type=float, default=None,
                    help="stop after the first evaluation whose validation loss is at or below this (a time-to-"
                         "target run need not train on; the schedule still spans --steps)")
     args = p.parse_args(argv)
-    if args.replica_ranks < 1 or (args.replica_ranks > 1 and args.arm not in ("diloco", "torchft-diloco")):
-        p.error(f"--replica-ranks {args.replica_ranks}: 1, or more with --arm diloco or torchft-diloco")
+    if args.replica_ranks < 1 or (args.replica_ranks > 1 and args.arm not in ("diloco", "torchft-diloco", "hsdp")):
+        p.error(f"--replica-ranks {args.replica_ranks}: 1, or more with --arm diloco, torchft-diloco or hsdp")
     if args.arm == "diloco":  # refused here, before any rank starts, rather than by DiLoCo on every rank
         from commsgd_torch import InvalidArgument, _C
         try:
@@ -392,7 +403,7 @@ def whole(t):
 def shard(args, model):
     """FSDP2 on the model, in place, before its optimizer is made: over every rank (the fsdp arm), or inside
     each replica of --replica-ranks ranks (diloco, torchft-diloco)."""
-    if args.arm != "fsdp" and args.replica_ranks == 1:
+    if args.arm not in ("fsdp", "hsdp") and args.replica_ranks == 1:
         return
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -402,10 +413,28 @@ def shard(args, model):
     if args.arm == "fsdp":
         mesh = init_device_mesh("cpu", (world,))
     else:
-        mesh = init_device_mesh("cpu", (world // L, L), mesh_dim_names=("replicate", "shard"))["shard"]
+        mesh2 = init_device_mesh("cpu", (world // L, L), mesh_dim_names=("replicate", "shard"))
+        # FSDP2's own HSDP shards over the 2-D mesh; every other exchange across replicas is a hook over the
+        # replicate dimension, FSDP2 over the shard dimension alone.
+        mesh = mesh2 if args.arm == "hsdp" and args.replicate == "float32" else mesh2["shard"]
     for blk in model.blocks:
         fully_shard(blk, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    if args.arm == "hsdp" and args.replicate != "float32":
+        import commsgd_torch
+        group = mesh2["replicate"].get_group()
+        warm = max(args.warmup, 2)
+        if args.replicate == "fp16":
+            state, hook = commsgd_torch.CompressorState(group, kind="fp16", start_iter=0), commsgd_torch.compressor_hook
+        elif args.replicate == "powersgd":
+            state = commsgd_torch.PowerSGDState(group, matrix_approximation_rank=args.psgd_rank,
+                                                start_powerSGD_iter=warm, random_seed=args.seed)
+            hook = commsgd_torch.powersgd_hook
+        else:  # AdamW keeps its moments, as in ddp-topk; error feedback keeps the rest
+            state = commsgd_torch.TopKState(group, model=model, density=args.density, momentum=0.0, start_iter=warm)
+            hook = commsgd_torch.topk_hook
+        commsgd_torch.hsdp.register_replicate_hook(model, state, hook)
+        model._replicate_state = state
     if args.arm == "fsdp" and args.reduce_scatter != "float32":
         import commsgd_torch
         model._reduce_scatter_codes = commsgd_torch.fsdp.compress_reduce_scatter(model, code=args.reduce_scatter)

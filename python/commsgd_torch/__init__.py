@@ -17,6 +17,8 @@ and, under FSDP2 (torch 2):
 
     fsdp         compress_reduce_scatter           the gradients' reduce-scatter in int8 or 4-bit blocks with
                                                    error feedback (CompressedReduceScatter per module)
+    hsdp         register_replicate_hook           the replicas' gradient average (FSDP2 inside each replica)
+                                                   through any hook family above, on the slow links
 
     state = commsgd_torch.TopKState(model=model, density=0.01, momentum=0.9)
     ddp.register_comm_hook(state, commsgd_torch.topk_hook)
@@ -33,7 +35,7 @@ the future with that error on every rank. Errors are commsgd_torch.Error (a Runt
 InvalidArgument (naming the argument), SizeMismatch, NonFinite, CommError, CorruptData, Unsupported.
 """
 from . import _torch_check  # noqa: F401  (first: refuses a torch other than the one _C was built against)
-from . import fsdp  # noqa: F401
+from . import fsdp, hsdp  # noqa: F401
 from ._C import CommError, CorruptData, Error, InvalidArgument, NonFinite, SizeMismatch, Unsupported
 from .auto import DEFAULT_CANDIDATES, AutoState, auto_hook
 from .compressors import KINDS, CompressorState, compressor_hook

@@ -48,7 +48,10 @@ class TopKState:
                  momentum_rule: str = "dgc", start_iter: int = 0, warmup_momentum: bool = True,
                  layerwise: bool = False, dgc_warmup_steps_per_stage: int = 0) -> None:
         check_model(model, "TopKState")
+        # By data pointer for DDP's buckets (their parameters are new Python objects); by identity for
+        # sharded ones (commsgd_torch.hsdp), whose DTensor parameters all report a null data pointer.
         self._index = {p.data_ptr(): i for i, p in enumerate(model.parameters())}
+        self._by_id = {id(p): i for i, p in enumerate(model.parameters())}
         self.process_group = own_group(process_group)
         self._c = _C.TopK(self.process_group, selector, float(density), float(momentum), str(momentum_rule),
                           int(start_iter), int(dgc_warmup_steps_per_stage), bool(warmup_momentum),
@@ -64,12 +67,14 @@ class TopKState:
 
     def _bucket_params(self, bucket: dist.GradBucket) -> Tuple[List[int], List[int]]:
         params = bucket.parameters()
+        shards = getattr(bucket, "shard_sizes", None)
         try:
-            idx = [self._index[p.data_ptr()] for p in params]
+            if shards is not None:
+                return [self._by_id[id(p)] for p in params], shards()
+            return [self._index[p.data_ptr()] for p in params], [p.numel() for p in params]
         except KeyError:
             raise InvalidArgument("commsgd: a bucket holds a parameter that is not among the parameters of "
                                   "the model given to TopKState") from None
-        return idx, [p.numel() for p in params]
 
     def exchange(self, bucket: dist.GradBucket) -> torch.Tensor:
         """The bucket's average over ranks, waited for (the hook itself does not wait)."""

@@ -148,6 +148,26 @@ def test_fsdp2_replicas_under_diloco_and_fsdp2_over_every_rank():
     assert all(o[1] == fsdp[0][1] for o in fsdp), "FSDP2's ranks hold different models"
 
 
+@pytest.mark.parametrize("replicate", ["fp16", "powersgd", "topk"])
+def test_hsdp_arm_through_a_hook_family(replicate):
+    """4 ranks, 2 replicas of 2 FSDP2 ranks, the replicas' gradient average through commsgd_torch.hsdp: the loss
+    falls, every rank ends with the same whole model, the hook's bytes are counted and fewer than FSDP2's own
+    HSDP's float32 all-reduce (run beside it: fp16 half of them, to headers)."""
+    _fsdp2()
+    opts = TINY + ["--batch", "16", "--arm", "hsdp", "--replica-ranks", "2", "--psgd-rank", "2", "--density", "0.1"]
+    out = run_ranks(_run, 4, (opts + ["--replicate", replicate],))
+    native = run_ranks(_run, 4, (opts + ["--replicate", "float32"],))
+    losses = [r["val_loss"] for r in out[0][0]]
+    assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0] < math.log(256), losses
+    assert all(o[1] == out[0][1] for o in out), "the replicas' models differ"
+    ours, theirs = out[0][0][-1]["bytes_sent"], native[0][0][-1]["bytes_sent"]
+    assert 0 < ours < theirs, (ours, theirs)
+    if replicate == "fp16":
+        assert abs(ours / theirs - 0.5) < 0.01, (ours, theirs)
+        a = [r["val_loss"] for r in native[0][0]]
+        assert all(abs(x - y) <= 1e-3 for x, y in zip(a, losses)), (a, losses)
+
+
 def test_torchft_and_commsgd_diloco_agree_on_fsdp2_replicas():
     """The same head-to-head on 2 replicas of 2 FSDP2 ranks: torchft's DiLoCo with a Manager per rank (its
     group of a rank: that rank of each replica) and commsgd's (each rank's shards with its counterparts) hold
