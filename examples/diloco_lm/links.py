@@ -43,6 +43,8 @@ ARMS = {
     "fsdp": ["--arm", "fsdp"],
     "fsdp-rs-int8": ["--arm", "fsdp", "--reduce-scatter", "int8"],
     "fsdp-rs-e3m0": ["--arm", "fsdp", "--reduce-scatter", "e3m0"],
+    "fsdp-rs-fp16": ["--arm", "fsdp", "--reduce-scatter", "fp16"],
+    "fsdp-rs-bf16": ["--arm", "fsdp", "--reduce-scatter", "bf16"],
     "hsdp": ["--arm", "hsdp"],  # with --replica-ranks after `--` (and the cluster's --groups to match)
     "hsdp-fp16": ["--arm", "hsdp", "--replicate", "fp16"],
     "hsdp-powersgd": ["--arm", "hsdp", "--replicate", "powersgd", "--psgd-rank", "4"],

@@ -14,7 +14,8 @@ Batches: step s draws `--batch` global windows of `--context` + 1 bytes at offse
 Arms (all with AdamW, the same learning-rate schedule, the same global batch):
     ddp            DistributedDataParallel, dense all-reduce every step
     fsdp           FSDP2 (fully_shard, each block and the whole) over every rank: DDP's step, the model sharded
-                   (--reduce-scatter int8 or e3m0: the gradients' reduce-scatter in commsgd_torch.fsdp's codes)
+                   (--reduce-scatter int8, e3m0, fp16 or bf16: the gradients' reduce-scatter in
+                   commsgd_torch.fsdp's codes)
     hsdp           replicas of --replica-ranks ranks, FSDP2 inside each, the gradients averaged across replicas
                    every step: --replicate float32 is FSDP2's own HSDP (a 2-D mesh, float32 all-reduce); fp16,
                    powersgd (--psgd-rank) or topk (--density) go through commsgd_torch.hsdp's replicate hook
@@ -364,7 +365,7 @@ def parse(argv):
                         "topk-<density> (top-k with error feedback, density in (0, 1], e.g. topk-0.01)")
     p.add_argument("--replica-ranks", type=int, default=1,
                    help="diloco: ranks a replica, FSDP2 inside it (1: each rank its own replica)")
-    p.add_argument("--reduce-scatter", choices=("float32", "int8", "e3m0"), default="float32",
+    p.add_argument("--reduce-scatter", choices=("float32", "int8", "e3m0", "fp16", "bf16"), default="float32",
                    help="fsdp: the gradients' reduce-scatter, FSDP2's own (float32) or commsgd_torch.fsdp's codes")
     p.add_argument("--replicate", choices=("float32", "fp16", "powersgd", "topk"), default="float32",
                    help="hsdp: the cross-replica exchange, FSDP2's own (float32) or a commsgd hook family")

@@ -1,6 +1,6 @@
-"""FSDP2's gradient reduce-scatter in commsgd's codes: int8 or 4-bit (e3m0) blocks with a scale per block,
-each value coded once and summed in float32 (through an all-to-all, not a ring that would round every
-partial sum), the coding error kept per rank and per FSDP2 module as error feedback.
+"""FSDP2's gradient reduce-scatter in commsgd's codes: int8 or 4-bit (e3m0) blocks with a scale per block, or
+fp16 / bf16 values, each value coded once and summed in float32 (through an all-to-all, not a ring that
+would round every partial sum), the coding error kept per rank and per FSDP2 module as error feedback.
 
     from torch.distributed.fsdp import fully_shard
     for block in model.blocks:
@@ -13,8 +13,9 @@ partial sum), the coding error kept per rank and per FSDP2 module as error feedb
 
 A rank sends (n - 1) (40 + part) bytes a backward per module where FSDP2's float32 reduce-scatter sends
 (n - 1) 4 d / n, d the module's padded gradient: part = 4 ceil(d / n / block_size) + d / n for int8, half
-that for e3m0 (`commsgd_torch._C.reduce_scatter_wire_bytes`). CPU tensors of float32 (FSDP2's reduce dtype
-on a CPU); the reduce-scatter ops FSDP2 uses for them, SUM and AVG. torch 2 (FSDP2) only.
+that for e3m0, (n - 1) (40 + 2 d / n) for fp16 and bf16 (no scales; block_size does not apply)
+(`commsgd_torch._C.reduce_scatter_wire_bytes`). CPU tensors of float32 (FSDP2's reduce dtype on a CPU); the
+reduce-scatter ops FSDP2 uses for them, SUM and AVG. torch 2 (FSDP2) only.
 """
 from typing import Any, Dict, Optional
 
@@ -24,7 +25,7 @@ import torch.distributed as dist
 from . import _C
 from ._C import InvalidArgument, Unsupported
 
-CODES = ("int8", "e3m0")
+CODES = ("int8", "e3m0", "fp16", "bf16")
 
 # FSDP2's extension point, on torch 2. Not even imported on torch 1.13, whose torch.distributed.fsdp fails to
 # import on Python 3.11 (a dataclass with a mutable default).
@@ -37,8 +38,8 @@ if int(torch.__version__.split(".")[0]) >= 2:
 
 
 class CompressedReduceScatter(_ReduceScatterBase):
-    """An FSDP2 reduce-scatter (`module.set_custom_reduce_scatter(...)`) in commsgd's int8 or e3m0 blocks with
-    error feedback. One object per FSDP2 module: its residual is that module's gradient's."""
+    """An FSDP2 reduce-scatter (`module.set_custom_reduce_scatter(...)`) in commsgd's int8 or e3m0 blocks, or
+    fp16 / bf16, with error feedback. One object per FSDP2 module: its residual is that module's gradient's."""
 
     def __init__(self, code: str = "int8", block_size: int = 256, error_feedback: bool = True):
         if code not in CODES:

@@ -1,5 +1,6 @@
-// commsgd_torch._C.ReduceScatter: compress::int8_reduce_scatter or e3m0_reduce_scatter over a metered
-// comm::process_group, behind commsgd_torch.fsdp.CompressedReduceScatter (FSDP2's custom reduce-scatter).
+// commsgd_torch._C.ReduceScatter: compress::int8_reduce_scatter, e3m0_reduce_scatter, fp16_reduce_scatter or
+// bf16_reduce_scatter over a metered comm::process_group, behind commsgd_torch.fsdp.CompressedReduceScatter
+// (FSDP2's custom reduce-scatter).
 //
 // One object serves one FSDP2 parameter group: one flat input a backward, the same length every time, so
 // the state (the error-feedback residual over the whole input, the step count) is the object's. The round
@@ -12,6 +13,7 @@
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
 #include <commsgd/compress/block_reduce_scatter.hpp>
+#include <commsgd/compress/half_reduce_scatter.hpp>
 #include <commsgd/cost/compress.hpp>
 
 #include <pybind11/stl.h>
@@ -30,13 +32,23 @@ using namespace commsgd;
 namespace {
 
 using namespace commsgd_torch;
-using any_scatter = std::variant<compress::int8_reduce_scatter, compress::e3m0_reduce_scatter>;
+using any_scatter = std::variant<compress::int8_reduce_scatter, compress::e3m0_reduce_scatter,
+                                 compress::fp16_reduce_scatter, compress::bf16_reduce_scatter>;
 
 // Bits a value of `code`, or an error naming it.
 unsigned bits_of(const std::string& code) {
   if (code == "int8") return 8;
   if (code == "e3m0") return 4;
-  throw invalid_argument(commsgd::concat("argument 'code' = '", code, "' is not one of int8, e3m0"));
+  if (code == "fp16" || code == "bf16") return 16;
+  throw invalid_argument(
+      commsgd::concat("argument 'code' = '", code, "' is not one of int8, e3m0, fp16, bf16"));
+}
+
+// What a rank sends a round: cost/compress.hpp's model of the code's reduce-scatter.
+std::uint64_t wire_bytes_of(const std::string& code, std::uint64_t length, std::uint64_t block_size,
+                            int world) {
+  if (bits_of(code) == 16) return cost::half_reduce_scatter_traffic(length, world).bytes_sent;
+  return cost::block_reduce_scatter_traffic(length, world, block_size, bits_of(code)).bytes_sent;
 }
 
 class reduce_scatter_state {
@@ -66,7 +78,9 @@ public:
   }
 
   bool started() const { return x_.has_value(); }
-  std::uint64_t steps() const { return x_ ? std::visit([](const auto& x) { return x.steps(); }, *x_) : 0; }
+  std::uint64_t steps() const {
+    return x_ ? std::visit([](const auto& x) { return x.steps(); }, *x_) : 0;
+  }
   std::uint64_t wire_bytes() const {
     return x_ ? std::visit([](const auto& x) { return x.wire_bytes(); }, *x_) : 0;
   }
@@ -96,7 +110,8 @@ public:
       return;
     }
     if (length < 0)
-      throw invalid_argument(commsgd::concat("argument 'length' = ", length, " is outside the allowed range [0, inf)"));
+      throw invalid_argument(
+          commsgd::concat("argument 'length' = ", length, " is outside the allowed range [0, inf)"));
     auto x = make(static_cast<std::size_t>(length));
     std::istringstream is(s.cast<std::string>());
     std::visit([&](auto& c) { c.load(is); }, x);
@@ -109,11 +124,16 @@ public:
 private:
   any_scatter make(std::size_t length) const {
     const compress::block_quant_options o{.block_size = block_size_, .error_feedback = error_feedback_};
+    // 16-bit values need no scale: block_size does not apply to them. An overflow of the format is refused.
+    const compress::half_options h{.error_feedback = error_feedback_};
     if (code_ == "int8") return compress::int8_reduce_scatter(length, o);
-    return compress::e3m0_reduce_scatter(length, o);
+    if (code_ == "e3m0") return compress::e3m0_reduce_scatter(length, o);
+    if (code_ == "fp16") return compress::fp16_reduce_scatter(length, h);
+    return compress::bf16_reduce_scatter(length, h);
   }
   const any_scatter& started_or_throw() const {
-    if (!x_) throw invalid_argument("commsgd_torch ReduceScatter: no round has run, so there is no residual yet");
+    if (!x_)
+      throw invalid_argument("commsgd_torch ReduceScatter: no round has run, so there is no residual yet");
     return *x_;
   }
 
@@ -131,7 +151,8 @@ void bind_reduce_scatter(py::module_& m) {
   py::class_<reduce_scatter_state>(m, "ReduceScatter")
       .def(py::init<const std::string&, std::int64_t, bool>(), py::arg("code"), py::arg("block_size"),
            py::arg("error_feedback"))
-      .def("__call__", &reduce_scatter_state::call, py::arg("output"), py::arg("input"), py::arg("process_group"))
+      .def("__call__", &reduce_scatter_state::call, py::arg("output"), py::arg("input"),
+           py::arg("process_group"))
       .def("started", &reduce_scatter_state::started)
       .def("steps", &reduce_scatter_state::steps)
       .def("wire_bytes", &reduce_scatter_state::wire_bytes)
@@ -144,7 +165,7 @@ void bind_reduce_scatter(py::module_& m) {
   m.def(
       "reduce_scatter_wire_bytes",
       [](const std::string& code, std::uint64_t length, std::uint64_t block_size, int world) {
-        return cost::block_reduce_scatter_traffic(length, world, block_size, bits_of(code)).bytes_sent;
+        return wire_bytes_of(code, length, block_size, world);
       },
       py::arg("code"), py::arg("length"), py::arg("block_size"), py::arg("world"));
 }

@@ -1,4 +1,5 @@
-"""commsgd_torch.fsdp: FSDP2's gradient reduce-scatter in int8 and e3m0 blocks with error feedback, on 4
+"""commsgd_torch.fsdp: FSDP2's gradient reduce-scatter in int8 and e3m0 blocks, fp16 and bf16, with error
+feedback, on 4
 processes (gloo, a 1-D mesh of all ranks):
 
 - every call's output is, bit for bit, a reference written here: each rank's input plus its residual coded part
@@ -112,7 +113,10 @@ def _decode_e3m0(p, s):
 
 
 def _reference_decoded(p, world, code):
-    """p cut into `world` parts, each coded in blocks of BLOCK from its start and decoded."""
+    """p cut into `world` parts, each coded in blocks of BLOCK from its start and decoded (fp16, bf16: each
+    value rounded to the format, nearest and ties to even, as torch's casts round)."""
+    if code in ("fp16", "bf16"):
+        return p.to(torch.float16 if code == "fp16" else torch.bfloat16).float()
     out = torch.empty_like(p)
     part = p.numel() // world
     for j in range(world):
@@ -131,7 +135,7 @@ def _part_bytes(part, bits):
     return 4 * -(-part // BLOCK) + -(-part * bits // 8)
 
 
-@pytest.mark.parametrize("code", ["int8", "e3m0"])
+@pytest.mark.parametrize("code", ["int8", "e3m0", "fp16", "bf16"])
 def test_each_part_is_the_reference_sum_and_the_residual_keeps_the_rest(code):
     from commsgd_torch import _C
     results = run_ranks(_recorded_run, world=WORLD, args=(code,))
@@ -157,8 +161,8 @@ def test_each_part_is_the_reference_sum_and_the_residual_keeps_the_rest(code):
                 # Conservation, exactly: sent + new residual == p, in double (e' + r' is exact there).
                 total = decoded[j].double() + (rec["e_after"].double() + rec["r_after"].double())
                 assert torch.equal(total, _p(rec).double()), f"module {name!r} step {t} rank {j}: value lost"
-                bits = 8 if code == "int8" else 4
-                each = (WORLD - 1) * (40 + _part_bytes(part, bits))
+                bits = {"int8": 8, "e3m0": 4}.get(code, 16)
+                each = (WORLD - 1) * (40 + (2 * part if bits == 16 else _part_bytes(part, bits)))  # 16: no scales
                 assert rec["sent"] == each == rec["wire"], (rec["sent"], each, rec["wire"])
                 assert _C.reduce_scatter_wire_bytes(code, length, BLOCK, WORLD) == each
     losses = [r[1] for r in results]
@@ -217,7 +221,7 @@ def test_a_checkpoint_of_model_and_codes_resumes_bit_for_bit():
 def test_bad_options_are_refused_naming_the_argument():
     import commsgd_torch.fsdp as fsdp
     from commsgd_torch import InvalidArgument
-    with pytest.raises(InvalidArgument, match="argument 'code' = 'int4' is not one of int8, e3m0"):
+    with pytest.raises(InvalidArgument, match="argument 'code' = 'int4' is not one of int8, e3m0, fp16, bf16"):
         fsdp.CompressedReduceScatter("int4")
     with pytest.raises(InvalidArgument, match="'block_size' = 0 is outside the allowed range"):
         fsdp.CompressedReduceScatter("int8", block_size=0)

@@ -10,6 +10,8 @@
 //   int8 / e3m0  all_gather              4 ceil(d / b) + ceil(d bits / 8)     (n-1)(40 + that message)
 //   reduce-scatter of int8 / e3m0 (compress/block_reduce_scatter.hpp): all_to_all of n parts of d / n,
 //                                        each part's message as above         (n-1)(40 + a part's message)
+//   reduce-scatter of fp16 / bf16 (compress/half_reduce_scatter.hpp): all_to_all of n parts of d / n,
+//                                        2 bytes a value                      (n-1)(40 + 2 d / n)
 //
 // d is the gradient length, L the number of layers (one scale or norm each), k the values random-k sends.
 // Against a float ring all-reduce (about 8 (n-1)/n d each way) fp16/bf16 move half the bytes at every n,
@@ -51,6 +53,14 @@ constexpr comm::traffic block_reduce_scatter_traffic(std::uint64_t length, int n
                                                      unsigned bits) noexcept {
   return compress_header_traffic(n) +
          comm::all_to_all_traffic(block_reduce_scatter_part_bytes(length, n, b, bits), n);
+}
+
+// A 16-bit reduce-scatter (compress/half_reduce_scatter.hpp): the verdict and 2 bytes a value of a part to
+// each of the others.
+constexpr comm::traffic half_reduce_scatter_traffic(std::uint64_t length, int n) noexcept {
+  return n < 1 ? comm::traffic{}
+               : compress_header_traffic(n) +
+                     comm::all_to_all_traffic(2 * (length / static_cast<std::uint64_t>(n)), n);
 }
 
 constexpr std::uint64_t sign_message_bytes(std::uint64_t d, std::uint64_t layers) noexcept {
