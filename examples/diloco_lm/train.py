@@ -36,7 +36,8 @@ Arms (all with AdamW, the same learning-rate schedule, the same global batch):
 Log (--log, JSON lines, rank 0): per evaluation step, wall_s (since the start of training), train_s (time in
 training steps, communication not hidden included, evaluation excluded), val_loss (nats per byte, of the
 global model), bytes_sent (this rank's, by comm/traffic.hpp's count through commsgd_torch._C; see below), and
-for diloco exchanges (fragment exchanges started: DiLoCo.stats()["exchanges_started"]).
+for diloco exchanges (fragment exchanges started: DiLoCo.stats()["exchanges_started"]); max_rss_mb, the
+largest peak resident memory of any rank so far (MiB).
 
     torchrun --nproc_per_node 4 examples/diloco_lm/train.py --arm diloco --steps 2000 --log diloco.jsonl
     python3 examples/diloco_lm/train.py --arm ddp --steps 200      # WORLD_SIZE unset: one process
@@ -459,6 +460,14 @@ def evaluate(model, global_params, windows):
     return (total[0] / total[1]).item()
 
 
+def max_rss_mb():
+    """The largest peak resident memory of any rank so far, in MiB (collective): what a rank of the arm needs."""
+    import resource
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return round(peak.item(), 1)
+
+
 def main(argv=None):
     args = parse(argv)
     torch.set_num_threads(args.threads)
@@ -518,7 +527,7 @@ def main(argv=None):
                    "wall_s": round(time.perf_counter() - start, 3), "train_s": round(train_s, 3),
                    "train_loss": round(loss.item(), 4),
                    "val_loss": round(evaluate(eval_model, global_params(), windows), 5),
-                   "bytes_sent": int(sent) if sent is not None else None}
+                   "bytes_sent": int(sent) if sent is not None else None, "max_rss_mb": max_rss_mb()}
             if args.arm == "diloco":
                 stats = opt.stats()
                 rec["exchanges"] = stats["exchanges_started"]
