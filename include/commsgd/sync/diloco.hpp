@@ -458,9 +458,7 @@ private:
     const float a = opt_.alpha;
     std::size_t at = 0;
     for (const auto& [off, len] : frags_[p].runs) {
-      float* x = params.data() + off;
-      outer_[p].step_on_sum(g, ex->sum, static_cast<float>(ranks_), at, len,
-                            [&](std::size_t j, float gj) { x[j - at] = math::merge(gj, x[j - at], a); });
+      outer_[p].step_and_merge(g, ex->sum, static_cast<float>(ranks_), at, len, params.data() + off, a);
       at += len;
     }
     applied_at_[p] = step_;
