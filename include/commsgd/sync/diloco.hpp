@@ -72,6 +72,7 @@
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -397,8 +398,7 @@ private:
     } else {
       // Summed in place: the pseudo-gradient itself is not kept, only whether it was finite (for the
       // refusal's wording).
-      pseudo_gradient_of(p, params, ex->sum);
-      ex->own_finite = select::find_non_finite(std::span<const float>(ex->sum)).count == 0;
+      ex->own_finite = pseudo_gradient_of(p, params, ex->sum) == 0;
       const std::uint64_t wire =
           comm::ring_all_reduce_traffic(e->sum.size(), sizeof(float), ranks_, rank_).bytes_sent;
       ex->done = thread_->submit([e, c, wire] {
@@ -410,19 +410,26 @@ private:
     ++started_;
   }
 
-  // out <- global_p - params over fragment p's runs (pseudo_gradient's sign, sync/outer_optimizer.hpp).
-  void pseudo_gradient_of(std::size_t p, std::span<const float> params, std::vector<float>& out) const {
+  // out <- global_p - params over fragment p's runs (pseudo_gradient's sign, sync/outer_optimizer.hpp);
+  // returns how many of out's values are NaN or inf, counted in the same pass.
+  std::size_t pseudo_gradient_of(std::size_t p, std::span<const float> params,
+                                 std::vector<float>& out) const {
     out.resize(frags_[p].length);
     const auto& g = global_[p];
-    std::size_t at = 0;
+    std::size_t at = 0, bad = 0;
     for (const auto& [off, len] : frags_[p].runs) {
-      pseudo_gradient(std::span<const float>(g).subspan(at, len), params.subspan(off, len),
-                      std::span<float>(out).subspan(at, len));
+      bad += pseudo_gradient_counted(std::span<const float>(g).subspan(at, len), params.subspan(off, len),
+                                     std::span<float>(out).subspan(at, len));
       at += len;
     }
-    if (weight_ != 1.0f) // math::pseudo_gradient's scaling, in a second pass only when it changes bits
-      for (float& v : out)
+    if (weight_ != 1.0f) { // math::pseudo_gradient's scaling, in a second pass only when it changes bits
+      bad = 0;
+      for (float& v : out) {
         v = math::mul_rn(v, weight_);
+        bad += std::isfinite(v) ? 0u : 1u;
+      }
+    }
+    return bad;
   }
 
   static void wait(exchange& e) noexcept {
