@@ -401,18 +401,25 @@ void decode_block(const std::byte* codes, std::size_t count, float s, float* out
 
 // out <- the sum of the n messages at all[r * bytes ...] over blocks [k0, k1), each value summed in rank
 // order from +0 (out[i] = 0.0f + x_0, then + x_1, ...): a block of every message at a time, so each block of
-// out is written from cache. The messages code d values in blocks of b.
+// out is written from cache, and tested for NaN and inf there. The messages code d values in blocks of b.
+// Returns the NaN and infinities of out over those blocks (a sum of finite values can overflow), as
+// select::find_non_finite counts them, the first index counted from out's start.
 template <class Code>
-void sum_blocks(std::span<const std::byte> all, std::size_t bytes, std::size_t n, std::size_t d,
-                std::size_t b, std::size_t k0, std::size_t k1, std::span<float> out) {
+select::non_finite_scan sum_blocks(std::span<const std::byte> all, std::size_t bytes, std::size_t n,
+                                   std::size_t d, std::size_t b, std::size_t k0, std::size_t k1,
+                                   std::span<float> out) {
   const std::size_t blocks = (d + b - 1) / b;
+  const std::size_t lo = std::min(d, k0 * b), hi = std::min(d, k1 * b);
+  const auto whole = std::span<const float>(out).subspan(lo, hi - lo);
   if (Code::bits == 4 && b % 2 != 0) {
     // Blocks that start inside a byte: value by value.
     for (std::size_t r = 0; r < n; ++r)
       decode_blocks<Code>(all.subspan(r * bytes, bytes), d, b, k0, k1,
                           [&](std::size_t i, float x) { out[i] = r == 0 ? 0.0f + x : out[i] + x; });
-    return;
+    const auto bad = select::find_non_finite(whole);
+    return {bad.count, lo + bad.first};
   }
+  std::size_t bad = 0;
   for (std::size_t k = k0; k < k1; ++k) {
     const std::size_t first = k * b, count = std::min(d, first + b) - first;
     for (std::size_t r = 0; r < n; ++r) {
@@ -425,7 +432,10 @@ void sum_blocks(std::span<const std::byte> all, std::size_t bytes, std::size_t n
       else
         decode_block<Code, put_mode::add>(codes, count, s, out.data() + first);
     }
+    bad += select::count_non_finite(std::span<const float>(out).subspan(first, count));
   }
+  if (bad == 0) return {0, hi};
+  return {bad, lo + select::find_non_finite(whole).first};
 }
 
 // out <- what message m decodes to (d values in blocks of b), bit for bit as decode_blocks.
@@ -493,6 +503,10 @@ public:
     return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), length_, false);
   }
 
+  // The NaN and infinities of the sum the last successful reduce wrote into out (a sum of finite values can
+  // overflow), counted as it was written: a caller that must refuse such a sum need not read it again.
+  select::non_finite_scan sum_non_finite() const noexcept { return sum_scan_; }
+
   void save(std::ostream& os) const { detail::save_state(os, what(), params(), steps_, ef_); }
   void load(std::istream& is) {
     static constexpr const char* names[] = {"length", "block size"};
@@ -517,13 +531,14 @@ private:
     const std::size_t bytes = msg_.size();
     all_.resize(n * bytes);
     c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
-    detail::sum_blocks<Code>(all_, bytes, n, length_, opt_.block_size, 0, blocks(), out);
+    sum_scan_ = detail::sum_blocks<Code>(all_, bytes, n, length_, opt_.block_size, 0, blocks(), out);
     if (ef_.on()) detail::decode_message<Code>(msg_, length_, opt_.block_size, d_);
   }
 
   block_quant_options opt_;
   std::vector<float> scales_;
   std::vector<std::byte> msg_, all_;
+  select::non_finite_scan sum_scan_;
 };
 
 using int8 = block_quantizer<int8_code>;

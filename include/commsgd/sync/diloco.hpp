@@ -298,8 +298,11 @@ private:
   struct exchange {
     std::int64_t started = 0, due = 0;
     std::vector<float> delta, sum;
-    std::uint64_t wire = 0;       // bytes this rank sent for it, written by the exchange thread
-    bool own_finite = true;       // uncompressed: whether this rank's pseudo-gradient was finite
+    std::uint64_t wire = 0; // bytes this rank sent for it, written by the exchange thread
+    bool own_finite = true; // uncompressed: whether this rank's pseudo-gradient was finite
+    // The sum's NaN and inf as the compressor counted them while writing it, where it does (then apply does
+    // not read the sum again to test it).
+    std::optional<select::non_finite_scan> sum_scan;
     exchange_thread::ticket done; // invalid once waited for (and for a loaded one)
     std::exception_ptr error;     // what the exchange threw, kept until it is applied
   };
@@ -382,6 +385,7 @@ private:
     ex->error = nullptr;
     ex->wire = 0;
     ex->own_finite = true;
+    ex->sum_scan.reset();
     ex->started = t;
     ex->due = t + opt_.delay;
     exchange* e = ex.get();
@@ -394,6 +398,7 @@ private:
       ex->done = thread_->submit([e, c, x] {
         x->reduce(*c, std::span<const float>(e->delta), std::span<float>(e->sum));
         e->wire = x->wire_bytes();
+        if constexpr (requires { x->sum_non_finite(); }) e->sum_scan = x->sum_non_finite();
       });
     } else {
       // Summed in place: the pseudo-gradient itself is not kept, only whether it was finite (for the
@@ -449,7 +454,7 @@ private:
                                        ") compressed by ", compressor_name(), " (", e.what(), ")"),
                        e.count(), e.first_index());
     }
-    const auto bad = select::find_non_finite(std::span<const float>(ex->sum));
+    const auto bad = ex->sum_scan ? *ex->sum_scan : select::find_non_finite(std::span<const float>(ex->sum));
     if (bad.count > 0) {
       const bool mine_bad =
           compressed ? select::find_non_finite(std::span<const float>(ex->delta)).count > 0 : !ex->own_finite;
