@@ -187,14 +187,15 @@ inline void int8_codes(const float* p, std::size_t count, float s, std::uint8_t*
   }
 }
 
-// The largest float <= t and the smallest float >= t, for t >= 0 exact in double.
+// The largest float <= t and the smallest float >= t, for t >= 0 exact in double (a step of one in the bits
+// of a float >= 0 is a step to its neighbour; no library call, as these run once a block).
 inline float float_below(double t) noexcept {
   const float f = static_cast<float>(t);
-  return static_cast<double>(f) > t ? std::nextafter(f, 0.0f) : f;
+  return static_cast<double>(f) > t ? std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) - 1u) : f;
 }
 inline float float_above(double t) noexcept {
   const float f = static_cast<float>(t);
-  return static_cast<double>(f) < t ? std::nextafter(f, std::numeric_limits<float>::infinity()) : f;
+  return static_cast<double>(f) < t ? std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) + 1u) : f;
 }
 
 // e3m0 codes of a block of scale s > 0, one a byte. e3m0_code::encode compares x = |p| / s, rounded in
@@ -203,31 +204,39 @@ inline float float_above(double t) noexcept {
 // when it exceeds the largest float <= t s (and is below it exactly when below the smallest float >= t s).
 // So the per-value work is seven float comparisons against thresholds made once per block.
 inline void e3m0_codes(const float* p, std::size_t count, float s, std::uint8_t* out) noexcept {
-  const double sd = static_cast<double>(s);
-  const float zero_below = float_above(std::ldexp(sd, -7));
-  const float t0 = float_below(std::ldexp(1.5 * sd, -6)), t1 = float_below(std::ldexp(1.5 * sd, -5)),
-              t2 = float_below(std::ldexp(1.5 * sd, -4)), t3 = float_below(std::ldexp(1.5 * sd, -3)),
-              t4 = float_below(std::ldexp(1.5 * sd, -2)), t5 = float_below(std::ldexp(1.5 * sd, -1));
-  // Comparisons as 0 or 1 and masks rather than choices, so that the loop has no branch (the block is
-  // finite: no NaN makes a < z and !(a >= z) differ).
+  // t s exactly in double: s times a power of two and 1.5 stays within double's range and precision.
+  const double sd = static_cast<double>(s), h = 1.5 * sd;
+  const float zero_below = float_above(sd * 0x1p-7);
+  const float t0 = float_below(h * 0x1p-6), t1 = float_below(h * 0x1p-5), t2 = float_below(h * 0x1p-4),
+              t3 = float_below(h * 0x1p-3), t4 = float_below(h * 0x1p-2), t5 = float_below(h * 0x1p-1);
+  // Compared as the bits of |v| and of the thresholds, signed 32-bit integers that order as the floats do
+  // (v is finite); each comparison's mask, -1 or 0, taken away; the codes narrowed to bytes in a loop of their
+  // own: the form GCC vectorises best. No branch: the block is finite, so no NaN makes a < z and !(a >= z)
+  // differ.
+  const auto bits_of = [](float f) { return std::bit_cast<std::int32_t>(f); };
+  const std::int32_t z = bits_of(zero_below), b0 = bits_of(t0), b1 = bits_of(t1), b2 = bits_of(t2),
+                     b3 = bits_of(t3), b4 = bits_of(t4), b5 = bits_of(t5);
   const auto code = [=](float v) {
-    const float a = std::fabs(v);
-    const std::uint32_t sign = (std::bit_cast<std::uint32_t>(v) >> 28) & 8u;
-    const std::uint32_t k = 1u + static_cast<std::uint32_t>(a > t0) + static_cast<std::uint32_t>(a > t1) +
-                            static_cast<std::uint32_t>(a > t2) + static_cast<std::uint32_t>(a > t3) +
-                            static_cast<std::uint32_t>(a > t4) + static_cast<std::uint32_t>(a > t5);
-    const std::uint32_t keep = 0u - static_cast<std::uint32_t>(a >= zero_below);
-    return static_cast<std::uint8_t>(sign | (k & keep));
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(v);
+    const auto a = static_cast<std::int32_t>(bits & 0x7fffffffu);
+    std::int32_t k = 1 - -static_cast<std::int32_t>(a > b0) - -static_cast<std::int32_t>(a > b1) -
+                     -static_cast<std::int32_t>(a > b2) - -static_cast<std::int32_t>(a > b3) -
+                     -static_cast<std::int32_t>(a > b4) - -static_cast<std::int32_t>(a > b5);
+    k &= -static_cast<std::int32_t>(a >= z);
+    return ((bits >> 28) & 8u) | static_cast<std::uint32_t>(k);
   };
   std::size_t i = 0;
   for (; i + group <= count; i += group) {
+    std::uint32_t wide[group];
+    for (std::size_t j = 0; j < group; ++j)
+      wide[j] = code(p[i + j]);
     std::uint8_t c[group];
     for (std::size_t j = 0; j < group; ++j)
-      c[j] = code(p[i + j]);
+      c[j] = static_cast<std::uint8_t>(wide[j]);
     std::memcpy(out + i, c, group);
   }
   for (; i < count; ++i)
-    out[i] = code(p[i]);
+    out[i] = static_cast<std::uint8_t>(code(p[i]));
 }
 
 // The codes of a block of scale s (a block of zeros, s = 0, codes every value as block_code does).
@@ -282,7 +291,15 @@ select::non_finite_scan encode_blocks(std::span<const float> p, std::size_t b, s
       std::memcpy(codes + first, c.data(), m);
     } else {
       std::byte* const o = codes + first / 2;
-      for (std::size_t j = 0; j + 1 < m; j += 2)
+      std::size_t j = 0;
+      for (; j + 2 * group <= m; j += 2 * group) {
+        std::uint8_t two[2 * group], packed[group];
+        std::memcpy(two, c.data() + j, 2 * group);
+        for (std::size_t q = 0; q < group; ++q)
+          packed[q] = static_cast<std::uint8_t>(two[2 * q] | (two[2 * q + 1] << 4));
+        std::memcpy(o + j / 2, packed, group);
+      }
+      for (; j + 1 < m; j += 2)
         o[j / 2] = static_cast<std::byte>(c[j] | (c[j + 1] << 4));
       if (m % 2) o[m / 2] = static_cast<std::byte>(c[m - 1]);
     }
