@@ -331,26 +331,6 @@ void decode_blocks(std::span<const std::byte> m, std::size_t d, std::size_t b, s
   }
 }
 
-// The 16 4-bit codes of 8 bytes, one a byte, in order (low half first). On a little-endian host: each 4
-// bytes spread to 16-bit lanes of a word, then each lane's high half moved up a byte, a dozen word operations
-// for 8 codes.
-inline void unpack_nibbles(const std::byte* in, std::uint8_t* q) noexcept {
-  if constexpr (std::endian::native == std::endian::little) {
-    for (int h = 0; h < 2; ++h) {
-      std::uint32_t v;
-      std::memcpy(&v, in + 4 * h, 4);
-      std::uint64_t w = v;
-      w = (w | (w << 16)) & 0x0000ffff0000ffffu;
-      w = (w | (w << 8)) & 0x00ff00ff00ff00ffu;
-      w = (w & 0x000f000f000f000fu) | ((w & 0x00f000f000f000f0u) << 4);
-      std::memcpy(q + 8 * h, &w, 8);
-    }
-  } else {
-    for (std::size_t j = 0; j < group; ++j)
-      q[j] = static_cast<std::uint8_t>((std::to_integer<unsigned>(in[j / 2]) >> (4 * (j % 2))) & 15u);
-  }
-}
-
 // How a decoded value x lands in out[i]: out[i] = x, out[i] = 0.0f + x (the first term of a sum from +0,
 // +0 for a zero) or out[i] += x.
 enum class put_mode { assign, first, add };
@@ -391,22 +371,20 @@ void decode_block(const std::byte* codes, std::size_t count, float s, float* out
     const auto code_at = [&](std::size_t j) {
       return (std::to_integer<std::uint32_t>(codes[j / 2]) >> (4 * (j % 2))) & 15u;
     };
-    // The codes of up to 256 values unpacked first, then turned into floats: reading each group back right
-    // after its two word stores would wait on them (a store cannot be forwarded to a wider load).
-    constexpr std::size_t span = 256;
-    while (i + group <= count) {
-      const std::size_t m = std::min(span, (count - i) / group * group);
-      std::uint8_t q[span];
-      for (std::size_t at = 0; at < m; at += group)
-        unpack_nibbles(codes + (i + at) / 2, q + at);
-      for (std::size_t at = 0; at < m; at += group)
-        for (std::size_t j = 0; j < group; ++j) {
-          const std::uint32_t c = q[at + j], k = c & 7u, sign = (c & 8u) << 28;
-          const float mag = s * std::bit_cast<float>((k + 120u) << 23);
-          const std::uint32_t keep = 0u - static_cast<std::uint32_t>(k != 0);
-          put(out[i + at + j], std::bit_cast<float>((std::bit_cast<std::uint32_t>(mag) & keep) | sign));
-        }
-      i += m;
+    const auto value = [s](std::uint32_t c) {
+      const std::uint32_t k = c & 7u, sign = (c & 8u) << 28;
+      const float mag = s * std::bit_cast<float>((k + 120u) << 23);
+      const std::uint32_t keep = 0u - static_cast<std::uint32_t>(k != 0);
+      return std::bit_cast<float>((std::bit_cast<std::uint32_t>(mag) & keep) | sign);
+    };
+    // A byte's two values side by side: GCC vectorises the low and the high halves and interleaves them.
+    for (; i + 2 * group <= count; i += 2 * group) {
+      std::uint8_t c[group];
+      std::memcpy(c, codes + i / 2, group);
+      for (std::size_t j = 0; j < group; ++j) {
+        put(out[i + 2 * j], value(c[j] & 15u));
+        put(out[i + 2 * j + 1], value(c[j] >> 4));
+      }
     }
     for (; i < count; ++i) {
       const std::uint32_t code = code_at(i), k = code & 7u;
