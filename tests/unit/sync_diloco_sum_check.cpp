@@ -58,3 +58,34 @@ TEST_CASE("a sum that overflows is refused naming its count and first index, wha
       }
     }
 }
+
+TEST_CASE("fp16 and bf16 refuse an overflowing sum in their ring; the engine does not read the sum again") {
+  const std::size_t d = 700;
+  for (const char* name : {"fp16", "bf16"}) {
+    CAPTURE(name);
+    // Each rank's value is within the format's range; two of them sum past it.
+    const float big = std::string(name) == "fp16" ? -40000.0f : -3e38f;
+    std::mutex mu;
+    std::vector<std::string> what;
+    comm::local_group(2).run([&](comm::local& c) {
+      sync::coded_diloco<comm::local> s(c, {d}, {.sync_every = 1, .fragments = 1, .delay = 0},
+                                        cost::diloco_code::parse(name));
+      std::vector<float> x(d, 0.0f);
+      s.start(x);
+      x[17] = big;
+      x[400] = big;
+      std::string got = "not refused";
+      try {
+        s.advance(x);
+      } catch (const non_finite& e) {
+        got = e.what();
+        CHECK(e.count() == 2);
+        CHECK(e.first_index() == 17);
+      }
+      std::lock_guard lock(mu);
+      what.push_back(got);
+    });
+    for (const auto& w : what)
+      CHECK_MESSAGE(w.find("the 16-bit sum") != std::string::npos, w);
+  }
+}

@@ -170,6 +170,11 @@ public:
     return detail::finish_round(ef_, p, d_, steps_, static_cast<std::size_t>(c.size()), length_, true);
   }
 
+  // The NaN and infinities of the sum the last successful reduce wrote into out: none, as reduce tests the
+  // sum while copying it out and refuses it otherwise; a caller that must refuse such a sum need not read it
+  // again.
+  select::non_finite_scan sum_non_finite() const noexcept { return {0, length_}; }
+
   void save(std::ostream& os) const { detail::save_state(os, kind(), params(), steps_, ef_); }
   void load(std::istream& is) {
     static constexpr const char* names[] = {"length", "overflow policy (0 refuse, 1 clamp)"};
