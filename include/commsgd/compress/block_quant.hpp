@@ -202,7 +202,7 @@ inline float float_above(double t) noexcept {
 // double, with 2^-7 and 1.5 2^i; the quotient lies too far from those thresholds for its rounding to cross
 // one, so each comparison is |p| against the exact product t s, and a float |p| exceeds a real t s exactly
 // when it exceeds the largest float <= t s (and is below it exactly when below the smallest float >= t s).
-// So the per-value work is seven float comparisons against thresholds made once per block.
+// So the per-value work is seven comparisons against thresholds made once per block.
 inline void e3m0_codes(const float* p, std::size_t count, float s, std::uint8_t* out) noexcept {
   // t s exactly in double: s times a power of two and 1.5 stays within double's range and precision.
   const double sd = static_cast<double>(s), h = 1.5 * sd;
@@ -335,8 +335,8 @@ void decode_blocks(std::span<const std::byte> m, std::size_t d, std::size_t b, s
 // +0 for a zero) or out[i] += x.
 enum class put_mode { assign, first, add };
 
-// Puts the values x of one block of scale s whose codes
-// start at byte `codes` (int8: one a byte; e3m0: two a byte, the block starting at a byte's low half).
+// Puts the values x of one block of scale s whose codes start at byte `codes` (int8: one a byte; e3m0: two a
+// byte, the block starting at a byte's low half).
 //   int8  x = code s / 127 in double, rounded to float. The exact quotient is never a float's midpoint and
 //         lies at least 2^-40 of itself away from every one (c s and 127 m are multiples of one grid), so
 //         rounding it to double first moves no float rounding, and neither does c times s / 127 rounded to
