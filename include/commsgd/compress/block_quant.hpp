@@ -265,31 +265,32 @@ select::non_finite_scan encode_blocks(std::span<const float> p, std::size_t b, s
   const std::size_t d = p.size(), blocks = (d + b - 1) / b;
   scales.resize(blocks);
   std::byte* const codes = msg.data() + 4 * blocks;
-  // Codes a chunk of whole blocks at a time into `c`, then packs them. A chunk starts at an even value (an
-  // odd block size takes blocks in pairs), so 4-bit codes pack into whole bytes of their own.
+  // int8 codes are the message's bytes, written in place. 4-bit codes go a chunk of whole blocks at a time
+  // into `c`, then are packed; a chunk starts at an even value (an odd block size takes blocks in pairs), so
+  // they pack into whole bytes of their own.
   constexpr std::size_t chunk_values = 4096;
   const std::size_t per_chunk =
       b >= chunk_values ? 1 : std::max<std::size_t>(2, chunk_values / b) & ~std::size_t{1};
-  std::vector<std::uint8_t> c(std::min(d, per_chunk * b));
+  std::vector<std::uint8_t> c(Code::bits == 8 ? 0 : std::min(d, per_chunk * b));
   std::size_t bad = 0;
   for (std::size_t k0 = 0; k0 < blocks; k0 += per_chunk) {
     const std::size_t k1 = std::min(blocks, k0 + per_chunk), first = k0 * b, last = std::min(d, k1 * b);
-    if (c.size() < last - first) c.resize(last - first);
+    if (Code::bits != 8 && c.size() < last - first) c.resize(last - first);
     for (std::size_t k = k0; k < k1; ++k) {
       const std::size_t at = k * b, count = std::min(d, at + b) - at;
+      std::uint8_t* const to =
+          Code::bits == 8 ? reinterpret_cast<std::uint8_t*>(codes) + at : c.data() + (at - first);
       const auto scan = scan_block(p.data() + at, count);
       scales[k] = scan.scale;
       std::memcpy(msg.data() + 4 * k, &scan.scale, 4);
       bad += scan.bad;
       if (scan.bad == 0)
-        block_codes<Code>(p.data() + at, count, scan.scale, c.data() + (at - first));
+        block_codes<Code>(p.data() + at, count, scan.scale, to);
       else
-        std::fill_n(c.data() + (at - first), count, std::uint8_t{0});
+        std::fill_n(to, count, std::uint8_t{0});
     }
     const std::size_t m = last - first;
-    if constexpr (Code::bits == 8) {
-      std::memcpy(codes + first, c.data(), m);
-    } else {
+    if constexpr (Code::bits == 4) {
       std::byte* const o = codes + first / 2;
       std::size_t j = 0;
       for (; j + 2 * group <= m; j += 2 * group) {
