@@ -25,6 +25,7 @@
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/cost/diloco.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/select/validate.hpp>
 
 #include <algorithm>
 #include <array>
@@ -107,21 +108,208 @@ COMMSGD_HOST_DEVICE std::uint32_t block_code(float p, float s) noexcept {
 
 namespace detail {
 
-// The message of p's values, a scale per block of b values (the last block may be shorter): the scales (4
-// bytes each), then the codes packed; `scales` receives the scales. The message is
-// cost::block_quant_message_bytes(p.size(), b, Code::bits) bytes.
-template <class Code>
-void encode_blocks(std::span<const float> p, std::size_t b, std::vector<float>& scales, std::span<std::byte> msg) {
-  const std::size_t d = p.size(), blocks = (d + b - 1) / b;
-  scales.assign(blocks, 0.0f);
-  for (std::size_t k = 0; k < blocks; ++k) {
-    float s = 0.0f;
-    for (std::size_t i = k * b; i < std::min(d, (k + 1) * b); ++i)
-      s = std::max(s, std::fabs(p[i]));
-    scales[k] = s;
-    std::memcpy(msg.data() + 4 * k, &s, 4);
+// The host's passes over a message, each a loop over a block held in cache. The inner loops run over a
+// fixed group of values (a constant trip count, with no byte pointer in them that could alias the floats),
+// which is what GCC's -O2 cost model needs to turn them into SIMD; a block's last values go one by one.
+// Every pass gives the bits of the per-value formulas above (tests/unit/compress_block_quant_passes.cpp
+// compares them with those formulas, kept there as they were).
+inline constexpr std::size_t group = 16;
+
+// The largest |p_i| of a block and how many of its values are NaN or inf. A NaN is passed over as
+// std::max(s, NaN) passes over it; a block that holds one is refused anyway.
+struct block_scan {
+  float scale = 0.0f;
+  std::size_t bad = 0;
+};
+inline block_scan scan_block(const float* p, std::size_t count) noexcept {
+  float m[group] = {};
+  std::uint32_t bad[group] = {};
+  std::size_t i = 0;
+  for (; i + group <= count; i += group)
+    for (std::size_t j = 0; j < group; ++j) {
+      const float a = std::fabs(p[i + j]);
+      m[j] = m[j] < a ? a : m[j];
+      bad[j] += a <= std::numeric_limits<float>::max() ? 0u : 1u;
+    }
+  block_scan r;
+  for (; i < count; ++i) {
+    const float a = std::fabs(p[i]);
+    r.scale = r.scale < a ? a : r.scale;
+    r.bad += a <= std::numeric_limits<float>::max() ? 0u : 1u;
   }
-  pack_bits(msg.subspan(4 * blocks), d, Code::bits, [&](std::size_t i) { return block_code<Code>(p[i], scales[i / b]); });
+  // The maximum of the same values in another order: the same float, as no NaN takes part.
+  for (std::size_t j = 0; j < group; ++j) {
+    r.scale = r.scale < m[j] ? m[j] : r.scale;
+    r.bad += bad[j];
+  }
+  return r;
+}
+
+// int8 codes of a block of scale s > 0, one byte each. 127 p / s is formed in float, p times 127 / s, within
+// 2^-16 of the exact quotient (two roundings of at most 2^-24, times at most 127), and rounded to the nearest
+// integer, ties to even, by adding and taking away 1.5 2^23. That integer is the exact quotient's nearest,
+// as int8_code::encode finds it in double, unless the float quotient lies within 2^-14 of a half: those few
+// values (ties among them) are coded again by int8_code::encode. A tiny s, whose 127 / s is near overflow,
+// takes int8_code::encode throughout.
+inline void int8_codes(const float* p, std::size_t count, float s, std::uint8_t* out) noexcept {
+  if (!(s >= 0x1p-100f)) {
+    for (std::size_t i = 0; i < count; ++i)
+      out[i] = static_cast<std::uint8_t>(int8_code::encode(p[i], s));
+    return;
+  }
+  const float inv = 127.0f / s, shift = 0x1.8p23f, near_half = 0.5f - 0x1p-14f;
+  std::uint32_t near[group] = {};
+  std::size_t i = 0;
+  for (; i + group <= count; i += group) {
+    std::uint8_t c[group];
+    for (std::size_t j = 0; j < group; ++j) {
+      const float y = p[i + j] * inv;
+      const float r = (y + shift) - shift;
+      near[j] |= std::fabs(y - r) > near_half ? 1u : 0u;
+      c[j] = static_cast<std::uint8_t>(static_cast<std::int32_t>(r) + 127);
+    }
+    std::memcpy(out + i, c, group);
+  }
+  std::uint32_t any = 0;
+  for (std::size_t j = 0; j < group; ++j)
+    any |= near[j];
+  for (; i < count; ++i) {
+    const float y = p[i] * inv;
+    const float r = (y + shift) - shift;
+    any |= std::fabs(y - r) > near_half ? 1u : 0u;
+    out[i] = static_cast<std::uint8_t>(static_cast<std::int32_t>(r) + 127);
+  }
+  if (any == 0) return;
+  for (i = 0; i < count; ++i) {
+    const float y = p[i] * inv;
+    if (std::fabs(y - ((y + shift) - shift)) > near_half)
+      out[i] = static_cast<std::uint8_t>(int8_code::encode(p[i], s));
+  }
+}
+
+// The largest float <= t and the smallest float >= t, for t >= 0 exact in double (a step of one in the bits
+// of a float >= 0 is a step to its neighbour; no library call, as these run once a block).
+inline float float_below(double t) noexcept {
+  const float f = static_cast<float>(t);
+  return static_cast<double>(f) > t ? std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) - 1u) : f;
+}
+inline float float_above(double t) noexcept {
+  const float f = static_cast<float>(t);
+  return static_cast<double>(f) < t ? std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) + 1u) : f;
+}
+
+// e3m0 codes of a block of scale s > 0, one a byte. e3m0_code::encode compares x = |p| / s, rounded in
+// double, with 2^-7 and 1.5 2^i; the quotient lies too far from those thresholds for its rounding to cross
+// one, so each comparison is |p| against the exact product t s, and a float |p| exceeds a real t s exactly
+// when it exceeds the largest float <= t s (and is below it exactly when below the smallest float >= t s).
+// So the per-value work is seven comparisons against thresholds made once per block.
+inline void e3m0_codes(const float* p, std::size_t count, float s, std::uint8_t* out) noexcept {
+  // t s exactly in double: s times a power of two and 1.5 stays within double's range and precision.
+  const double sd = static_cast<double>(s), h = 1.5 * sd;
+  const float zero_below = float_above(sd * 0x1p-7);
+  const float t0 = float_below(h * 0x1p-6), t1 = float_below(h * 0x1p-5), t2 = float_below(h * 0x1p-4),
+              t3 = float_below(h * 0x1p-3), t4 = float_below(h * 0x1p-2), t5 = float_below(h * 0x1p-1);
+  // Compared as the bits of |v| and of the thresholds, signed 32-bit integers that order as the floats do
+  // (v is finite); each comparison's mask, -1 or 0, taken away; the codes narrowed to bytes in a loop of their
+  // own: the form GCC vectorises best. No branch: the block is finite, so no NaN makes a < z and !(a >= z)
+  // differ.
+  const auto bits_of = [](float f) { return std::bit_cast<std::int32_t>(f); };
+  const std::int32_t z = bits_of(zero_below), b0 = bits_of(t0), b1 = bits_of(t1), b2 = bits_of(t2),
+                     b3 = bits_of(t3), b4 = bits_of(t4), b5 = bits_of(t5);
+  const auto code = [=](float v) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(v);
+    const auto a = static_cast<std::int32_t>(bits & 0x7fffffffu);
+    std::int32_t k = 1 - -static_cast<std::int32_t>(a > b0) - -static_cast<std::int32_t>(a > b1) -
+                     -static_cast<std::int32_t>(a > b2) - -static_cast<std::int32_t>(a > b3) -
+                     -static_cast<std::int32_t>(a > b4) - -static_cast<std::int32_t>(a > b5);
+    k &= -static_cast<std::int32_t>(a >= z);
+    return ((bits >> 28) & 8u) | static_cast<std::uint32_t>(k);
+  };
+  std::size_t i = 0;
+  for (; i + group <= count; i += group) {
+    std::uint32_t wide[group];
+    for (std::size_t j = 0; j < group; ++j)
+      wide[j] = code(p[i + j]);
+    std::uint8_t c[group];
+    for (std::size_t j = 0; j < group; ++j)
+      c[j] = static_cast<std::uint8_t>(wide[j]);
+    std::memcpy(out + i, c, group);
+  }
+  for (; i < count; ++i)
+    out[i] = static_cast<std::uint8_t>(code(p[i]));
+}
+
+// The codes of a block of scale s (a block of zeros, s = 0, codes every value as block_code does).
+template <class Code>
+void block_codes(const float* p, std::size_t count, float s, std::uint8_t* out) noexcept {
+  if (s == 0.0f) {
+    for (std::size_t i = 0; i < count; ++i)
+      out[i] = static_cast<std::uint8_t>(block_code<Code>(p[i], s));
+  } else if constexpr (Code::bits == 8) {
+    int8_codes(p, count, s, out);
+  } else {
+    e3m0_codes(p, count, s, out);
+  }
+}
+
+// The message of p's values, a scale per block of b values (the last block may be shorter): the scales (4
+// bytes each), then the codes packed (compress/bit_pack.hpp's layout); `scales` receives the scales. The
+// message is cost::block_quant_message_bytes(p.size(), b, Code::bits) bytes. One pass over p: a block's scale
+// and its finiteness, then its codes while it is in cache. Returns the NaN and infinities of p, as
+// select::find_non_finite counts them; where there is any, the message is not to be sent (its blocks that
+// hold one are not coded).
+template <class Code>
+select::non_finite_scan encode_blocks(std::span<const float> p, std::size_t b, std::vector<float>& scales,
+                                      std::span<std::byte> msg) {
+  static_assert(Code::bits == 8 || Code::bits == 4);
+  const std::size_t d = p.size(), blocks = (d + b - 1) / b;
+  scales.resize(blocks);
+  std::byte* const codes = msg.data() + 4 * blocks;
+  // int8 codes are the message's bytes, written in place. 4-bit codes go a chunk of whole blocks at a time
+  // into `c`, then are packed; a chunk starts at an even value (an odd block size takes blocks in pairs), so
+  // they pack into whole bytes of their own.
+  constexpr std::size_t chunk_values = 4096;
+  const std::size_t per_chunk =
+      b >= chunk_values ? 1 : std::max<std::size_t>(2, chunk_values / b) & ~std::size_t{1};
+  std::vector<std::uint8_t> c(Code::bits == 8 ? 0 : std::min(d, per_chunk * b));
+  std::size_t bad = 0;
+  for (std::size_t k0 = 0; k0 < blocks; k0 += per_chunk) {
+    const std::size_t k1 = std::min(blocks, k0 + per_chunk), first = k0 * b, last = std::min(d, k1 * b);
+    if (Code::bits != 8 && c.size() < last - first) c.resize(last - first);
+    for (std::size_t k = k0; k < k1; ++k) {
+      const std::size_t at = k * b, count = std::min(d, at + b) - at;
+      std::uint8_t* const to =
+          Code::bits == 8 ? reinterpret_cast<std::uint8_t*>(codes) + at : c.data() + (at - first);
+      const auto scan = scan_block(p.data() + at, count);
+      scales[k] = scan.scale;
+      std::memcpy(msg.data() + 4 * k, &scan.scale, 4);
+      bad += scan.bad;
+      if (scan.bad == 0)
+        block_codes<Code>(p.data() + at, count, scan.scale, to);
+      else
+        std::fill_n(to, count, std::uint8_t{0});
+    }
+    const std::size_t m = last - first;
+    if constexpr (Code::bits == 4) {
+      std::byte* const o = codes + first / 2;
+      std::size_t j = 0;
+      for (; j + 2 * group <= m; j += 2 * group) {
+        std::uint8_t two[2 * group], packed[group];
+        std::memcpy(two, c.data() + j, 2 * group);
+        for (std::size_t q = 0; q < group; ++q)
+          packed[q] = static_cast<std::uint8_t>(two[2 * q] | (two[2 * q + 1] << 4));
+        std::memcpy(o + j / 2, packed, group);
+      }
+      for (; j + 1 < m; j += 2)
+        o[j / 2] = static_cast<std::byte>(c[j] | (c[j + 1] << 4));
+      if (m % 2) o[m / 2] = static_cast<std::byte>(c[m - 1]);
+    }
+  }
+  if (bad == 0) return {0, d};
+  std::size_t at = 0;
+  while (std::fabs(p[at]) <= std::numeric_limits<float>::max())
+    ++at;
+  return {bad, at};
 }
 
 // Calls sink(i, x) for the values of blocks [k0, k1) of message m, which codes d values in blocks of b.
@@ -141,6 +329,125 @@ void decode_blocks(std::span<const std::byte> m, std::size_t d, std::size_t b, s
       unpack_bits(m.subspan(4 * blocks), first, count, Code::bits,
                   [&](std::size_t i, std::uint32_t code) { sink(i, Code::decode(code, s)); });
     }
+  }
+}
+
+// How a decoded value x lands in out[i]: out[i] = x, out[i] = 0.0f + x (the first term of a sum from +0,
+// +0 for a zero) or out[i] += x.
+enum class put_mode { assign, first, add };
+
+// Puts the values x of one block of scale s whose codes start at byte `codes` (int8: one a byte; e3m0: two a
+// byte, the block starting at a byte's low half).
+//   int8  x = code s / 127 in double, rounded to float. The exact quotient is never a float's midpoint and
+//         lies at least 2^-40 of itself away from every one (c s and 127 m are multiples of one grid), so
+//         rounding it to double first moves no float rounding, and neither does c times s / 127 rounded to
+//         double (within 2^-52): x is c times s / 127 in double, rounded to float, a multiply a value.
+//   e3m0  +-2^(k-7) s: s times a power of two built from its exponent's bits, rounded once (only where it
+//         falls below the normal floats) as ldexp rounds it, its sign bit set from the code's.
+template <class Code, put_mode Mode>
+void decode_block(const std::byte* codes, std::size_t count, float s, float* out) noexcept {
+  const auto put = [](float& o, float x) {
+    if constexpr (Mode == put_mode::assign)
+      o = x;
+    else if constexpr (Mode == put_mode::first)
+      o = 0.0f + x;
+    else
+      o = o + x;
+  };
+  std::size_t i = 0;
+  if constexpr (Code::bits == 8) {
+    const double v = static_cast<double>(s) / 127.0;
+    for (; i + group <= count; i += group) {
+      std::uint8_t c[group];
+      std::memcpy(c, codes + i, group);
+      for (std::size_t j = 0; j < group; ++j)
+        put(out[i + j], static_cast<float>(static_cast<double>(static_cast<std::int32_t>(c[j]) - 127) * v));
+    }
+    for (; i < count; ++i)
+      put(out[i],
+          static_cast<float>(
+              static_cast<double>(static_cast<std::int32_t>(std::to_integer<std::uint8_t>(codes[i])) - 127) *
+              v));
+  } else {
+    const auto code_at = [&](std::size_t j) {
+      return (std::to_integer<std::uint32_t>(codes[j / 2]) >> (4 * (j % 2))) & 15u;
+    };
+    const auto value = [s](std::uint32_t c) {
+      const std::uint32_t k = c & 7u, sign = (c & 8u) << 28;
+      const float mag = s * std::bit_cast<float>((k + 120u) << 23);
+      const std::uint32_t keep = 0u - static_cast<std::uint32_t>(k != 0);
+      return std::bit_cast<float>((std::bit_cast<std::uint32_t>(mag) & keep) | sign);
+    };
+    // A byte's two values side by side: GCC vectorises the low and the high halves and interleaves them.
+    for (; i + 2 * group <= count; i += 2 * group) {
+      std::uint8_t c[group];
+      std::memcpy(c, codes + i / 2, group);
+      for (std::size_t j = 0; j < group; ++j) {
+        put(out[i + 2 * j], value(c[j] & 15u));
+        put(out[i + 2 * j + 1], value(c[j] >> 4));
+      }
+    }
+    for (; i < count; ++i) {
+      const std::uint32_t code = code_at(i), k = code & 7u;
+      const float mag = k == 0 ? 0.0f : s * std::bit_cast<float>((k + 120u) << 23);
+      put(out[i], (code & 8u) ? -mag : mag);
+    }
+  }
+}
+
+// out <- the sum of the n messages at all[r * bytes ...] over blocks [k0, k1), each value summed in rank
+// order from +0 (out[i] = 0.0f + x_0, then + x_1, ...): a block of every message at a time, so each block of
+// out is written from cache, and tested for NaN and inf there. The messages code d values in blocks of b.
+// Returns the NaN and infinities of out over those blocks (a sum of finite values can overflow), as
+// select::find_non_finite counts them, the first index counted from out's start.
+template <class Code>
+select::non_finite_scan sum_blocks(std::span<const std::byte> all, std::size_t bytes, std::size_t n,
+                                   std::size_t d, std::size_t b, std::size_t k0, std::size_t k1,
+                                   std::span<float> out) {
+  const std::size_t blocks = (d + b - 1) / b;
+  const std::size_t lo = std::min(d, k0 * b), hi = std::min(d, k1 * b);
+  const auto whole = std::span<const float>(out).subspan(lo, hi - lo);
+  if (Code::bits == 4 && b % 2 != 0) {
+    // Blocks that start inside a byte: value by value.
+    for (std::size_t r = 0; r < n; ++r)
+      decode_blocks<Code>(all.subspan(r * bytes, bytes), d, b, k0, k1,
+                          [&](std::size_t i, float x) { out[i] = r == 0 ? 0.0f + x : out[i] + x; });
+    const auto bad = select::find_non_finite(whole);
+    return {bad.count, lo + bad.first};
+  }
+  std::size_t bad = 0;
+  for (std::size_t k = k0; k < k1; ++k) {
+    const std::size_t first = k * b, count = std::min(d, first + b) - first;
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::byte* m = all.data() + r * bytes;
+      float s;
+      std::memcpy(&s, m + 4 * k, 4);
+      const std::byte* codes = m + 4 * blocks + first * Code::bits / 8;
+      if (r == 0)
+        decode_block<Code, put_mode::first>(codes, count, s, out.data() + first);
+      else
+        decode_block<Code, put_mode::add>(codes, count, s, out.data() + first);
+    }
+    bad += select::count_non_finite(std::span<const float>(out).subspan(first, count));
+  }
+  if (bad == 0) return {0, hi};
+  return {bad, lo + select::find_non_finite(whole).first};
+}
+
+// out <- what message m decodes to (d values in blocks of b), bit for bit as decode_blocks.
+template <class Code>
+void decode_message(std::span<const std::byte> m, std::size_t d, std::size_t b, std::span<float> out) {
+  if (Code::bits == 4 && b % 2 != 0) {
+    decode_blocks<Code>(m, d, b, 0, (d + b - 1) / b, [&](std::size_t i, float x) { out[i] = x; });
+    return;
+  }
+  const std::size_t blocks = (d + b - 1) / b;
+  for (std::size_t k = 0; k < blocks; ++k) {
+    const std::size_t first = k * b, count = std::min(d, first + b) - first;
+    float s;
+    std::memcpy(&s, m.data() + 4 * k, 4);
+    decode_block<Code, put_mode::assign>(m.data() + 4 * blocks + first * Code::bits / 8, count, s,
+                                         out.data() + first);
   }
 }
 
@@ -173,14 +480,28 @@ public:
 
   template <comm::communicator C>
   comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
-    const auto v = detail::take_input(g, out.size(), length_, ef_, p_);
+    // The message is coded before the verdicts are gathered: its pass is the finiteness test. Without error
+    // feedback p is g itself, read where it lies.
+    auto v = detail::check_sizes(g.size(), out.size(), length_);
+    if (v.problem == detail::input_problem::none) {
+      std::span<const float> p = g;
+      if (ef_.on()) {
+        ef_.accumulate(g, p_);
+        p = p_;
+      }
+      const auto bad = detail::encode_blocks<Code>(p, opt_.block_size, scales_, msg_);
+      if (bad.count > 0) v = {detail::input_problem::non_finite, bad.count, bad.first, 0};
+    }
     detail::agree(c, what(), length_, config(), v, verdicts_);
-    encode();
     sum_gathered(c, out);
     wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
                 .bytes_sent;
     return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), length_, false);
   }
+
+  // The NaN and infinities of the sum the last successful reduce wrote into out (a sum of finite values can
+  // overflow), counted as it was written: a caller that must refuse such a sum need not read it again.
+  select::non_finite_scan sum_non_finite() const noexcept { return sum_scan_; }
 
   void save(std::ostream& os) const { detail::save_state(os, what(), params(), steps_, ef_); }
   void load(std::istream& is) {
@@ -196,10 +517,8 @@ private:
     return detail::fingerprint(p);
   }
 
-  void encode() { detail::encode_blocks<Code>(p_, opt_.block_size, scales_, msg_); }
-
-  // Every rank's message gathered and summed in rank order from +0, as compress/compressor_round.hpp's gather_and_sum,
-  // but a chunk of blocks at a time across the ranks, so that each chunk of `out` is written once from
+  // Every rank's message gathered and summed in rank order from +0, as compress/compressor_round.hpp's
+  // gather_and_sum, but a block at a time across the ranks, so that each block of `out` is written once from
   // cache rather than read and written again for every rank; this rank's own decoded message only when error
   // feedback keeps the rest of it.
   template <comm::communicator C>
@@ -208,26 +527,14 @@ private:
     const std::size_t bytes = msg_.size();
     all_.resize(n * bytes);
     c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
-    const std::size_t chunk = std::max<std::size_t>(1, 16384 / opt_.block_size);
-    const std::span<const std::byte> all(all_);
-    for (std::size_t k0 = 0; k0 < blocks(); k0 += chunk) {
-      const std::size_t k1 = std::min(blocks(), k0 + chunk);
-      decode(all.first(bytes), k0, k1, [&](std::size_t i, float x) { out[i] = 0.0f + x; });
-      for (std::size_t r = 1; r < n; ++r)
-        decode(all.subspan(r * bytes, bytes), k0, k1, [&](std::size_t i, float x) { out[i] += x; });
-    }
-    if (ef_.on())
-      decode(std::span<const std::byte>(msg_), 0, blocks(), [&](std::size_t i, float x) { d_[i] = x; });
-  }
-
-  template <class Sink>
-  void decode(std::span<const std::byte> m, std::size_t k0, std::size_t k1, Sink&& sink) const {
-    detail::decode_blocks<Code>(m, length_, opt_.block_size, k0, k1, std::forward<Sink>(sink));
+    sum_scan_ = detail::sum_blocks<Code>(all_, bytes, n, length_, opt_.block_size, 0, blocks(), out);
+    if (ef_.on()) detail::decode_message<Code>(msg_, length_, opt_.block_size, d_);
   }
 
   block_quant_options opt_;
   std::vector<float> scales_;
   std::vector<std::byte> msg_, all_;
+  select::non_finite_scan sum_scan_;
 };
 
 using int8 = block_quantizer<int8_code>;

@@ -65,36 +65,46 @@ public:
     else if (length_ % n == 0 && out.size() != part)
       v = {detail::input_problem::part_size, 0, out.size(), static_cast<double>(part)};
     else {
-      ef_.accumulate(g, p_, 1.0f);
-      v = detail::check_finite(p_);
+      // Without error feedback p is g itself, read where it lies.
+      std::span<const float> p = g;
+      if (ef_.on()) {
+        ef_.accumulate(g, p_);
+        p = p_;
+      }
+      if (length_ % n == 0) {
+        // The parts are coded now: their pass is the finiteness test.
+        msg_.resize(n * part_bytes(part));
+        v = {};
+        for (std::size_t j = 0; j < n; ++j) {
+          const auto bad = detail::encode_blocks<Code>(
+              p.subspan(j * part, part), opt_.block_size, scales_,
+              std::span<std::byte>(msg_).subspan(j * part_bytes(part), part_bytes(part)));
+          if (bad.count > 0 && v.problem == detail::input_problem::none)
+            v = {detail::input_problem::non_finite, 0, j * part + bad.first, 0};
+          v.count += bad.count;
+        }
+      } else {
+        v = detail::check_finite(p); // refused below whatever it holds
+      }
     }
     detail::agree(c, what(), length_, config(), v, verdicts_);
     // The same length on every rank now, so every rank refuses it alike.
     if (length_ % n != 0)
-      throw invalid_argument(commsgd::concat(what(), ": argument 'length' = ", length_, " does not divide into the ",
-                                             n, " ranks; the allowed lengths are multiples of the ranks"));
+      throw invalid_argument(commsgd::concat(what(), ": argument 'length' = ", length_,
+                                             " does not divide into the ", n,
+                                             " ranks; the allowed lengths are multiples of the ranks"));
 
     const std::size_t bytes = part_bytes(part);
-    msg_.resize(n * bytes);
     inbox_.resize(n * bytes);
-    const std::span<const float> p(p_);
-    for (std::size_t j = 0; j < n; ++j)
-      detail::encode_blocks<Code>(p.subspan(j * part, part), opt_.block_size, scales_,
-                                  std::span<std::byte>(msg_).subspan(j * bytes, bytes));
-    comm::all_to_all(c, std::span<const std::byte>(msg_), std::span<std::byte>(inbox_), block_reduce_scatter_tag);
+    comm::all_to_all(c, std::span<const std::byte>(msg_), std::span<std::byte>(inbox_),
+                     block_reduce_scatter_tag);
 
     const std::size_t blocks = (part + opt_.block_size - 1) / opt_.block_size;
-    const std::span<const std::byte> in(inbox_);
-    detail::decode_blocks<Code>(in.first(bytes), part, opt_.block_size, 0, blocks,
-                                [&](std::size_t i, float x) { out[i] = 0.0f + x; });
-    for (std::size_t r = 1; r < n; ++r)
-      detail::decode_blocks<Code>(in.subspan(r * bytes, bytes), part, opt_.block_size, 0, blocks,
-                                  [&](std::size_t i, float x) { out[i] += x; });
+    detail::sum_blocks<Code>(inbox_, bytes, n, part, opt_.block_size, 0, blocks, out);
     if (ef_.on())
       for (std::size_t j = 0; j < n; ++j)
-        detail::decode_blocks<Code>(std::span<const std::byte>(msg_).subspan(j * bytes, bytes), part,
-                                    opt_.block_size, 0, blocks,
-                                    [&](std::size_t i, float x) { d_[j * part + i] = x; });
+        detail::decode_message<Code>(std::span<const std::byte>(msg_).subspan(j * bytes, bytes), part,
+                                     opt_.block_size, std::span<float>(d_).subspan(j * part, part));
     wire_ = cost::block_reduce_scatter_traffic(length_, c.size(), opt_.block_size, Code::bits).bytes_sent;
     return detail::finish_round(ef_, p_, d_, steps_, n, part, false);
   }

@@ -129,16 +129,15 @@ public:
   comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     // Without error feedback p is g itself: encoding straight from g saves copying it (out may be g: it is
     // written only after g has been read).
-    std::span<const float> p = p_;
-    detail::input_verdict v;
-    if (ef_.on()) {
-      v = detail::take_input(g, out.size(), length_, ef_, p_);
-    } else {
-      v = detail::check_sizes(g.size(), out.size(), length_);
-      if (v.problem == detail::input_problem::none) v = detail::check_finite(g);
-      p = g;
+    std::span<const float> p = g;
+    detail::input_verdict v = detail::check_sizes(g.size(), out.size(), length_);
+    if (v.problem == detail::input_problem::none) {
+      if (ef_.on()) {
+        ef_.accumulate(g, p_);
+        p = p_;
+      }
+      v = check_and_encode(p);
     }
-    if (v.problem == detail::input_problem::none) v = encode(p);
     const bool first = !agreed_;
     if (first) {
       detail::agree(c, what(), length_, detail::fingerprint(config()), v, verdicts_, range());
@@ -171,6 +170,11 @@ public:
     return detail::finish_round(ef_, p, d_, steps_, static_cast<std::size_t>(c.size()), length_, true);
   }
 
+  // The NaN and infinities of the sum the last successful reduce wrote into out: none, as reduce tests the
+  // sum while copying it out and refuses it otherwise; a caller that must refuse such a sum need not read it
+  // again.
+  select::non_finite_scan sum_non_finite() const noexcept { return {0, length_}; }
+
   void save(std::ostream& os) const { detail::save_state(os, kind(), params(), steps_, ef_); }
   void load(std::istream& is) {
     static constexpr const char* names[] = {"length", "overflow policy (0 refuse, 1 clamp)"};
@@ -190,14 +194,28 @@ private:
     return {length_, static_cast<std::uint64_t>(opt_.overflow), ef_.on() ? 1u : 0u};
   }
 
-  // The message of p (finite), or the verdict on a value beyond the format's range; changes no state.
-  detail::input_verdict encode(std::span<const float> p) {
-    // p is finite here, so a +-inf result is an overflow.
+  // The message of p, or the verdict on p: its NaN and inf (detail::check_finite's verdict), else the first
+  // value beyond the format's range; changes no state. A chunk at a time, tested and then encoded while it is
+  // in cache: the verdict of testing all of p first, since a NaN or inf anywhere outranks an overflow.
+  detail::input_verdict check_and_encode(std::span<const float> p) {
     const bool clamp = opt_.overflow == half_overflow::clamp;
-    const std::size_t first = Format::encode_n(p, msg_, clamp);
-    if (!clamp && first < length_)
-      return {detail::input_problem::overflow, 1, first, static_cast<double>(p[first])};
-    return {};
+    constexpr std::size_t chunk = 4096;
+    std::size_t bad = 0, first_bad = 0;
+    detail::input_verdict overflow;
+    for (std::size_t i = 0; i < p.size(); i += chunk) {
+      const auto part = p.subspan(i, std::min(chunk, p.size() - i));
+      const auto scan = select::find_non_finite(part);
+      if (scan.count > 0 && bad == 0) first_bad = i + scan.first;
+      bad += scan.count;
+      if (bad > 0 || overflow.problem != detail::input_problem::none) continue;
+      // The chunk is finite, so a +-inf result is an overflow.
+      const std::size_t first =
+          Format::encode_n(part, std::span<std::uint16_t>(msg_).subspan(i, part.size()), clamp);
+      if (!clamp && first < part.size())
+        overflow = {detail::input_problem::overflow, 1, i + first, static_cast<double>(part[first])};
+    }
+    if (bad > 0) return {detail::input_problem::non_finite, bad, first_bad, 0};
+    return overflow;
   }
 
   // 64 values copied, and how many are not finite (restrict parameters and a known length: GCC vectorises

@@ -72,6 +72,7 @@
 #include <commsgd/sync/strategy.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -297,8 +298,11 @@ private:
   struct exchange {
     std::int64_t started = 0, due = 0;
     std::vector<float> delta, sum;
-    std::uint64_t wire = 0;       // bytes this rank sent for it, written by the exchange thread
-    bool own_finite = true;       // uncompressed: whether this rank's pseudo-gradient was finite
+    std::uint64_t wire = 0; // bytes this rank sent for it, written by the exchange thread
+    bool own_finite = true; // uncompressed: whether this rank's pseudo-gradient was finite
+    // The sum's NaN and inf as the compressor counted them while writing it, where it does (then apply does
+    // not read the sum again to test it).
+    std::optional<select::non_finite_scan> sum_scan;
     exchange_thread::ticket done; // invalid once waited for (and for a loaded one)
     std::exception_ptr error;     // what the exchange threw, kept until it is applied
   };
@@ -381,6 +385,7 @@ private:
     ex->error = nullptr;
     ex->wire = 0;
     ex->own_finite = true;
+    ex->sum_scan.reset();
     ex->started = t;
     ex->due = t + opt_.delay;
     exchange* e = ex.get();
@@ -393,12 +398,12 @@ private:
       ex->done = thread_->submit([e, c, x] {
         x->reduce(*c, std::span<const float>(e->delta), std::span<float>(e->sum));
         e->wire = x->wire_bytes();
+        if constexpr (requires { x->sum_non_finite(); }) e->sum_scan = x->sum_non_finite();
       });
     } else {
       // Summed in place: the pseudo-gradient itself is not kept, only whether it was finite (for the
       // refusal's wording).
-      pseudo_gradient_of(p, params, ex->sum);
-      ex->own_finite = select::find_non_finite(std::span<const float>(ex->sum)).count == 0;
+      ex->own_finite = pseudo_gradient_of(p, params, ex->sum) == 0;
       const std::uint64_t wire =
           comm::ring_all_reduce_traffic(e->sum.size(), sizeof(float), ranks_, rank_).bytes_sent;
       ex->done = thread_->submit([e, c, wire] {
@@ -410,19 +415,26 @@ private:
     ++started_;
   }
 
-  // out <- global_p - params over fragment p's runs (pseudo_gradient's sign, sync/outer_optimizer.hpp).
-  void pseudo_gradient_of(std::size_t p, std::span<const float> params, std::vector<float>& out) const {
+  // out <- global_p - params over fragment p's runs (pseudo_gradient's sign, sync/outer_optimizer.hpp);
+  // returns how many of out's values are NaN or inf, counted in the same pass.
+  std::size_t pseudo_gradient_of(std::size_t p, std::span<const float> params,
+                                 std::vector<float>& out) const {
     out.resize(frags_[p].length);
     const auto& g = global_[p];
-    std::size_t at = 0;
+    std::size_t at = 0, bad = 0;
     for (const auto& [off, len] : frags_[p].runs) {
-      pseudo_gradient(std::span<const float>(g).subspan(at, len), params.subspan(off, len),
-                      std::span<float>(out).subspan(at, len));
+      bad += pseudo_gradient_counted(std::span<const float>(g).subspan(at, len), params.subspan(off, len),
+                                     std::span<float>(out).subspan(at, len));
       at += len;
     }
-    if (weight_ != 1.0f) // math::pseudo_gradient's scaling, in a second pass only when it changes bits
-      for (float& v : out)
+    if (weight_ != 1.0f) { // math::pseudo_gradient's scaling, in a second pass only when it changes bits
+      bad = 0;
+      for (float& v : out) {
         v = math::mul_rn(v, weight_);
+        bad += std::isfinite(v) ? 0u : 1u;
+      }
+    }
+    return bad;
   }
 
   static void wait(exchange& e) noexcept {
@@ -442,7 +454,7 @@ private:
                                        ") compressed by ", compressor_name(), " (", e.what(), ")"),
                        e.count(), e.first_index());
     }
-    const auto bad = select::find_non_finite(std::span<const float>(ex->sum));
+    const auto bad = ex->sum_scan ? *ex->sum_scan : select::find_non_finite(std::span<const float>(ex->sum));
     if (bad.count > 0) {
       const bool mine_bad =
           compressed ? select::find_non_finite(std::span<const float>(ex->delta)).count > 0 : !ex->own_finite;
@@ -458,9 +470,7 @@ private:
     const float a = opt_.alpha;
     std::size_t at = 0;
     for (const auto& [off, len] : frags_[p].runs) {
-      float* x = params.data() + off;
-      outer_[p].step_on_sum(g, ex->sum, static_cast<float>(ranks_), at, len,
-                            [&](std::size_t j, float gj) { x[j - at] = math::merge(gj, x[j - at], a); });
+      outer_[p].step_and_merge(g, ex->sum, static_cast<float>(ranks_), at, len, params.data() + off, a);
       at += len;
     }
     applied_at_[p] = step_;

@@ -23,6 +23,8 @@
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <span>
 #include <utility>
 #include <vector>
@@ -34,6 +36,34 @@ inline void pseudo_gradient(std::span<const float> global, std::span<const float
                             std::span<float> out) noexcept {
   for (std::size_t i = 0; i < out.size(); ++i)
     out[i] = global[i] - local[i];
+}
+
+namespace detail {
+// 64 values of global - local, and how many of them are NaN or inf (restrict parameters and a known length:
+// GCC vectorises the loop at -O2 only then).
+inline std::size_t pseudo_gradient_group(const float* __restrict global, const float* __restrict local,
+                                         float* __restrict out) noexcept {
+  std::uint32_t bad = 0;
+  for (std::size_t j = 0; j < 64; ++j) {
+    out[j] = global[j] - local[j];
+    bad += std::fabs(out[j]) <= std::numeric_limits<float>::max() ? 0u : 1u;
+  }
+  return bad;
+}
+} // namespace detail
+
+// pseudo_gradient, returning how many of the values it wrote are NaN or inf: the finiteness test in the same
+// pass.
+inline std::size_t pseudo_gradient_counted(std::span<const float> global, std::span<const float> local,
+                                           std::span<float> out) noexcept {
+  std::size_t bad = 0, i = 0;
+  for (; i + 64 <= out.size(); i += 64)
+    bad += detail::pseudo_gradient_group(global.data() + i, local.data() + i, out.data() + i);
+  for (; i < out.size(); ++i) {
+    out[i] = global[i] - local[i];
+    bad += std::fabs(out[i]) <= std::numeric_limits<float>::max() ? 0u : 1u;
+  }
+  return bad;
 }
 
 struct outer_sgd_options {
@@ -110,10 +140,64 @@ public:
     }
   }
 
+  // step_on_sum with the merge as its `after`: x[i - first] <- math::merge(global[i], x[i - first], alpha),
+  // x being a rank's model, apart from global, sum and v. The same bits, in loops that vectorise: groups of 64
+  // values through restrict pointers (GCC's -O2 vectorises a loop only with a known trip count and no
+  // possible overlap), the momentum and alpha = 0 chosen outside them.
+  void step_and_merge(std::span<float> global, std::span<const float> sum, float n, std::size_t first,
+                      std::size_t count, float* x, float alpha) {
+    if (has_momentum() && v_.empty()) v_.assign(global.size(), 0.0f);
+    if (has_momentum())
+      alpha == 0.0f ? merge_run<true, true>(global, sum, n, first, count, x, alpha)
+                    : merge_run<true, false>(global, sum, n, first, count, x, alpha);
+    else
+      alpha == 0.0f ? merge_run<false, true>(global, sum, n, first, count, x, alpha)
+                    : merge_run<false, false>(global, sum, n, first, count, x, alpha);
+  }
+
   // For a loaded state: the caller has checked the length (0, or the model's with momentum).
   void replace_velocity(std::vector<float> v) noexcept { v_ = std::move(v); }
 
 private:
+  // math::outer_step and math::merge on `count` values, the choices they make per value made here once.
+  template <bool Momentum, bool Restart>
+  static void merge_values(float* __restrict g, const float* __restrict s, float* __restrict v,
+                           float* __restrict x, std::size_t count, float n, float lr, float mu, float alpha) {
+    for (std::size_t j = 0; j < count; ++j) {
+      const float mean = math::div_rn(s[j], n);
+      float gj;
+      if constexpr (Momentum) {
+        v[j] = math::add_rn(math::mul_rn(mu, v[j]), mean);
+        gj = math::sub_rn(g[j], math::mul_rn(lr, math::add_rn(mean, math::mul_rn(mu, v[j]))));
+      } else {
+        gj = math::sub_rn(g[j], math::mul_rn(lr, mean));
+      }
+      g[j] = gj;
+      if constexpr (Restart)
+        x[j] = gj;
+      else
+        x[j] = math::add_rn(gj, math::mul_rn(alpha, math::sub_rn(x[j], gj)));
+    }
+  }
+  template <bool Momentum, bool Restart>
+  static void merge_group(float* __restrict g, const float* __restrict s, float* __restrict v,
+                          float* __restrict x, float n, float lr, float mu, float alpha) {
+    merge_values<Momentum, Restart>(g, s, v, x, 64, n, lr, mu, alpha);
+  }
+  template <bool Momentum, bool Restart>
+  void merge_run(std::span<float> global, std::span<const float> sum, float n, std::size_t first,
+                 std::size_t count, float* x, float alpha) {
+    const float lr = opt_.lr, mu = opt_.momentum;
+    float* const v = Momentum ? v_.data() + first : nullptr;
+    float* const g = global.data() + first;
+    const float* const s = sum.data() + first;
+    std::size_t i = 0;
+    for (; i + 64 <= count; i += 64)
+      merge_group<Momentum, Restart>(g + i, s + i, Momentum ? v + i : nullptr, x + i, n, lr, mu, alpha);
+    merge_values<Momentum, Restart>(g + i, s + i, Momentum ? v + i : nullptr, x + i, count - i, n, lr, mu,
+                                    alpha);
+  }
+
   options opt_;
   std::vector<float> v_;
 };
