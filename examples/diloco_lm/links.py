@@ -49,6 +49,7 @@ ARMS = {
     "hsdp-fp16": ["--arm", "hsdp", "--replicate", "fp16"],
     "hsdp-powersgd": ["--arm", "hsdp", "--replicate", "powersgd", "--psgd-rank", "4"],
     "hsdp-topk": ["--arm", "hsdp", "--replicate", "topk", "--density", "0.01"],
+    "hsdp-auto": ["--arm", "hsdp", "--replicate", "auto", "--psgd-rank", "4"],
     "ddp-powersgd": ["--arm", "ddp-powersgd", "--psgd-rank", "4"],
     "ddp-topk": ["--arm", "ddp-topk", "--density", "0.01"],
     "postlocal-h30": ["--arm", "postlocal", "--sync-every", "30"],

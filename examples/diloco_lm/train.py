@@ -19,7 +19,8 @@ Arms (all with AdamW, the same learning-rate schedule, the same global batch):
     hsdp           replicas of --replica-ranks ranks, FSDP2 inside each, the gradients averaged across replicas
                    every step: --replicate float32 is FSDP2's own HSDP (a 2-D mesh, float32 all-reduce); fp16,
                    powersgd (--psgd-rank) or topk (--density) go through commsgd_torch.hsdp's replicate hook
-                   with that commsgd DDP hook family (dense for --warmup steps)
+                   with that commsgd DDP hook family (dense for --warmup steps); auto: AutoState among dense,
+                   fp16 and powersgd, profiled for --warmup steps
     ddp-powersgd   DDP with PyTorch's PowerSGD hook (--psgd-rank, dense for --warmup steps)
     ddp-topk       DDP with commsgd_torch.TopKState / topk_hook (--density, dense for --warmup steps)
     postlocal      DDP with PyTorch's post-local-SGD hook and PostLocalSGDOptimizer + PeriodicModelAverager
@@ -183,6 +184,8 @@ def make_arm(args, model, inner):
         if args.replicate == "float32":
             return model, inner, (lambda: meter.bytes_sent), (lambda: params)
         state = model._replicate_state
+        if args.replicate == "auto":  # its dense and fp16 rounds are PyTorch's collectives, not counted here
+            return model, inner, (lambda: None), (lambda: params)
         return model, inner, (lambda: state.traffic()["bytes_sent"]), (lambda: params)
     if args.arm == "fsdp":  # sharded by shard(); its collectives are FSDP2's own (bytes not counted) unless
         # --reduce-scatter codes the gradients' reduce-scatter: then its bytes, as the communicator counted them
@@ -368,7 +371,7 @@ def parse(argv):
                    help="diloco: ranks a replica, FSDP2 inside it (1: each rank its own replica)")
     p.add_argument("--reduce-scatter", choices=("float32", "int8", "e3m0", "fp16", "bf16"), default="float32",
                    help="fsdp: the gradients' reduce-scatter, FSDP2's own (float32) or commsgd_torch.fsdp's codes")
-    p.add_argument("--replicate", choices=("float32", "fp16", "powersgd", "topk"), default="float32",
+    p.add_argument("--replicate", choices=("float32", "fp16", "powersgd", "topk", "auto"), default="float32",
                    help="hsdp: the cross-replica exchange, FSDP2's own (float32) or a commsgd hook family")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--stop-at", type=float, default=None,
@@ -432,6 +435,10 @@ def shard(args, model):
             state = commsgd_torch.PowerSGDState(group, matrix_approximation_rank=args.psgd_rank,
                                                 start_powerSGD_iter=warm, random_seed=args.seed)
             hook = commsgd_torch.powersgd_hook
+        elif args.replicate == "auto":  # the network measured on the replicate group, dense profiled first
+            state = commsgd_torch.AutoState(group, model=model, profile_steps=max(args.warmup, 3),
+                                            candidates=("dense", "fp16", f"powersgd-r{args.psgd_rank}"))
+            hook = commsgd_torch.auto_hook
         else:  # AdamW keeps its moments, as in ddp-topk; error feedback keeps the rest
             state = commsgd_torch.TopKState(group, model=model, density=args.density, momentum=0.0, start_iter=warm)
             hook = commsgd_torch.topk_hook

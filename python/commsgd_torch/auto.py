@@ -199,6 +199,9 @@ class AutoState:
         self.candidates, self.network, self.profile_steps = names, network, int(profile_steps)
         self.margin, self.recheck_every, self.drift, self.seed = float(margin), int(recheck_every), float(drift), seed
         self.model, self.optimizer = model, optimizer
+        # Whether the hook's caller waits for each exchange before backward goes on (commsgd_torch.hsdp sets it:
+        # FSDP2 runs the hook inside its post-backward), so that every exchange delays the rest of backward.
+        self.blocking = False
         self.process_group = own_group(process_group)
         self.world = dist.get_world_size(self.process_group)
         self.rank = dist.get_rank(self.process_group)
@@ -290,7 +293,9 @@ class AutoState:
                     self._shapes = []
             self._cur["ready_s"].append(t0 - self._fwd_end)
             if self.iter == 2:  # DDP's buckets are final from the second iteration on
-                self._shapes.append((bucket.buffer().numel(), _matrices(bucket.parameters())))
+                # A shard's bucket (commsgd_torch.hsdp) holds its parameters' shards, not the whole parameters.
+                held = bucket.gradients() if hasattr(bucket, "shard_sizes") else bucket.parameters()
+                self._shapes.append((bucket.buffer().numel(), _matrices(held)))
             mark = (self._cur, self._fwd_end, bucket.is_last())
         if bucket.buffer().is_cuda:
             # PyTorch's hook as it is (its futures belong to the device's streams); unprofiled.
@@ -352,10 +357,16 @@ class AutoState:
         period = _median(self._dense_periods[2:]) or (forward + max(done))
         backward = ready[-1]
         optimizer = max(period - forward - max(backward, max(done)), 0.0)
+        if self.blocking:  # the ready times measured include the exchanges waited for before: take them out
+            lost, unhooked = 0.0, []
+            for r, d in zip(ready, done):
+                unhooked.append(r - lost)
+                lost += max(d - r, 0.0)
+            ready, backward = unhooked, unhooked[-1]
         latency, bandwidth = self.network if self.network is not None else self._measure_network()
         shapes = self._shapes[:nb]
         compute = {c: candidate_compute(c, shapes, self.world, self.seed) for c in self.candidates}
-        blocking = {c: False for c in self.candidates}
+        blocking = {c: self.blocking for c in self.candidates}
         verdict = _C.choose(self.candidates, forward, backward, optimizer, ready, shapes, compute, blocking,
                             self.world, latency, bandwidth, self.margin, self.steps_factor)
         # Rank 0's verdict, so that every rank switches to the same exchange.

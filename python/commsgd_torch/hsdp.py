@@ -22,7 +22,9 @@ its gradients the parameters' padded shards in FSDP2's order (PowerSGD's matrice
 dim-0 shard), its parameters the model's (sharded) parameters. The mesh must not be FSDP2's own 2-D HSDP
 mesh: FSDP2 would all-reduce in float32 first and call the hook after. Every parameter of a hooked module
 needs a gradient each backward (FSDP2 leaves one without out of the reduce-scatter, which would change the
-bucket's layout). CPU tensors; torch 2 (FSDP2) only; every family but AutoState.
+bucket's layout). CPU tensors; torch 2 (FSDP2) only. AutoState chooses among dense, fp16 and PowerSGD here
+(its model of the step takes each exchange as blocking backward, as FSDP2's hook does); its top-k
+candidates are refused for now.
 """
 from typing import Any, Callable, Dict, List, Optional
 
@@ -137,10 +139,13 @@ def register_replicate_hook(model: torch.nn.Module, state: Any, hook: Callable[[
         raise Unsupported(f"commsgd_torch.hsdp needs FSDP2 (torch 2): {e}") from None
     from .auto import AutoState
     if isinstance(state, AutoState):
-        raise Unsupported("commsgd_torch.hsdp: argument 'state' is an AutoState, not supported here yet: its "
-                          "prediction models DDP's overlapped buckets and its momentum moves whole parameters, "
-                          "where HSDP hands it shards one module at a time; pick a family (fp16, PowerSGD, "
-                          "top-k) by the figures in docs/pytorch.md")
+        topk = [c for c in state.candidates if c.startswith("topk")]
+        if topk:
+            raise Unsupported(f"commsgd_torch.hsdp: argument 'state' is an AutoState with top-k candidates "
+                              f"{topk}, not supported here yet: moving the optimizer's momentum into top-k's "
+                              "hook (and back) works on whole parameters, HSDP hands the hook shards; pass "
+                              "candidates without them (dense, fp16, powersgd-r<k>)")
+        state.blocking = True  # FSDP2 waits for each module's hook before backward goes on
     group = getattr(state, "process_group", None)
     if not isinstance(group, dist.ProcessGroup):
         raise InvalidArgument(f"commsgd_torch.hsdp: argument 'state' is a {type(state).__name__} without a "

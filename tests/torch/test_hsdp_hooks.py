@@ -8,8 +8,10 @@ processes (gloo): 2 replicas x 2 ranks, FSDP2 over each replica's 2 ranks, the h
   rank r end every step with the same parameter bits;
 - with fp16 the run stays within fp16's rounding of FSDP2's own float32 HSDP (a 2-D mesh);
 - a checkpoint of the model and the hook's state resumes bit for bit;
-- FSDP2's own 2-D HSDP mesh, a model without FSDP2 modules, a state without a group, AutoState (not yet
-  under HSDP) and a parameter left without a gradient are refused, naming what is wrong.
+- AutoState picks a compressed exchange on a slow network and dense on a fast one, the same on every rank,
+  and the replicas stay bit-identical through the switch;
+- FSDP2's own 2-D HSDP mesh, a model without FSDP2 modules, a state without a group, AutoState's top-k
+  candidates (not yet under HSDP) and a parameter left without a gradient are refused, naming what is wrong.
 """
 import pytest
 import torch
@@ -276,6 +278,33 @@ def test_a_checkpoint_of_the_model_and_the_hooks_state_resumes_bit_for_bit():
         assert not without_state  # the residuals matter: a resume without them differs
 
 
+def _auto(rank, world, network, steps):
+    from commsgd_torch import hsdp
+    mesh = _mesh()
+    model = _sharded(mesh)
+    state = commsgd_torch.AutoState(mesh["replicate"].get_group(), model=model, network=network,
+                                    candidates=("dense", "fp16", "powersgd-r2"), profile_steps=4)
+    hsdp.register_replicate_hook(model, state, commsgd_torch.auto_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = [_step(model, opt, rank, 0) for _ in range(steps)]
+    return {"choice": state.choice(), "log": [(r["iteration"], r["choice"], r["reason"]) for r in state.log()],
+            "params": [p.numpy().copy() for p in _local(model)], "losses": losses}
+
+
+@pytest.mark.parametrize("network, compressed", [((1e-3, 1e5), True), ((1e-6, 1e12), False)])
+def test_auto_chooses_among_dense_fp16_and_powersgd_under_hsdp(network, compressed):
+    got = run_ranks(_auto, WORLD, (network, 10))
+    choices = {r["choice"] for r in got}
+    assert len(choices) == 1, choices  # rank 0's verdict on every rank
+    choice = choices.pop()
+    assert (choice != "dense") == compressed, got[0]["log"]
+    assert got[0]["log"][0][0] == 4 and got[0]["log"][0][2], got[0]["log"]
+    for r in range(SHARDS):
+        for x, y in zip(got[r]["params"], got[SHARDS + r]["params"]):
+            assert x.tobytes() == y.tobytes(), f"shard rank {r}: the replicas differ after {choice}"
+    assert got[0]["losses"][-1] < got[0]["losses"][0]
+
+
 def _refusals(rank, world):
     from commsgd_torch import InvalidArgument, Unsupported, hsdp
     mesh = _mesh()
@@ -295,7 +324,7 @@ def _refusals(rank, world):
     said["state"] = str(e.value)
     with pytest.raises(Unsupported) as e:
         sharded = _sharded(mesh)
-        auto = commsgd_torch.AutoState(group, model=sharded, candidates=("dense", "fp16"))
+        auto = commsgd_torch.AutoState(group, model=sharded, optimizer=torch.optim.SGD(sharded.parameters(), lr=0.1))
         hsdp.register_replicate_hook(sharded, auto, commsgd_torch.auto_hook)
     said["auto"] = str(e.value)
     # A parameter without a gradient beside one with: FSDP2 leaves it out of the reduce-scatter, and the
@@ -329,6 +358,6 @@ def test_what_it_cannot_do_is_refused_naming_it():
         assert "2-D HSDP mesh" in said["native"] and "mesh['shard']" in said["native"]
         assert "no FSDP2 module" in said["plain"]
         assert "'state'" in said["state"] and "process group" in said["state"]
-        assert "AutoState" in said["auto"] and "'state'" in said["auto"]
+        assert "AutoState with top-k candidates" in said["auto"] and "'topk-0.01'" in said["auto"]
         assert "module 'a'" in said["partly"] and "needs a gradient" in said["partly"]
         assert "module(s) ''" in said["unused"] and "needs a gradient" in said["unused"]
