@@ -535,6 +535,8 @@ def main(argv=None):
                    "train_loss": round(loss.item(), 4),
                    "val_loss": round(evaluate(eval_model, global_params(), windows), 5),
                    "bytes_sent": int(sent) if sent is not None else None, "max_rss_mb": max_rss_mb()}
+            if args.arm == "hsdp" and args.replicate == "auto":
+                rec["auto_choice"] = model._replicate_state.choice()
             if args.arm == "diloco":
                 stats = opt.stats()
                 rec["exchanges"] = stats["exchanges_started"]
