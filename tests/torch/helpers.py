@@ -145,15 +145,16 @@ class FakeBucket:
 
 
 class Bucket:
-    """A DDP bucket as the hooks see it: a flat buffer, per-parameter views into it, an index."""
+    """A DDP bucket as the hooks see it: a flat buffer, per-parameter views into it, an index; its parameters
+    the views, or `params` where given."""
 
-    def __init__(self, grads, index=0, last=True):
+    def __init__(self, grads, index=0, last=True, params=None):
         self._buffer = torch.cat([g.reshape(-1) for g in grads]).contiguous()
         self._views, off = [], 0
         for g in grads:
             self._views.append(self._buffer[off:off + g.numel()].view(g.shape))
             off += g.numel()
-        self._index, self._last = index, last
+        self._index, self._last, self._params = index, last, params
 
     def buffer(self):
         return self._buffer
@@ -162,7 +163,7 @@ class Bucket:
         return self._views
 
     def parameters(self):
-        return self._views
+        return self._views if self._params is None else self._params
 
     def index(self):
         return self._index

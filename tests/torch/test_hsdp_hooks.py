@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import fully_shard, init_device_mesh, needs_fsdp2, run_ranks
+from helpers import Bucket, fully_shard, init_device_mesh, needs_fsdp2, run_ranks
 
 import commsgd_torch
 
@@ -82,7 +82,7 @@ def _local(model):
     return [p.to_local().detach().clone() for p in model.parameters()]
 
 
-def _flat_grads(module):
+def _shard_grads(module):
     return [p.grad.to_local().detach().clone() for p in module.parameters(recurse=False)]
 
 
@@ -96,7 +96,7 @@ def _recorded(rank, world, family, steps):
     # FSDP2's own reduce-scatter output at step 0, without the hook: each call's input must be it.
     probe = _sharded(mesh)
     ((probe(_batch(rank, 0)) - _batch(rank, 0)[:, :5]) ** 2).mean().backward()
-    fsdp_out = {name: _flat_grads(m) for name, m in _modules(probe).items()}
+    fsdp_out = {name: _shard_grads(m) for name, m in _modules(probe).items()}
 
     model = _sharded(mesh)
     state, hook = _state(family, mesh["replicate"].get_group(), model)
@@ -120,7 +120,6 @@ def _recorded(rank, world, family, steps):
     assert hooks.calls == 3 * steps, hooks.calls
     # The first backward's inputs are FSDP2's own reduce-scatter outputs (each parameter's shard, its padding
     # past the parameter's rows left out).
-    names = {_modules(model)[n]: n for n in _modules(model)}
     first = {c["index"]: c for c in calls[:3]}
     for index, name in enumerate(hooks.names):
         c, at = first[index], 0
@@ -129,7 +128,6 @@ def _recorded(rank, world, family, steps):
             got = c["input"][at:at + n].view(shape)[:grad.shape[0]]
             assert torch.equal(got.view(torch.int32), grad.reshape(got.shape).view(torch.int32)), name
             at += n
-    del names
     recs = [{k: (v.numpy().copy() if torch.is_tensor(v) else v) for k, v in c.items()} for c in calls]
     return {"calls": recs, "losses": losses, "params": params, "names": hooks.names}
 
@@ -141,36 +139,10 @@ def _position(model, p):
     raise AssertionError("a bucket parameter that is not the model's")
 
 
-class _Plain:
-    """A DDP bucket of plain tensors: a flat buffer, per-parameter views into it, the parameters given."""
-
-    def __init__(self, buffer, shapes, params, index, last):
-        self._buffer, self._index, self._last, self._params = buffer, index, last, params
-        self._views, at = [], 0
-        for s in shapes:
-            n = torch.Size(s).numel()
-            self._views.append(buffer[at:at + n].view(s))
-            at += n
-
-    def buffer(self):
-        return self._buffer
-
-    def gradients(self):
-        return self._views
-
-    def parameters(self):
-        return self._params
-
-    def index(self):
-        return self._index
-
-    def is_last(self):
-        return self._last
-
-
 def _replayed(rank, world, family, every_calls):
     """Each rank, in a new group of its replicate ranks (shard rank r of every replica), replays its
-    recorded inputs through a fresh state of the family on plain DDP buckets, in call order."""
+    recorded inputs through a fresh state of the family on plain DDP buckets (helpers.Bucket over plain
+    parameters of the shards' shapes), in call order."""
     groups = [dist.new_group([r + SHARDS * i for i in range(REPLICAS)]) for r in range(SHARDS)]
     group = groups[rank % SHARDS]
     calls = every_calls[rank]
@@ -181,8 +153,12 @@ def _replayed(rank, world, family, every_calls):
     state, hook = _state(family, group, plain)
     outs = []
     for c in calls:
-        buf = torch.from_numpy(c["input"]).clone()
-        bucket = _Plain(buf, c["shapes"], [plain[i] for i in c["params"]], c["index"], c["last"])
+        flat, at, grads = torch.from_numpy(c["input"]), 0, []
+        for shape in c["shapes"]:
+            n = torch.Size(shape).numel()
+            grads.append(flat[at:at + n].view(shape))
+            at += n
+        bucket = Bucket(grads, c["index"], c["last"], params=[plain[i] for i in c["params"]])
         outs.append(hook(state, bucket).wait().numpy().copy())
     return outs
 

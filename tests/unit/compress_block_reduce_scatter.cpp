@@ -81,14 +81,16 @@ std::string matches_reference(int n, std::size_t part, std::size_t b, std::uint6
   for (int t = 0; t < (ef ? 1 : rounds); ++t) {
     std::vector<std::vector<float>> dec;
     for (int r = 0; r < n; ++r)
-      dec.push_back(reference_decoded<Code>(g[static_cast<std::size_t>(t)][static_cast<std::size_t>(r)], n, b));
+      dec.push_back(
+          reference_decoded<Code>(g[static_cast<std::size_t>(t)][static_cast<std::size_t>(r)], n, b));
     for (int j = 0; j < n; ++j) {
       std::vector<float> want(part, 0.0f);
       for (int r = 0; r < n; ++r)
         for (std::size_t i = 0; i < part; ++i)
           want[i] += dec[static_cast<std::size_t>(r)][static_cast<std::size_t>(j) * part + i];
       if (!harness::same_bits(outs[static_cast<std::size_t>(j)][static_cast<std::size_t>(t)], want))
-        return "round " + std::to_string(t) + ": rank " + std::to_string(j) + "'s part differs from the reference";
+        return "round " + std::to_string(t) + ": rank " + std::to_string(j) +
+               "'s part differs from the reference";
     }
   }
   const std::uint64_t peers = static_cast<std::uint64_t>(n - 1);
@@ -102,25 +104,10 @@ std::string matches_reference(int n, std::size_t part, std::size_t b, std::uint6
                " messages, expected " + std::to_string(each) + " in " + std::to_string(2 * peers);
       if (wire[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)] != each)
         return "rank " + std::to_string(r) + ": wire_bytes() " +
-               std::to_string(wire[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)]) + " != " +
-               std::to_string(each);
+               std::to_string(wire[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)]) +
+               " != " + std::to_string(each);
     }
   return {};
-}
-
-// Runs body(rank's compressor, comm) on n ranks and returns what each rank raised ("" for nothing).
-template <class Make, class Body>
-std::vector<std::string> raised(int n, Make make, Body body) {
-  std::vector<std::string> what(static_cast<std::size_t>(n));
-  local_group(n).run([&](local& c) {
-    auto x = make(c.rank());
-    try {
-      body(x, c);
-    } catch (const commsgd::error& e) {
-      what[static_cast<std::size_t>(c.rank())] = e.what();
-    }
-  });
-  return what;
 }
 
 } // namespace
@@ -229,7 +216,8 @@ TEST_CASE("a checkpoint round-trips the residual: a resumed reduce-scatter goes 
       const auto g = harness::gradient(length, 5 + t * 10 + me);
       x.reduce_scatter(c, g, out);
       y.reduce_scatter(c, g, again);
-      if (!harness::same_bits(out, again)) bad[me] += " / the resumed round " + std::to_string(t) + " differs";
+      if (!harness::same_bits(out, again))
+        bad[me] += " / the resumed round " + std::to_string(t) + " differs";
     }
     if (y.steps() != 4) bad[me] += " / steps " + std::to_string(y.steps());
     std::stringstream other;
@@ -247,57 +235,53 @@ TEST_CASE("a checkpoint round-trips the residual: a resumed reduce-scatter goes 
 
 TEST_CASE("bad input and ranks built differently raise on every rank, naming what is wrong") {
   using X = compress::int8_reduce_scatter;
-  CHECK_THROWS_WITH_AS(X(8, {.block_size = 0}), doctest::Contains("'block_size' = 0 is outside the allowed range"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS(X(8, {.block_size = 0}),
+                       doctest::Contains("'block_size' = 0 is outside the allowed range"), invalid_argument);
   const int n = 3;
-  auto every = [](const std::vector<std::string>& what, const char* part) {
-    for (const auto& w : what)
-      CHECK_MESSAGE(w.find(part) != std::string::npos, "raised: '" << w << "', expected it to name: " << part);
-  };
   // A NaN on rank 1: its verdict is gathered before any payload moves.
-  every(raised(
-            n, [](int) { return X(9); },
-            [](X& x, local& c) {
-              std::vector<float> g(9, 1.0f), out(3);
-              if (c.rank() == 1) g[4] = std::numeric_limits<float>::quiet_NaN();
-              x.reduce_scatter(c, g, out);
-            }),
-        "gradient (plus its residual)");
+  harness::every_names(harness::raised(
+                           n, [](int) { return X(9); },
+                           [](X& x, local& c) {
+                             std::vector<float> g(9, 1.0f), out(3);
+                             if (c.rank() == 1) g[4] = std::numeric_limits<float>::quiet_NaN();
+                             x.reduce_scatter(c, g, out);
+                           }),
+                       "gradient (plus its residual)");
   // Rank 2's output of the wrong size, rank 0's gradient of the wrong size.
-  every(raised(
-            n, [](int) { return X(9); },
-            [](X& x, local& c) {
-              std::vector<float> g(9, 1.0f), out(c.rank() == 2 ? 4 : 3);
-              x.reduce_scatter(c, g, out);
-            }),
-        "argument 'out' has 4 elements, the allowed size is the length over the ranks, 3");
-  every(raised(
-            n, [](int) { return X(9); },
-            [](X& x, local& c) {
-              std::vector<float> g(c.rank() == 0 ? 8 : 9, 1.0f), out(3);
-              x.reduce_scatter(c, g, out);
-            }),
-        "argument 'gradient' has 8 elements");
+  harness::every_names(harness::raised(
+                           n, [](int) { return X(9); },
+                           [](X& x, local& c) {
+                             std::vector<float> g(9, 1.0f), out(c.rank() == 2 ? 4 : 3);
+                             x.reduce_scatter(c, g, out);
+                           }),
+                       "argument 'out' has 4 elements, the allowed size is the length over the ranks, 3");
+  harness::every_names(harness::raised(
+                           n, [](int) { return X(9); },
+                           [](X& x, local& c) {
+                             std::vector<float> g(c.rank() == 0 ? 8 : 9, 1.0f), out(3);
+                             x.reduce_scatter(c, g, out);
+                           }),
+                       "argument 'gradient' has 8 elements");
   // Another block size on rank 1, another length on rank 2, a length that does not divide into the ranks.
-  every(raised(
-            n, [](int r) { return X(9, {.block_size = r == 1 ? 4u : 256u}); },
-            [](X& x, local& c) {
-              std::vector<float> g(9, 1.0f), out(3);
-              x.reduce_scatter(c, g, out);
-            }),
-        "ranks disagree on the compressor's parameters");
-  every(raised(
-            n, [](int r) { return X(r == 2 ? 12 : 9); },
-            [](X& x, local& c) {
-              std::vector<float> g(x.length(), 1.0f), out(x.length() / 3);
-              x.reduce_scatter(c, g, out);
-            }),
-        "ranks disagree on the compressor's 'length'");
-  every(raised(
-            n, [](int) { return X(10); },
-            [](X& x, local& c) {
-              std::vector<float> g(10, 1.0f), out(3);
-              x.reduce_scatter(c, g, out);
-            }),
-        "does not divide into the 3 ranks");
+  harness::every_names(harness::raised(
+                           n, [](int r) { return X(9, {.block_size = r == 1 ? 4u : 256u}); },
+                           [](X& x, local& c) {
+                             std::vector<float> g(9, 1.0f), out(3);
+                             x.reduce_scatter(c, g, out);
+                           }),
+                       "ranks disagree on the compressor's parameters");
+  harness::every_names(harness::raised(
+                           n, [](int r) { return X(r == 2 ? 12 : 9); },
+                           [](X& x, local& c) {
+                             std::vector<float> g(x.length(), 1.0f), out(x.length() / 3);
+                             x.reduce_scatter(c, g, out);
+                           }),
+                       "ranks disagree on the compressor's 'length'");
+  harness::every_names(harness::raised(
+                           n, [](int) { return X(10); },
+                           [](X& x, local& c) {
+                             std::vector<float> g(10, 1.0f), out(3);
+                             x.reduce_scatter(c, g, out);
+                           }),
+                       "does not divide into the 3 ranks");
 }

@@ -94,25 +94,6 @@ std::string matches_reference(int n, std::size_t part, std::uint64_t seed, bool 
   return {};
 }
 
-template <class Make, class Body>
-std::vector<std::string> raised(int n, Make make, Body body) {
-  std::vector<std::string> what(static_cast<std::size_t>(n));
-  local_group(n).run([&](local& c) {
-    auto x = make(c.rank());
-    try {
-      body(x, c);
-    } catch (const commsgd::error& e) {
-      what[static_cast<std::size_t>(c.rank())] = e.what();
-    }
-  });
-  return what;
-}
-
-void every(const std::vector<std::string>& what, const char* part) {
-  for (const auto& w : what)
-    CHECK_MESSAGE(w.find(part) != std::string::npos, "raised: '" << w << "', expected it to name: " << part);
-}
-
 } // namespace
 
 TEST_CASE("each rank's part is every rank's values rounded to 16 bits, summed in rank order from +0") {
@@ -201,51 +182,51 @@ TEST_CASE("a checkpoint round-trips the residual: a resumed reduce-scatter goes 
 TEST_CASE("NaN, inf, an overflow, wrong sizes and ranks built differently raise on every rank") {
   using X = compress::fp16_reduce_scatter;
   const int n = 3;
-  every(raised(
-            n, [](int) { return X(9); },
-            [](X& x, local& c) {
-              std::vector<float> g(9, 1.0f), out(3);
-              if (c.rank() == 1) g[4] = std::numeric_limits<float>::quiet_NaN();
-              x.reduce_scatter(c, g, out);
-            }),
-        "NaN");
-  every(raised(
-            n, [](int) { return X(9); },
-            [](X& x, local& c) {
-              std::vector<float> g(9, 1.0f), out(3);
-              if (c.rank() == 2) g[0] = -std::numeric_limits<float>::infinity();
-              x.reduce_scatter(c, g, out);
-            }),
-        "inf");
-  every(raised(
-            n, [](int) { return X(9); },
-            [](X& x, local& c) {
-              std::vector<float> g(9, 1.0f), out(3);
-              if (c.rank() == 0) g[7] = 70000.0f;
-              x.reduce_scatter(c, g, out);
-            }),
-        "[-65504, 65504] (fp16)");
-  every(raised(
-            n, [](int) { return X(9); },
-            [](X& x, local& c) {
-              std::vector<float> g(9, 1.0f), out(c.rank() == 2 ? 4 : 3);
-              x.reduce_scatter(c, g, out);
-            }),
-        "argument 'out' has 4 elements, the allowed size is the length over the ranks, 3");
-  every(raised(
-            n, [](int r) { return X(9, {.error_feedback = r == 1}); },
-            [](X& x, local& c) {
-              std::vector<float> g(9, 1.0f), out(3);
-              x.reduce_scatter(c, g, out);
-            }),
-        "ranks disagree on the compressor's parameters");
-  every(raised(
-            n, [](int) { return X(10); },
-            [](X& x, local& c) {
-              std::vector<float> g(10, 1.0f), out(3);
-              x.reduce_scatter(c, g, out);
-            }),
-        "does not divide into the 3 ranks");
+  harness::every_names(harness::raised(
+                           n, [](int) { return X(9); },
+                           [](X& x, local& c) {
+                             std::vector<float> g(9, 1.0f), out(3);
+                             if (c.rank() == 1) g[4] = std::numeric_limits<float>::quiet_NaN();
+                             x.reduce_scatter(c, g, out);
+                           }),
+                       "NaN");
+  harness::every_names(harness::raised(
+                           n, [](int) { return X(9); },
+                           [](X& x, local& c) {
+                             std::vector<float> g(9, 1.0f), out(3);
+                             if (c.rank() == 2) g[0] = -std::numeric_limits<float>::infinity();
+                             x.reduce_scatter(c, g, out);
+                           }),
+                       "inf");
+  harness::every_names(harness::raised(
+                           n, [](int) { return X(9); },
+                           [](X& x, local& c) {
+                             std::vector<float> g(9, 1.0f), out(3);
+                             if (c.rank() == 0) g[7] = 70000.0f;
+                             x.reduce_scatter(c, g, out);
+                           }),
+                       "[-65504, 65504] (fp16)");
+  harness::every_names(harness::raised(
+                           n, [](int) { return X(9); },
+                           [](X& x, local& c) {
+                             std::vector<float> g(9, 1.0f), out(c.rank() == 2 ? 4 : 3);
+                             x.reduce_scatter(c, g, out);
+                           }),
+                       "argument 'out' has 4 elements, the allowed size is the length over the ranks, 3");
+  harness::every_names(harness::raised(
+                           n, [](int r) { return X(9, {.error_feedback = r == 1}); },
+                           [](X& x, local& c) {
+                             std::vector<float> g(9, 1.0f), out(3);
+                             x.reduce_scatter(c, g, out);
+                           }),
+                       "ranks disagree on the compressor's parameters");
+  harness::every_names(harness::raised(
+                           n, [](int) { return X(10); },
+                           [](X& x, local& c) {
+                             std::vector<float> g(10, 1.0f), out(3);
+                             x.reduce_scatter(c, g, out);
+                           }),
+                       "does not divide into the 3 ranks");
 }
 
 TEST_CASE("clamp sends the largest finite value of the sign; error feedback keeps the excess") {

@@ -44,6 +44,27 @@ inline bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
+// Runs body(rank's compressor, comm) on n thread ranks and returns what each rank raised ("" for nothing).
+template <class Make, class Body>
+std::vector<std::string> raised(int n, Make make, Body body) {
+  std::vector<std::string> what(static_cast<std::size_t>(n));
+  comm::local_group(n).run([&](comm::local& c) {
+    auto x = make(c.rank());
+    try {
+      body(x, c);
+    } catch (const commsgd::error& e) {
+      what[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  return what;
+}
+
+// Checks that every rank's message (raised()'s) names `part`.
+inline void every_names(const std::vector<std::string>& what, const char* part) {
+  for (const auto& w : what)
+    CHECK_MESSAGE(w.find(part) != std::string::npos, "raised: '" << w << "', expected it to name: " << part);
+}
+
 struct rank_log {
   std::vector<std::vector<float>> outs; // one per round
   std::vector<comm::traffic> sent;      // metered traffic per round, calls left out as models do

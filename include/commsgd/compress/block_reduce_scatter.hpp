@@ -59,12 +59,8 @@ public:
   comm::exchange_report reduce_scatter(C& c, std::span<const float> g, std::span<float> out) {
     const auto n = static_cast<std::size_t>(c.size());
     const std::size_t part = length_ / n;
-    detail::input_verdict v;
-    if (g.size() != length_)
-      v = {detail::input_problem::gradient_size, 0, g.size(), 0};
-    else if (length_ % n == 0 && out.size() != part)
-      v = {detail::input_problem::part_size, 0, out.size(), static_cast<double>(part)};
-    else {
+    detail::input_verdict v = detail::check_scatter_sizes(g.size(), out.size(), length_, n);
+    if (v.problem == detail::input_problem::none) {
       // Without error feedback p is g itself, read where it lies.
       std::span<const float> p = g;
       if (ef_.on()) {
@@ -88,11 +84,7 @@ public:
       }
     }
     detail::agree(c, what(), length_, config(), v, verdicts_);
-    // The same length on every rank now, so every rank refuses it alike.
-    if (length_ % n != 0)
-      throw invalid_argument(commsgd::concat(what(), ": argument 'length' = ", length_,
-                                             " does not divide into the ", n,
-                                             " ranks; the allowed lengths are multiples of the ranks"));
+    detail::require_parts(what(), length_, n);
 
     const std::size_t bytes = part_bytes(part);
     inbox_.resize(n * bytes);

@@ -12,6 +12,7 @@
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/config.hpp>
+#include <commsgd/error.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -52,6 +53,24 @@ inline input_verdict take_input(std::span<const float> g, std::size_t out_size, 
   if (v.problem != input_problem::none) return v;
   ef.accumulate(g, p, decay);
   return check_finite(p);
+}
+
+// A reduce-scatter's verdict on sizes: the whole gradient first, then (where the length divides into the n
+// ranks; otherwise every rank refuses that after agreeing on it, require_parts) this rank's part of the output.
+inline input_verdict check_scatter_sizes(std::size_t g, std::size_t out, std::size_t length, std::size_t n) {
+  if (g != length) return {input_problem::gradient_size, 0, g, 0};
+  if (length % n == 0 && out != length / n)
+    return {input_problem::part_size, 0, out, static_cast<double>(length / n)};
+  return {};
+}
+
+// Refuses a reduce-scatter length that does not divide into the n ranks; called once the ranks have agreed on
+// the length, so every rank refuses it alike.
+inline void require_parts(const char* what, std::size_t length, std::size_t n) {
+  if (length % n != 0)
+    throw invalid_argument(commsgd::concat(what, ": argument 'length' = ", length,
+                                           " does not divide into the ", n,
+                                           " ranks; the allowed lengths are multiples of the ranks"));
 }
 
 // Gathers every rank's `msg` (the same size on every rank) into `all`, sums what each decodes to into `out`

@@ -58,12 +58,8 @@ public:
     const std::size_t part = length_ / n;
     // Without error feedback p is g itself, encoded straight from it.
     std::span<const float> p = g;
-    detail::input_verdict v;
-    if (g.size() != length_)
-      v = {detail::input_problem::gradient_size, 0, g.size(), 0};
-    else if (length_ % n == 0 && out.size() != part)
-      v = {detail::input_problem::part_size, 0, out.size(), static_cast<double>(part)};
-    else {
+    detail::input_verdict v = detail::check_scatter_sizes(g.size(), out.size(), length_, n);
+    if (v.problem == detail::input_problem::none) {
       if (ef_.on()) {
         ef_.accumulate(g, p_, 1.0f);
         p = p_;
@@ -72,10 +68,7 @@ public:
       if (v.problem == detail::input_problem::none) v = encode(p);
     }
     detail::agree(c, what(), length_, config(), v, verdicts_, range());
-    if (length_ % n != 0)
-      throw invalid_argument(commsgd::concat(what(), ": argument 'length' = ", length_,
-                                             " does not divide into the ", n,
-                                             " ranks; the allowed lengths are multiples of the ranks"));
+    detail::require_parts(what(), length_, n);
 
     inbox_.resize(length_);
     comm::all_to_all(c, std::span<const std::uint16_t>(msg_), std::span<std::uint16_t>(inbox_),
