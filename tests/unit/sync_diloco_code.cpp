@@ -23,7 +23,14 @@ using cost::diloco_format;
 namespace {
 
 const std::vector<std::size_t> layers = {5, 17, 3, 9};
-const char* const codes[] = {"dense", "fp16", "bf16", "int8", "e3m0", "topk-0.25", "topk-0.3-c4-2bit-b0.95"};
+const char* const codes[] = {"dense",
+                             "fp16",
+                             "bf16",
+                             "int8",
+                             "e3m0",
+                             "topk-0.25",
+                             "topk-0.3-c4-2bit-b0.95",
+                             "topk-0.3-c4-b0.95-shared"};
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&
@@ -164,6 +171,14 @@ TEST_CASE("coded_diloco is the engine of its code bit for bit, with the settings
     return compress::top_k_ef<>(d, {.density = 0.3, .two_bit = true, .chunk = 4, .decay = 0.95f});
   });
   const auto got_sparse = coded("topk-0.3-c4-2bit-b0.95");
+  select::laplace_bisect::options warm;
+  warm.trim = true;
+  warm.warm_start = true;
+  const auto shared = typed([&](std::size_t d) {
+    return compress::shared_top_k<select::laplace_bisect>(d, {.density = 0.3, .chunk = 4, .decay = 0.95f},
+                                                          select::laplace_bisect(warm));
+  });
+  const auto got_shared = coded("topk-0.3-c4-b0.95-shared");
   for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
     CHECK(same_bits(got_dense[r], dense[r]));
     CHECK(same_bits(got_e3m0[r], e3m0[r]));
@@ -171,6 +186,8 @@ TEST_CASE("coded_diloco is the engine of its code bit for bit, with the settings
     CHECK(same_bits(got_fp16[r], fp16[r]));
     CHECK(same_bits(got_topk[r], topk[r]));
     CHECK(same_bits(got_sparse[r], sparse[r]));
+    CHECK(same_bits(got_shared[r], shared[r]));
+    CHECK_FALSE(same_bits(got_shared[r], sparse[r]));
     CHECK_FALSE(same_bits(got_sparse[r], topk[r]));
     CHECK_FALSE(same_bits(got_e3m0[r], dense[r])); // the code does change what travels
   }
@@ -296,8 +313,8 @@ TEST_CASE("parts cut at the code's unit are coded in the whole's sizes, for ever
   CHECK(diloco_code::parse("e3m0").unit() == 256);
   CHECK(diloco_code::parse("topk-0.1").unit() == 0);
   CHECK(diloco_code::parse("topk-0.01-c4096-2bit-b0.95").unit() == 4096);
-  for (const char* name :
-       {"dense", "fp16", "int8", "e3m0", "topk-0.1-c7", "topk-0.3-c64-2bit", "topk-0.5-c1"})
+  for (const char* name : {"dense", "fp16", "int8", "e3m0", "topk-0.1-c7", "topk-0.3-c64-2bit", "topk-0.5-c1",
+                           "topk-0.1-c7-shared"})
     for (std::size_t d : {0u, 1u, 255u, 257u, 1000u, 4099u})
       for (std::size_t parts : {1u, 2u, 3u, 8u}) {
         CAPTURE(name);

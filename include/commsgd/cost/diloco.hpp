@@ -18,8 +18,15 @@
 //                   outer SGD (outer lr 1, momentum 0), its error feedback in place of the outer momentum
 //     [-senders]    each value's mean over the ranks that sent it rather than over all n (the bytes as
 //                   without): a value one rank of n sends is not diluted n-fold by the ranks that did not
+//     [-shared]     shared_top_k: one set of indices for every rank, chunk j's chosen by rank (j + t) mod n
+//                   in round t, the slots of indices all-gathered, the k values summed by a bf16 ring; a
+//                   rank's bytes a round do not grow with n while the chunks are at least n (not with -2bit
+//                   or -senders: every rank sends every shared index, and the ring sums 16-bit values)
 //
-// Every gathered code also gathers the 40-byte verdict of compress/agree.hpp each round (fp16 and bf16 only
+// A shared code's "message" is its round's payload, the k values in 16 bits and their indices:
+// 2 k + ceil(b k / 8).
+//
+// Every gathered code, and the shared one, also gathers the 40-byte verdict of compress/agree.hpp each round (fp16 and bf16 only
 // in their first): a refusal (NaN, inf, ranks built differently) reaches every rank with the payload.
 #pragma once
 
@@ -99,6 +106,20 @@ constexpr std::uint64_t top_k_message_bytes(const top_k_chunks& c, bool two_bit)
   return (two_bit ? 4 * c.count + (2 * k + 7) / 8 : 4 * k) + (k * c.index_bits + 7) / 8;
 }
 
+// shared_top_k: the bytes of one rank's slot of indices over n ranks, room for ceil(chunks / n) full chunks'
+// indices (no rank leads more), packed.
+constexpr std::uint64_t shared_top_k_slot_bytes(const top_k_chunks& c, int n) noexcept {
+  const auto un = static_cast<std::uint64_t>(n < 1 ? 1 : n);
+  return ((c.count + un - 1) / un * c.k_full * c.index_bits + 7) / 8;
+}
+
+// shared_top_k: what `rank` of n sends and receives a round: the verdict and its slot to each of the others,
+// and its share of a 16-bit ring all-reduce of the k values.
+constexpr comm::traffic shared_top_k_traffic(const top_k_chunks& c, int n, int rank) noexcept {
+  return compress_header_traffic(n) + comm::all_gather_traffic(shared_top_k_slot_bytes(c, n), n) +
+         comm::ring_all_reduce_traffic(c.k(), 2, n, rank);
+}
+
 // A double in the fewest digits that read back as the same double (0.95, not 0.94999999999999996).
 inline std::string shortest(double v) {
   char buf[32];
@@ -113,10 +134,12 @@ struct diloco_code {
   bool two_bit = false;     // top_k: values in 2 bits against a scale per chunk
   double decay = 1.0;       // top_k: the residual's decay each round, [0, 1]
   bool sender_mean = false; // top_k: each value the mean over the ranks that sent it
+  bool shared = false;      // top_k: one set of indices for all ranks, the values summed by a bf16 ring
 
   static constexpr const char* names =
       "'dense', 'fp16', 'bf16', 'int8', 'e3m0' or 'topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]' "
-      "with a density in (0, 1], a chunk in [1, 2^32 - 1] and a decay in [0, 1]";
+      "or 'topk-<density>[-c<chunk>][-b<decay>]-shared' with a density in (0, 1], a chunk in [1, 2^32 - 1] "
+      "and a decay in [0, 1]";
 
   // From its name; anything else is refused with the allowed names.
   static diloco_code parse(std::string_view text) {
@@ -154,6 +177,9 @@ struct diloco_code {
       } else if (rest.starts_with("-senders") && !c.sender_mean) {
         c.sender_mean = true;
         rest.remove_prefix(8);
+      } else if (rest.starts_with("-shared") && !c.shared) {
+        c.shared = true;
+        rest.remove_prefix(7);
       } else if (rest.starts_with("-b") && !seen_b) {
         rest.remove_prefix(2);
         number(c.decay);
@@ -163,6 +189,7 @@ struct diloco_code {
         throw bad();
       }
     }
+    if (c.shared && (c.two_bit || c.sender_mean)) throw bad();
     return c;
   }
 
@@ -181,13 +208,14 @@ struct diloco_code {
     case diloco_format::top_k:
       return commsgd::concat("topk-", shortest(density), chunk ? commsgd::concat("-c", chunk) : "",
                              two_bit ? "-2bit" : "", decay != 1.0 ? "-b" + shortest(decay) : "",
-                             sender_mean ? "-senders" : "");
+                             sender_mean ? "-senders" : "", shared ? "-shared" : "");
     }
     return "?";
   }
 
   bool gathered() const noexcept {
-    return format == diloco_format::int8 || format == diloco_format::e3m0 || format == diloco_format::top_k;
+    return format == diloco_format::int8 || format == diloco_format::e3m0 ||
+           (format == diloco_format::top_k && !shared);
   }
 
   // Bytes of one rank's message for d values.
@@ -218,6 +246,10 @@ struct diloco_code {
     case diloco_format::e3m0:
       return block_quant_message_bytes(d, diloco_block_size, 4);
     case diloco_format::top_k:
+      if (shared) {
+        const auto c = top_k_chunks::of(d, chunk, density);
+        return 2 * c.k() + (c.k() * c.index_bits + 7) / 8;
+      }
       return top_k_message_bytes(top_k_chunks::of(d, chunk, density), two_bit);
     }
     return 0;
@@ -232,6 +264,9 @@ struct diloco_code {
     case diloco_format::fp16:
     case diloco_format::bf16:
       return half_traffic(d, n, rank, first_round);
+    case diloco_format::top_k:
+      if (shared) return shared_top_k_traffic(top_k_chunks::of(d, chunk, density), n, rank);
+      [[fallthrough]];
     default:
       return compress_header_traffic(n) + comm::all_gather_traffic(message_bytes(d), n);
     }

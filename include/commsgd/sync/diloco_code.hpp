@@ -10,6 +10,8 @@
 //                 chunk's k largest are found by laplace_bisect warm-started from that chunk's threshold of
 //                 the last round and trimmed to exactly k (ties to the lowest index): the set exact selection
 //                 gives, bit for bit (its speed on DiLoCo's real accumulators: docs/diloco.md, top-k)
+//   topk-...-shared  shared_top_k, the same selection by each chunk's leader of the round, the values summed
+//                 by a bf16 ring (bytes a rank flat in n)
 // Every call forwards to the engine of that code; see sync/diloco.hpp for what they do.
 #pragma once
 
@@ -17,6 +19,7 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/compress/block_quant.hpp>
 #include <commsgd/compress/half.hpp>
+#include <commsgd/compress/shared_top_k.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/cost/diloco.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
@@ -40,7 +43,8 @@ class coded_diloco {
 public:
   using engine =
       std::variant<diloco<C>, diloco<C, compress::fp16>, diloco<C, compress::bf16>, diloco<C, compress::int8>,
-                   diloco<C, compress::e3m0>, diloco<C, compress::top_k_ef<select::laplace_bisect>>>;
+                   diloco<C, compress::e3m0>, diloco<C, compress::top_k_ef<select::laplace_bisect>>,
+                   diloco<C, compress::shared_top_k<select::laplace_bisect>>>;
 
   coded_diloco(C& c, std::vector<std::size_t> layer_sizes, diloco_options o, cost::diloco_code code)
       : code_(code), e_(make(c, std::move(layer_sizes), o, code)) {}
@@ -145,6 +149,14 @@ private:
     return std::visit(std::forward<F>(f), e_);
   }
 
+  // laplace_bisect trimmed to exactly k and warm-started from a chunk's last threshold: exact selection's set.
+  static select::laplace_bisect::options exact_warm() {
+    select::laplace_bisect::options o;
+    o.trim = true;
+    o.warm_start = true;
+    return o;
+  }
+
   static engine make(C& c, std::vector<std::size_t> layers, diloco_options o, cost::diloco_code code) {
     using cost::diloco_format;
     switch (code.format) {
@@ -165,17 +177,23 @@ private:
         return compress::e3m0(n, {.block_size = cost::diloco_block_size, .error_feedback = false});
       });
     case diloco_format::top_k:
+      if (code.shared)
+        return engine(std::in_place_index<6>, c, std::move(layers), o, [code](std::size_t n) {
+          return compress::shared_top_k<select::laplace_bisect>(
+              n,
+              {.density = code.density,
+               .chunk = static_cast<std::size_t>(code.chunk),
+               .decay = static_cast<float>(code.decay)},
+              select::laplace_bisect(exact_warm()));
+        });
       return engine(std::in_place_index<5>, c, std::move(layers), o, [code](std::size_t n) {
-        select::laplace_bisect::options exact_warm;
-        exact_warm.trim = true;
-        exact_warm.warm_start = true;
         return compress::top_k_ef<select::laplace_bisect>(n,
                                                           {.density = code.density,
                                                            .two_bit = code.two_bit,
                                                            .chunk = static_cast<std::size_t>(code.chunk),
                                                            .decay = static_cast<float>(code.decay),
                                                            .sender_mean = code.sender_mean},
-                                                          select::laplace_bisect(exact_warm));
+                                                          select::laplace_bisect(exact_warm()));
       });
     }
     throw invalid_argument(commsgd::concat("argument 'code' has format ", static_cast<int>(code.format),
