@@ -366,7 +366,8 @@ def parse(argv):
     p.add_argument("--compression", default="dense",
                    help="diloco's code of the pseudo-gradients (commsgd_torch.DiLoCo's compression): dense "
                         "(float32, the default), fp16, bf16, int8, e3m0 (4-bit, blocks of 256) or "
-                        "topk-<density> (top-k with error feedback, density in (0, 1], e.g. topk-0.01)")
+                        "topk-<density> (top-k with error feedback, density in (0, 1], e.g. topk-0.01; "
+                        "-shared: one set of indices for every rank, summed by a ring)")
     p.add_argument("--replica-ranks", type=int, default=1,
                    help="diloco: ranks a replica, FSDP2 inside it (1: each rank its own replica)")
     p.add_argument("--reduce-scatter", choices=("float32", "int8", "e3m0", "fp16", "bf16"), default="float32",

@@ -23,7 +23,8 @@ __all__ = ["DiLoCo", "COMPRESSIONS"]
 #: chunk, and a decay in [0, 1] of its residual each round: SparseLoCo's recipe is
 #: ``"topk-0.01-c4096-2bit-b0.95"`` with ``outer_lr=1, outer_momentum=0``.
 COMPRESSIONS = ("dense", "fp16", "bf16", "int8", "e3m0",
-                "topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]")
+                "topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]",
+                "topk-<density>[-c<chunk>][-b<decay>]-shared")
 
 
 class _BadArgument(InvalidArgument, ValueError):
@@ -105,7 +106,11 @@ class DiLoCo:
       many values (indices relative to the chunk: 12 bits for 4096); ``-2bit`` sends each value as its sign
       and one bit, +-0.5 s or +-1.5 s against s, the chunk's mean magnitude sent (what that rounds off stays
       in e); ``-b<decay>`` scales e by decay in [0, 1] before delta is added; ``-senders`` takes each
-      value's mean over the ranks that sent it rather than over all of them. SparseLoCo:
+      value's mean over the ranks that sent it rather than over all of them; ``-shared`` (not with
+      ``-2bit`` or ``-senders``) has every rank send its values at one set of indices, chunk j's chosen in
+      round t by rank (j + t) mod n from its own e, and sums them by a bf16 ring: a rank sends about
+      1.5 k + 4 k bytes a round whatever n while the chunks are at least n, where the gathered codes send
+      (n - 1) messages, and every value is a mean over all ranks. SparseLoCo:
       ``"topk-0.01-c4096-2bit-b0.95"`` with ``outer_lr=1.0, outer_momentum=0.0``, the decayed residual in
       place of the outer momentum.
 
