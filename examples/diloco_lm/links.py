@@ -74,6 +74,11 @@ for h in (10, 30, 100, 300):
                           "--outer-momentum", "0"]
                 ARMS[f"diloco-h{h}-sparse{d}{tail}"] = base + sparse
                 ARMS[f"diloco-h{h}-stream-sparse{d}{tail}"] = ARMS[f"diloco-h{h}-stream"] + sparse
+        # One set of indices for every rank (each chunk's from a leader that rotates), summed by a bf16 ring:
+        # the same chunks, decay and plain outer step, no 2-bit values.
+        shared = ["--compression", f"topk-{d}-c4096-b0.95-shared", "--outer-lr", "1", "--outer-momentum", "0"]
+        ARMS[f"diloco-h{h}-shared{d}"] = base + shared
+        ARMS[f"diloco-h{h}-stream-shared{d}"] = ARMS[f"diloco-h{h}-stream"] + shared
 
 # Arms that older runs logged (bench/results/diloco-lm-*-2026-11-26) and `report` still reads, with the options
 # they ran with; `run` refuses them. "fp4" was commsgd_torch's 4-bit code before the C++ engine: E3M0 rounded
@@ -126,7 +131,7 @@ def run(args, train_args):
                 out = subprocess.DEVNULL if args.quiet else None
                 groups = [] if args.group_size == 1 else ["--groups", str(args.ranks // args.group_size),
                                                           "--group-rate", args.group_rate]
-                code, wall, before, after, command = launch.ranks(train, args.ranks, rate, 29533, arm, stdout=out,
+                code, wall, before, after, command = launch.ranks(train, args.ranks, rate, args.port, arm, stdout=out,
                                                                   cluster=groups)
                 runs.row([rate, arm, args.ranks, code, wall, before, after, command])
 
@@ -316,6 +321,8 @@ def main(argv):
     r.add_argument("--ranks", type=int, default=4)
     r.add_argument("--python", default=sys.executable)
     r.add_argument("--quiet", action="store_true", help="no training output on the terminal")
+    r.add_argument("--port", type=int, default=29533,
+                   help="the ranks' rendezvous port on loopback (another for each run side by side)")
     r.add_argument("--group-rate", default=None,
                    help="with --group-size: the rate among the ranks of a group (netcluster --groups), the rate "
                         "of --rates everywhere else")
