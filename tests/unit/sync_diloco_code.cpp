@@ -30,7 +30,8 @@ const char* const codes[] = {"dense",
                              "e3m0",
                              "topk-0.25",
                              "topk-0.3-c4-2bit-b0.95",
-                             "topk-0.3-c4-b0.95-shared"};
+                             "topk-0.3-c4-b0.95-shared",
+                             "topk-0.3-c4-b0.95-regions"};
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&
@@ -179,6 +180,11 @@ TEST_CASE("coded_diloco is the engine of its code bit for bit, with the settings
                                                           select::laplace_bisect(warm));
   });
   const auto got_shared = coded("topk-0.3-c4-b0.95-shared");
+  const auto regions = typed([&](std::size_t d) {
+    return compress::region_top_k<select::laplace_bisect>(d, {.density = 0.3, .chunk = 4, .decay = 0.95f},
+                                                          select::laplace_bisect(warm));
+  });
+  const auto got_regions = coded("topk-0.3-c4-b0.95-regions");
   for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
     CHECK(same_bits(got_dense[r], dense[r]));
     CHECK(same_bits(got_e3m0[r], e3m0[r]));
@@ -188,6 +194,8 @@ TEST_CASE("coded_diloco is the engine of its code bit for bit, with the settings
     CHECK(same_bits(got_sparse[r], sparse[r]));
     CHECK(same_bits(got_shared[r], shared[r]));
     CHECK_FALSE(same_bits(got_shared[r], sparse[r]));
+    CHECK(same_bits(got_regions[r], regions[r]));
+    CHECK_FALSE(same_bits(got_regions[r], got_shared[r]));
     CHECK_FALSE(same_bits(got_sparse[r], topk[r]));
     CHECK_FALSE(same_bits(got_e3m0[r], dense[r])); // the code does change what travels
   }

@@ -22,8 +22,12 @@
 //                   in round t, the slots of indices all-gathered, the k values summed by a bf16 ring; a
 //                   rank's bytes a round do not grow with n while the chunks are at least n (not with -2bit
 //                   or -senders: every rank sends every shared index, and the ring sums 16-bit values)
+//     [-regions]    region_top_k: each rank's own top-k of a chunk to the chunk's owner (rank c mod n), who
+//                   sums them, takes the mean over the ranks that sent each value (as -senders) and cuts it
+//                   to the chunk's k; the cut sums all-gathered, bf16 values both ways; what a cut drops
+//                   stays in the residuals of the ranks that picked it (not with -2bit, -senders or -shared)
 //
-// A shared code's "message" is its round's payload, the k values in 16 bits and their indices:
+// A shared or regions code's "message" is its round's payload, the k values in 16 bits and their indices:
 // 2 k + ceil(b k / 8).
 //
 // Every gathered code, and the shared one, also gathers the 40-byte verdict of compress/agree.hpp each round (fp16 and bf16 only
@@ -120,6 +124,21 @@ constexpr comm::traffic shared_top_k_traffic(const top_k_chunks& c, int n, int r
          comm::ring_all_reduce_traffic(c.k(), 2, n, rank);
 }
 
+// region_top_k: the bytes of one block (a rank's picks for one owner, or an owner's cut sums) over n ranks,
+// room for ceil(chunks / n) full chunks: bf16 values, then the indices packed.
+constexpr std::uint64_t region_top_k_block_bytes(const top_k_chunks& c, int n) noexcept {
+  const auto un = static_cast<std::uint64_t>(n < 1 ? 1 : n);
+  const std::uint64_t room = (c.count + un - 1) / un * c.k_full;
+  return 2 * room + (room * c.index_bits + 7) / 8;
+}
+
+// region_top_k: what a rank sends and receives a round: the verdict, a block to each owner (an all-to-all)
+// and its cut sums to each rank (an all-gather).
+constexpr comm::traffic region_top_k_traffic(const top_k_chunks& c, int n) noexcept {
+  const auto b = region_top_k_block_bytes(c, n);
+  return compress_header_traffic(n) + comm::all_to_all_traffic(b, n) + comm::all_gather_traffic(b, n);
+}
+
 // A double in the fewest digits that read back as the same double (0.95, not 0.94999999999999996).
 inline std::string shortest(double v) {
   char buf[32];
@@ -135,10 +154,12 @@ struct diloco_code {
   double decay = 1.0;       // top_k: the residual's decay each round, [0, 1]
   bool sender_mean = false; // top_k: each value the mean over the ranks that sent it
   bool shared = false;      // top_k: one set of indices for all ranks, the values summed by a bf16 ring
+  bool regions = false;     // top_k: each chunk's picks summed by its owner and cut to k (region_top_k)
 
   static constexpr const char* names =
       "'dense', 'fp16', 'bf16', 'int8', 'e3m0' or 'topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]' "
-      "or 'topk-<density>[-c<chunk>][-b<decay>]-shared' with a density in (0, 1], a chunk in [1, 2^32 - 1] "
+      "or 'topk-<density>[-c<chunk>][-b<decay>]-shared|-regions' with a density in (0, 1], a chunk in [1, "
+      "2^32 - 1] "
       "and a decay in [0, 1]";
 
   // From its name; anything else is refused with the allowed names.
@@ -180,6 +201,9 @@ struct diloco_code {
       } else if (rest.starts_with("-shared") && !c.shared) {
         c.shared = true;
         rest.remove_prefix(7);
+      } else if (rest.starts_with("-regions") && !c.regions) {
+        c.regions = true;
+        rest.remove_prefix(8);
       } else if (rest.starts_with("-b") && !seen_b) {
         rest.remove_prefix(2);
         number(c.decay);
@@ -189,7 +213,8 @@ struct diloco_code {
         throw bad();
       }
     }
-    if (c.shared && (c.two_bit || c.sender_mean)) throw bad();
+    if ((c.shared || c.regions) && (c.two_bit || c.sender_mean)) throw bad();
+    if (c.shared && c.regions) throw bad();
     return c;
   }
 
@@ -208,14 +233,15 @@ struct diloco_code {
     case diloco_format::top_k:
       return commsgd::concat("topk-", shortest(density), chunk ? commsgd::concat("-c", chunk) : "",
                              two_bit ? "-2bit" : "", decay != 1.0 ? "-b" + shortest(decay) : "",
-                             sender_mean ? "-senders" : "", shared ? "-shared" : "");
+                             sender_mean ? "-senders" : "", shared ? "-shared" : "",
+                             regions ? "-regions" : "");
     }
     return "?";
   }
 
   bool gathered() const noexcept {
     return format == diloco_format::int8 || format == diloco_format::e3m0 ||
-           (format == diloco_format::top_k && !shared);
+           (format == diloco_format::top_k && !shared && !regions);
   }
 
   // Bytes of one rank's message for d values.
@@ -246,7 +272,7 @@ struct diloco_code {
     case diloco_format::e3m0:
       return block_quant_message_bytes(d, diloco_block_size, 4);
     case diloco_format::top_k:
-      if (shared) {
+      if (shared || regions) {
         const auto c = top_k_chunks::of(d, chunk, density);
         return 2 * c.k() + (c.k() * c.index_bits + 7) / 8;
       }
@@ -266,6 +292,7 @@ struct diloco_code {
       return half_traffic(d, n, rank, first_round);
     case diloco_format::top_k:
       if (shared) return shared_top_k_traffic(top_k_chunks::of(d, chunk, density), n, rank);
+      if (regions) return region_top_k_traffic(top_k_chunks::of(d, chunk, density), n);
       [[fallthrough]];
     default:
       return compress_header_traffic(n) + comm::all_gather_traffic(message_bytes(d), n);

@@ -12,6 +12,8 @@
 //                 gives, bit for bit (its speed on DiLoCo's real accumulators: docs/diloco.md, top-k)
 //   topk-...-shared  shared_top_k, the same selection by each chunk's leader of the round, the values summed
 //                 by a bf16 ring (bytes a rank flat in n)
+//   topk-...-regions  region_top_k, each rank's picks summed by the chunk's owner, the means over the
+//                 senders cut to k and all-gathered (bytes a rank flat in n)
 // Every call forwards to the engine of that code; see sync/diloco.hpp for what they do.
 #pragma once
 
@@ -19,6 +21,7 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/compress/block_quant.hpp>
 #include <commsgd/compress/half.hpp>
+#include <commsgd/compress/region_top_k.hpp>
 #include <commsgd/compress/shared_top_k.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/cost/diloco.hpp>
@@ -44,7 +47,8 @@ public:
   using engine =
       std::variant<diloco<C>, diloco<C, compress::fp16>, diloco<C, compress::bf16>, diloco<C, compress::int8>,
                    diloco<C, compress::e3m0>, diloco<C, compress::top_k_ef<select::laplace_bisect>>,
-                   diloco<C, compress::shared_top_k<select::laplace_bisect>>>;
+                   diloco<C, compress::shared_top_k<select::laplace_bisect>>,
+                   diloco<C, compress::region_top_k<select::laplace_bisect>>>;
 
   coded_diloco(C& c, std::vector<std::size_t> layer_sizes, diloco_options o, cost::diloco_code code)
       : code_(code), e_(make(c, std::move(layer_sizes), o, code)) {}
@@ -180,6 +184,15 @@ private:
       if (code.shared)
         return engine(std::in_place_index<6>, c, std::move(layers), o, [code](std::size_t n) {
           return compress::shared_top_k<select::laplace_bisect>(
+              n,
+              {.density = code.density,
+               .chunk = static_cast<std::size_t>(code.chunk),
+               .decay = static_cast<float>(code.decay)},
+              select::laplace_bisect(exact_warm()));
+        });
+      if (code.regions)
+        return engine(std::in_place_index<7>, c, std::move(layers), o, [code](std::size_t n) {
+          return compress::region_top_k<select::laplace_bisect>(
               n,
               {.density = code.density,
                .chunk = static_cast<std::size_t>(code.chunk),
