@@ -79,6 +79,10 @@ for h in (10, 30, 100, 300):
         shared = ["--compression", f"topk-{d}-c4096-b0.95-shared", "--outer-lr", "1", "--outer-momentum", "0"]
         ARMS[f"diloco-h{h}-shared{d}"] = base + shared
         ARMS[f"diloco-h{h}-stream-shared{d}"] = ARMS[f"diloco-h{h}-stream"] + shared
+        # Each rank's own top-k summed by each chunk's owner, the senders' means cut to k (Ok-Topk's regions).
+        regions = ["--compression", f"topk-{d}-c4096-b0.95-regions", "--outer-lr", "1", "--outer-momentum", "0"]
+        ARMS[f"diloco-h{h}-regions{d}"] = base + regions
+        ARMS[f"diloco-h{h}-stream-regions{d}"] = ARMS[f"diloco-h{h}-stream"] + regions
 
 # Arms that older runs logged (bench/results/diloco-lm-*-2026-11-26) and `report` still reads, with the options
 # they ran with; `run` refuses them. "fp4" was commsgd_torch's 4-bit code before the C++ engine: E3M0 rounded

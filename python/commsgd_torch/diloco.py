@@ -24,7 +24,8 @@ __all__ = ["DiLoCo", "COMPRESSIONS"]
 #: ``"topk-0.01-c4096-2bit-b0.95"`` with ``outer_lr=1, outer_momentum=0``.
 COMPRESSIONS = ("dense", "fp16", "bf16", "int8", "e3m0",
                 "topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]",
-                "topk-<density>[-c<chunk>][-b<decay>]-shared")
+                "topk-<density>[-c<chunk>][-b<decay>]-shared",
+                "topk-<density>[-c<chunk>][-b<decay>]-regions")
 
 
 class _BadArgument(InvalidArgument, ValueError):
@@ -110,7 +111,11 @@ class DiLoCo:
       ``-2bit`` or ``-senders``) has every rank send its values at one set of indices, chunk j's chosen in
       round t by rank (j + t) mod n from its own e, and sums them by a bf16 ring: a rank sends about
       1.5 k + 4 k bytes a round whatever n while the chunks are at least n, where the gathered codes send
-      (n - 1) messages, and every value is a mean over all ranks. SparseLoCo:
+      (n - 1) messages, and every value is a mean over all ranks; ``-regions`` (not with ``-2bit``,
+      ``-senders`` or ``-shared``) sends each rank's own top-k of chunk c to rank c mod n, which sums them,
+      takes each value's mean over the ranks that sent it and cuts the chunk to its k largest before
+      every rank gathers the cut (bf16 values both ways, about 7 k bytes a rank whatever n; what a cut drops
+      stays in the residuals of the ranks that picked it). SparseLoCo:
       ``"topk-0.01-c4096-2bit-b0.95"`` with ``outer_lr=1.0, outer_momentum=0.0``, the decayed residual in
       place of the outer momentum.
 

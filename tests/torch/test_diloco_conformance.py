@@ -17,7 +17,7 @@ STEPS = 23
 # the plain "topk-<density>" is the same compressor with one chunk and float values, held to the engine in C++
 # (tests/unit/sync_diloco_code.cpp).
 CODES = ["dense", "fp16", "bf16", "int8", "e3m0", "topk-0.2-c16-2bit-b0.95", "topk-0.2-c16-2bit-b0.95-senders",
-         "topk-0.2-c16-b0.95-shared"]
+         "topk-0.2-c16-b0.95-shared", "topk-0.2-c16-b0.95-regions"]
 
 
 class _Net(torch.nn.Module):
@@ -136,7 +136,8 @@ def test_torch_class_and_cpp_engine_agree_bit_for_bit(fragments, delay, alpha, w
 def test_code_names_and_sizes_come_from_the_engine():
     assert commsgd_torch.COMPRESSIONS == ("dense", "fp16", "bf16", "int8", "e3m0",
                                           "topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]",
-                                          "topk-<density>[-c<chunk>][-b<decay>]-shared")
+                                          "topk-<density>[-c<chunk>][-b<decay>]-shared",
+                                          "topk-<density>[-c<chunk>][-b<decay>]-regions")
     for d in (0, 1, 255, 256, 257, 10_000):
         blocks = (d + 255) // 256
         assert _C.diloco_message_bytes("dense", d) == 4 * d
@@ -152,8 +153,9 @@ def test_code_names_and_sizes_come_from_the_engine():
     # The shared code: 16-bit values and 6-bit indices of 5 + 3 values; its round a ring and the slots.
     assert _C.diloco_code_name("topk-0.07-shared-c64") == "topk-0.07-c64-shared"
     assert _C.diloco_message_bytes("topk-0.07-c64-shared", 100) == 2 * 8 + 6
+    assert _C.diloco_message_bytes("topk-0.07-c64-regions", 100) == 2 * 8 + 6
     for bad in ("fp4", "int8_block", "topk:0.1", "topk-0", "none", "", "topk-0.1-b2", "topk-0.1-c0",
-                "topk-0.1-2bit-shared", "topk-0.1-senders-shared"):
+                "topk-0.1-2bit-shared", "topk-0.1-senders-shared", "topk-0.1-shared-regions"):
         with pytest.raises(commsgd_torch.InvalidArgument, match="compression"):
             _C.diloco_code_name(bad)
     # The ring's traffic: 2 (n - 1) chunks each way.

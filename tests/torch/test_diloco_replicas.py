@@ -22,7 +22,7 @@ pytestmark = needs_fsdp2()
 STEPS = 13
 H = 4
 CODES = ["dense", "fp16", "bf16", "int8", "e3m0", "topk-0.2-c16-2bit-b0.95", "topk-0.2-c16-2bit-b0.95-senders",
-         "topk-0.2-c16-b0.95-shared"]
+         "topk-0.2-c16-b0.95-shared", "topk-0.2-c16-b0.95-regions"]
 SETTINGS = [(1, 0, 0.0), (2, 2, 0.5)]  # (fragments, delay, alpha)
 
 

@@ -38,6 +38,7 @@
 #include <commsgd/compress/compressor_round.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/half.hpp>
+#include <commsgd/compress/top_k_checks.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/diloco.hpp>
@@ -74,9 +75,9 @@ public:
   static constexpr const char* name = "region_top_k";
 
   explicit region_top_k(std::size_t length, region_top_k_options o = {}, S selector = {})
-      : round_state(checked_length(length), true), opt_(checked(o)),
+      : round_state(detail::checked_top_k_length(length), true), opt_(checked(o)),
         chunks_(cost::top_k_chunks::of(length, o.chunk, o.density)), k_(chunks_.k()),
-        sel_(static_cast<std::size_t>(chunks_.count), checked_selector(selector)), cut_(selector) {
+        sel_(static_cast<std::size_t>(chunks_.count), detail::exact_selector(selector)), cut_(selector) {
     idx_.resize(k_);
     val_.resize(k_);
   }
@@ -142,25 +143,9 @@ public:
 private:
   using format = bf16_format;
 
-  static std::size_t checked_length(std::size_t length) {
-    commsgd::check_range("length", length, std::size_t{0},
-                         std::size_t{std::numeric_limits<std::uint32_t>::max()}, "[0, 2^32 - 1]");
-    return length;
-  }
   static region_top_k_options checked(region_top_k_options o) {
-    commsgd::check_range("chunk", o.chunk, std::size_t{0},
-                         std::size_t{std::numeric_limits<std::uint32_t>::max()},
-                         "[0, 2^32 - 1] (0: one chunk of the whole length)");
-    commsgd::check_range("decay", o.decay, 0.0f, 1.0f, "[0, 1]");
+    detail::check_top_k_options(o.chunk, o.decay);
     return o;
-  }
-  static S checked_selector(S s) {
-    if (!select::selects_exactly(s))
-      throw invalid_argument(commsgd::concat("argument 'selector' = ", S::name,
-                                             " does not select exactly k; allowed: a selector that does "
-                                             "(exact, radix, hierarchical, or laplace_bisect / sampled "
-                                             "with options.trim)"));
-    return s;
   }
   static const char* what() noexcept { return "compress::region_top_k"; }
   std::array<std::uint64_t, 4> params() const noexcept {

@@ -37,6 +37,7 @@
 #include <commsgd/compress/compressor_round.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/half.hpp>
+#include <commsgd/compress/top_k_checks.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/diloco.hpp>
 #include <commsgd/error.hpp>
@@ -71,9 +72,9 @@ public:
   using format = Format;
 
   explicit shared_top_k(std::size_t length, shared_top_k_options o = {}, S selector = {})
-      : round_state(checked_length(length), true), opt_(checked(o)),
+      : round_state(detail::checked_top_k_length(length), true), opt_(checked(o)),
         chunks_(cost::top_k_chunks::of(length, o.chunk, o.density)), k_(chunks_.k()),
-        sel_(static_cast<std::size_t>(chunks_.count), checked_selector(std::move(selector))) {
+        sel_(static_cast<std::size_t>(chunks_.count), detail::exact_selector(std::move(selector))) {
     mask_.resize(k_);
     vals_.resize(k_);
     wire_vals_.resize(k_);
@@ -144,25 +145,9 @@ public:
 private:
   static constexpr bool is_fp16 = Format::max_finite == fp16_format::max_finite;
 
-  static std::size_t checked_length(std::size_t length) {
-    commsgd::check_range("length", length, std::size_t{0},
-                         std::size_t{std::numeric_limits<std::uint32_t>::max()}, "[0, 2^32 - 1]");
-    return length;
-  }
   static shared_top_k_options checked(shared_top_k_options o) {
-    commsgd::check_range("chunk", o.chunk, std::size_t{0},
-                         std::size_t{std::numeric_limits<std::uint32_t>::max()},
-                         "[0, 2^32 - 1] (0: one chunk of the whole length)");
-    commsgd::check_range("decay", o.decay, 0.0f, 1.0f, "[0, 1]");
+    detail::check_top_k_options(o.chunk, o.decay);
     return o;
-  }
-  static S checked_selector(S s) {
-    if (!select::selects_exactly(s))
-      throw invalid_argument(commsgd::concat("argument 'selector' = ", S::name,
-                                             " does not select exactly k; allowed: a selector that does "
-                                             "(exact, radix, hierarchical, or laplace_bisect / sampled "
-                                             "with options.trim)"));
-    return s;
   }
   static const char* what() noexcept { return "compress::shared_top_k"; }
   static const char* range() noexcept {
