@@ -96,6 +96,21 @@ int for_each_shape(F&& f) {
   return cases;
 }
 
+// matches(shape, seed, rounds) for every shape, a case each: empty, or what failed.
+template <class Matches>
+void check_every_shape(Matches&& matches) {
+  const int cases = for_each_shape([&](const shape& k, int seed) {
+    CAPTURE(k.n);
+    CAPTURE(k.d);
+    CAPTURE(k.chunk);
+    CAPTURE(k.density);
+    CAPTURE(k.decay);
+    const auto why = matches(k, seed, k.n == 5 ? 3 : 4);
+    CHECK_MESSAGE(why.empty(), why);
+  });
+  CHECK(cases > 100);
+}
+
 // What every rank held in one round of a code: its p (as error feedback forms it from the input and the
 // residual before the round), the sum it returned, its residual after, and the bytes it sent (metered, and
 // as the code says).
