@@ -47,8 +47,9 @@ inline std::vector<std::size_t> reference_top(const std::vector<float>& p, std::
   return order;
 }
 
-// Random magnitudes, runs of ties of both signs, +0 and -0; rank and round change them.
-inline std::vector<float> awkward(std::mt19937& rng, std::size_t d, int round) {
+// Random magnitudes (up to `big` in even rounds, 0.01 in odd ones), runs of ties of both signs, +0 and -0;
+// rank and round change them.
+inline std::vector<float> awkward(std::mt19937& rng, std::size_t d, int round, float big = 3.0f) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::uniform_int_distribution<int> pick(0, 5);
   std::vector<float> g(d);
@@ -64,7 +65,7 @@ inline std::vector<float> awkward(std::mt19937& rng, std::size_t d, int round) {
       v = u(rng) < 0 ? -0.5f : 0.5f;
       break;
     default:
-      v = (round % 2 ? 0.01f : 3.0f) * u(rng) * u(rng);
+      v = (round % 2 ? 0.01f : big) * u(rng) * u(rng);
     }
   }
   return g;

@@ -11,6 +11,7 @@
 #include <support/compressor_ranks.hpp>
 #include <support/forwarding_comm.hpp>
 #include <support/least_squares.hpp>
+#include <support/top_k_cases.hpp>
 #include <support/train_ranks.hpp>
 
 #include <doctest/doctest.h>
@@ -35,7 +36,7 @@ namespace {
 // DiLoCo's engine over one layer of the problem's size, its pseudo-gradients in top-k with selector S.
 template <class S = select::exact>
 sync::diloco<local, compress::top_k_ef<S>> top_k_diloco(local& c, std::size_t dim, sync::diloco_options o,
-                                                         compress::top_k_ef_options t) {
+                                                        compress::top_k_ef_options t) {
   return {c, {dim}, o, [t](std::size_t d) { return compress::top_k_ef<S>(d, t); }};
 }
 
@@ -65,27 +66,9 @@ std::vector<std::size_t> reference_top(const std::vector<float>& p, std::size_t 
   return out;
 }
 
-// Inputs that stress the selection: random magnitudes, runs of ties, +0 and -0.
+// Inputs that stress the selection: random magnitudes up to 1, runs of ties, +0 and -0.
 std::vector<float> awkward(std::mt19937& rng, std::size_t d, int round) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> pick(0, 5);
-  std::vector<float> g(d);
-  for (auto& v : g) {
-    switch (pick(rng)) {
-    case 0:
-      v = 0.0f;
-      break;
-    case 1:
-      v = -0.0f;
-      break;
-    case 2:
-      v = u(rng) < 0 ? -0.5f : 0.5f;
-      break; // ties at one magnitude, both signs
-    default:
-      v = (round % 2 ? 0.01f : 1.0f) * u(rng) * u(rng);
-    }
-  }
-  return g;
+  return top_k_cases::awkward(rng, d, round, 1.0f);
 }
 
 // Rounds of `x` on awkward inputs; returns the first failure, empty when every round holds:
@@ -333,7 +316,8 @@ TEST_CASE("DiLoCo with top-k pseudo-gradients: every rank ends with the same mod
       CAPTURE(n);
       CAPTURE(two_bit);
       const auto got = toy::train_ranks(prob, n, 150, [&](local& c) {
-        return top_k_diloco(c, prob.dim(), {.lr = 0.1f, .sync_every = 5, .outer = {.lr = 0.7f, .momentum = 0.5f}},
+        return top_k_diloco(c, prob.dim(),
+                            {.lr = 0.1f, .sync_every = 5, .outer = {.lr = 0.7f, .momentum = 0.5f}},
                             {.density = 0.3, .two_bit = two_bit});
       });
       for (int r = 1; r < n; ++r)
@@ -347,16 +331,17 @@ TEST_CASE("density 1 without 2-bit values is uncompressed DiLoCo bit for bit; ex
   // so a sum of -0 alone would come out +0. The pseudo-gradients here hold no -0.
   const auto& prob = problem();
   for (int n = 1; n <= 4; ++n)
-    for (const sync::outer_sgd_options o : {sync::outer_sgd_options{}, sync::outer_sgd_options{0.5f, 0.0f},
-                                            sync::outer_sgd_options{1.0f, 0.3f}, sync::outer_sgd_options{1.0f, 0.0f}}) {
+    for (const sync::outer_sgd_options o :
+         {sync::outer_sgd_options{}, sync::outer_sgd_options{0.5f, 0.0f}, sync::outer_sgd_options{1.0f, 0.3f},
+          sync::outer_sgd_options{1.0f, 0.0f}}) {
       CAPTURE(n);
       CAPTURE(o.lr);
       CAPTURE(o.momentum);
       const sync::diloco_options opt{.lr = 0.1f, .sync_every = 3, .outer = o};
       const auto plain =
           toy::train_ranks(prob, n, 31, [&](local& c) { return sync::diloco<local>(c, {prob.dim()}, opt); });
-      const auto topk =
-          toy::train_ranks(prob, n, 31, [&](local& c) { return top_k_diloco(c, prob.dim(), opt, {.density = 1.0}); });
+      const auto topk = toy::train_ranks(
+          prob, n, 31, [&](local& c) { return top_k_diloco(c, prob.dim(), opt, {.density = 1.0}); });
       for (int r = 0; r < n; ++r)
         CHECK(same_bits(topk[static_cast<std::size_t>(r)], plain[static_cast<std::size_t>(r)]));
     }
@@ -365,7 +350,8 @@ TEST_CASE("density 1 without 2-bit values is uncompressed DiLoCo bit for bit; ex
     CAPTURE(two_bit);
     const sync::diloco_options opt{.lr = 0.1f, .sync_every = 4};
     const compress::top_k_ef_options o{.density = 0.2, .two_bit = two_bit};
-    const auto a = toy::train_ranks(prob, 3, 40, [&](local& c) { return top_k_diloco(c, prob.dim(), opt, o); });
+    const auto a =
+        toy::train_ranks(prob, 3, 40, [&](local& c) { return top_k_diloco(c, prob.dim(), opt, o); });
     const auto b = toy::train_ranks(
         prob, 3, 40, [&](local& c) { return top_k_diloco<select::radix>(c, prob.dim(), opt, o); });
     for (std::size_t r = 0; r < 3; ++r)
@@ -380,7 +366,8 @@ TEST_CASE("DiLoCo's checkpoint keeps the top-k residual: a resumed run goes on b
     const int n = 3, at = 13, total = 30;
     using S = sync::diloco<local, compress::top_k_ef<>>;
     auto make = [&](local& c) {
-      return top_k_diloco(c, prob.dim(), {.lr = 0.1f, .sync_every = 4}, {.density = 0.25, .two_bit = two_bit});
+      return top_k_diloco(c, prob.dim(), {.lr = 0.1f, .sync_every = 4},
+                          {.density = 0.25, .two_bit = two_bit});
     };
     std::mutex mu;
     std::vector<std::string> failures;

@@ -85,10 +85,6 @@ public:
   const region_top_k_options& options() const noexcept { return opt_; }
   std::size_t k() const noexcept { return k_; }
   const cost::top_k_chunks& chunks() const noexcept { return chunks_; }
-  // The rank that sums chunk c over n ranks.
-  static int owner(std::uint64_t c, int n) noexcept {
-    return static_cast<int>(c % static_cast<std::uint64_t>(n));
-  }
 
   template <comm::communicator C>
   comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {

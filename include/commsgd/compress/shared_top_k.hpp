@@ -84,13 +84,6 @@ public:
   // Values sent a round, over all chunks.
   std::size_t k() const noexcept { return k_; }
   const cost::top_k_chunks& chunks() const noexcept { return chunks_; }
-  // The indices the last round shared (absolute, chunk by chunk, rising within a chunk).
-  std::span<const std::uint32_t> shared_indices() const noexcept { return mask_; }
-  // The rank that chooses chunk j's indices in round t over n ranks.
-  static int leader(std::uint64_t j, std::uint64_t t, int n) noexcept {
-    return static_cast<int>((j + t) % static_cast<std::uint64_t>(n));
-  }
-
   template <comm::communicator C>
   comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     const auto v = detail::take_input(g, out.size(), length_, ef_, p_, opt_.decay);

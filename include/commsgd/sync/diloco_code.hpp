@@ -161,6 +161,18 @@ private:
     return o;
   }
 
+  // The factory of a flat-in-n top-k code (shared_top_k, region_top_k): the same options, the same selector.
+  template <class X>
+  static auto flat_top_k(const cost::diloco_code& code) {
+    return [code](std::size_t n) {
+      return X(n,
+               {.density = code.density,
+                .chunk = static_cast<std::size_t>(code.chunk),
+                .decay = static_cast<float>(code.decay)},
+               select::laplace_bisect(exact_warm()));
+    };
+  }
+
   static engine make(C& c, std::vector<std::size_t> layers, diloco_options o, cost::diloco_code code) {
     using cost::diloco_format;
     switch (code.format) {
@@ -182,23 +194,11 @@ private:
       });
     case diloco_format::top_k:
       if (code.shared)
-        return engine(std::in_place_index<6>, c, std::move(layers), o, [code](std::size_t n) {
-          return compress::shared_top_k<select::laplace_bisect>(
-              n,
-              {.density = code.density,
-               .chunk = static_cast<std::size_t>(code.chunk),
-               .decay = static_cast<float>(code.decay)},
-              select::laplace_bisect(exact_warm()));
-        });
+        return engine(std::in_place_index<6>, c, std::move(layers), o,
+                      flat_top_k<compress::shared_top_k<select::laplace_bisect>>(code));
       if (code.regions)
-        return engine(std::in_place_index<7>, c, std::move(layers), o, [code](std::size_t n) {
-          return compress::region_top_k<select::laplace_bisect>(
-              n,
-              {.density = code.density,
-               .chunk = static_cast<std::size_t>(code.chunk),
-               .decay = static_cast<float>(code.decay)},
-              select::laplace_bisect(exact_warm()));
-        });
+        return engine(std::in_place_index<7>, c, std::move(layers), o,
+                      flat_top_k<compress::region_top_k<select::laplace_bisect>>(code));
       return engine(std::in_place_index<5>, c, std::move(layers), o, [code](std::size_t n) {
         return compress::top_k_ef<select::laplace_bisect>(n,
                                                           {.density = code.density,
