@@ -52,7 +52,7 @@ def collect(dirs):
 
 # train.py options that make another model or run: an arm with one of these overrides ("+width=128") is held to
 # float32 DiLoCo with the same overrides, not to the default model's.
-SHAPE = ("width", "layers", "heads", "context", "batch", "steps", "replica-ranks")
+SHAPE = ("width", "layers", "heads", "context", "batch", "steps", "replica-ranks", "model", "span", "corpus")
 
 
 def reference(arm):

@@ -3,10 +3,14 @@
 to compare data-parallel exchanges where they matter: a language model, AdamW, few bytes of compute per
 parameter.
 
-Data: every .py file under sysconfig.get_paths()["stdlib"] except site-packages, dist-packages, test folders
-and caches, in sorted order of relative path; a file goes to validation when the CRC-32 of its relative path is
-0 mod 20, else to training, so every rank and every run on this Python agrees. (Another Python version ships
-other sources: compare arms on one machine's interpreter.)
+Data (--corpus stdlib, the default): every .py file under sysconfig.get_paths()["stdlib"] except site-packages,
+dist-packages, test folders and caches, in sorted order of relative path; a file goes to validation when the
+CRC-32 of its relative path is 0 mod 20, else to training, so every rank and every run on this Python agrees.
+(Another Python version ships other sources: compare arms on one machine's interpreter.) --corpus docs: English
+prose instead, pydoc's topics (pydoc_data.topics), split by topic name the same way.
+
+Models: --model transformer (ByteLM, the default) or mlp (ByteMLP: another family, each byte predicted from the
+--span bytes before it through --layers hidden layers of --width; the sparse codes' second model).
 
 Batches: step s draws `--batch` global windows of `--context` + 1 bytes at offsets from a generator seeded by
 (seed, s); rank r of n trains on rows [r B / n, (r + 1) B / n). Every arm sees the same token stream.
@@ -80,6 +84,20 @@ def stdlib_split(root=None, every=20):
     return tuple(torch.frombuffer(bytearray(b"".join(parts[s])), dtype=torch.uint8) for s in ("train", "val"))
 
 
+def docs_split(every=10):
+    """(train bytes, validation bytes) of English prose: the reference text every Python ships for pydoc (about
+    470 KB over 79 topics), a topic to validation when the CRC-32 of its name is 0 mod 10 (about 43 KB)."""
+    from pydoc_data.topics import topics
+    parts = {"train": [], "val": []}
+    for name in sorted(topics):
+        side = "val" if zlib.crc32(name.encode()) % every == 0 else "train"
+        parts[side].append(topics[name].encode() + b"\0")
+    return tuple(torch.frombuffer(bytearray(b"".join(parts[s])), dtype=torch.uint8) for s in ("train", "val"))
+
+
+CORPORA = {"stdlib": stdlib_split, "docs": docs_split}
+
+
 def batch_rows(data, step, seed, batch, context, rank, world):
     """This rank's rows of step `step`'s global batch: (inputs, targets), int64, [batch / world, context]."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
@@ -142,6 +160,34 @@ class ByteLM(nn.Module):
         for blk in self.blocks:
             x = blk(x, self._mask)
         return self.ln(x) @ self.tok.weight.t()
+
+
+class ByteMLP(nn.Module):
+    """A model of another family: each byte predicted from the `span` bytes up to it alone (the bytes before
+    a window read as NUL), each embedded in `embed` dimensions, concatenated, `layers` hidden layers of
+    `width` with GELU, then 256 logits. No attention, no normalisation: an n-gram model that learns."""
+
+    def __init__(self, layers=2, width=256, span=16, embed=32):
+        super().__init__()
+        self.span = span
+        self.tok = nn.Embedding(256, embed)
+        dims = [span * embed] + [width] * layers
+        self.blocks = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
+        self.out = nn.Linear(dims[-1], 256)
+
+    def forward(self, idx):
+        b, t = idx.shape
+        seen = F.pad(idx, (self.span - 1, 0)).unfold(1, self.span, 1)  # [b, t, span]: bytes t - span + 1 .. t
+        x = self.tok(seen).reshape(b, t, -1)
+        for layer in self.blocks:
+            x = F.gelu(layer(x))
+        return self.out(x)
+
+
+def make_model(args):
+    if args.model == "mlp":
+        return ByteMLP(args.layers, args.width, args.span)
+    return ByteLM(args.layers, args.width, args.heads, args.context)
 
 
 def lm_loss(model, x, y):
@@ -348,6 +394,12 @@ def parse(argv):
     p.add_argument("--log", default=None, help="JSON lines, written by rank 0")
     p.add_argument("--batch", type=int, default=64, help="global batch, in windows (divisible by WORLD_SIZE)")
     p.add_argument("--context", type=int, default=128)
+    p.add_argument("--model", choices=("transformer", "mlp"), default="transformer",
+                   help="transformer: ByteLM (--layers, --width, --heads); mlp: ByteMLP (--layers hidden layers "
+                        "of --width over the last --span bytes)")
+    p.add_argument("--span", type=int, default=16, help="mlp: the bytes each prediction sees")
+    p.add_argument("--corpus", choices=sorted(CORPORA), default="stdlib",
+                   help="stdlib: the standard library's .py sources; docs: pydoc's English reference text")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
@@ -381,6 +433,10 @@ def parse(argv):
     args = p.parse_args(argv)
     if args.replica_ranks < 1 or (args.replica_ranks > 1 and args.arm not in ("diloco", "torchft-diloco", "hsdp")):
         p.error(f"--replica-ranks {args.replica_ranks}: 1, or more with --arm diloco, torchft-diloco or hsdp")
+    if args.model == "mlp" and args.arm == "torchft-diloco":
+        p.error("--model mlp: the torchft arm's fragments are the transformer's units; use --model transformer")
+    if args.span < 1:
+        p.error(f"--span {args.span}: at least 1")
     if args.arm == "diloco":  # refused here, before any rank starts, rather than by DiLoCo on every rank
         from commsgd_torch import InvalidArgument, _C
         try:
@@ -483,10 +539,10 @@ def main(argv=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.batch % world:
         raise SystemExit(f"--batch {args.batch} is not divisible by the world size {world}")
-    train, val = stdlib_split()
+    train, val = CORPORA[args.corpus]()
     windows = val_windows(val, args.eval_windows, args.context)
     torch.manual_seed(args.seed)  # the same initial model on every rank (DDP and DiLoCo broadcast rank 0's)
-    model = ByteLM(args.layers, args.width, args.heads, args.context)
+    model = make_model(args)
     eval_model = copy.deepcopy(model)
     nparams = sum(p.numel() for p in model.parameters())
     shard(args, model)
@@ -504,7 +560,7 @@ def main(argv=None):
     # The arm's AllReduceMeter, if it made one: counting on during training steps only, not evaluation.
     counting = getattr(dist.all_reduce, "__self__", None)
     if rank == 0:
-        print(f"diloco_lm: arm {args.arm}, {world} rank(s), {nparams} parameters, train {train.numel()} bytes, "
+        print(f"diloco_lm: arm {args.arm}, {args.model} on {args.corpus}, {world} rank(s), {nparams} parameters, train {train.numel()} bytes, "
               f"val {val.numel()} bytes", flush=True)
     log = open(args.log, "w") if args.log and rank == 0 else None
     records = []

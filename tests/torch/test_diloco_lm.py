@@ -27,6 +27,9 @@ ARMS = {
     "diloco": ["--outer-lr", "0.7", "--outer-momentum", "0.9", "--fragments", "2", "--delay", "1",
                "--compression", "int8"],
     "diloco-averaging": ["--sync-every", "1", "--outer-lr", "1", "--outer-momentum", "0"],
+    "diloco-mlp-docs": ["--model", "mlp", "--span", "8", "--corpus", "docs",
+                        "--compression", "topk-0.05-c256-2bit-b0.95-senders", "--outer-lr", "1",
+                        "--outer-momentum", "0"],
 }
 
 
@@ -48,6 +51,29 @@ def test_arm(name):
     assert out[0][2] == out[1][2], "the ranks' global models differ"
     if name != "postlocal":  # its ranks hold models of their own between averagings
         assert out[0][1] == out[1][1], "the ranks' models differ"
+
+
+def test_mlp_predicts_each_byte_from_the_span_before_it_alone():
+    torch.manual_seed(0)
+    span = 5
+    model = train.ByteMLP(layers=2, width=16, span=span, embed=4)
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        t = int(torch.randint(1, 24, (1,), generator=g))
+        x = torch.randint(0, 256, (3, t), generator=g)
+        at = int(torch.randint(0, t, (1,), generator=g))  # one byte changed: positions it may reach move only
+        y = x.clone()
+        y[:, at] = (y[:, at] + 1 + torch.randint(0, 255, (3,), generator=g)) % 256
+        moved = (model(x) - model(y)).abs().amax(dim=(0, 2)) > 0
+        assert moved.tolist() == [at <= p < at + span for p in range(t)], (seed, t, at)
+
+
+def test_the_two_corpora_split_apart_and_differ():
+    for split in (train.stdlib_split, train.docs_split):
+        tr, va = split()
+        assert tr.numel() > 4 * va.numel() > 0
+        assert bytes(va[:200].tolist()) not in bytes(tr.tolist())
+    assert bytes(train.docs_split()[0][:64].tolist()) not in bytes(train.stdlib_split()[0].tolist())
 
 
 def test_stop_at_ends_both_ranks_at_the_first_evaluation_on_target():
