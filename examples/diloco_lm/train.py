@@ -41,8 +41,9 @@ Arms (all with AdamW, the same learning-rate schedule, the same global batch):
 Log (--log, JSON lines, rank 0): per evaluation step, wall_s (since the start of training), train_s (time in
 training steps, communication not hidden included, evaluation excluded), val_loss (nats per byte, of the
 global model), bytes_sent (this rank's, by comm/traffic.hpp's count through commsgd_torch._C; see below), and
-for diloco exchanges (fragment exchanges started: DiLoCo.stats()["exchanges_started"]); max_rss_mb, the
-largest peak resident memory of any rank so far (MiB).
+for diloco exchanges (fragment exchanges started: DiLoCo.stats()["exchanges_started"]); moved, the share of the
+global model's values that changed since the previous evaluation (with --eval-every equal to --sync-every, one
+round's coverage); max_rss_mb, the largest peak resident memory of any rank so far (MiB).
 
     torchrun --nproc_per_node 4 examples/diloco_lm/train.py --arm diloco --steps 2000 --log diloco.jsonl
     python3 examples/diloco_lm/train.py --arm ddp --steps 200      # WORLD_SIZE unset: one process
@@ -564,6 +565,7 @@ def main(argv=None):
               f"val {val.numel()} bytes", flush=True)
     log = open(args.log, "w") if args.log and rank == 0 else None
     records = []
+    before = torch.cat([whole(t.detach()).reshape(-1) for t in global_params()])
     start = time.perf_counter()
     train_s = 0.0
     for step in range(1, args.steps + 1):
@@ -587,11 +589,18 @@ def main(argv=None):
                 opt.finish()
                 train_s += time.perf_counter() - t0
             sent = bytes_sent()
+            now = global_params()
+            flat = torch.cat([whole(t.detach()).reshape(-1) for t in now])
+            # The share of the global model's values that moved since the last evaluation: with --eval-every H,
+            # what one round's exchange touched (a sparse code's coverage, its senders' union).
+            moved = round(float((flat != before).double().mean()), 6)
+            before = flat
             rec = {"arm": args.arm, "step": step, "of": args.steps,
                    "wall_s": round(time.perf_counter() - start, 3), "train_s": round(train_s, 3),
                    "train_loss": round(loss.item(), 4),
-                   "val_loss": round(evaluate(eval_model, global_params(), windows), 5),
-                   "bytes_sent": int(sent) if sent is not None else None, "max_rss_mb": max_rss_mb()}
+                   "val_loss": round(evaluate(eval_model, now, windows), 5),
+                   "bytes_sent": int(sent) if sent is not None else None, "moved": moved,
+                   "max_rss_mb": max_rss_mb()}
             if args.arm == "hsdp" and args.replicate == "auto":
                 rec["auto_choice"] = model._replicate_state.choice()
             if args.arm == "diloco":
