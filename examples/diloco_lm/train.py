@@ -210,7 +210,8 @@ def make_arm(args, model, inner):
         import commsgd_torch
         opt = commsgd_torch.DiLoCo(model, inner, sync_every=args.sync_every, outer_lr=args.outer_lr,
                                    outer_momentum=args.outer_momentum, fragments=args.fragments,
-                                   delay=args.delay, alpha=args.alpha, compression=args.compression)
+                                   delay=args.delay, alpha=args.alpha, compression=args.compression,
+                                   keep_delay_steps=bool(args.keep_delay_steps))
         # The global model is the engine's copy (equal on every rank after each outer step; with fragments,
         # each fragment's copy as of its last outer step). global_parameters() returns a copy of it, one tensor
         # per parameter, fragment after fragment in fragment_parameters() order: map it back to the model's
@@ -416,6 +417,9 @@ def parse(argv):
     p.add_argument("--fragments", type=int, default=1)
     p.add_argument("--delay", type=int, default=0)
     p.add_argument("--alpha", type=float, default=0.0)
+    p.add_argument("--keep-delay-steps", type=int, choices=(0, 1), default=0,
+                   help="diloco: 1 merges by keeping the --delay steps whole (DiLoCo's keep_delay_steps), "
+                        "--alpha 0")
     p.add_argument("--compression", default="dense",
                    help="diloco's code of the pseudo-gradients (commsgd_torch.DiLoCo's compression): dense "
                         "(float32, the default), fp16, bf16, int8, e3m0 (4-bit, blocks of 256) or "

@@ -158,6 +158,10 @@ class DiLoCo:
         delay (int): tau, the inner steps an exchange overlaps before it is applied, in [0, sync_every).
         alpha (float): the weight of the local parameters in the merge after an outer step, in [0, 1] (0:
             every rank restarts from the global model).
+        keep_delay_steps (bool): the merge keeps the ``delay`` inner steps taken while the exchange
+            travelled, whole: ``theta <- theta_global + (theta - theta_at_exchange_start)`` (alpha must be 0).
+            For top-k codes with error feedback, whose residual sends later what a round did not: alpha > 0
+            keeps part of that in the local model too, and the next round sends it again.
         compression (str): ``"dense"``, ``"fp16"``, ``"bf16"``, ``"int8"``, ``"e3m0"`` or
             ``"topk-<density>"`` with a density in (0, 1]: the code of each rank's pseudo-gradient.
         replica_group (ProcessGroup, optional): the ranks of this rank's replica when each of them holds the
@@ -188,7 +192,7 @@ class DiLoCo:
                  outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  fragments: Union[int, Sequence[Union[torch.nn.Module, Iterable[torch.nn.Parameter]]]] = 1,
                  delay: int = 0, alpha: float = 0.0, compression: str = "dense",
-                 replica_group: Optional[dist.ProcessGroup] = None) -> None:
+                 replica_group: Optional[dist.ProcessGroup] = None, keep_delay_steps: bool = False) -> None:
         if not isinstance(model, torch.nn.Module):
             raise _bad("model", type(model).__name__, "a torch.nn.Module")
         if not isinstance(inner_optimizer, torch.optim.Optimizer):
@@ -203,6 +207,10 @@ class DiLoCo:
             raise _bad("delay", delay, f"a whole number in [0, sync_every) = [0, {sync_every})")
         if not _real(alpha) or not (0.0 <= alpha <= 1.0):
             raise _bad("alpha", alpha, "[0, 1]")
+        if not isinstance(keep_delay_steps, bool):
+            raise _bad("keep_delay_steps", keep_delay_steps, "True or False")
+        if keep_delay_steps and alpha != 0:
+            raise _bad("alpha", alpha, "0 with keep_delay_steps=True (the two are two merges)")
         code = _code_name(compression)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
@@ -231,6 +239,7 @@ class DiLoCo:
         self.outer_momentum = float(outer_momentum)
         self.delay = delay
         self.alpha = float(alpha)
+        self.keep_delay_steps = keep_delay_steps
         self.compression = code
         self.replica_group = replica_group
         names = {id(p): n for n, p in model.named_parameters()}
@@ -296,7 +305,7 @@ class DiLoCo:
 
     def _make_engine(self, group: Any, layer_sizes: List[int], num_fragments: int, layout: str) -> Any:
         return _C.DiLoCoEngine(group, layer_sizes, self.sync_every, num_fragments, self.delay, self.alpha, layout,
-                               self.outer_lr, self.outer_momentum, self.compression)
+                               self.outer_lr, self.outer_momentum, self.compression, self.keep_delay_steps)
 
     def _attach(self, layer_sizes: List[int], num_fragments: int, layout: str) -> None:
         """Makes the engine over the ranks of ``process_group`` and starts it from rank 0's parameters."""
@@ -596,4 +605,4 @@ class DiLoCo:
     def __repr__(self) -> str:
         return (f"DiLoCo(sync_every={self.sync_every}, outer_lr={self.outer_lr}, "
                 f"outer_momentum={self.outer_momentum}, fragments={self.num_fragments}, delay={self.delay}, "
-                f"alpha={self.alpha}, compression={self.compression!r}, inner={type(self.inner_optimizer).__name__})")
+                f"alpha={self.alpha}, keep_delay_steps={self.keep_delay_steps}, compression={self.compression!r}, inner={type(self.inner_optimizer).__name__})")

@@ -50,12 +50,13 @@ class diloco_engine {
 public:
   diloco_engine(const group_ptr& group, std::vector<std::size_t> layer_sizes, int sync_every, int fragments,
                 int delay, float alpha, const std::string& layout, float outer_lr, float outer_momentum,
-                const std::string& code)
+                const std::string& code, bool keep_delay_steps)
       : comm_(comm::process_group(group)), engine_(comm_, std::move(layer_sizes),
                                                    {.sync_every = sync_every,
                                                     .fragments = fragments,
                                                     .delay = delay,
                                                     .alpha = alpha,
+                                                    .keep_delay_steps = keep_delay_steps,
                                                     .layout = layout_of(layout),
                                                     .outer = {.lr = outer_lr, .momentum = outer_momentum}},
                                                    cost::diloco_code::parse(code)) {}
@@ -181,7 +182,7 @@ private:
 py::list diloco_over_threads(const std::vector<at::Tensor>& trajectories,
                              std::vector<std::size_t> layer_sizes, int sync_every, int fragments, int delay,
                              float alpha, const std::string& layout, float outer_lr, float outer_momentum,
-                             const std::string& code) {
+                             const std::string& code, bool keep_delay_steps) {
   const int n = static_cast<int>(trajectories.size());
   commsgd::check_range("trajectories", n, 1, 64, "[1, 64] ranks");
   std::int64_t steps = 0, d = 0;
@@ -203,6 +204,7 @@ py::list diloco_over_threads(const std::vector<at::Tensor>& trajectories,
                                .fragments = fragments,
                                .delay = delay,
                                .alpha = alpha,
+                               .keep_delay_steps = keep_delay_steps,
                                .layout = layout_of(layout),
                                .outer = {.lr = outer_lr, .momentum = outer_momentum}};
   const auto parsed = cost::diloco_code::parse(code);
@@ -237,10 +239,10 @@ py::list diloco_over_threads(const std::vector<at::Tensor>& trajectories,
 void bind_diloco(py::module_& m) {
   py::class_<diloco_engine>(m, "DiLoCoEngine")
       .def(py::init<const group_ptr&, std::vector<std::size_t>, int, int, int, float, const std::string&,
-                    float, float, const std::string&>(),
+                    float, float, const std::string&, bool>(),
            py::arg("process_group"), py::arg("layer_sizes"), py::arg("sync_every"), py::arg("fragments"),
            py::arg("delay"), py::arg("alpha"), py::arg("layout"), py::arg("outer_lr"),
-           py::arg("outer_momentum"), py::arg("compression"))
+           py::arg("outer_momentum"), py::arg("compression"), py::arg("keep_delay_steps") = false)
       .def("start", &diloco_engine::start, py::arg("flat"), py::arg("broadcast") = true)
       .def("rebind", &diloco_engine::rebind, py::arg("process_group"))
       .def("set_timeout", &diloco_engine::set_timeout, py::arg("seconds"))
@@ -270,7 +272,8 @@ void bind_diloco(py::module_& m) {
 
   m.def("diloco_over_threads", &diloco_over_threads, py::arg("trajectories"), py::arg("layer_sizes"),
         py::arg("sync_every"), py::arg("fragments"), py::arg("delay"), py::arg("alpha"), py::arg("layout"),
-        py::arg("outer_lr"), py::arg("outer_momentum"), py::arg("compression"));
+        py::arg("outer_lr"), py::arg("outer_momentum"), py::arg("compression"),
+        py::arg("keep_delay_steps") = false);
 
   // The codes (cost/diloco.hpp) and the collectives' traffic (comm/traffic.hpp), for Python's byte counts.
   m.def(

@@ -61,6 +61,7 @@ BAD = [
     ("fragments", 0), ("fragments", 9),  # the model has 3 layers
     ("delay", -1), ("delay", 4),  # sync_every is 4
     ("alpha", -0.01), ("alpha", 1.5), ("alpha", float("nan")), ("alpha", "0.5"),
+    ("keep_delay_steps", 1), ("keep_delay_steps", "yes"), ("keep_delay_steps", None),
     ("compression", "gzip"), ("compression", "int4"), ("compression", "fp4"), ("compression", "none"),
     ("compression", "topk:0.1"), ("compression", "topk-0"),
     ("compression", "topk-1.5"),
@@ -80,6 +81,13 @@ def test_bad_arguments_raise_value_error_naming_them(name, value):
     assert isinstance(info.value, commsgd_torch.InvalidArgument)
     text = str(info.value)
     assert f"'{name}'" in text and repr(value) in text and "allowed" in text, text
+
+
+def test_keep_delay_steps_refuses_a_second_merge():
+    model = torch.nn.Linear(3, 3)
+    with pytest.raises(commsgd_torch.InvalidArgument, match="'alpha' is 0.5.*keep_delay_steps"):
+        commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=1), sync_every=4, delay=1,
+                             alpha=0.5, keep_delay_steps=True)
 
 
 def test_bad_model_optimizer_and_fragments():
@@ -218,6 +226,40 @@ def _alpha_merge(rank, world):
 
 def test_alpha_merges_the_local_steps_taken_during_the_exchange():
     run_ranks(_alpha_merge, 2)
+
+
+def _keep_delay_steps(rank, world):
+    """With delay 2 and keep_delay_steps, the fragment applied after step t is theta_global + (theta_local -
+    theta_start) in float32, theta_start the model when the exchange started (after step t - 2) and theta_local
+    the model after step t's own inner step: the two steps taken while it travelled, kept whole (where the
+    model did not move, the common value's bits)."""
+    model = Dot(SIZES)
+    lr = 0.25
+    opt = commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=lr), sync_every=3, delay=2,
+                               keep_delay_steps=True, outer_lr=0.7, outer_momentum=0.9)
+    start = None
+    for step in range(1, 12):
+        before = [p.detach().clone() for p in model.ps]
+        _dot_step(model, opt, step, rank)
+        if step in (5, 8, 11):  # started after 3, 6, 9
+            for b, x, p, g, s in zip(before, _inputs(step, rank), model.ps, opt.global_parameters(), start):
+                moved = b.add(x, alpha=-lr) - s
+                want = torch.where(moved == 0, g, g + moved)
+                assert _same(p.detach(), want), step
+                assert not _same(p.detach(), g), step  # the steps were kept: not the common model
+        else:
+            for b, x, p in zip(before, _inputs(step, rank), model.ps):
+                assert _same(p.detach(), b.add(x, alpha=-lr)), step
+        if step in (3, 6, 9):
+            start = [p.detach().clone() for p in model.ps]
+    opt.finish()  # the last steps exchanged too: every rank ends on the common model
+    assert _same(_flat(model.parameters()), _flat(opt.global_parameters()))
+    return _flat(model.parameters())
+
+
+def test_keep_delay_steps_merges_the_steps_taken_during_the_exchange_whole():
+    a, b = _ranks(_keep_delay_steps, 2)
+    assert _same(a, b)
 
 
 # --- compressed pseudo-gradients ------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ class _Recording(torch.optim.AdamW):
         return out
 
 
-def _run(rank, world, code, fragments, delay, alpha, where="cpu"):
+def _run(rank, world, code, fragments, delay, alpha, where="cpu", keep=False):
     """One rank of DiLoCo; `where`: "cpu" (parameters in place), "cpu-copy" (the host-copy path CUDA
     parameters take) or "cuda"."""
     if where == "cpu-copy":
@@ -56,7 +56,7 @@ def _run(rank, world, code, fragments, delay, alpha, where="cpu"):
     model = _Net().to(device)
     inner = _Recording(model.parameters(), lr=0.05)
     opt = commsgd_torch.DiLoCo(model, inner, sync_every=4, fragments=fragments, delay=delay, alpha=alpha,
-                               compression=code)
+                               compression=code, keep_delay_steps=keep)
     flat = lambda: torch.cat([p.detach().reshape(-1) for p in opt._order]).cpu()  # noqa: E731 (engine's order)
     snaps = [flat().clone()]
     inner.after = lambda: snaps.append(flat().clone())
@@ -90,11 +90,11 @@ def _expected_bytes(code, layers, fragments, exchanges_per_fragment, world=2):
     return total
 
 
-def check_agreement(runs, code, fragments, delay, alpha):
+def check_agreement(runs, code, fragments, delay, alpha, keep=False):
     """The torch runs' global models and byte counts against the engine on threads fed their inner steps."""
     layers = runs[0]["layers"]
     want = _C.diloco_over_threads([r["snaps"] for r in runs], layers, 4, fragments, delay, alpha, "strided",
-                                  0.7, 0.9, code)
+                                  0.7, 0.9, code, keep_delay_steps=keep)
     for rank, (run, (globals_, sent)) in enumerate(zip(runs, want)):
         assert run["globals"].shape == globals_.shape
         for step in range(STEPS):
@@ -114,20 +114,21 @@ def check_agreement(runs, code, fragments, delay, alpha):
     assert int(runs[0]["sent"][-1]) == _expected_bytes(code, layers, fragments, applied, len(runs))
 
 
-def _run_codes(rank, world, codes, fragments, delay, alpha, where):
+def _run_codes(rank, world, codes, fragments, delay, alpha, where, keep):
     """_run for each code in turn on the same two processes (starting them is most of a run's cost)."""
-    return [_run(rank, world, code, fragments, delay, alpha, where) for code in codes]
+    return [_run(rank, world, code, fragments, delay, alpha, where, keep) for code in codes]
 
 
-@pytest.mark.parametrize("fragments,delay,alpha", [(1, 0, 0.0), (2, 2, 0.5)])
+# (fragments, delay, alpha, keep_delay_steps): unstreamed; streamed with either merge.
+@pytest.mark.parametrize("fragments,delay,alpha,keep", [(1, 0, 0.0, False), (2, 2, 0.5, False), (2, 2, 0.0, True)])
 @pytest.mark.parametrize("where", ["cpu", "cpu-copy"])
-def test_torch_class_and_cpp_engine_agree_bit_for_bit(fragments, delay, alpha, where):
-    by_rank = run_ranks(_run_codes, 2, (CODES, fragments, delay, alpha, where))
+def test_torch_class_and_cpp_engine_agree_bit_for_bit(fragments, delay, alpha, keep, where):
+    by_rank = run_ranks(_run_codes, 2, (CODES, fragments, delay, alpha, where, keep))
     failed = []
     for i, code in enumerate(CODES):
         runs = [torch.load(io.BytesIO(r[i])) for r in by_rank]
         try:
-            check_agreement(runs, code, fragments, delay, alpha)
+            check_agreement(runs, code, fragments, delay, alpha, keep)
         except AssertionError as e:
             failed.append(f"{code}: {e}")
     assert not failed, "\n".join(failed)

@@ -1,5 +1,6 @@
 // sync::diloco on thread ranks: one fragment with no delay is sync::diloco bit for bit; streamed
-// fragments equal a serial reference bit for bit over random layouts, periods, delays and merges; the
+// fragments equal a serial reference bit for bit over random layouts, periods, delays and merges (alpha and
+// keep_delay_steps); the
 // schedule; fragments cover the model once; a checkpoint taken with exchanges in flight resumes bit for bit;
 // a non-finite pseudo-gradient is refused on every rank and changes no outer state; bad options are named.
 #include <commsgd/comm/local.hpp>
@@ -68,6 +69,7 @@ toy::finals_t reference(const toy::least_squares& prob, const std::vector<std::s
   struct flight {
     std::int64_t due;
     std::vector<float> sum;
+    std::vector<std::vector<float>> start; // each rank's fragment values at the start (keep_delay_steps)
   };
   std::vector<std::optional<flight>> pending(P);
   std::vector<std::int64_t> applied_at(P, -1);
@@ -78,12 +80,14 @@ toy::finals_t reference(const toy::least_squares& prob, const std::vector<std::s
   };
   auto launch = [&](std::size_t p, std::int64_t t) {
     std::vector<float> sum(frags[p].size());
+    std::vector<std::vector<float>> start(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r)
       for (std::size_t j = 0; j < frags[p].size(); ++j) {
         const float d = global[p][j] - x[static_cast<std::size_t>(r)][frags[p][j]];
         sum[j] = r == 0 ? d : sum[j] + d;
+        start[static_cast<std::size_t>(r)].push_back(x[static_cast<std::size_t>(r)][frags[p][j]]);
       }
-    pending[p] = flight{t + o.delay, std::move(sum)};
+    pending[p] = flight{t + o.delay, std::move(sum), std::move(start)};
   };
   auto apply = [&](std::size_t p, std::int64_t t) {
     auto& g = global[p];
@@ -99,10 +103,14 @@ toy::finals_t reference(const toy::least_squares& prob, const std::vector<std::s
         g[j] = g[j] - lr * (mean + mu * velocity[p][j]);
       }
     }
-    for (auto& xr : x)
+    for (std::size_t r = 0; r < x.size(); ++r)
       for (std::size_t j = 0; j < g.size(); ++j) {
-        float& v = xr[frags[p][j]];
-        v = o.alpha == 0.0f ? g[j] : g[j] + o.alpha * (v - g[j]);
+        float& v = x[r][frags[p][j]];
+        const float moved = v - pending[p]->start[r][j]; // keep_delay_steps: the steps since the start
+        if (o.keep_delay_steps)
+          v = moved == 0.0f ? g[j] : g[j] + moved;
+        else
+          v = o.alpha == 0.0f ? g[j] : g[j] + o.alpha * (v - g[j]);
       }
     pending[p].reset();
     applied_at[p] = t;
@@ -129,7 +137,8 @@ toy::finals_t reference(const toy::least_squares& prob, const std::vector<std::s
     for (std::size_t p = 0; p < P; ++p)
       if (pending[p]) apply(p, last);
     for (std::size_t p = 0; p < P; ++p) {
-      if (o.alpha == 0.0f && applied_at[p] == last) continue;
+      const bool keeps_local = o.alpha != 0.0f || (o.keep_delay_steps && o.delay > 0);
+      if (!keeps_local && applied_at[p] == last) continue;
       launch(p, last);
       apply(p, last);
     }
@@ -171,7 +180,7 @@ TEST_CASE(
 TEST_CASE(
     "streamed fragments equal a serial reference bit for bit (random layouts, periods, delays, merges)") {
   std::mt19937 rng(20261126);
-  for (int trial = 0; trial < 24; ++trial) {
+  for (int trial = 0; trial < 36; ++trial) {
     std::vector<std::size_t> sizes(1 + rng() % 6);
     for (auto& s : sizes)
       s = 1 + rng() % 9;
@@ -185,6 +194,7 @@ TEST_CASE(
     o.fragments = 1 + static_cast<int>(rng() % sizes.size());
     o.delay = static_cast<int>(rng() % static_cast<unsigned>(o.sync_every));
     o.alpha = trial % 3 == 0 ? 0.5f : 0.0f;
+    o.keep_delay_steps = trial % 3 == 2;
     o.layout = trial % 2 == 0 ? fragment_layout::strided : fragment_layout::contiguous;
     o.outer = {.lr = trial % 4 == 1 ? 1.0f : 0.7f, .momentum = trial % 4 == 1 ? 0.0f : 0.9f};
     const int n = 1 + trial % 3, steps = 29;
@@ -290,10 +300,10 @@ TEST_CASE("fragments cover the model once, in order, strided or contiguous") {
     }
 }
 
-TEST_CASE("a checkpoint taken with exchanges in flight resumes bit for bit, uncompressed and top-k") {
+TEST_CASE("a checkpoint taken with exchanges in flight resumes bit for bit, uncompressed and top-k, either merge") {
   const auto& prob = problem();
   const int n = 3, before = 10, after = 15;
-  const sync::diloco_options o{.lr = 0.05f, .sync_every = 6, .fragments = 3, .delay = 2, .alpha = 0.5f};
+  sync::diloco_options o{.lr = 0.05f, .sync_every = 6, .fragments = 3, .delay = 2, .alpha = 0.5f};
   auto check = [&](auto make) {
     // One run straight through, one stopped after `before` steps and resumed from its checkpoint.
     toy::finals_t straight(n), resumed(n);
@@ -340,12 +350,17 @@ TEST_CASE("a checkpoint taken with exchanges in flight resumes bit for bit, unco
     for (std::size_t r = 0; r < n; ++r)
       CHECK(same_bits(resumed[r], straight[r]));
   };
-  check([&](comm::local& c) { return diloco<comm::local>(c, layers, o); });
-  using topk = compress::top_k_ef<>;
-  check([&](comm::local& c) {
-    return diloco<comm::local, topk>(c, layers, o,
-                                     [](std::size_t len) { return topk(len, {.density = 0.2}); });
-  });
+  for (bool keep : {false, true}) {
+    CAPTURE(keep);
+    o.alpha = keep ? 0.0f : 0.5f;
+    o.keep_delay_steps = keep;
+    check([&](comm::local& c) { return diloco<comm::local>(c, layers, o); });
+    using topk = compress::top_k_ef<>;
+    check([&](comm::local& c) {
+      return diloco<comm::local, topk>(c, layers, o,
+                                       [](std::size_t len) { return topk(len, {.density = 0.2}); });
+    });
+  }
 }
 
 TEST_CASE("a stream of other options or layers is refused") {
@@ -365,6 +380,10 @@ TEST_CASE("a stream of other options or layers is refused") {
     diloco<comm::local> other_layers(c, {17, 17}, {.sync_every = 6, .fragments = 2, .delay = 2});
     std::istringstream is2(stream);
     CHECK_THROWS_AS(other_layers.load(is2), corrupt_data);
+    diloco<comm::local> other_merge(c, layers, {.sync_every = 6, .fragments = 3, .delay = 2,
+                                                .keep_delay_steps = true});
+    std::istringstream is3(stream);
+    CHECK_THROWS_AS(other_merge.load(is3), corrupt_data);
   });
 }
 
@@ -441,6 +460,7 @@ TEST_CASE("bad options and calls are refused, naming the argument") {
     refused({.sync_every = 4, .delay = 4}, layers, "delay");
     refused({.sync_every = 4, .delay = -1}, layers, "delay");
     refused({.alpha = 1.5f}, layers, "alpha");
+    refused({.alpha = 0.5f, .keep_delay_steps = true}, layers, "alpha");
     refused({.outer = {.lr = 0.7f, .momentum = 1.0f}}, layers, "outer.momentum");
     refused({}, {}, "layer_sizes");
     refused({.layout = static_cast<fragment_layout>(7)}, layers, "layout");

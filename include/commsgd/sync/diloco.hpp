@@ -22,7 +22,12 @@
 // step on theta_global,p (Nesterov SGD, lr 0.7 and momentum 0.9 by default) and merges:
 //   theta_p <- theta_global,p + alpha (theta_p - theta_global,p)
 // so alpha = 0 restarts the fragment from the common model and alpha > 0 keeps part of the local steps taken
-// while it travelled. At any step each fragment has at most one exchange in flight (delay < H), so the
+// while it travelled. With keep_delay_steps the merge is instead
+//   theta_p <- theta_global,p + (theta_p - theta_start,p)
+// theta_start,p the local values when the exchange started: the delay's steps are kept whole and nothing of
+// the round's own pseudo-gradient is counted twice. A code with error feedback keeps what it did not send in
+// its residual, to send later; alpha > 0 would also keep part of it in the local model, and the next
+// pseudo-gradient would carry it again. At any step each fragment has at most one exchange in flight (delay < H), so the
 // busiest step sends about 1 / P of the model where unstreamed DiLoCo sends all of it.
 //
 // Exchanges: X, any compress::compressor, carries each fragment's pseudo-gradient (one compressor per
@@ -45,7 +50,7 @@
 // and go on; the local model keeps the round's steps, which the next exchange carries.
 //
 // finish(): applies the exchanges in flight, then exchanges once more every fragment that has moved since
-// its last exchange was applied (every fragment when alpha > 0). A fragment applied after the last step has
+// its last exchange was applied (every fragment when the merge keeps local steps). A fragment applied after the last step has
 // a zero pseudo-gradient, and exchanging it would still move the common model by the outer momentum.
 //
 // Checkpoints (state/strategy.hpp): the options and layer sizes are saved and a stream of others is refused;
@@ -94,6 +99,7 @@ struct diloco_options {
   int fragments = 1;    // P: [1, number of layers]
   int delay = 0;        // tau, the local steps an exchange overlaps: [0, H)
   float alpha = 0.0f;   // the local model's weight in the merge: [0, 1]
+  bool keep_delay_steps = false; // the merge keeps the steps taken while the exchange travelled; alpha 0 only
   fragment_layout layout = fragment_layout::strided;
   outer_sgd_options outer = {}; // DiLoCo's lr 0.7, momentum 0.9
 };
@@ -122,6 +128,10 @@ public:
     commsgd::check_range("delay", opt_.delay, 0, opt_.sync_every - 1,
                          commsgd::concat("[0, sync_every - 1 = ", opt_.sync_every - 1, "]"));
     commsgd::check_range("alpha", opt_.alpha, 0.0f, 1.0f, "[0, 1]");
+    if (opt_.keep_delay_steps && opt_.alpha != 0.0f)
+      throw invalid_argument(commsgd::concat("argument 'alpha' = ", opt_.alpha,
+                                             " with keep_delay_steps: the two are two merges; the allowed "
+                                             "alpha with keep_delay_steps is 0"));
     if (opt_.layout != fragment_layout::strided && opt_.layout != fragment_layout::contiguous)
       throw invalid_argument(commsgd::concat("argument 'layout' = ", static_cast<int>(opt_.layout),
                                              " is outside the allowed range {strided, contiguous}"));
@@ -201,7 +211,8 @@ public:
   }
 
   // Applies the exchanges in flight, then exchanges once more every fragment that has moved since its last
-  // exchange was applied (all of them when alpha > 0) and applies it at once: with alpha = 0 every rank ends
+  // exchange was applied (all of them when the merge keeps local steps) and applies it at once: with alpha = 0
+  // (keep_delay_steps or not) every rank ends
   // holding the common model.
   void finish(std::span<float> params) {
     detail::check_same_size("params", params.size(), total_);
@@ -209,7 +220,7 @@ public:
     for (std::size_t p = 0; p < frags_.size(); ++p)
       if (pending_[p]) apply(p, params);
     for (std::size_t p = 0; p < frags_.size(); ++p) {
-      if (opt_.alpha == 0.0f && applied_at_[p] == step_) continue;
+      if (!merge_keeps_local() && applied_at_[p] == step_) continue;
       launch(p, params, step_);
       apply(p, params);
     }
@@ -279,6 +290,10 @@ public:
   std::uint64_t exchanges_applied() const noexcept { return applied_; }
 
   const options& opts() const noexcept { return opt_; }
+  // Whether an exchange's merge leaves the local model apart from the common one.
+  bool merge_keeps_local() const noexcept {
+    return opt_.alpha != 0.0f || (opt_.keep_delay_steps && opt_.delay > 0);
+  }
   float learning_rate() const { return opt_.lr; }
   void set_learning_rate(float lr) {
     detail::check_learning_rate("lr", lr);
@@ -298,6 +313,7 @@ private:
   struct exchange {
     std::int64_t started = 0, due = 0;
     std::vector<float> delta, sum;
+    std::vector<float> start; // keep_delay_steps: the fragment's local values when the exchange started
     std::uint64_t wire = 0; // bytes this rank sent for it, written by the exchange thread
     bool own_finite = true; // uncompressed: whether this rank's pseudo-gradient was finite
     // The sum's NaN and inf as the compressor counted them while writing it, where it does (then apply does
@@ -388,6 +404,7 @@ private:
     ex->sum_scan.reset();
     ex->started = t;
     ex->due = t + opt_.delay;
+    if (opt_.keep_delay_steps) gather(p, params, ex->start);
     exchange* e = ex.get();
     C* c = comm_;
     if constexpr (compressed) {
@@ -470,7 +487,11 @@ private:
     const float a = opt_.alpha;
     std::size_t at = 0;
     for (const auto& [off, len] : frags_[p].runs) {
-      outer_[p].step_and_merge(g, ex->sum, static_cast<float>(ranks_), at, len, params.data() + off, a);
+      if (opt_.keep_delay_steps)
+        outer_[p].step_and_carry(g, ex->sum, static_cast<float>(ranks_), at, len, params.data() + off,
+                                 ex->start.data() + at);
+      else
+        outer_[p].step_and_merge(g, ex->sum, static_cast<float>(ranks_), at, len, params.data() + off, a);
       at += len;
     }
     applied_at_[p] = step_;
@@ -497,6 +518,10 @@ private:
       if constexpr (compressed)
         for (const auto& x : x_)
           w.put_array(std::span<const std::byte>(state::to_bytes(x)));
+      // This rank's values when each exchange in flight started (keep_delay_steps; empty otherwise): its own,
+      // unlike the exchange's sum.
+      for (const auto& ex : pending_)
+        w.put_array(ex ? std::span<const float>(ex->start) : std::span<const float>());
       return;
     }
     w.put_array(std::span<const std::uint64_t>(layers_as_u64()));
@@ -505,6 +530,7 @@ private:
     w.put<std::int32_t>(opt_.delay);
     w.put<float>(opt_.alpha);
     w.put<std::uint32_t>(static_cast<std::uint32_t>(opt_.layout));
+    w.put<std::uint32_t>(opt_.keep_delay_steps ? 1u : 0u);
     w.put<float>(opt_.outer.lr);
     w.put<float>(opt_.outer.momentum);
     w.put<float>(opt_.lr);
@@ -541,6 +567,16 @@ private:
           t.x.push_back(x);
           t.x.back().load(is);
         }
+      // The shared part is parsed first: t.pending says which exchanges are in flight.
+      for (std::size_t p = 0; p < frags_.size(); ++p) {
+        auto start = r.get_vector<float>();
+        const bool flying = p < t.pending.size() && t.pending[p];
+        const std::size_t want = flying && opt_.keep_delay_steps ? frags_[p].length : 0;
+        if (start.size() != want)
+          throw corrupt_data(commsgd::concat("saved state: fragment ", p, "'s start values hold ", start.size(),
+                                             " values where ", want, " are expected"));
+        if (flying) t.pending[p]->start = std::move(start);
+      }
       return;
     }
     if (r.get_vector<std::uint64_t>() != layers_as_u64())
@@ -551,6 +587,8 @@ private:
     state::expect_same_bits(r.get<float>(), opt_.alpha, "alpha");
     state::expect_same(r.get<std::uint32_t>(), static_cast<std::uint32_t>(opt_.layout),
                        "option 'layout' (0 strided, 1 contiguous)");
+    state::expect_same(r.get<std::uint32_t>(), opt_.keep_delay_steps ? 1u : 0u,
+                       "option 'keep_delay_steps' (1 on, 0 off)");
     state::expect_same_bits(r.get<float>(), opt_.outer.lr, "outer.lr");
     state::expect_same_bits(r.get<float>(), opt_.outer.momentum, "outer.momentum");
     t.lr = state::read_learning_rate(r);
@@ -641,7 +679,7 @@ static_assert(sync_strategy<diloco<comm::archetype>>);
 template <class C, class X>
 struct replica_promise<diloco<C, X>> {
   static bool after_step(const diloco<C, X>& s, const step_result& r) {
-    return r.averaged && s.num_fragments() == 1 && s.opts().alpha == 0.0f;
+    return r.averaged && s.num_fragments() == 1 && !s.merge_keeps_local();
   }
   static bool after_finish(const diloco<C, X>& s) { return s.opts().alpha == 0.0f; }
 };

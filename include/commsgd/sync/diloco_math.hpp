@@ -37,4 +37,12 @@ COMMSGD_HOST_DEVICE inline float merge(float global, float local, float alpha) {
   return alpha == 0.0f ? global : add_rn(global, mul_rn(alpha, sub_rn(local, global)));
 }
 
+// The merge that keeps the steps taken while the exchange travelled: the new common value plus what the local
+// value moved since the exchange started (`start`). With no step between, local == start and the result is
+// the common value's bits (alpha = 0's merge), its zero's sign included.
+COMMSGD_HOST_DEVICE inline float carry(float global, float local, float start) {
+  const float moved = sub_rn(local, start);
+  return moved == 0.0f ? global : add_rn(global, moved);
+}
+
 } // namespace commsgd::inline v1::sync::math

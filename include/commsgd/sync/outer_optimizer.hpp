@@ -146,23 +146,30 @@ public:
   // possible overlap), the momentum and alpha = 0 chosen outside them.
   void step_and_merge(std::span<float> global, std::span<const float> sum, float n, std::size_t first,
                       std::size_t count, float* x, float alpha) {
-    if (has_momentum() && v_.empty()) v_.assign(global.size(), 0.0f);
-    if (has_momentum())
-      alpha == 0.0f ? merge_run<true, true>(global, sum, n, first, count, x, alpha)
-                    : merge_run<true, false>(global, sum, n, first, count, x, alpha);
+    if (alpha == 0.0f)
+      run<merge_kind::restart>(global, sum, n, first, count, x, nullptr, alpha);
     else
-      alpha == 0.0f ? merge_run<false, true>(global, sum, n, first, count, x, alpha)
-                    : merge_run<false, false>(global, sum, n, first, count, x, alpha);
+      run<merge_kind::mix>(global, sum, n, first, count, x, nullptr, alpha);
+  }
+
+  // The same step, the merge math::carry: x[i - first] <- global[i] + (x[i - first] - start[i - first]),
+  // start being x when the exchange started (the steps taken since kept whole).
+  void step_and_carry(std::span<float> global, std::span<const float> sum, float n, std::size_t first,
+                      std::size_t count, float* x, const float* start) {
+    run<merge_kind::carry>(global, sum, n, first, count, x, start, 0.0f);
   }
 
   // For a loaded state: the caller has checked the length (0, or the model's with momentum).
   void replace_velocity(std::vector<float> v) noexcept { v_ = std::move(v); }
 
 private:
-  // math::outer_step and math::merge on `count` values, the choices they make per value made here once.
-  template <bool Momentum, bool Restart>
+  enum class merge_kind { restart, mix, carry };
+
+  // math::outer_step and the merge on `count` values, the choices they make per value made here once.
+  template <bool Momentum, merge_kind M>
   static void merge_values(float* __restrict g, const float* __restrict s, float* __restrict v,
-                           float* __restrict x, std::size_t count, float n, float lr, float mu, float alpha) {
+                           float* __restrict x, const float* __restrict start, std::size_t count, float n,
+                           float lr, float mu, float alpha) {
     for (std::size_t j = 0; j < count; ++j) {
       const float mean = math::div_rn(s[j], n);
       float gj;
@@ -173,29 +180,43 @@ private:
         gj = math::sub_rn(g[j], math::mul_rn(lr, mean));
       }
       g[j] = gj;
-      if constexpr (Restart)
+      if constexpr (M == merge_kind::restart)
         x[j] = gj;
-      else
+      else if constexpr (M == merge_kind::mix)
         x[j] = math::add_rn(gj, math::mul_rn(alpha, math::sub_rn(x[j], gj)));
+      else
+        x[j] = math::carry(gj, x[j], start[j]);
     }
   }
-  template <bool Momentum, bool Restart>
+  template <bool Momentum, merge_kind M>
   static void merge_group(float* __restrict g, const float* __restrict s, float* __restrict v,
-                          float* __restrict x, float n, float lr, float mu, float alpha) {
-    merge_values<Momentum, Restart>(g, s, v, x, 64, n, lr, mu, alpha);
+                          float* __restrict x, const float* __restrict start, float n, float lr, float mu,
+                          float alpha) {
+    merge_values<Momentum, M>(g, s, v, x, start, 64, n, lr, mu, alpha);
   }
-  template <bool Momentum, bool Restart>
+  template <merge_kind M>
+  void run(std::span<float> global, std::span<const float> sum, float n, std::size_t first, std::size_t count,
+           float* x, const float* start, float alpha) {
+    if (has_momentum()) {
+      if (v_.empty()) v_.assign(global.size(), 0.0f);
+      merge_run<true, M>(global, sum, n, first, count, x, start, alpha);
+    } else {
+      merge_run<false, M>(global, sum, n, first, count, x, start, alpha);
+    }
+  }
+  template <bool Momentum, merge_kind M>
   void merge_run(std::span<float> global, std::span<const float> sum, float n, std::size_t first,
-                 std::size_t count, float* x, float alpha) {
+                 std::size_t count, float* x, const float* start, float alpha) {
     const float lr = opt_.lr, mu = opt_.momentum;
     float* const v = Momentum ? v_.data() + first : nullptr;
     float* const g = global.data() + first;
     const float* const s = sum.data() + first;
     std::size_t i = 0;
+    const auto at = [&](std::size_t k) { return start ? start + k : nullptr; };
     for (; i + 64 <= count; i += 64)
-      merge_group<Momentum, Restart>(g + i, s + i, Momentum ? v + i : nullptr, x + i, n, lr, mu, alpha);
-    merge_values<Momentum, Restart>(g + i, s + i, Momentum ? v + i : nullptr, x + i, count - i, n, lr, mu,
-                                    alpha);
+      merge_group<Momentum, M>(g + i, s + i, Momentum ? v + i : nullptr, x + i, at(i), n, lr, mu, alpha);
+    merge_values<Momentum, M>(g + i, s + i, Momentum ? v + i : nullptr, x + i, at(i), count - i, n, lr, mu,
+                              alpha);
   }
 
   options opt_;
