@@ -1,8 +1,8 @@
 // sync::diloco on thread ranks: one fragment with no delay is sync::diloco bit for bit; streamed
 // fragments equal a serial reference bit for bit over random layouts, periods, delays and merges (alpha and
-// keep_delay_steps); the
-// schedule; fragments cover the model once; a checkpoint taken with exchanges in flight resumes bit for bit;
-// a non-finite pseudo-gradient is refused on every rank and changes no outer state; bad options are named.
+// keep_delay_steps); the schedule; fragments cover the model once; a checkpoint taken with exchanges in
+// flight resumes bit for bit, either merge; a non-finite pseudo-gradient is refused on every rank and changes
+// no outer state; bad options are named.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/compress/half.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
@@ -300,7 +300,8 @@ TEST_CASE("fragments cover the model once, in order, strided or contiguous") {
     }
 }
 
-TEST_CASE("a checkpoint taken with exchanges in flight resumes bit for bit, uncompressed and top-k, either merge") {
+TEST_CASE(
+    "a checkpoint taken with exchanges in flight resumes bit for bit, uncompressed and top-k, either merge") {
   const auto& prob = problem();
   const int n = 3, before = 10, after = 15;
   sync::diloco_options o{.lr = 0.05f, .sync_every = 6, .fragments = 3, .delay = 2, .alpha = 0.5f};
@@ -380,8 +381,8 @@ TEST_CASE("a stream of other options or layers is refused") {
     diloco<comm::local> other_layers(c, {17, 17}, {.sync_every = 6, .fragments = 2, .delay = 2});
     std::istringstream is2(stream);
     CHECK_THROWS_AS(other_layers.load(is2), corrupt_data);
-    diloco<comm::local> other_merge(c, layers, {.sync_every = 6, .fragments = 3, .delay = 2,
-                                                .keep_delay_steps = true});
+    diloco<comm::local> other_merge(c, layers,
+                                    {.sync_every = 6, .fragments = 3, .delay = 2, .keep_delay_steps = true});
     std::istringstream is3(stream);
     CHECK_THROWS_AS(other_merge.load(is3), corrupt_data);
   });

@@ -573,8 +573,8 @@ private:
         const bool flying = p < t.pending.size() && t.pending[p];
         const std::size_t want = flying && opt_.keep_delay_steps ? frags_[p].length : 0;
         if (start.size() != want)
-          throw corrupt_data(commsgd::concat("saved state: fragment ", p, "'s start values hold ", start.size(),
-                                             " values where ", want, " are expected"));
+          throw corrupt_data(commsgd::concat("saved state: fragment ", p, "'s start values hold ",
+                                             start.size(), " values where ", want, " are expected"));
         if (flying) t.pending[p]->start = std::move(start);
       }
       return;
