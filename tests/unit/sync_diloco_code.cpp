@@ -1,6 +1,7 @@
 // The codes of DiLoCo named at run time (cost/diloco.hpp, sync/diloco_code.hpp): names round-trip and bad
 // ones are refused; the sizes cost/ gives are the compressors' own; sync::coded_diloco is the engine of that
-// code bit for bit; the bytes the engine counts are those comm::metered measures and cost/ predicts.
+// code bit for bit; the bytes the engine counts are those comm::metered measures and cost/ predicts; its
+// rounds, finish()'s included, are those of the schedule written out here.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/cost/diloco.hpp>
@@ -38,22 +39,36 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
-// The exchanges and bytes a rank should count over `steps` inner steps and a finish() that exchanges every
-// fragment (alpha > 0), from the schedule as docs/diloco.md states it rather than the engine's own: fragment
-// p of P (of `lengths[p]` values) starts after each step s >= max(1, t_p) with (s - t_p) mod H = 0, t_p =
-// p H / P; each exchange a round of its code, the first one's verdict included.
+// Fragment p of P's rounds over `steps` inner steps and a finish(), from the schedule as docs/diloco.md
+// states it rather than the engine's own: a start after each step s >= max(1, t_p) with (s - t_p) mod H = 0,
+// t_p = p H / P, applied `delay` steps later; then finish() exchanges once more a fragment that moved since
+// its last exchange was applied: every one when the merge keeps local values (alpha > 0), otherwise all but
+// those whose last exchange was applied at the last step or in finish() itself.
+std::uint64_t expected_rounds(int p, int P, const sync::diloco_options& o, int steps) {
+  const int H = o.sync_every, t = p * H / P;
+  std::uint64_t k = 0;
+  int last = 0;
+  for (int s = std::max(1, t); s <= steps; ++s)
+    if ((s - t) % H == 0) {
+      ++k;
+      last = s;
+    }
+  const bool keeps_local = o.alpha != 0.0f || (o.keep_delay_steps && o.delay > 0);
+  const bool applied_at_end = k > 0 && last + o.delay >= steps;
+  return k + (keeps_local || !applied_at_end ? 1 : 0);
+}
+
+// The exchanges and bytes a rank should count over `steps` inner steps and a finish(), fragment p holding
+// `lengths[p]` values: each exchange a round of its code, the first one's verdict included.
 struct traffic_expected {
   std::uint64_t rounds = 0, bytes = 0;
 };
-traffic_expected expected_traffic(const diloco_code& code, const std::vector<std::size_t>& lengths, int H,
-                                  int steps, int n, int rank) {
+traffic_expected expected_traffic(const diloco_code& code, const std::vector<std::size_t>& lengths,
+                                  const sync::diloco_options& o, int steps, int n, int rank) {
   traffic_expected out;
   const int P = static_cast<int>(lengths.size());
   for (int p = 0; p < P; ++p) {
-    const int t = p * H / P;
-    std::uint64_t k = 1; // finish()
-    for (int s = std::max(1, t); s <= steps; ++s)
-      k += (s - t) % H == 0 ? 1 : 0;
+    const auto k = expected_rounds(p, P, o, steps);
     for (std::uint64_t i = 0; i < k; ++i)
       out.bytes += code.round_traffic(lengths[static_cast<std::size_t>(p)], n, rank, i == 0).bytes_sent;
     out.rounds += k;
@@ -223,13 +238,44 @@ TEST_CASE("the bytes the engine counts are those the wire carried and those cost
         s.finish(x);
         CHECK(s.bytes_sent() == c.counters().total().bytes_sent - broadcast);
         // Layers {5, 17, 3, 9} strided over 2 fragments: 5 + 3 and 17 + 9 values.
-        const auto want = expected_traffic(code, {8, 26}, 3, steps, n, c.rank());
+        const auto want = expected_traffic(code, {8, 26}, o, steps, n, c.rank());
         CHECK(s.exchanges_started() == want.rounds);
         CHECK(s.exchanges_applied() == want.rounds);
         CHECK(s.bytes_sent() == want.bytes);
         if (n > 1) CHECK(want.bytes > 0);
       });
     }
+}
+
+TEST_CASE(
+    "the engine starts and applies the rounds of the written schedule, finish() included, alpha 0 or not") {
+  for (int H : {1, 3, 4})
+    for (int P = 1; P <= 3; ++P)
+      for (int delay = 0; delay < H; ++delay)
+        for (const float alpha : {0.0f, 0.5f})
+          for (int steps : {0, 1, 5, 11}) {
+            CAPTURE(H);
+            CAPTURE(P);
+            CAPTURE(delay);
+            CAPTURE(alpha);
+            CAPTURE(steps);
+            const sync::diloco_options o{.sync_every = H, .fragments = P, .delay = delay, .alpha = alpha};
+            comm::local_group(1).run([&](comm::local& c) {
+              sync::coded_diloco<comm::local> s(c, layers, o, diloco_code::parse("dense"));
+              std::vector<float> x(34, 1.0f);
+              s.start(x);
+              for (int t = 0; t < steps; ++t) {
+                x[static_cast<std::size_t>(t) % x.size()] += 0.5f;
+                s.advance(x);
+              }
+              s.finish(x);
+              std::uint64_t want = 0;
+              for (int p = 0; p < P; ++p)
+                want += expected_rounds(p, P, o, steps);
+              CHECK(s.exchanges_started() == want);
+              CHECK(s.exchanges_applied() == want);
+            });
+          }
 }
 
 TEST_CASE(
@@ -275,7 +321,7 @@ TEST_CASE(
         sent = s.bytes_sent();
         if (sizes[1] == 0) {
           // Every fragment's turns, the empty one's too.
-          const auto want = expected_traffic(code, sizes, 4, steps, n, c.rank());
+          const auto want = expected_traffic(code, sizes, o, steps, n, c.rank());
           CHECK(s.exchanges_applied() == want.rounds);
           CHECK(s.bytes_sent() == want.bytes);
           CHECK(m.counters().total().bytes_sent >= want.bytes);
@@ -307,8 +353,11 @@ TEST_CASE("a rank that holds no values at all takes every turn of every code") {
         for (int t = 0; t < 7; ++t)
           s.advance(x);
         s.finish(x);
-        CHECK(s.exchanges_applied() == s.exchanges_started());
-        CHECK(s.exchanges_applied() >= 6);
+        // Fragment 0 starts after steps 2, 4, 6 and fragment 1 after 1, 3, 5, 7; the last exchanges land at
+        // step 7 and in finish(), so with alpha = 0 finish() starts none: 7 in all.
+        CHECK(expected_rounds(0, 2, o, 7) + expected_rounds(1, 2, o, 7) == 7);
+        CHECK(s.exchanges_started() == 7);
+        CHECK(s.exchanges_applied() == 7);
         CHECK(s.global_model(0).empty());
       });
     }
