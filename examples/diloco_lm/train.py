@@ -281,14 +281,24 @@ def make_arm(args, model, inner):
 
 
 def _die_with_parent():
-    """In a child before exec: SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG), so that a helper such
-    as the lighthouse never outlives the rank that started it."""
+    """A preexec_fn for a helper such as the lighthouse: SIGTERM when this process dies (Linux's
+    PR_SET_PDEATHSIG), however it ends, so that the helper never outlives the rank that started it; None where
+    there is no prctl (atexit is all there is). prctl is looked up here, before the fork: a child forked from
+    a process with threads must not wait on the loader's lock, which another thread may have held at the fork.
+    """
     import ctypes
     import signal
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: atexit is all there is
-        pass
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm():
+        prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the signal was set: it will never come
+            os._exit(1)
+    return arm
 
 
 def torchft_arm(args, model, inner):
@@ -319,7 +329,7 @@ def torchft_arm(args, model, inner):
         lighthouse = subprocess.Popen([exe, "--min_replicas", str(replicas), "--quorum_tick_ms", "100",
                                        "--join_timeout_ms", "10000", "--bind", f"[::]:{lighthouse_port}"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      preexec_fn=_die_with_parent)
+                                      preexec_fn=_die_with_parent())
         atexit.register(lighthouse.terminate)  # a process that ends without atexit (a forked test rank,
         # a kill) takes it down through the parent-death signal instead
     dist.barrier()

@@ -1,9 +1,12 @@
 """examples/diloco_lm/train.py on 2 forked gloo ranks, a tiny model for 20 steps on each arm: the validation
 loss of the global model is finite and falls, every rank ends holding the same global model bits, and where
 every rank must hold the same local model too it does. (The validation losses are all-reduced: that ranks
-log the same ones proves nothing, so the models themselves are compared.)"""
+log the same ones proves nothing, so the models themselves are compared.) A helper started as the torchft
+lighthouse is ends with the process that started it, however that ends."""
 import math
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -114,6 +117,45 @@ def _run_leaving_nothing(args):
             return out
         time.sleep(0.1)
     raise AssertionError(f"a torchft lighthouse outlived its run: pids {_lighthouses(tag)}")
+
+
+def _running(pid):
+    """Whether pid is a process that has not ended (a zombie nobody reaped has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("ending", ["exit without atexit", "killed"])
+def test_a_helper_started_as_the_lighthouse_is_ends_with_its_parent(ending):
+    """train.py starts the lighthouse with _die_with_parent: whichever way the rank that started it ends, as a
+    forked rank does (os._exit, no atexit) or a killed one, the helper ends too, without anyone reaping it."""
+    read, write = os.pipe()
+    parent = os.fork()
+    if parent == 0:  # the rank: starts the helper, reports its pid, ends
+        try:
+            os.close(read)
+            helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                      preexec_fn=train._die_with_parent())
+            os.write(write, f"{helper.pid}".encode())
+        finally:
+            if ending == "killed":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        reported = f.read()
+    os.waitpid(parent, 0)
+    assert reported, "the rank did not start its helper"
+    helper = int(reported)
+    for _ in range(100):
+        if not _running(helper):
+            return
+        time.sleep(0.05)
+    os.kill(helper, signal.SIGKILL)
+    raise AssertionError(f"the helper outlived its parent ({ending}) by 5 s")
 
 
 def test_torchft_diloco_arm():
