@@ -115,7 +115,8 @@ TEST_CASE("outer_sgd follows PyTorch's Nesterov SGD, against a reference in doub
   }
 }
 
-TEST_CASE("DiLoCo's rounds match the outer step on the mean pseudo-gradient, 1 to 4 ranks") {
+TEST_CASE("local_sgd with an outer step: its rounds match the outer step on the mean pseudo-gradient, 1 to 4 "
+          "ranks") {
   const toy::least_squares prob({.samples = 256, .dim = 13, .seed = 4});
   for (int n = 1; n <= 4; ++n)
     for (const sync::outer_sgd_options o : {sync::outer_sgd_options{}, sync::outer_sgd_options{0.4f, 0.5f},
