@@ -223,13 +223,16 @@ TEST_CASE("the engine's rounds are the outer step's definition on random models;
         }
 }
 
-TEST_CASE("the outer step and merge in groups give step_on_sum's bits with math::merge") {
+TEST_CASE("the outer step and merge in groups give step_on_sum's bits with math::merge and math::carry") {
+  const float alphas[] = {0.0f, 0.5f, 1.0f};
   for (const sync::outer_sgd_options o : {sync::outer_sgd_options{}, sync::outer_sgd_options{1.3f, 0.0f}})
-    for (const float alpha : {0.0f, 0.5f, 1.0f})
+    for (int merge = 0; merge < 4; ++merge) // alpha 0, 0.5, 1, then keep_delay_steps' carry
       for (const float n : {1.0f, 3.0f, 4.0f})
         for (std::size_t d : {0, 1, 63, 64, 65, 127, 200, 1000}) {
+          const bool carry = merge == 3;
+          const float alpha = carry ? 0.0f : alphas[merge];
           CAPTURE(o.momentum);
-          CAPTURE(alpha);
+          CAPTURE(merge);
           CAPTURE(n);
           CAPTURE(d);
           std::mt19937 rng(static_cast<unsigned>(d * 7 + static_cast<std::size_t>(n)));
@@ -239,52 +242,29 @@ TEST_CASE("the outer step and merge in groups give step_on_sum's bits with math:
           // Three rounds, the velocity carried; each round in two runs, the second starting inside the model.
           for (int round = 0; round < 3; ++round) {
             const auto sum = values(rng, d);
+            // The carry's start: where the local value has not moved since (every other value here) the
+            // merge gives the common value's bits, -0 included.
+            auto start = values(rng, d);
+            for (std::size_t i = 0; i < d; i += 2)
+              start[i] = xa[i];
             const std::size_t cut = d / 3;
             for (const auto [first, count] : {std::pair{std::size_t{0}, cut}, std::pair{cut, d - cut}}) {
               float* x = xa.data() + first;
               a.step_on_sum(ga, sum, n, first, count, [&](std::size_t i, float gi) {
-                x[i - first] = sync::math::merge(gi, x[i - first], alpha);
+                x[i - first] = carry ? sync::math::carry(gi, x[i - first], start[i])
+                                     : sync::math::merge(gi, x[i - first], alpha);
               });
-              b.step_and_merge(gb, sum, n, first, count, xb.data() + first, alpha);
+              if (carry)
+                b.step_and_carry(gb, sum, n, first, count, xb.data() + first, start.data() + first);
+              else
+                b.step_and_merge(gb, sum, n, first, count, xb.data() + first, alpha);
             }
             REQUIRE(same_bits(ga, gb));
             REQUIRE(same_bits(xa, xb));
             REQUIRE(same_bits(a.velocity(), b.velocity()));
+            if (carry)
+              for (std::size_t i = 0; i < d; i += 2)
+                REQUIRE(std::bit_cast<std::uint32_t>(xa[i]) == std::bit_cast<std::uint32_t>(ga[i]));
           }
         }
-}
-
-TEST_CASE("the outer step and carry in groups give step_on_sum's bits with math::carry") {
-  for (const sync::outer_sgd_options o : {sync::outer_sgd_options{}, sync::outer_sgd_options{1.3f, 0.0f}})
-    for (const float n : {1.0f, 3.0f})
-      for (std::size_t d : {0, 1, 63, 64, 65, 127, 200, 1000}) {
-        CAPTURE(o.momentum);
-        CAPTURE(n);
-        CAPTURE(d);
-        std::mt19937 rng(static_cast<unsigned>(d * 11 + static_cast<std::size_t>(n)));
-        sync::outer_sgd a(o), b(o);
-        auto ga = values(rng, d), gb = ga;
-        auto xa = values(rng, d), xb = xa;
-        for (int round = 0; round < 3; ++round) {
-          const auto sum = values(rng, d);
-          // Where the local value has not moved since the start (half of them here) the merge gives the
-          // common value's bits, -0 included.
-          auto start = values(rng, d);
-          for (std::size_t i = 0; i < d; i += 2)
-            start[i] = xa[i];
-          const std::size_t cut = d / 3;
-          for (const auto [first, count] : {std::pair{std::size_t{0}, cut}, std::pair{cut, d - cut}}) {
-            float* x = xa.data() + first;
-            a.step_on_sum(ga, sum, n, first, count, [&](std::size_t i, float gi) {
-              x[i - first] = sync::math::carry(gi, x[i - first], start[i]);
-            });
-            b.step_and_carry(gb, sum, n, first, count, xb.data() + first, start.data() + first);
-          }
-          REQUIRE(same_bits(ga, gb));
-          REQUIRE(same_bits(xa, xb));
-          REQUIRE(same_bits(a.velocity(), b.velocity()));
-          for (std::size_t i = 0; i < d; i += 2)
-            REQUIRE(std::bit_cast<std::uint32_t>(xa[i]) == std::bit_cast<std::uint32_t>(ga[i]));
-        }
-      }
 }
