@@ -477,6 +477,11 @@ def whole(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def flat(tensors):
+    """The tensors' whole values (a DTensor's gathered), one flat vector."""
+    return torch.cat([whole(t.detach()).reshape(-1) for t in tensors])
+
+
 def shard(args, model):
     """FSDP2 on the model, in place, before its optimizer is made: over every rank (the fsdp arm), or inside
     each replica of --replica-ranks ranks (diloco, torchft-diloco)."""
@@ -575,11 +580,11 @@ def main(argv=None):
     # The arm's AllReduceMeter, if it made one: counting on during training steps only, not evaluation.
     counting = getattr(dist.all_reduce, "__self__", None)
     if rank == 0:
-        print(f"diloco_lm: arm {args.arm}, {args.model} on {args.corpus}, {world} rank(s), {nparams} parameters, train {train.numel()} bytes, "
-              f"val {val.numel()} bytes", flush=True)
+        print(f"diloco_lm: arm {args.arm}, {args.model} on {args.corpus}, {world} rank(s), {nparams} parameters, "
+              f"train {train.numel()} bytes, val {val.numel()} bytes", flush=True)
     log = open(args.log, "w") if args.log and rank == 0 else None
     records = []
-    before = torch.cat([whole(t.detach()).reshape(-1) for t in global_params()])
+    before = flat(global_params())
     start = time.perf_counter()
     train_s = 0.0
     for step in range(1, args.steps + 1):
@@ -604,11 +609,11 @@ def main(argv=None):
                 train_s += time.perf_counter() - t0
             sent = bytes_sent()
             now = global_params()
-            flat = torch.cat([whole(t.detach()).reshape(-1) for t in now])
             # The share of the global model's values that moved since the last evaluation: with --eval-every H,
             # what one round's exchange touched (a sparse code's coverage, its senders' union).
-            moved = round(float((flat != before).double().mean()), 6)
-            before = flat
+            after = flat(now)
+            moved = round(float((after != before).double().mean()), 6)
+            before = after
             rec = {"arm": args.arm, "step": step, "of": args.steps,
                    "wall_s": round(time.perf_counter() - start, 3), "train_s": round(train_s, 3),
                    "train_loss": round(loss.item(), 4),
@@ -640,8 +645,8 @@ def main(argv=None):
                 break
     if log:
         log.close()
-    final = torch.cat([whole(p.detach()).reshape(-1) for p in model.parameters()])
-    global_final = torch.cat([whole(p.detach()).reshape(-1) for p in global_params()])
+    final = flat(model.parameters())
+    global_final = flat(global_params())
     return records, final, nparams, global_final
 
 

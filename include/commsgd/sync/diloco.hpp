@@ -27,8 +27,8 @@
 // theta_start,p the local values when the exchange started: the delay's steps are kept whole and nothing of
 // the round's own pseudo-gradient is counted twice. A code with error feedback keeps what it did not send in
 // its residual, to send later; alpha > 0 would also keep part of it in the local model, and the next
-// pseudo-gradient would carry it again. At any step each fragment has at most one exchange in flight (delay < H), so the
-// busiest step sends about 1 / P of the model where unstreamed DiLoCo sends all of it.
+// pseudo-gradient would carry it again. At any step each fragment has at most one exchange in flight
+// (delay < H), so the busiest step sends about 1 / P of the model where unstreamed DiLoCo sends all of it.
 //
 // Exchanges: X, any compress::compressor, carries each fragment's pseudo-gradient (one compressor per
 // fragment, made by `make_compressor(length)`, its residual the fragment's own); uncompressed, the floats are
@@ -50,8 +50,9 @@
 // and go on; the local model keeps the round's steps, which the next exchange carries.
 //
 // finish(): applies the exchanges in flight, then exchanges once more every fragment that has moved since
-// its last exchange was applied (every fragment when the merge keeps local steps). A fragment applied after the last step has
-// a zero pseudo-gradient, and exchanging it would still move the common model by the outer momentum.
+// its last exchange was applied (every fragment when the merge keeps local steps). A fragment applied after the
+// last step has a zero pseudo-gradient, and exchanging it would still move the common model by the outer
+// momentum.
 //
 // Checkpoints (state/strategy.hpp): the options and layer sizes are saved and a stream of others is refused;
 // the shared part holds the step counter, every fragment's common model and outer momentum, and the
@@ -212,8 +213,7 @@ public:
 
   // Applies the exchanges in flight, then exchanges once more every fragment that has moved since its last
   // exchange was applied (all of them when the merge keeps local steps) and applies it at once: with alpha = 0
-  // (keep_delay_steps or not) every rank ends
-  // holding the common model.
+  // (keep_delay_steps or not) every rank ends holding the common model.
   void finish(std::span<float> params) {
     detail::check_same_size("params", params.size(), total_);
     require_started();
