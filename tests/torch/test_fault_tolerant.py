@@ -4,9 +4,9 @@ dropped and the others finish their rounds; a killed replica that restarts joins
 holds the others' common model bits; a replica frozen in an exchange fails the round at the adaptive deadline;
 a replica late to a round is left out of it and its late steps reach the common model a round late; a
 replica that joins in the middle of a round weighs by the steps it brings, as the weighted mean's formula
-says; a non-finite pseudo-gradient fails the round alike on every replica, which go on; fewer replicas than
-the minimum is a clear error on every live replica, not a hang. tests/torch/test_fault_tolerant_links.py runs replicas on the
-emulated cluster's real links."""
+says; a non-finite pseudo-gradient fails the round alike on every replica, which go on; finish() runs the
+last partial round as the plain engine does; fewer replicas than the minimum is a clear error on every live
+replica, not a hang. tests/torch/test_fault_tolerant_links.py runs replicas on the emulated cluster's links."""
 import multiprocessing as mp
 import os
 import signal
