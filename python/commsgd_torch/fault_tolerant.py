@@ -51,7 +51,7 @@ class FaultTolerantDiLoCo(DiLoCo):
     is dropped from the next round and the others go on; one that restarts (or a new one) joins at a round
     boundary with the live state; a round whose exchange fails changes nothing of the outer state.
 
-    Each round (after every ``sync_every`` inner steps):
+    Each round (after every ``sync_every`` inner steps; streamed, each fragment's, see Streaming below):
 
     1. **Quorum.** ``manager.start_quorum()``: the lighthouse's members for this round. When they changed,
        torchft rebuilds the gloo group and the engine moves onto it (the round's mean is over these
@@ -98,8 +98,17 @@ class FaultTolerantDiLoCo(DiLoCo):
     builds the same initial model, ``init_sync=True`` (replicas then start from one replica's model). Every
     private part of torchft this class relies on is in ``commsgd_torch._torchft``, checked against the
     torchft it was tested with (``_torchft.TESTED``) when the class is built.
-    Streaming (``fragments > 1``, ``delay > 0``) and ``alpha > 0`` are not supported yet: an exchange in
-    flight across a change of membership has no group to finish on.
+
+    **Streaming** (``fragments``, ``delay``, ``alpha``, ``keep_delay_steps`` as :class:`DiLoCo`): each
+    fragment's exchange is a round of its own. The quorum comes at the step its exchange starts, the commit at
+    the step it is applied, ``delay`` steps later; ``delay`` must be shorter than the gap between two
+    fragments' starts, so that no exchange is in flight at a quorum and a change of membership never meets
+    one: an exchange in flight always finishes on the group it started on, and a peer that died in it fails
+    it on every survivor whose collective had not completed. Those do not commit the fragment's round; a
+    survivor whose collective completed applies and commits it, and the others heal from it at the next
+    fragment's quorum (its shared state holds every fragment's common model and momentum), their steps
+    carried as in 1. Steps are counted per fragment (``steps_delivered`` is the fewest any fragment
+    delivered), and the weights of 2. use the steps of the fragment that starts.
 
     Args:
         model, inner_optimizer, sync_every, outer_lr, outer_momentum, compression: as :class:`DiLoCo`.
@@ -125,7 +134,8 @@ class FaultTolerantDiLoCo(DiLoCo):
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, manager: Any,
                  sync_every: int = 100, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                 compression: str = "dense", deadline_multiple: float = 4.0, deadline_floor: float = 1.0,
+                 compression: str = "dense", fragments: Any = 1, delay: int = 0, alpha: float = 0.0,
+                 keep_delay_steps: bool = False, deadline_multiple: float = 4.0, deadline_floor: float = 1.0,
                  deadline_ceiling: Optional[float] = None) -> None:
         view = _torchft.ManagerView(manager)
         group = view.group
@@ -150,7 +160,9 @@ class FaultTolerantDiLoCo(DiLoCo):
         self._view = view
         self._group = group
         self._bound = -1  # the group generation the engine runs on (-1: its solo group)
-        self._since = 0  # inner steps since the local model was last set from the common one
+        self._since: List[int] = []  # per fragment: inner steps its next exchange carries
+        self._launched: List[int] = []  # per fragment: the steps its exchange in flight carries
+        self._delivered: List[int] = []  # per fragment: steps that reached the common model
         self._fresh_quorum = False  # this round's quorum already happened (this replica joined in it)
         self._starting = True  # heals while constructed are counted apart
         self.rounds_committed = 0
@@ -159,19 +171,31 @@ class FaultTolerantDiLoCo(DiLoCo):
         self.heals_at_start = 0
         self.rounds_missed = 0  # rounds this replica was alive for but not in (healed afterwards)
         self._last_ok = True  # the last round's exchange succeeded (a failed one is healed, not missed)
-        self.steps_delivered = 0  # inner steps of this replica that reached the common model
         self.steps_dropped = 0  # inner steps lost to heals from more than a round behind
         self.last_error: Optional[BaseException] = None
         super().__init__(model, inner_optimizer, process_group=None, sync_every=sync_every, outer_lr=outer_lr,
-                         outer_momentum=outer_momentum, fragments=1, delay=0, alpha=0.0,
-                         compression=compression)
+                         outer_momentum=outer_momentum, fragments=fragments, delay=delay, alpha=alpha,
+                         keep_delay_steps=keep_delay_steps, compression=compression)
         self._starting = False
+
+    @property
+    def steps_delivered(self) -> int:
+        """Inner steps of this replica that reached the common model (every fragment of them)."""
+        return min(self._delivered) if self._delivered else 0
 
     # --- membership ----------------------------------------------------------------------------------------
 
     def _attach(self, layer_sizes: List[int], num_fragments: int, layout: str) -> None:
         # The engine starts on a group of this replica alone, from its own model, so that it can answer a
         # peer's recovery from the first quorum on; the quorum then moves it onto the replicas' group.
+        starts = sorted(p * self.sync_every // num_fragments for p in range(num_fragments))
+        gap = min(b - a for a, b in zip(starts, starts[1:] + [starts[0] + self.sync_every]))
+        if self.delay >= gap:
+            raise _bad("delay", self.delay, f"[0, {gap}) with {num_fragments} fragments every {self.sync_every} "
+                       "steps: an exchange must be applied before the next fragment's starts, so that no quorum "
+                       "meets one in flight")
+        self._since, self._launched, self._delivered = [0] * num_fragments, [0] * num_fragments, [0] * num_fragments
+        self._started_at = [0.0] * num_fragments  # when each fragment's last exchange started
         self._engine = self._make_engine(_solo_group(), layer_sizes, num_fragments, layout)
         self._engine.start(self._flat, broadcast=False)
         self._broadcast_bytes = 0
@@ -212,24 +236,35 @@ class FaultTolerantDiLoCo(DiLoCo):
         blob = self._engine.save("shared")
         return {"shared": torch.frombuffer(bytearray(blob), dtype=torch.uint8)}
 
+    def _global_flat(self) -> torch.Tensor:
+        """The common model laid out as the engine's flat tensor (fragment by fragment, run by run)."""
+        out = torch.empty_like(self._flat)
+        for p in range(self.num_fragments):
+            values, at = self._engine.global_model(p), 0
+            for off, n in self._engine.fragment_runs(p):
+                out[off:off + n] = values[at:at + n]
+                at += n
+        return out
+
     def _load_peer(self, state: Dict[str, Any]) -> None:
         """A live peer's shared state, with this replica's own residuals; the local model restarts from it,
         carrying this replica's steps when they are at most two rounds' (see the class)."""
         self._rebind()  # the shared part names the group size it was saved in: this quorum's
         with torch.no_grad():
-            steps = self._flat - self._engine.global_model(0)  # this replica's progress since its model was set
+            steps = self._flat - self._global_flat()  # this replica's progress since its model was set
         own = self._engine.save("local")
         self._engine.load_parts(bytes(state["shared"].numpy().tobytes()), own)
         self._engine.start(self._flat, broadcast=False)  # the loaded common model stands
-        carry = 0 < self._since <= 2 * self.sync_every
+        most = max(self._since)
+        carry = 0 < most <= 2 * self.sync_every
         with torch.no_grad():
-            self._flat.copy_(self._engine.global_model(0))
+            self._flat.copy_(self._global_flat())
             if carry:
                 self._flat.add_(steps)
         self._store_fragments(range(self.num_fragments))
         if not carry:
-            self.steps_dropped += self._since
-            self._since = 0
+            self.steps_dropped += most
+            self._since = [0] * self.num_fragments
         if self._starting:
             self.heals_at_start += 1
         else:
@@ -246,53 +281,78 @@ class FaultTolerantDiLoCo(DiLoCo):
             commsgd_torch.CommError: when no quorum of enough replicas formed, or the quorum request failed.
         """
         loss = self.inner_optimizer.step() if closure is None else self.inner_optimizer.step(closure)
-        self._since += 1
-        if not self._engine.touched_next():
+        self._since = [n + 1 for n in self._since]
+        touched = self._engine.touched_next()
+        if not touched:
             self._engine.advance(self._flat)
             return loss
-        self._round(self._engine.advance, self._engine.touched_next(), weigh_always=False)
+        applying = self._engine.applied_next()
+        starting = touched if self.delay == 0 else [p for p in touched if p not in applying]
+        self._round(self._engine.advance, touched, starting, applying, weigh_always=False)
         return loss
 
     def finish(self) -> None:
         """The round of the steps taken since the last round boundary (as :meth:`step`'s, its weights always
-        taken, since they differ), so that they reach the common model; nothing when training ended on a
-        boundary, where that round has run. Every replica calls it after the same number of steps (a replica
-        whose last round failed keeps those steps unexchanged: ``stats()["steps_unsent"]``).
+        taken, since they differ; streamed, the exchanges in flight applied and every fragment that moved
+        exchanged once more), so that they reach the common model; nothing when training ended on a boundary,
+        where that round has run. Every replica calls it after the same number of steps. A replica whose last
+        round failed warns and runs none (its steps stay local: ``stats()["steps_unsent"]``): which fragments
+        the others exchange depends on a round it does not hold.
 
         Raises:
             As :meth:`step`.
         """
-        if self._engine.steps() % self.sync_every == 0:
+        every = list(range(self.num_fragments))
+        flying = any(self._engine.in_flight(p) for p in every)
+        if not self._last_ok:
+            warnings.warn("FaultTolerantDiLoCo.finish: this replica's last round failed, so it runs no final "
+                          f"round; {max(self._since)} inner steps stay local", RuntimeWarning, stacklevel=2)
             return
-        self._round(self._engine.finish, list(range(self.num_fragments)), weigh_always=True)
+        if not flying and self.num_fragments == 1 and self._engine.steps() % self.sync_every == 0:
+            return
+        # An exchange in flight had its quorum when it started, and its commit is this one: no new quorum
+        # (which could not rebind the engine under it). It is waited for first, so that the weights' all-reduce
+        # does not meet its collectives on the group.
+        self._engine.drain()
+        self._round(self._engine.finish, every, every, every, weigh_always=True, quorum=not flying)
 
-    def _round(self, exchange: Any, touched: List[int], weigh_always: bool) -> None:
-        """A round: quorum, weights, `exchange(flat)` (touching the fragments `touched`) under the deadline,
-        commit."""
+    def _round(self, exchange: Any, touched: List[int], starting: List[int], applying: List[int],
+               weigh_always: bool, quorum: bool = True) -> None:
+        """A round's part at this step: for the fragments `starting`, the quorum and the weights; then
+        `exchange(flat)` (touching `touched`) under the deadline; for the fragments `applying`, the commit."""
         failed: Optional[BaseException] = None
-        if not self._fresh_quorum:
-            generation, healed = self._bound, self.heals
-            failed = self._quorum()
-            changed = self._bound != generation
-            if self.heals > healed and self._last_ok:
-                self._missed()
-        else:
-            changed = True
-        self._fresh_quorum = False
         refused: Optional[NonFinite] = None
-        if failed is None:
-            self._load_fragments(touched)
+        changed = False
+        if starting:
+            if not quorum:  # no quorum has brought the replicas together: they may come far apart
+                changed = True
+            elif not self._fresh_quorum:
+                generation, healed = self._bound, self.heals
+                failed = self._quorum()  # on failure the engine stays before this step: the next asks again
+                changed = self._bound != generation
+                if self.heals > healed and self._last_ok:
+                    self._missed()
+            else:
+                changed = True
+            self._fresh_quorum = False
             self.deadline = self._deadline(changed)
             self._engine.set_timeout(self.deadline)
+        if failed is None:
+            self._load_fragments(touched)
             began = time.monotonic()
             try:
-                if (changed or weigh_always) and self._world > 1:
-                    self._weigh()
-                else:  # the same members as the last round: the plain mean
-                    self._engine.set_weight(1.0)
+                if starting:
+                    since = sum(self._since[p] for p in starting)
+                    if (changed or weigh_always) and self._world > 1:
+                        self._weigh(since)
+                    else:  # the same members as the last round: the plain mean
+                        self._engine.set_weight(1.0)
+                    for p in starting:  # (finish: on top of an exchange in flight)
+                        self._launched[p], self._since[p] = self._launched[p] + self._since[p], 0
+                        self._started_at[p] = began
                 exchange(self._flat)
-                if not changed:
-                    self._exchange_s.append(time.monotonic() - began)
+                if applying and not changed:  # from its start: streamed, the delay's steps included
+                    self._exchange_s.append(time.monotonic() - min(self._started_at[p] for p in applying))
             except NonFinite as e:  # refused on every replica alike: the round fails on each
                 refused = self._named(e)
                 failed = refused
@@ -301,29 +361,38 @@ class FaultTolerantDiLoCo(DiLoCo):
                 self.failed_exchange_s = time.monotonic() - began
             finally:
                 self._store_fragments(touched)
+        if applying or failed is not None:
+            self._commit(failed, applying)
+        if refused is not None:
+            raise refused from None
+
+    def _commit(self, failed: Optional[BaseException], applying: List[int]) -> None:
+        """The Manager's commit of this step's round; the applied fragments' steps counted as delivered, or
+        kept for their next exchange."""
         ok = failed is None
         if not ok:
             self.last_error = failed
             self.manager.report_error(failed)
         self._last_ok = ok
         committed = self.manager.should_commit()
-        if committed and ok:
-            self.rounds_committed += 1
-            self.steps_delivered += self._since
-            self._since = 0
-        elif ok and self._replica_ranks() > 1:
+        if ok and not committed and self._replica_ranks() > 1:
             # Another rank of this replica failed its part of the round: the replica does not commit it, and
             # is healed at the next quorum if the others did.
-            self._last_ok = False
-            self.rounds_failed += 1
-        elif ok:
+            self._last_ok = ok = False
+        elif ok and not committed:
             raise CommError("FaultTolerantDiLoCo: the round's exchange succeeded but the Manager did not commit "
                             f"it (participants {self.manager.num_participants()}, minimum "
                             f"{self._view.min_replicas})")
+        for p in range(self.num_fragments):
+            if ok and p in applying:
+                self._delivered[p] += self._launched[p]
+            else:  # not exchanged: the local model keeps the steps, and the fragment's next exchange carries them
+                self._since[p] += self._launched[p]
+            self._launched[p] = 0
+        if ok:
+            self.rounds_committed += 1
         else:
             self.rounds_failed += 1
-        if refused is not None:
-            raise refused from None
 
     def _replica_ranks(self) -> int:
         return 1 if self._plan is None else self._plan.replica_size
@@ -358,16 +427,19 @@ class FaultTolerantDiLoCo(DiLoCo):
             return 1.0
         return min(float(n), n * since / total)
 
-    def _weigh(self) -> None:
-        """Weighs this replica's pseudo-gradient by n w / sum(w) in the engine, w the inner steps each replica
-        delivers this round (the engine's set_weight: a mean weighted by steps)."""
-        w = torch.tensor([float(self._since)], dtype=torch.float64)
+    def _weigh(self, since: int) -> None:
+        """Weighs this replica's pseudo-gradient by n w / sum(w) in the engine, w = `since` the inner steps each
+        replica delivers this round (the engine's set_weight: a mean weighted by steps)."""
+        w = torch.tensor([float(since)], dtype=torch.float64)
         self._group.current.allreduce([w]).wait(timedelta(seconds=self.deadline))
-        self._engine.set_weight(self.step_weight(self._since, float(w.item()), self._world))
+        self._engine.set_weight(self.step_weight(since, float(w.item()), self._world))
 
     def global_hash(self) -> str:
         """A 16-hex-digit hash of the common model's bits: equal on every replica that committed a round."""
-        return hashlib.blake2b(self._engine.global_model(0).numpy().tobytes(), digest_size=8).hexdigest()
+        h = hashlib.blake2b(digest_size=8)
+        for p in range(self.num_fragments):
+            h.update(self._engine.global_model(p).numpy().tobytes())
+        return h.hexdigest()
 
     def stats(self) -> Dict[str, int]:
         s = super().stats()
@@ -375,5 +447,6 @@ class FaultTolerantDiLoCo(DiLoCo):
                  heals_at_start=self.heals_at_start, rounds_missed=self.rounds_missed,
                  deadline_ms=round(self.deadline * 1000), failed_exchange_ms=round(self.failed_exchange_s * 1000),
                  replicas=self._world, steps_delivered=self.steps_delivered, steps_dropped=self.steps_dropped,
-                 steps_unsent=self._since, weight_e6=round(self._engine.weight() * 1e6))
+                 steps_unsent=max(self._since) if self._since else 0,
+                 weight_e6=round(self._engine.weight() * 1e6))
         return s

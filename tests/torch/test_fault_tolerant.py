@@ -38,7 +38,7 @@ def _grads(replica, step):
 
 def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, pace=0.0, late=None,
              group_s=5.0, signal_to_self=signal.SIGKILL, rejoin=None, restarted=False, quorum_s=15.0, start=None,
-             nan_at=None, finish=False):
+             nan_at=None, finish=False, stream=None):
     """One replica: `steps` inner steps of SGD on Dot with its own gradients; each round's (step, hash,
     replicas) reported. With `kill_at_round`, SIGKILLs itself once that round's quorum is formed, while the
     others go into the round's exchange (`signal_to_self` SIGSTOP: freezes there, its sockets open). With
@@ -51,7 +51,8 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
     this replica's gradient at that step; every replica catches the round's NonFinite, this one mends its
     model from the common one, and all go on. Reports also hold the calls of step() (`calls`), the steps at
     which NonFinite was caught, and each weighted round's inputs and result (`weighted`). `finish`: calls
-    finish() after the last step."""
+    finish() after the last step. `stream`: FaultTolerantDiLoCo's streaming options (fragments, delay, alpha,
+    keep_delay_steps)."""
     try:
         from torchft import Manager
         from torchft.checkpointing.http_transport import HTTPTransport
@@ -79,7 +80,10 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
             torch.nn.init.normal_(p)
         inner = torch.optim.SGD(model.parameters(), lr=0.05)
         opt = commsgd_torch.FaultTolerantDiLoCo(model, inner, manager=manager, sync_every=H, outer_lr=0.7,
-                                                outer_momentum=0.9, compression=code)
+                                                outer_momentum=0.9, compression=code, **_streamed(model, stream),
+                                                # Streamed, the ceiling: these tests are of the rounds, and the
+                                                # 1 s floor is short for replicas on two loaded cores.
+                                                **({"deadline_multiple": 0.0} if stream else {}))
         weighted = []
         opt._engine = _Recorder(opt._engine, weighted)
         rounds, longest, calls, refused = [], 0.0, 0, []
@@ -159,7 +163,7 @@ class _Recorder:
 
 
 def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, late=None, join_timeout_ms=5000,
-         pace=0.0, group_s=5.0, freeze=False, quorum_s=15.0, timeout=120, nan=None, finish=False):
+         pace=0.0, group_s=5.0, freeze=False, quorum_s=15.0, timeout=120, nan=None, finish=False, stream=None):
     """n replicas; `kill` = (replica, round) it dies in; `restart` = the replica started again once that one
     has died; `late` = (replica, round, seconds) it comes late to; `nan` = (replica, step) whose gradient holds
     a NaN; `pace`: seconds each replica sleeps after
@@ -186,7 +190,8 @@ def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, late=N
             procs[i] = ctx.Process(target=_replica, args=(i, server.address(), steps, code, min_replicas, k, queue, pace,
                                                           slow, group_s, signal.SIGSTOP if freeze else signal.SIGKILL,
                                                           rejoin, False, quorum_s, start,
-                                                          nan[1] if nan and nan[0] == i else None, finish))
+                                                          nan[1] if nan and nan[0] == i else None, finish,
+                                                          stream))
             procs[i].start()
         expected = n - (1 if kill else 0)  # a frozen replica never reports either
         if restart is not None:
@@ -219,7 +224,7 @@ def _agree(out):
             assert seen.setdefault(step, (i, h))[1] == h, f"step {step}: replica {i} and {seen[step][0]} differ"
 
 
-def _plain(rank, world, code, steps, finish=False):
+def _plain(rank, world, code, steps, finish=False, stream=None):
     """The plain engine (commsgd_torch.DiLoCo) on the same gradients, every replica starting from replica 0's
     model (what init_sync gives the fault-tolerant run)."""
     torch.manual_seed(0)
@@ -227,7 +232,8 @@ def _plain(rank, world, code, steps, finish=False):
     for p in model.parameters():
         torch.nn.init.normal_(p)
     inner = torch.optim.SGD(model.parameters(), lr=0.05)
-    opt = commsgd_torch.DiLoCo(model, inner, sync_every=H, outer_lr=0.7, outer_momentum=0.9, compression=code)
+    opt = commsgd_torch.DiLoCo(model, inner, sync_every=H, outer_lr=0.7, outer_momentum=0.9, compression=code,
+                               **_streamed(model, stream))
     for s in range(1, steps + 1):
         opt.zero_grad()
         model(_grads(rank, s)).backward()
@@ -263,6 +269,67 @@ def test_finish_runs_the_round_of_the_last_steps_as_the_plain_engine_does():
         assert [s for s, _, _ in rep["rounds"]] == [H, 2 * H, 3 * H, steps], rep["rounds"]
         assert rep["stats"]["steps_delivered"] == rep["calls"] == steps and rep["stats"]["steps_unsent"] == 0
         assert rep["global"] == plain[0]
+
+
+def _streamed(model, stream):
+    """The streaming options with `fragments` = P as P groups of Dot's parameters (it is one module)."""
+    opts = dict(stream or {})
+    if "fragments" in opts:
+        params = list(model.parameters())
+        cut = [len(params) * f // opts["fragments"] for f in range(opts["fragments"] + 1)]
+        opts["fragments"] = [params[a:b] for a, b in zip(cut, cut[1:])]
+    return opts
+
+
+STREAMS = [("dense", {"fragments": 2, "delay": 1, "alpha": 0.5}),
+           ("topk-0.1-c64-2bit-b0.9", {"fragments": 2, "delay": 1, "keep_delay_steps": True})]
+
+
+@pytest.mark.parametrize("code,stream", STREAMS)
+def test_streamed_without_failures_it_is_the_plain_streamed_engine_bit_for_bit(code, stream):
+    steps = 5 * H
+    out, errors = _run(3, steps, code, min_replicas=3, finish=True, stream=stream)
+    no_errors(errors)
+    plain = run_ranks(_plain, 3, (code, steps, True, stream), spawn=True)
+    _agree(out)
+    for rep in out.values():
+        # A commit per fragment's exchange (two a round; the last one in flight committed by finish, with
+        # the final exchanges); every step reached both fragments.
+        assert rep["stats"]["rounds_committed"] == 2 * steps // H and rep["stats"]["rounds_failed"] == 0
+        assert rep["stats"]["steps_delivered"] == rep["calls"] == steps, rep["stats"]
+        assert rep["global"] == plain[0]
+        assert rep["global"] == plain[0]
+
+
+@pytest.mark.parametrize("code,stream", STREAMS)
+def test_streamed_a_replica_killed_with_a_fragment_in_flight_fails_it_alike_and_the_others_go_on(code, stream):
+    # Replica 2 dies once fragment 0's quorum of round 3 has formed: the survivors start that exchange with it
+    # and find it gone when they apply it a step later. Both fail it (or, had their collective completed,
+    # both commit it), the next fragment's quorum drops the dead one, and nothing a survivor took is lost.
+    steps = 8 * H
+    out, errors = _run(3, steps, code, min_replicas=2, kill=(2, 3), finish=True, stream=stream)
+    no_errors(errors)
+    assert sorted(out) == [0, 1]
+    _agree(out)
+    a, b = out[0], out[1]
+    assert a["rounds"][0][2] == 3 and a["rounds"][-1][2] == 2
+    assert 3 * H + 1 not in [s for s, _, _ in a["rounds"] + b["rounds"]]  # fragment 0's exchange of round 3
+    assert a["stats"]["rounds_failed"] >= 1 and b["stats"]["rounds_failed"] >= 1
+    for rep in (a, b):
+        assert rep["stats"]["heals"] == 0 and rep["stats"]["steps_dropped"] == 0, rep["stats"]
+        assert rep["stats"]["steps_delivered"] == rep["calls"] == steps, rep["stats"]
+    assert a["global"] == b["global"]
+
+
+def test_streaming_refuses_a_delay_that_would_meet_a_quorum_in_flight():
+    from torchft import Manager  # noqa: F401  (the refusal comes before any Manager call)
+    group = commsgd_torch.ReplicaGroup(timeout=timedelta(seconds=1))
+    manager = type("M", (_FakeManager,), {})()
+    manager._pg = group
+    model = Dot(SIZES)
+    with pytest.raises(ValueError, match=r"delay.*\[0, 2\) with 2 fragments every 4 steps"):
+        commsgd_torch.FaultTolerantDiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), manager=manager,
+                                          sync_every=4, **_streamed(model, {"fragments": 2, "delay": 2}))
 
 
 def test_a_replica_killed_in_a_round_is_dropped_and_the_others_go_on():
