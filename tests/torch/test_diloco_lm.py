@@ -169,9 +169,11 @@ def test_torchft_diloco_arm():
     losses = [r["val_loss"] for r in records]
     assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0], losses
     assert out[0][2] == out[1][2], "the ranks' global models differ"
-    # Five outer steps of H = 4 in 20 steps, each a ring all-reduce of the float32 model: 2 (n - 1) / n of it.
+    # train.py counts the tensors torchft hands its gloo group. The cost of five outer steps of H = 4 in 20
+    # steps, each a ring all-reduce of the float32 model among 2 replicas: 2 (n - 1) / n = 1 of it a step.
+    # Fewer syncs, another precision or an extra collective of torchft's would move the measured bytes.
     nbytes = 4 * sum(p.numel() for p in train.ByteLM(1, 32, 2, 32).parameters())
-    assert records[-1]["bytes_sent"] == 5 * nbytes
+    assert [r["bytes_sent"] for r in records] == [2 * nbytes, 5 * nbytes], (records, nbytes)
 
 
 def _train_ft_failing(rank, world, argv, fail_at):
