@@ -323,7 +323,8 @@ def main(argv=None):
         def round_record():
             s = opt.stats()
             return {"committed": s["rounds_committed"], "failed": s["rounds_failed"], "heals": s["heals"],
-                    "replicas": s["replicas"], "delivered": s["steps_delivered"], "hash": opt.global_hash()}
+                    "heals_at_start": s["heals_at_start"], "replicas": s["replicas"],
+                    "delivered": s["steps_delivered"], "hash": opt.global_hash()}
     else:
         from torchft import ProcessGroupGloo
         from torchft.local_sgd import DiLoCo as TorchftDiLoCo

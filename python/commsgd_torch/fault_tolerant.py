@@ -17,19 +17,11 @@ from typing import Any, Deque, Dict, List, Optional
 
 import torch
 
-from . import _C
+from . import _torchft
 from ._C import CommError, NonFinite
 from .diloco import DiLoCo, _bad
 
 __all__ = ["FaultTolerantDiLoCo", "ReplicaGroup"]
-
-
-def _torchft() -> Any:
-    try:
-        import torchft.process_group as pg
-    except ImportError as e:  # torchft is optional
-        raise ImportError("commsgd_torch.FaultTolerantDiLoCo needs torchft (pip install torchft; torch 2.x)") from e
-    return pg
 
 
 def _solo_group() -> Any:
@@ -51,30 +43,7 @@ def ReplicaGroup(timeout: timedelta = timedelta(seconds=30)) -> Any:
         timeout (timedelta): gloo's deadline for every operation of a round: a peer that vanished without
             closing its connections (a pulled cable) fails the round after this long.
     """
-    base = _torchft().ProcessGroupGloo
-
-    class _ReplicaGroup(base):  # type: ignore[misc, valid-type]
-        def __init__(self) -> None:
-            super().__init__(timeout=timeout)
-            self.timeout_s = timeout.total_seconds()
-            self.generation = 0
-            self.current: Optional[Any] = None
-            self.members: List[int] = []
-
-        def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int, *args: Any,
-                      **kwargs: Any) -> None:
-            super().configure(store_addr, replica_id, rank, world_size, *args, **kwargs)
-            # The positional ones after world_size: quorum_id, group_rank, group_world_size, global_ranks.
-            ranks = kwargs.get("global_ranks", args[3] if len(args) > 3 else None)
-            self.members = list(ranks) if ranks else list(range(world_size))
-
-        def _create_pg(self, store: Any, rank: int, world_size: int) -> Any:
-            made = super()._create_pg(store, rank, world_size)
-            self.current = made
-            self.generation += 1
-            return made
-
-    return _ReplicaGroup()
+    return _torchft.replica_group(timeout)
 
 
 class FaultTolerantDiLoCo(DiLoCo):
@@ -86,37 +55,49 @@ class FaultTolerantDiLoCo(DiLoCo):
 
     1. **Quorum.** ``manager.start_quorum()``: the lighthouse's members for this round. When they changed,
        torchft rebuilds the gloo group and the engine moves onto it (the round's mean is over these
-       replicas). A replica behind the others (it restarted, joined, or failed the last round) is healed
-       inside the quorum: it takes a live peer's shared state (common model, outer momentum, step count) with
-       its own residuals, and restarts its local model from the common one. Its inner optimizer's state
-       stays its own.
+       replicas). A replica behind the others (it restarted, joined, failed the last round or was left out of
+       it) is healed inside the quorum: it takes a live peer's shared state (common model, outer momentum,
+       step count) with its own residuals. Its inner optimizer's state stays its own, and so do its steps
+       when they are at most two rounds' (a failed or missed round's and this one's): the local model becomes
+       the healed common model plus this replica's steps since its own common model was last set, which this
+       round's exchange carries (a round or two late). A replica with more (it trained on alone) restarts
+       from the common model, and its steps count in ``stats()["steps_dropped"]``. When the quorum formed but this replica's part of it failed
+       (rebuilding the group, a heal's transfer), the round fails as an exchange does (below), its error in
+       ``last_error``, and the next quorum tries again.
     2. **Weights.** When the membership changed, one 8-byte all-reduce of the inner steps each replica has
        taken since its model was last set; where they differ, the engine scales each pseudo-gradient by
        ``n w_r / sum(w)`` before its code (``set_weight``), so that the outer step takes the mean weighted by
-       the steps each delivered
-       (a replica healed in the middle of a round brings a step or two, not ``sync_every``). In a steady
-       membership nothing is added: the round is the plain engine's, bit for bit.
+       the steps each delivered (a replica healed in the middle of a round brings a step or two, not
+       ``sync_every``; ``stats()["weight_e6"]`` is the last round's weight in millionths). In a steady
+       membership nothing is added: the round is the plain engine's, bit for bit, and a replica that carries
+       a failed round's steps weighs as much as the others.
     3. **Exchange.** The engine's round. A peer that dies in it fails it on the others (gloo's error when
        the peer's connections close, or the round's deadline when they do not, see ``deadline_multiple``):
        the engine keeps its outer state as it was, the error goes to the Manager, and the local model keeps
-       the round's steps, which the next exchange carries.
+       the round's steps. If every live replica failed the round, the next exchange carries them; if some
+       committed it, this replica is one round behind and heals at the next quorum, its steps carried as in 1.
+       A pseudo-gradient with NaN or inf is refused on every replica alike: the round fails on each, and
+       :meth:`step` raises :class:`commsgd_torch.NonFinite` after the commit, so that a trainer that catches
+       it (and mends its model) goes on with every Manager at the same step.
     4. **Commit.** ``manager.should_commit()``: a replica whose exchange succeeded counts the round; one
-       whose exchange failed is one round behind and is healed at the next quorum, so no two live replicas
-       ever hold different common models after a round they both committed (:meth:`global_hash` is a hash
-       of it, for checks and logs).
+       whose exchange failed does not, so no two live replicas ever hold different common models after a
+       round they both committed (:meth:`global_hash` is a hash of it, for checks and logs).
 
     The lighthouse's ``join_timeout_ms`` must outlast a round. It counts from the earliest replica waiting,
     and a replica that a round left out (it came late) waits from that round on: with a shorter timeout every
-    later round forms as soon as ``min_replicas`` have arrived and leaves out the last to come, which heals
-    and loses its inner steps. ``stats()["rounds_missed"]`` counts such rounds, and the first one warns. A
-    replica that died stops heartbeating and is not waited for, whatever the timeout.
+    later round forms as soon as ``min_replicas`` have arrived and leaves out the last to come, whose steps
+    then always arrive a round late. ``stats()["rounds_missed"]`` counts such rounds, and the first one
+    warns. A replica that died stops heartbeating and is not waited for, whatever the timeout.
 
     Fewer replicas than the Manager's ``min_replica_size`` for longer than its ``quorum_timeout`` raises
-    :class:`commsgd_torch.CommError` on every live replica, naming the last membership.
+    :class:`commsgd_torch.CommError` on every live replica, naming the last membership; a quorum request that
+    fails otherwise (the lighthouse or the Manager's server does not answer) raises one that says so.
 
     The Manager must be built with ``pg=commsgd_torch.ReplicaGroup(...)``, ``use_async_quorum=False`` (the
     quorum and any healing happen at the round boundary, before the exchange) and, unless every replica
-    builds the same initial model, ``init_sync=True`` (replicas then start from one replica's model).
+    builds the same initial model, ``init_sync=True`` (replicas then start from one replica's model). Every
+    private part of torchft this class relies on is in ``commsgd_torch._torchft``, checked against the
+    torchft it was tested with (``_torchft.TESTED``) when the class is built.
     Streaming (``fragments > 1``, ``delay > 0``) and ``alpha > 0`` are not supported yet: an exchange in
     flight across a change of membership has no group to finish on.
 
@@ -135,7 +116,7 @@ class FaultTolerantDiLoCo(DiLoCo):
             8 exchanges in a steady membership, within [``deadline_floor``, ``deadline_ceiling``] seconds;
             the ceiling (default: :func:`ReplicaGroup`'s ``timeout``) before there are any and in a round
             whose membership changed. ``deadline_multiple=0``: always the ceiling. ``stats()["deadline_ms"]``
-            is the last round's.
+            is the last round's, ``stats()["failed_exchange_ms"]`` how long the last failed exchange took.
     """
 
     # A sharded rank's counterparts are the Manager's group of this rank in every replica, rebuilt with the
@@ -146,11 +127,12 @@ class FaultTolerantDiLoCo(DiLoCo):
                  sync_every: int = 100, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  compression: str = "dense", deadline_multiple: float = 4.0, deadline_floor: float = 1.0,
                  deadline_ceiling: Optional[float] = None) -> None:
-        group = getattr(manager, "_pg", None)
+        view = _torchft.ManagerView(manager)
+        group = view.group
         if not hasattr(group, "generation"):
             raise _bad("manager", type(manager).__name__,
                        "a torchft.Manager built with pg=commsgd_torch.ReplicaGroup()")
-        if getattr(manager, "_use_async_quorum", False):
+        if view.async_quorum:
             raise _bad("manager", "a Manager with use_async_quorum=True",
                        "use_async_quorum=False (the quorum and healing happen at the round boundary)")
         if not (math.isfinite(deadline_multiple) and deadline_multiple >= 0):
@@ -163,21 +145,27 @@ class FaultTolerantDiLoCo(DiLoCo):
         self._deadline_opts = (deadline_multiple, deadline_floor, ceiling)
         self._exchange_s: Deque[float] = collections.deque(maxlen=8)  # the last steady exchanges' seconds
         self.deadline = ceiling  # the last exchange's
+        self.failed_exchange_s = 0.0  # how long the last failed exchange ran before it failed
         self.manager = manager
+        self._view = view
         self._group = group
         self._bound = -1  # the group generation the engine runs on (-1: its solo group)
         self._since = 0  # inner steps since the local model was last set from the common one
         self._fresh_quorum = False  # this round's quorum already happened (this replica joined in it)
+        self._starting = True  # heals while constructed are counted apart
         self.rounds_committed = 0
         self.rounds_failed = 0
-        self.heals = 0
+        self.heals = 0  # heals after construction (a restarted replica's first one, and init_sync's, apart)
+        self.heals_at_start = 0
         self.rounds_missed = 0  # rounds this replica was alive for but not in (healed afterwards)
         self._last_ok = True  # the last round's exchange succeeded (a failed one is healed, not missed)
         self.steps_delivered = 0  # inner steps of this replica that reached the common model
+        self.steps_dropped = 0  # inner steps lost to heals from more than a round behind
         self.last_error: Optional[BaseException] = None
         super().__init__(model, inner_optimizer, process_group=None, sync_every=sync_every, outer_lr=outer_lr,
                          outer_momentum=outer_momentum, fragments=1, delay=0, alpha=0.0,
                          compression=compression)
+        self._starting = False
 
     # --- membership ----------------------------------------------------------------------------------------
 
@@ -189,8 +177,9 @@ class FaultTolerantDiLoCo(DiLoCo):
         self._broadcast_bytes = 0
         self._world, self._rank = 1, 0
         self.manager.register_state_dict_fn("commsgd_diloco", self._load_peer, self._state_for_peer)
-        healed = self.heals
-        self._quorum()
+        failed = self._quorum()
+        if failed is not None:
+            raise failed  # no round to fail yet: this replica cannot start
         if self._engine.steps() == 0:
             # The first quorum of the run (init_sync gave every replica one replica's model): counted as a
             # committed step, so that the Manager, which heals every replica behind the primary while its step
@@ -201,19 +190,14 @@ class FaultTolerantDiLoCo(DiLoCo):
                 self._group.current.allreduce([torch.zeros(1, dtype=torch.float64)]).wait()
             self.manager.should_commit()
         # Healed here: the others are at this round's boundary, waiting for this replica in its exchange.
-        self._fresh_quorum = self.heals > healed and self._engine.steps() > 0
+        self._fresh_quorum = self.heals_at_start > 0 and self._engine.steps() > 0
 
-    def _quorum(self) -> None:
-        try:
-            self.manager.start_quorum()
-        except Exception as e:  # torchft raises its own types (a timeout, a runtime error)
-            raise CommError(f"FaultTolerantDiLoCo: no quorum of at least {self.manager._min_replica_size} "
-                            f"replicas within the Manager's quorum_timeout ({e}); the last membership was "
-                            f"replicas {self._group.members or [self.manager._replica_id]}") from e
-        err = self.manager.errored()
-        if err is not None:
-            raise CommError(f"FaultTolerantDiLoCo: the quorum failed: {err}")
+    def _quorum(self) -> Optional[CommError]:
+        """This round's quorum; the engine moved onto its group. Returns the error of this replica's part of
+        a quorum that formed but failed for it (the round then fails); raises when none formed."""
+        failed = self._view.start_quorum(self._group.members)
         self._rebind()
+        return failed
 
     def _rebind(self) -> None:
         if self._group.generation != self._bound and self._group.current is not None:
@@ -229,57 +213,98 @@ class FaultTolerantDiLoCo(DiLoCo):
         return {"shared": torch.frombuffer(bytearray(blob), dtype=torch.uint8)}
 
     def _load_peer(self, state: Dict[str, Any]) -> None:
-        """A live peer's shared state, with this replica's own residuals; the local model restarts from it."""
+        """A live peer's shared state, with this replica's own residuals; the local model restarts from it,
+        carrying this replica's steps when they are at most two rounds' (see the class)."""
         self._rebind()  # the shared part names the group size it was saved in: this quorum's
+        with torch.no_grad():
+            steps = self._flat - self._engine.global_model(0)  # this replica's progress since its model was set
         own = self._engine.save("local")
         self._engine.load_parts(bytes(state["shared"].numpy().tobytes()), own)
         self._engine.start(self._flat, broadcast=False)  # the loaded common model stands
+        carry = 0 < self._since <= 2 * self.sync_every
         with torch.no_grad():
             self._flat.copy_(self._engine.global_model(0))
+            if carry:
+                self._flat.add_(steps)
         self._store_fragments(range(self.num_fragments))
-        self._since = 0
-        self.heals += 1
+        if not carry:
+            self.steps_dropped += self._since
+            self._since = 0
+        if self._starting:
+            self.heals_at_start += 1
+        else:
+            self.heals += 1
 
     # --- the loop's calls ----------------------------------------------------------------------------------
 
     def step(self, closure: Any = None) -> Any:
-        """One inner step; at a round boundary, the round over the replicas alive (see the class)."""
+        """One inner step; at a round boundary, the round over the replicas alive (see the class).
+
+        Raises:
+            commsgd_torch.NonFinite: on every replica, after the round's commit, when some replica's
+                pseudo-gradient is not finite.
+            commsgd_torch.CommError: when no quorum of enough replicas formed, or the quorum request failed.
+        """
         loss = self.inner_optimizer.step() if closure is None else self.inner_optimizer.step(closure)
         self._since += 1
         if not self._engine.touched_next():
             self._engine.advance(self._flat)
             return loss
+        self._round(self._engine.advance, self._engine.touched_next(), weigh_always=False)
+        return loss
+
+    def finish(self) -> None:
+        """The round of the steps taken since the last round boundary (as :meth:`step`'s, its weights always
+        taken, since they differ), so that they reach the common model; nothing when training ended on a
+        boundary, where that round has run. Every replica calls it after the same number of steps (a replica
+        whose last round failed keeps those steps unexchanged: ``stats()["steps_unsent"]``).
+
+        Raises:
+            As :meth:`step`.
+        """
+        if self._engine.steps() % self.sync_every == 0:
+            return
+        self._round(self._engine.finish, list(range(self.num_fragments)), weigh_always=True)
+
+    def _round(self, exchange: Any, touched: List[int], weigh_always: bool) -> None:
+        """A round: quorum, weights, `exchange(flat)` (touching the fragments `touched`) under the deadline,
+        commit."""
+        failed: Optional[BaseException] = None
         if not self._fresh_quorum:
             generation, healed = self._bound, self.heals
-            self._quorum()
+            failed = self._quorum()
             changed = self._bound != generation
             if self.heals > healed and self._last_ok:
                 self._missed()
         else:
             changed = True
         self._fresh_quorum = False
-        touched = self._engine.touched_next()
-        self._load_fragments(touched)
-        ok = True
-        self.deadline = self._deadline(changed)
-        self._engine.set_timeout(self.deadline)
-        began = time.monotonic()
-        try:
-            if changed and self._world > 1:
-                self._weigh()
-            else:  # the same members as the last round: the plain mean
-                self._engine.set_weight(1.0)
-            self._engine.advance(self._flat)
-            if not changed:
-                self._exchange_s.append(time.monotonic() - began)
-        except NonFinite as e:
-            raise self._named(e) from None
-        except (CommError, RuntimeError) as e:  # gloo's errors are RuntimeErrors
-            ok = False
-            self.last_error = e
-            self.manager.report_error(e)
-        finally:
-            self._store_fragments(touched)
+        refused: Optional[NonFinite] = None
+        if failed is None:
+            self._load_fragments(touched)
+            self.deadline = self._deadline(changed)
+            self._engine.set_timeout(self.deadline)
+            began = time.monotonic()
+            try:
+                if (changed or weigh_always) and self._world > 1:
+                    self._weigh()
+                else:  # the same members as the last round: the plain mean
+                    self._engine.set_weight(1.0)
+                exchange(self._flat)
+                if not changed:
+                    self._exchange_s.append(time.monotonic() - began)
+            except NonFinite as e:  # refused on every replica alike: the round fails on each
+                refused = self._named(e)
+                failed = refused
+            except (CommError, RuntimeError) as e:  # gloo's errors are RuntimeErrors
+                failed = e
+                self.failed_exchange_s = time.monotonic() - began
+            finally:
+                self._store_fragments(touched)
+        ok = failed is None
+        if not ok:
+            self.last_error = failed
+            self.manager.report_error(failed)
         self._last_ok = ok
         committed = self.manager.should_commit()
         if committed and ok:
@@ -294,10 +319,11 @@ class FaultTolerantDiLoCo(DiLoCo):
         elif ok:
             raise CommError("FaultTolerantDiLoCo: the round's exchange succeeded but the Manager did not commit "
                             f"it (participants {self.manager.num_participants()}, minimum "
-                            f"{self.manager._min_replica_size})")
+                            f"{self._view.min_replicas})")
         else:
             self.rounds_failed += 1
-        return loss
+        if refused is not None:
+            raise refused from None
 
     def _replica_ranks(self) -> int:
         return 1 if self._plan is None else self._plan.replica_size
@@ -316,26 +342,28 @@ class FaultTolerantDiLoCo(DiLoCo):
         # Alive, its last exchange fine, and still behind: the lighthouse formed a round without it. Its
         # join timeout counts from the earliest replica waiting, and a replica left out waits from then on,
         # so each later round forms as soon as the minimum has arrived and leaves out the last: one replica
-        # in every round heals and loses its steps until the timeout outlasts a round.
+        # in every round heals and sends its steps a round late until the timeout outlasts a round.
         self.rounds_missed += 1
         if self.rounds_missed == 1:
             warnings.warn("FaultTolerantDiLoCo: this replica was alive but left out of a round (the lighthouse "
-                          "formed it before this replica arrived) and was healed, losing its inner steps; "
+                          "formed it before this replica arrived) and was healed, its steps sent a round late; "
                           "set the lighthouse's join_timeout_ms above a round's duration, since it counts "
-                          "from the first replica waiting", RuntimeWarning, stacklevel=3)
+                          "from the first replica waiting", RuntimeWarning, stacklevel=4)
+
+    @staticmethod
+    def step_weight(since: int, total: float, n: int) -> float:
+        """This replica's weight ``n w / sum(w)`` from its steps `since` and the sum over the `n` replicas, 1
+        where every replica delivers the same steps (so that the round is the plain engine's bit for bit)."""
+        if total <= 0 or abs(total - n * since) < 0.5:
+            return 1.0
+        return min(float(n), n * since / total)
 
     def _weigh(self) -> None:
         """Weighs this replica's pseudo-gradient by n w / sum(w) in the engine, w the inner steps each replica
         delivers this round (the engine's set_weight: a mean weighted by steps)."""
         w = torch.tensor([float(self._since)], dtype=torch.float64)
         self._group.current.allreduce([w]).wait(timedelta(seconds=self.deadline))
-        total = float(w.item())
-        n = self._world
-        equal = total <= 0 or abs(total - n * self._since) < 0.5  # every replica delivers the same steps
-        self._engine.set_weight(1.0 if equal else min(float(n), n * self._since / total))
-
-    def finish(self) -> None:
-        """Nothing in flight to apply (no delay); the local model stands as the last round left it."""
+        self._engine.set_weight(self.step_weight(self._since, float(w.item()), self._world))
 
     def global_hash(self) -> str:
         """A 16-hex-digit hash of the common model's bits: equal on every replica that committed a round."""
@@ -344,6 +372,8 @@ class FaultTolerantDiLoCo(DiLoCo):
     def stats(self) -> Dict[str, int]:
         s = super().stats()
         s.update(rounds_committed=self.rounds_committed, rounds_failed=self.rounds_failed, heals=self.heals,
-                 rounds_missed=self.rounds_missed, deadline_ms=round(self.deadline * 1000),
-                 replicas=self._world, steps_delivered=self.steps_delivered)
+                 heals_at_start=self.heals_at_start, rounds_missed=self.rounds_missed,
+                 deadline_ms=round(self.deadline * 1000), failed_exchange_ms=round(self.failed_exchange_s * 1000),
+                 replicas=self._world, steps_delivered=self.steps_delivered, steps_dropped=self.steps_dropped,
+                 steps_unsent=self._since, weight_e6=round(self._engine.weight() * 1e6))
         return s

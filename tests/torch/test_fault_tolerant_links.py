@@ -95,7 +95,7 @@ def test_replicas_killed_and_cut_off_on_real_links_rejoin_with_the_same_bits(tmp
     assert min(x["replicas"] for x in rounds0) == 2  # a round went on without the dead or cut-off replica
     assert rounds0[-1]["replicas"] == 3  # and both were back for the last one
     restarted = [x for x in runs[2] if x["incarnation"] == 1]
-    assert restarted and restarted[-1]["heals"] >= 1 and restarted[-1]["committed"] >= 1, restarted[-1:]
+    assert restarted and restarted[-1]["heals_at_start"] == 1 and restarted[-1]["committed"] >= 1, restarted[-1:]
     assert ends[1]["heals"] >= 1 and ends[1]["taken"] < STEPS, ends[1]  # cut off, then healed past its gap
     # Goodput's numerator: the live replicas delivered nearly all their steps (replica 0 every one).
     assert ends[0]["delivered"] == STEPS, ends[0]
