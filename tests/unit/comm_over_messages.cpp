@@ -46,7 +46,7 @@ TEST_CASE("the ring sums as the plain sum would, the same bits on every rank, 1 
         got[static_cast<std::size_t>(c.rank())] = x;
       });
       for (const auto& g : got)
-        CHECK(std::memcmp(g.data(), got[0].data(), m * sizeof(float)) == 0);
+        CHECK((m == 0 || std::memcmp(g.data(), got[0].data(), m * sizeof(float)) == 0));
     }
 }
 
