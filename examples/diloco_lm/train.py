@@ -36,7 +36,8 @@ Arms (all with AdamW, the same learning-rate schedule, the same global batch):
     torchft-diloco torchft's DiLoCo (torchft.local_sgd.DiLoCo; pip install torchft) over AdamW, each rank a
                    replica group of one, a lighthouse started by rank 0 (--sync-every, --outer-lr,
                    --outer-momentum, --fragments as contiguous groups of blocks, --delay, --alpha; float32
-                   only: torchft quantises through Triton on a GPU)
+                   only: torchft quantises through Triton on a GPU); bytes_sent counts the tensors torchft
+                   hands its gloo group, each charged as a ring all-reduce
 
 Log (--log, JSON lines, rank 0): per evaluation step, wall_s (since the start of training), train_s (time in
 training steps, communication not hidden included, evaluation excluded), val_loss (nats per byte, of the
@@ -338,7 +339,22 @@ def torchft_arm(args, model, inner):
     # torchrun of its own).
     store = dist.TCPStore(addresses[first], store_port, is_master=rank == first, wait_for_workers=False,
                           timeout=timeout)
-    pg = ProcessGroupGloo(timeout=timeout)
+
+    class CountingGloo(ProcessGroupGloo):
+        """torchft's gloo group, keeping the size of every tensor its all-reduces are handed: the bytes come
+        from what torchft gave the collective, not from what it is assumed to send."""
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.handed = []  # (values, bytes a value) of each tensor, in order
+
+        def allreduce(self, tensors, opts):
+            self.handed.extend((t.numel(), t.element_size()) for t in tensors)
+            return super().allreduce(tensors, opts)
+
+        def allreduce_coalesced(self, tensors, opts):
+            self.handed.extend((t.numel(), t.element_size()) for t in tensors)
+            return super().allreduce_coalesced(tensors, opts)
+    pg = CountingGloo(timeout=timeout)
 
     class Transport(HTTPTransport):  # the recovery checkpoint's address: this rank's, not the machine's name
         def address(self):
@@ -381,16 +397,18 @@ def torchft_arm(args, model, inner):
                     t = type(p).from_local(t, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
                 by_id[id(p)] = t
         return [by_id[id(p)] for p in params]
-    # One float32 ring all-reduce of one fragment per outer step (manager.current_step() counts them), in turn:
-    # of this rank's shards, among the replicas, with FSDP2.
+    # What this rank sends for the tensors handed to the group: gloo's ring all-reduce of each, among the
+    # replicas (comm/traffic.hpp's count of a ring, on the sizes torchft handed over).
     from commsgd_torch import _C
-    shard_values = [sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in f.parameters())
-                    for f in frags]
-    frag_sent = [_C.ring_all_reduce_traffic(v, 4, replicas, rank // L)["bytes_sent"] for v in shard_values]
+    ring = {}
 
     def sent():
-        rounds, extra = divmod(manager.current_step(), P)
-        return rounds * sum(frag_sent) + sum(frag_sent[:extra])
+        total = 0
+        for values, size in pg.handed:
+            if (values, size) not in ring:
+                ring[values, size] = _C.ring_all_reduce_traffic(values, size, replicas, rank // L)["bytes_sent"]
+            total += ring[values, size]
+        return total
     return model, inner, sent, global_params
 
 

@@ -18,8 +18,11 @@ others' step: its batches and learning rate follow the step it resumed at.
 
 Log (--log PREFIX: PREFIX.rank<R>.jsonl, one per replica, every incarnation appending): a line per round with
 its unix time, inner step, the replicas in it, whether this replica committed it, the hash of the common model
-after it (commsgd's arm), and this replica's inner steps that reached the common model so far; rank 0 adds
-the validation loss of the common model every --eval-every steps (evaluated alone, on every window).
+after it (commsgd's arm), the inner steps this incarnation computed (`taken`) and those of them that reached
+the common model (`delivered`); rank 0 adds the validation loss of the common model every --eval-every steps
+(evaluated alone, on every window). A round that fails is counted once either way: commsgd's arm keeps its
+steps in the local model and the next exchange carries them (delivered when that one commits); torchft's
+puts the model back to the common one, so they are dropped and taken again from the last committed step.
 
     python3 tools/netcluster/faults.py --name c --log ev.jsonl --kill 3 --every 60 --restart-after 10 \\
         --cable 2@95+30 -- python3 examples/diloco_lm/train_ft.py --arm ft-diloco --log run --steps 3000
@@ -81,7 +84,8 @@ def lighthouse(min_replicas, join_timeout):
     return subprocess.Popen([exe, "--min_replicas", str(min_replicas), "--quorum_tick_ms", "50",
                              "--join_timeout_ms", str(int(join_timeout * 1000)),
                              "--heartbeat_timeout_ms", "2000", "--bind", f"[::]:{LIGHTHOUSE_PORT}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=train._die_with_parent())  # whichever way this rank ends
 
 
 def make_manager(args, rank, pg, state=None, load=None, init_sync=True):
@@ -102,6 +106,36 @@ def make_manager(args, rank, pg, state=None, load=None, init_sync=True):
                       connect_timeout=timeout, checkpoint_transport=Transport(timeout=timeout, num_chunks=0),
                       init_sync=init_sync)
     return manager, store
+
+
+class TorchftSteps:
+    """The torchft arm's count of steps. At every sync, committed or not, torchft's DiLoCo puts the model back
+    to its copy of the common model, so a sync's steps reached the common model only when that sync committed,
+    and after a failed one the replica is back at the last committed step and takes those steps again (their
+    batches and learning rates too). Only a sync moves the Manager's step (its quorum, where a replica behind
+    is healed, runs inside the sync): a commit moves it by one, a heal by more, and a healed replica's steps
+    of that round are replaced by a peer's model, not delivered."""
+
+    def __init__(self, sync_every):
+        self.sync_every = sync_every
+        self.since_sync = 0  # steps since the model was last set from the common one
+        self.delivered = 0
+        self.failed = 0  # syncs this replica ran that did not commit
+
+    def done(self, committed):
+        """The step this replica's model is at: the committed syncs' steps and those taken since."""
+        return committed * self.sync_every + self.since_sync
+
+    def after_step(self, before, after, synced):
+        """One inner step taken; `before` and `after` are the Manager's step around it, `synced` whether the
+        step ended with a sync."""
+        self.since_sync += 1
+        if after == before + 1:
+            self.delivered += self.since_sync
+        elif synced and after == before:
+            self.failed += 1
+        if synced or after != before:
+            self.since_sync = 0
 
 
 @torch.no_grad()
@@ -306,19 +340,15 @@ def main(argv=None):
         diloco = TorchftDiLoCo(manager, [model], inner, outer, sync_every=args.sync_every)
         diloco.__enter__()
         opt = inner
-        local_steps = [0]
-        steps_done = lambda: manager.current_step() * args.sync_every + local_steps[0]  # noqa: E731
+        counts = TorchftSteps(args.sync_every)
+        steps_done = lambda: counts.done(manager.current_step())  # noqa: E731
         frag = diloco._fragments[0]
         names = [n for n, _ in model.named_parameters()]
         global_params = lambda: [frag.original_parameters[n] for n in names]  # noqa: E731
-        # This replica's inner steps in the syncs it committed. At every sync, committed or not, torchft puts the
-        # fragment back to its copy of the global model, so the steps since the last sync count only when that
-        # sync commits: a failed sync's steps are lost, not carried to the next.
-        delivered, since_sync = [0], [0]
 
         def round_record():
-            return {"committed": manager.current_step(), "replicas": manager.num_participants(),
-                    "delivered": delivered[0]}
+            return {"committed": manager.current_step(), "failed": counts.failed,
+                    "replicas": manager.num_participants(), "delivered": counts.delivered}
     start = time.time()
     write({"event": "start", "step": steps_done()})
     rounds_seen = None
@@ -336,13 +366,8 @@ def main(argv=None):
         else:
             before = manager.current_step()
             opt.step()  # torchft's DiLoCo hooks the inner step; every sync_every it runs the round
-            after = manager.current_step()
-            since_sync[0] += 1
-            if after == before + 1:  # a sync this replica committed: its local steps reached the global model
-                delivered[0] += since_sync[0]
-            if diloco._local_step == 0:  # a sync ran (torchft resets its count then, committed or not)
-                since_sync[0] = 0
-            local_steps[0] = 0 if after != before else local_steps[0] + 1
+            # A sync ran when torchft's count of local steps went back to 0 (it does, committed or not).
+            counts.after_step(before, manager.current_step(), diloco._local_step == 0)
         taken += 1
         rec = round_record()
         rec["taken"] = taken

@@ -6,6 +6,7 @@
 
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/over_messages.hpp>
 #include <commsgd/error.hpp>
 
 #include <doctest/doctest.h>
@@ -287,6 +288,95 @@ void metered_counts(C& c) {
   c = std::move(m.inner());
 }
 
+// comm::over_messages over this communicator, with comm::metered between them counting each message as it is
+// handed to the communicator: each collective run out of messages gives what the communicator's own gives,
+// and the bytes its messages carry are those comm/traffic.hpp's rules (cost/'s, and comm::metered's charge
+// for a collective) predict, for the ring all-reduce, the gathers the codes use and the broadcast. Summed over
+// ranks, the ring's bytes are also held to 2 (n - 1) m values, worked out here from the ring alone.
+template <class C>
+void over_messages_measures(C& c) {
+  using commsgd::comm::metered;
+  using commsgd::comm::op_kind;
+  commsgd::comm::over_messages<metered<C>> w{metered<C>(std::move(c))};
+  const int n = w.size(), r = w.rank();
+  const auto peers = static_cast<std::uint64_t>(n - 1);
+  auto wire = [&] { return w.inner().counters()[op_kind::point_to_point]; };
+
+  for (const std::size_t m : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1001}}) {
+    CAPTURE(m);
+    w.inner().reset();
+    std::vector<float> f(m), want(m);
+    for (std::size_t i = 0; i < m; ++i) {
+      f[i] = static_cast<float>(value<std::int32_t>(41, r, i) % 1000);
+      for (int q = 0; q < n; ++q)
+        want[i] += static_cast<float>(value<std::int32_t>(41, q, i) % 1000);
+    }
+    w.all_reduce_sum(std::span<float>(f));
+    CHECK(f == want); // small whole numbers: exact in any order
+    const auto ring = commsgd::comm::ring_all_reduce_traffic(m, sizeof(float), n, r);
+    CHECK(wire().bytes_sent == ring.bytes_sent);
+    CHECK(wire().bytes_received == ring.bytes_received);
+    CHECK(wire().messages_sent == ring.messages_sent);
+    std::vector<double> total{static_cast<double>(wire().bytes_sent)};
+    w.inner().inner().all_reduce_sum(std::span<double>(total));
+    CHECK(total[0] == static_cast<double>(2 * peers * m * sizeof(float)));
+  }
+  // Every rank holds the summing ranks' bits; a signed sum wraps.
+  std::vector<std::int32_t> ints(7, std::numeric_limits<std::int32_t>::max());
+  w.all_reduce_sum(std::span<std::int32_t>(ints));
+  std::vector<std::int32_t> gathered(7 * static_cast<std::size_t>(n));
+  w.inner().inner().all_gather(std::span<const std::int32_t>(ints), std::span<std::int32_t>(gathered));
+  for (int q = 0; q < n; ++q)
+    CHECK(std::equal(ints.begin(), ints.end(), gathered.begin() + 7 * q));
+
+  w.inner().reset();
+  std::vector<double> block(13), all(13 * static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < 13; ++i)
+    block[i] = static_cast<double>(r * 100 + static_cast<int>(i));
+  w.all_gather(std::span<const double>(block), std::span<double>(all));
+  for (int q = 0; q < n; ++q)
+    CHECK(all[static_cast<std::size_t>(q) * 13 + 12] == static_cast<double>(q * 100 + 12));
+  CHECK(wire().bytes_sent == commsgd::comm::all_gather_traffic(13 * 8, n).bytes_sent);
+  CHECK(wire().bytes_received == peers * 13 * 8);
+
+  w.inner().reset();
+  std::vector<std::uint32_t> part(static_cast<std::size_t>(r), static_cast<std::uint32_t>(r)), got;
+  const auto counts = w.all_gather_v(std::span<const std::uint32_t>(part), got);
+  CHECK(counts.size() == static_cast<std::size_t>(n));
+  CHECK(got.size() == static_cast<std::size_t>(n) * (n - 1) / 2);
+  for (std::size_t q = 0, at = 0; q < counts.size(); at += counts[q++])
+    CHECK((counts[q] == q && std::all_of(got.begin() + static_cast<std::ptrdiff_t>(at),
+                                         got.begin() + static_cast<std::ptrdiff_t>(at + q),
+                                         [&](std::uint32_t v) { return v == q; })));
+  const std::uint64_t others =
+      (static_cast<std::uint64_t>(n) * (n - 1) / 2 - static_cast<std::uint64_t>(r)) * 4;
+  const auto v = commsgd::comm::all_gather_v_traffic(static_cast<std::uint64_t>(r) * 4, others, n);
+  CHECK(wire().bytes_sent == v.bytes_sent);
+  CHECK(wire().bytes_received == v.bytes_received);
+
+  w.inner().reset();
+  std::vector<float> b(33, static_cast<float>(r));
+  w.broadcast(std::span<float>(b), n - 1);
+  CHECK(std::all_of(b.begin(), b.end(), [&](float x) { return x == static_cast<float>(n - 1); }));
+  CHECK(wire().bytes_sent == (r == n - 1 ? peers * 33 * 4 : 0));
+  CHECK(wire().bytes_received == (r == n - 1 ? 0 : 33 * 4));
+  CHECK_THROWS_WITH_AS(w.broadcast(std::span<float>(b), n), doctest::Contains("argument 'root'"),
+                       commsgd::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      w.all_gather(std::span<const double>(block), std::span<double>(all).first(all.size() - 1)),
+      doctest::Contains("argument 'all'"), commsgd::size_mismatch);
+
+  // A sub-communicator's collectives run out of messages too.
+  w.inner().reset();
+  auto sub = w.split(r % 2, r);
+  std::vector<float> ten(10, 1.0f);
+  sub.all_reduce_sum(std::span<float>(ten));
+  CHECK(ten[0] == static_cast<float>(sub.size()));
+  CHECK(wire().bytes_sent ==
+        commsgd::comm::ring_all_reduce_traffic(10, sizeof(float), sub.size(), sub.rank()).bytes_sent);
+  c = std::move(w.inner().inner());
+}
+
 } // namespace conformance
 
 // The list every runner instantiates.
@@ -299,4 +389,5 @@ void metered_counts(C& c) {
   X(split)                                                                                                   \
   X(point_to_point)                                                                                          \
   X(invalid_arguments)                                                                                       \
-  X(metered_counts)
+  X(metered_counts)                                                                                          \
+  X(over_messages_measures)

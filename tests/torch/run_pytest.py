@@ -9,9 +9,10 @@
     run_pytest.py --machine-skips          the skip reasons this machine implies, ';'-separated, for scripts
                                            that opt in to them (scripts/test.sh, scripts/test_torch_pypi.sh)
 
-A suite fails when fewer of its tests ran than SUITES says (pytest's "no tests collected" included), so a
-test file that silently stops collecting is noticed instead of passing; when a test skips for a reason
-other than the machine's (ALLOWED_SKIPS: no GPU, no NCCL, a torch too old for torchft): a test that skips
+A suite fails when fewer of its tests passed than SUITES says, less those that skipped for a reason this
+machine gives (machine_skips(): no GPU, no NCCL, a torch too old for torchft, not root); pytest's "no tests
+collected" included: a test file that silently stops collecting or running tests is noticed instead of
+passing. It fails when a test skips for a reason other than the machine's (ALLOWED_SKIPS): a test that skips
 because something it needs was not installed fails its suite instead of passing unseen; and when every test
 of a suite skipped, unless COMMSGD_ALLOW_SKIP (';'-separated) names each reason they gave: a suite that ran
 nothing passes only where the one who runs it said that this machine cannot run it.
@@ -22,13 +23,13 @@ import sys
 import tempfile
 import time
 
-# suite -> (the least number of tests that must run (pass or skip) in tests/torch/test_<suite>.py, roughly
-# how many seconds it takes beside CI's dev tests on two cores). --jobs starts the long ones first, so that
-# the last to start is a short one.
+# suite -> (the least number of tests of tests/torch/test_<suite>.py that must pass where the machine lacks
+# nothing, roughly how many seconds it takes beside CI's dev tests on two cores). --jobs starts the long ones
+# first, so that the last to start is a short one.
 SUITES = {"fault_tolerant": (15, 360), "auto": (19, 150), "hooks": (19, 150), "fault_tolerant_links": (1, 65),
-          "fault_tolerant_sharded": (3, 60), "diloco_lm": (20, 90), "async": (5, 40), "diloco": (57, 40),
+          "fault_tolerant_sharded": (3, 60), "diloco_lm": (22, 90), "async": (5, 40), "diloco": (57, 40),
           "diloco_replicas": (7, 30), "fsdp_codes": (6, 35), "hsdp_hooks": (9, 30), "endings": (4, 30), "ddp_links": (4, 25), "compressors": (14, 25),
-          "diloco_conformance": (7, 30), "powersgd": (9, 15), "train": (1, 15), "cuda": (1, 5)}
+          "diloco_conformance": (7, 30), "powersgd": (9, 15), "train": (1, 15), "cuda": (1, 5), "run_pytest": (3, 2)}
 
 # The only reasons a test may skip and its suite still pass: what this machine lacks, not what was not
 # installed. A skip reason must start with one of these.
@@ -58,13 +59,24 @@ def machine_skips():
         reasons.append("torch has no NCCL")
     if os.geteuid() != 0:
         reasons.append("the emulated cluster needs root")
+    if torch.cuda.is_available():
+        try:
+            from commsgd_torch import _cuda_topk
+        except ImportError:  # not importable here (a script asking before the build): nothing to say of it
+            _cuda_topk = None
+        if _cuda_topk is not None and _cuda_topk._cuda is None:
+            reasons.append("commsgd_torch built without _cuda")
     return reasons
 
 
 class Count:
-    def __init__(self):
+    """A pytest plugin counting each suite's tests; `machine`: the skip reasons this machine gives."""
+
+    def __init__(self, machine=()):
+        self.machine = tuple(machine)
         self.ran = dict.fromkeys(SUITES, 0)
         self.passed = dict.fromkeys(SUITES, 0)
+        self.machine_skipped = dict.fromkeys(SUITES, 0)
         self.skip_reasons = {s: set() for s in SUITES}
         self.bad_skips = []
 
@@ -76,8 +88,20 @@ class Count:
                 self.passed[suite] += report.passed
                 if report.skipped:
                     self.skip_reasons[suite].add(skip_reason(report))
+                    self.machine_skipped[suite] += skip_reason(report).startswith(self.machine)
             if report.skipped and not skip_reason(report).startswith(ALLOWED_SKIPS):
                 self.bad_skips.append(f"{report.nodeid}: {skip_reason(report)}")
+
+    def too_few(self, suites):
+        """Suites of which fewer tests passed than SUITES asks, less those that skipped for the machine's
+        reasons: a skip for any other reason, a test that stopped being collected, lower nothing."""
+        out = []
+        for s in suites:
+            need = SUITES[s][0] - self.machine_skipped[s]
+            if self.passed[s] < need:
+                out.append(f"{s}: {self.passed[s]} passed of at least {need} ({SUITES[s][0]}, less "
+                           f"{self.machine_skipped[s]} skipped for this machine's reasons)")
+        return out
 
     def wholly_skipped(self, suites, allowed):
         """Suites of which every test skipped, each with the reasons `allowed` does not name."""
@@ -138,15 +162,15 @@ def main(argv):
     import pytest
 
     suites = list(SUITES) if argv[0] == "--all" else [argv[0]]
-    count = Count()
+    count = Count(machine_skips())
     files = [os.path.join(HERE, f"test_{s}.py") for s in suites]
     rc = pytest.main(["-p", "no:cacheprovider", "--rootdir", HERE] + argv[1:] + files, plugins=[count])
     if rc == pytest.ExitCode.NO_TESTS_COLLECTED:
         print("run_pytest: no tests collected", file=sys.stderr)
         return 1
-    short = [f"{s}: {count.ran[s]} of at least {SUITES[s][0]}" for s in suites if count.ran[s] < SUITES[s][0]]
+    short = count.too_few(suites)
     if rc == 0 and short:
-        print("run_pytest: too few tests ran (" + "; ".join(short) + ")", file=sys.stderr)
+        print("run_pytest: too few tests passed (" + "; ".join(short) + ")", file=sys.stderr)
         return 1
     if rc == 0 and count.bad_skips:
         print("run_pytest: tests skipped what they were asked to run (allowed only: " +

@@ -1,7 +1,10 @@
 """One DiLoCo across the binding: commsgd_torch.DiLoCo on 2 forked ranks over gloo, and the C++ engine
 (sync::diloco) on 2 thread ranks over comm::local fed the same inner steps, hold the same global model bits and
 the same byte counts after every step, for every code, one fragment and two with a delay. The torch run's
-bytes are also those its communicator measured, and those the codes' sizes (cost/diloco.hpp) predict."""
+bytes are also those its comm::metered counted (point-to-point messages as sent, collectives charged by
+comm/traffic.hpp's rules), and those the codes' sizes (cost/diloco.hpp) predict. That the rules are the bytes
+that travel is measured in C++, where comm::over_messages runs the collectives out of counted messages
+(tests/unit/sync_diloco_code.cpp, tests/conformance/cases.hpp, over comm::process_group too)."""
 import io
 
 import pytest
@@ -101,7 +104,7 @@ def check_agreement(runs, code, fragments, delay, alpha, keep=False):
             assert torch.equal(run["globals"][step].view(torch.int32), globals_[step].view(torch.int32)), \
                 f"rank {rank}, after inner step {step + 1}"
             assert int(run["sent"][step]) == int(sent[step]), f"rank {rank}, after inner step {step + 1}"
-        # The engine's count is what the communicator measured on the wire.
+        # The engine's count is what the communicator's meter counted.
         wire, counted = run["measured"]
         assert wire == counted and counted >= int(run["sent"][-1])
     # Every rank holds one global model.

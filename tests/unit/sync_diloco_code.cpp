@@ -1,9 +1,11 @@
 // The codes of DiLoCo named at run time (cost/diloco.hpp, sync/diloco_code.hpp): names round-trip and bad
 // ones are refused; the sizes cost/ gives are the compressors' own; sync::coded_diloco is the engine of that
-// code bit for bit; the bytes the engine counts are those comm::metered measures and cost/ predicts; its
-// rounds, finish()'s included, are those of the schedule written out here.
+// code bit for bit; the bytes the engine counts are those its rounds hand the transport (comm::over_messages
+// runs every collective out of point-to-point messages, comm::metered counts them) and those cost/ predicts;
+// its rounds, finish()'s included, are those of the schedule written out here.
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/over_messages.hpp>
 #include <commsgd/cost/diloco.hpp>
 #include <commsgd/sync/diloco_code.hpp>
 #include <support/least_squares.hpp>
@@ -216,7 +218,7 @@ TEST_CASE("coded_diloco is the engine of its code bit for bit, with the settings
   }
 }
 
-TEST_CASE("the bytes the engine counts are those the wire carried and those cost/ predicts, every code") {
+TEST_CASE("the bytes the engine counts are those its messages carried and those cost/ predicts, every code") {
   const toy::least_squares prob({.samples = 240, .dim = 34, .seed = 5});
   const sync::diloco_options o{.lr = 0.05f, .sync_every = 3, .fragments = 2, .delay = 1, .alpha = 0.5f};
   for (const char* name : codes)
@@ -226,17 +228,20 @@ TEST_CASE("the bytes the engine counts are those the wire carried and those cost
       const auto code = diloco_code::parse(name);
       const int steps = 17;
       comm::local_group(n).run([&](comm::local& base) {
-        comm::metered<comm::local> c(base);
-        sync::coded_diloco<comm::metered<comm::local>> s(c, layers, o, code);
+        // Every collective as point-to-point messages, which comm::metered beneath counts as they are.
+        comm::over_messages<comm::metered<comm::local>> c{comm::metered<comm::local>(base)};
+        sync::coded_diloco<comm::over_messages<comm::metered<comm::local>>> s(c, layers, o, code);
         std::vector<float> x(prob.dim(), 0.0f), g(x.size());
         s.start(x);
-        const auto broadcast = c.counters().total().bytes_sent;
+        const auto& wire = c.inner().counters();
+        CHECK(wire.total().bytes_sent == wire[comm::op_kind::point_to_point].bytes_sent);
+        const auto broadcast = wire.total().bytes_sent;
         for (int t = 0; t < steps; ++t) {
           prob.gradient(x, prob.batch(c.rank(), n, t, 8), g);
           s.step(x, g);
         }
         s.finish(x);
-        CHECK(s.bytes_sent() == c.counters().total().bytes_sent - broadcast);
+        CHECK(s.bytes_sent() == wire.total().bytes_sent - broadcast);
         // Layers {5, 17, 3, 9} strided over 2 fragments: 5 + 3 and 17 + 9 values.
         const auto want = expected_traffic(code, {8, 26}, o, steps, n, c.rank());
         CHECK(s.exchanges_started() == want.rounds);

@@ -5,5 +5,6 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
+#include <commsgd/comm/over_messages.hpp>
 #include <commsgd/comm/poll.hpp>
 #include <commsgd/comm/simulated.hpp>

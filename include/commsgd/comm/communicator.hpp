@@ -5,6 +5,7 @@
 //   comm::mpi            Boost.MPI over an existing MPI_Comm          (comm/mpi.hpp, target commsgd::mpi)
 //   comm::process_group  a torch.distributed (c10d) process group    (comm/process_group.hpp, commsgd::torch)
 //   comm::metered<C>     counts bytes and messages of any C          (comm/metered.hpp)
+//   comm::over_messages<C> any C's collectives run out of its own messages  (comm/over_messages.hpp)
 //   comm::simulated<C>   charges a modelled network clock for any C  (comm/simulated.hpp)
 //
 // Semantics every model keeps:
