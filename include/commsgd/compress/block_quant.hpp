@@ -23,7 +23,6 @@
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
-#include <commsgd/cost/diloco.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/validate.hpp>
 

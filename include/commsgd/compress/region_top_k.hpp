@@ -8,7 +8,7 @@
 // so a rank sends about 2 k values a round whatever n. What the cut drops is given back to the residuals of
 // the ranks that picked it: nothing is lost, it is sent in a later round.
 //
-// Per round, the d values cut into chunks as top_k_ef cuts them (cost::top_k_chunks), chunk c owned by rank
+// Per round, the d values cut into chunks as top_k_ef cuts them (cost/top_k_plan.hpp), chunk c owned by rank
 // c mod n:
 //   p = decay e + g          as top_k_ef (compress/error_feedback.hpp)
 //   picks                    per chunk, this rank's k largest |p_i| by an exact selector S (ties to the lowest
@@ -41,7 +41,7 @@
 #include <commsgd/compress/top_k_checks.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/config.hpp>
-#include <commsgd/cost/diloco.hpp>
+#include <commsgd/cost/top_k_plan.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/compact.hpp>
 #include <commsgd/select/exact.hpp>
@@ -218,8 +218,7 @@ private:
       f(ch);
   }
   std::size_t slot_k(int n) const noexcept {
-    const auto un = static_cast<std::uint64_t>(n);
-    return static_cast<std::size_t>((chunks_.count + un - 1) / un * chunks_.k_full);
+    return static_cast<std::size_t>(chunks_.room(static_cast<std::uint64_t>(n)));
   }
 
   // As owner: every rank's picks in the chunks this rank owns summed in rank order and counted, each chunk's

@@ -8,7 +8,7 @@
 // and each of them is a mean over every rank.
 //
 // Per round t (the compressor's step count, equal on every rank), the d values cut into chunks as top_k_ef
-// cuts them (cost::top_k_chunks), each with its own k:
+// cuts them (cost/top_k_plan.hpp), each with its own k:
 //   p = decay e + g          as top_k_ef (compress/error_feedback.hpp)
 //   leaders                  chunk j's indices are chosen by rank (j + t) mod n: its k largest |p_i| of
 //                            that chunk, by an exact selector S (ties to the lowest index), so the leaders
@@ -39,7 +39,7 @@
 #include <commsgd/compress/half.hpp>
 #include <commsgd/compress/top_k_checks.hpp>
 #include <commsgd/config.hpp>
-#include <commsgd/cost/diloco.hpp>
+#include <commsgd/cost/top_k_plan.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/compact.hpp>
 #include <commsgd/select/exact.hpp>

@@ -3,7 +3,7 @@
 // (cost/diloco.hpp), SparseLoCo's recipe among them.
 //
 // Per round, the d values cut into chunks of `chunk` values (0: one chunk of all d; the last chunk shorter
-// when chunk does not divide d), each with its own k = ceil(density * its length) (cost::top_k_chunks):
+// when chunk does not divide d), each with its own k = ceil(density * its length) (cost/top_k_plan.hpp):
 //   p = decay e + g              as every compressor in compress/ forms it (compress/error_feedback.hpp), the
 //                                residual first scaled by decay in [0, 1] (1: kept whole, SparseLoCo: 0.95;
 //                                0: no error feedback, what is not sent is dropped)
@@ -16,14 +16,14 @@
 //                                a value is sign(p_i) (|p_i| >= s ? 1.5 s : 0.5 s). Two levels at a half
 //                                and one and a half of the mean are the best pair for magnitudes spread
 //                                evenly around it, and the sign bit keeps -0.
-// Message, the same size on every rank (the length is agreed): two_bit: the chunks' scales (4 bytes each) and
-// the 2-bit codes, packed; else the values as floats (4 k bytes); then every index relative to its chunk in
-// b bits, packed (b = cost::index_bits(chunk): 12 for chunks of 4096, 17 for one chunk of 120,000), in
-// increasing order within each chunk. Every rank's message is gathered and summed in float in rank order from
-// +0, so every rank holds the same bits; with sender_mean each value of the sum is then scaled by n / the
-// ranks whose message holds it (the engine's mean over n becomes a mean over the senders). The residual keeps
-// p - sent exactly (a pair of floats; without two_bit the subtraction is always exact: p - p or p - 0), so
-// sent + new residual == p, bit for bit.
+// Message, the same size on every rank (the length is agreed), laid out by cost::top_k_plan: two_bit: the
+// chunks' scales (4 bytes each) and the 2-bit codes, packed; else the values as floats (4 k bytes); then
+// every index relative to its chunk in b bits, packed (b = cost::index_bits(chunk): 12 for chunks of 4096, 17
+// for one chunk of 120,000), in increasing order within each chunk. Every rank's message is gathered and
+// summed in float in rank order from +0, so every rank holds the same bits; with sender_mean each value of
+// the sum is then scaled by n / the ranks whose message holds it (the engine's mean over n becomes a mean
+// over the senders). The residual keeps p - sent exactly (a pair of floats; without two_bit the subtraction
+// is always exact: p - p or p - 0), so sent + new residual == p, bit for bit.
 // Bytes a rank sends a round: (n - 1) (40 + message_bytes), 40 the verdict of compress/agree.hpp.
 #pragma once
 
@@ -37,7 +37,7 @@
 #include <commsgd/compress/top_k_checks.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
-#include <commsgd/cost/diloco.hpp>
+#include <commsgd/cost/top_k_plan.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/compact.hpp>
 #include <commsgd/select/exact.hpp>
@@ -70,7 +70,7 @@ struct top_k_ef_options {
   bool sender_mean = false;
 };
 
-// k for `density` of d values (cost/diloco.hpp has the rule).
+// k for `density` of d values (cost/top_k_plan.hpp has the rule).
 inline std::size_t top_k_ef_count(std::size_t d, double density) {
   return static_cast<std::size_t>(cost::top_k_count(d, density));
 }
@@ -109,23 +109,22 @@ public:
 
   explicit top_k_ef(std::size_t length, top_k_ef_options o = {}, S selector = {})
       : round_state(detail::checked_top_k_length(length), true), opt_(checked(o)),
-        chunks_(cost::top_k_chunks::of(length, o.chunk, o.density)), k_(chunks_.k()),
-        sel_(static_cast<std::size_t>(chunks_.count), detail::exact_selector(std::move(selector))) {
-    msg_.resize(message_bytes(length, opt_));
+        plan_(cost::top_k_plan::of(length, o.chunk, o.density, o.two_bit)), k_(plan_.k()),
+        sel_(static_cast<std::size_t>(plan_.count), detail::exact_selector(std::move(selector))) {
+    msg_.resize(plan_.bytes);
     idx_.resize(k_);
     val_.resize(k_);
-    rel_.resize(chunks_.k_full);
+    rel_.resize(plan_.k_full);
   }
 
   const top_k_ef_options& options() const noexcept { return opt_; }
   // Values sent a round, over all chunks.
   std::size_t k() const noexcept { return k_; }
-  const cost::top_k_chunks& chunks() const noexcept { return chunks_; }
+  const cost::top_k_chunks& chunks() const noexcept { return plan_; }
 
   // A rank's message for `length` values: the values (floats, or scales and 2-bit codes), then the indices.
   static std::size_t message_bytes(std::size_t length, const top_k_ef_options& o) {
-    return static_cast<std::size_t>(
-        cost::top_k_message_bytes(cost::top_k_chunks::of(length, o.chunk, o.density), o.two_bit));
+    return static_cast<std::size_t>(cost::top_k_plan::of(length, o.chunk, o.density, o.two_bit).bytes);
   }
 
   template <comm::communicator C>
@@ -158,7 +157,7 @@ private:
   }
   static const char* what() noexcept { return "compress::top_k_ef"; }
   std::array<std::uint64_t, 5> params() const noexcept {
-    return {length_, k_, opt_.two_bit ? 1u : 0u, chunks_.size, std::bit_cast<std::uint32_t>(opt_.decay)};
+    return {length_, k_, opt_.two_bit ? 1u : 0u, plan_.size, std::bit_cast<std::uint32_t>(opt_.decay)};
   }
   // What the ranks must share: the saved parameters and how the sum is taken.
   std::uint64_t config() const noexcept {
@@ -166,49 +165,40 @@ private:
     return detail::fingerprint(std::array<std::uint64_t, 6>{p[0], p[1], p[2], p[3], p[4], opt_.sender_mean});
   }
 
-  // The message less its packed indices (its size is cost/'s: scales and codes, or floats).
-  std::size_t value_bytes() const noexcept {
-    return msg_.size() - detail::packed_bytes(k_, chunks_.index_bits);
-  }
-
   // Each chunk's selection into idx_ (relative to the chunk) and val_, then the message.
   void encode() {
     std::size_t at = 0;
-    for (std::uint64_t j = 0; j < chunks_.count; ++j) {
-      const auto kj = static_cast<std::size_t>(chunks_.k_of(j));
-      const auto x = std::span<const float>(p_).subspan(chunks_.first(j), chunks_.length(j));
+    for (std::uint64_t j = 0; j < plan_.count; ++j) {
+      const auto kj = static_cast<std::size_t>(plan_.k_of(j));
+      const auto x = std::span<const float>(p_).subspan(plan_.first(j), plan_.length(j));
       const auto t = sel_[j].select(x, kj);
       select::compact<std::uint32_t>(x, t, std::span<std::uint32_t>(idx_).subspan(at, kj),
                                      std::span<float>(val_).subspan(at, kj));
       at += kj;
     }
-    std::byte* out = msg_.data();
     if (opt_.two_bit) {
-      scale_.resize(chunks_.count);
+      scale_.resize(plan_.count);
       at = 0;
-      for (std::uint64_t j = 0; j < chunks_.count; ++j) {
-        const auto kj = static_cast<std::size_t>(chunks_.k_of(j));
+      for (std::uint64_t j = 0; j < plan_.count; ++j) {
+        const auto kj = static_cast<std::size_t>(plan_.k_of(j));
         double sum = 0.0;
         for (std::size_t i = at; i < at + kj; ++i)
           sum += std::fabs(static_cast<double>(val_[i]));
         scale_[j] = kj == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(kj));
         at += kj;
       }
-      if (chunks_.count != 0) std::memcpy(out, scale_.data(), 4 * chunks_.count);
-      out += 4 * chunks_.count;
-      std::uint64_t j = 0, end = chunks_.count ? chunks_.k_of(0) : 0;
-      detail::pack_bits(std::span<std::byte>(out, detail::packed_bytes(k_, 2)), k_, 2, [&](std::size_t i) {
+      if (plan_.count != 0) std::memcpy(msg_.data(), scale_.data(), 4 * plan_.count);
+      std::uint64_t j = 0, end = plan_.count ? plan_.k_of(0) : 0;
+      detail::pack_bits(message_part(plan_.code_offset, plan_.index_offset), k_, 2, [&](std::size_t i) {
         while (i >= end)
-          end += chunks_.k_of(++j);
+          end += plan_.k_of(++j);
         return two_bit_code::encode(val_[i], scale_[j]);
       });
-      out += detail::packed_bytes(k_, 2);
     } else if (k_ != 0) { // an empty message has no storage: memcpy must not see its null pointer
-      std::memcpy(out, val_.data(), 4 * k_);
-      out += 4 * k_;
+      std::memcpy(msg_.data(), val_.data(), 4 * k_);
     }
-    detail::pack_bits(std::span<std::byte>(out, detail::packed_bytes(k_, chunks_.index_bits)), k_,
-                      chunks_.index_bits, [&](std::size_t i) { return idx_[i]; });
+    detail::pack_bits(message_part(plan_.index_offset, plan_.bytes), k_, plan_.index_bits,
+                      [&](std::size_t i) { return idx_[i]; });
   }
 
   // out_i <- out_i n / s_i, s_i the ranks whose message holds index i (those with none stay +0). Every rank
@@ -222,13 +212,15 @@ private:
   // refused on all of them.
   template <class Sink>
   void decode(std::span<const std::byte> m, Sink&& sink) const {
-    const std::size_t values = value_bytes();
-    const auto idx = m.subspan(values);
+    const auto part = [&](std::uint64_t from, std::uint64_t to) {
+      return m.subspan(static_cast<std::size_t>(from), static_cast<std::size_t>(to - from));
+    };
+    const auto idx = part(plan_.index_offset, plan_.bytes);
     std::size_t at = 0;
-    for (std::uint64_t j = 0; j < chunks_.count; ++j) {
-      const auto kj = static_cast<std::size_t>(chunks_.k_of(j));
-      const auto first = static_cast<std::size_t>(chunks_.first(j)), len = chunks_.length(j);
-      detail::unpack_bits(idx, at, kj, chunks_.index_bits, [&](std::size_t i, std::uint32_t rel) {
+    for (std::uint64_t j = 0; j < plan_.count; ++j) {
+      const auto kj = static_cast<std::size_t>(plan_.k_of(j));
+      const auto first = static_cast<std::size_t>(plan_.first(j)), len = plan_.length(j);
+      detail::unpack_bits(idx, at, kj, plan_.index_bits, [&](std::size_t i, std::uint32_t rel) {
         if (rel >= len)
           throw corrupt_data(commsgd::concat(what(), ": a message holds index ", rel, " in chunk ", j,
                                              ", outside [0, its length = ", len, ")"));
@@ -241,7 +233,7 @@ private:
       if (opt_.two_bit) {
         float s;
         std::memcpy(&s, m.data() + 4 * j, 4);
-        detail::unpack_bits(m.subspan(4 * chunks_.count, values - 4 * chunks_.count), at, kj, 2,
+        detail::unpack_bits(part(plan_.code_offset, plan_.index_offset), at, kj, 2,
                             [&](std::size_t i, std::uint32_t code) {
                               sink(first + rel_[i - at], two_bit_code::decode(code, s));
                             });
@@ -256,8 +248,14 @@ private:
     }
   }
 
+  // Bytes [from, to) of this rank's message.
+  std::span<std::byte> message_part(std::uint64_t from, std::uint64_t to) {
+    return std::span<std::byte>(msg_).subspan(static_cast<std::size_t>(from),
+                                              static_cast<std::size_t>(to - from));
+  }
+
   top_k_ef_options opt_;
-  cost::top_k_chunks chunks_;
+  cost::top_k_plan plan_;
   std::size_t k_;
   std::vector<S> sel_; // one a chunk: each warm start follows its own chunk
   std::vector<std::uint32_t> idx_;

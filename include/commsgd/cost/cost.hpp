@@ -12,3 +12,4 @@
 #include <commsgd/cost/sparse.hpp>
 #include <commsgd/cost/sparse_allreduce.hpp>
 #include <commsgd/cost/time.hpp>
+#include <commsgd/cost/top_k_plan.hpp>

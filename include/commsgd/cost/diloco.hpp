@@ -1,6 +1,7 @@
 // The codes a DiLoCo pseudo-gradient travels in: their one set of names, their message sizes and the bytes a
 // rank sends a round. sync::diloco runs them (sync/diloco_code.hpp makes the engine for a code named at run
 // time), compress/ implements them, commsgd_torch reads names and sizes from here through its extension.
+// How a top-k message is laid out is cost/top_k_plan.hpp's; this file only adds its sizes up per code.
 // The names are those of the exchanges in cost/candidate.hpp ("dense", "fp16", "topk-<density>", ...).
 //
 //   name            compressor (compress/)         message (d values)                    the round
@@ -37,11 +38,10 @@
 #include <commsgd/comm/traffic.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
+#include <commsgd/cost/top_k_plan.hpp>
 #include <commsgd/error.hpp>
 
-#include <bit>
 #include <charconv>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -54,90 +54,6 @@ enum class diloco_format : std::uint8_t { dense, fp16, bf16, int8, e3m0, top_k }
 
 // Values per scale of the int8 and e3m0 codes.
 inline constexpr std::uint64_t diloco_block_size = 256;
-
-// k for `density` of d values: ceil(density d - 1e-9), at least 1, at most d (0 for d = 0). The 1e-9 keeps
-// 0.07 * 100 = 7.000000000000001 at 7, which a plain ceil would make 8.
-inline std::uint64_t top_k_count(std::uint64_t d, double density) {
-  if (!(density > 0.0 && density <= 1.0))
-    throw invalid_argument(
-        commsgd::concat("argument 'density' = ", density, " is outside the allowed range (0, 1]"));
-  if (d == 0) return 0;
-  const double k = std::ceil(density * static_cast<double>(d) - 1e-9);
-  return k <= 1.0 ? 1 : (k >= static_cast<double>(d) ? d : static_cast<std::uint64_t>(k));
-}
-
-// Bits an index into n values needs: 0 for n <= 1 (the only index is 0), 12 for 4096.
-constexpr unsigned index_bits(std::uint64_t n) noexcept {
-  return n <= 1 ? 0u : static_cast<unsigned>(std::bit_width(n - 1));
-}
-
-// How a top-k code cuts d values: chunks of `size` values (the last one shorter when size does not divide d),
-// each sending k = top_k_count(its length, density) values with indices relative to the chunk.
-struct top_k_chunks {
-  std::uint64_t d = 0, size = 0, count = 0; // values, values a chunk, chunks
-  std::uint64_t k_full = 0, k_last = 0;     // k of a full chunk, of the last one
-  unsigned index_bits = 0;                  // bits an index takes
-
-  // chunk = 0: one chunk of all d values.
-  static top_k_chunks of(std::uint64_t d, std::uint64_t chunk, double density) {
-    const std::uint64_t k0 = top_k_count(0, density); // checks density whatever d is
-    top_k_chunks c;
-    c.d = d;
-    c.size = chunk == 0 || chunk > d ? d : chunk;
-    c.count = c.size == 0 ? 0 : (d + c.size - 1) / c.size;
-    c.k_full = c.size == 0 ? k0 : top_k_count(c.size, density);
-    c.k_last = c.count == 0 ? k0 : top_k_count(d - (c.count - 1) * c.size, density);
-    c.index_bits = cost::index_bits(c.size);
-    return c;
-  }
-  // Host and device: the device round's chunk layout (cuda/diloco/) is this struct.
-  COMMSGD_HOST_DEVICE constexpr std::uint64_t first(std::uint64_t j) const noexcept { return j * size; }
-  COMMSGD_HOST_DEVICE constexpr std::uint64_t length(std::uint64_t j) const noexcept {
-    return j + 1 == count ? d - j * size : size;
-  }
-  COMMSGD_HOST_DEVICE constexpr std::uint64_t k_of(std::uint64_t j) const noexcept {
-    return j + 1 == count ? k_last : k_full;
-  }
-  COMMSGD_HOST_DEVICE constexpr std::uint64_t k() const noexcept {
-    return count == 0 ? 0 : (count - 1) * k_full + k_last;
-  }
-};
-
-// Bytes of a top-k message: float values (or, two_bit, a float scale per chunk and 2 bits a value), then
-// the chunk-relative indices, packed.
-constexpr std::uint64_t top_k_message_bytes(const top_k_chunks& c, bool two_bit) noexcept {
-  const std::uint64_t k = c.k();
-  return (two_bit ? 4 * c.count + (2 * k + 7) / 8 : 4 * k) + (k * c.index_bits + 7) / 8;
-}
-
-// shared_top_k: the bytes of one rank's slot of indices over n ranks, room for ceil(chunks / n) full chunks'
-// indices (no rank leads more), packed.
-constexpr std::uint64_t shared_top_k_slot_bytes(const top_k_chunks& c, int n) noexcept {
-  const auto un = static_cast<std::uint64_t>(n < 1 ? 1 : n);
-  return ((c.count + un - 1) / un * c.k_full * c.index_bits + 7) / 8;
-}
-
-// shared_top_k: what `rank` of n sends and receives a round: the verdict and its slot to each of the others,
-// and its share of a 16-bit ring all-reduce of the k values.
-constexpr comm::traffic shared_top_k_traffic(const top_k_chunks& c, int n, int rank) noexcept {
-  return compress_header_traffic(n) + comm::all_gather_traffic(shared_top_k_slot_bytes(c, n), n) +
-         comm::ring_all_reduce_traffic(c.k(), 2, n, rank);
-}
-
-// region_top_k: the bytes of one block (a rank's picks for one owner, or an owner's cut sums) over n ranks,
-// room for ceil(chunks / n) full chunks: bf16 values, then the indices packed.
-constexpr std::uint64_t region_top_k_block_bytes(const top_k_chunks& c, int n) noexcept {
-  const auto un = static_cast<std::uint64_t>(n < 1 ? 1 : n);
-  const std::uint64_t room = (c.count + un - 1) / un * c.k_full;
-  return 2 * room + (room * c.index_bits + 7) / 8;
-}
-
-// region_top_k: what a rank sends and receives a round: the verdict, a block to each owner (an all-to-all)
-// and its cut sums to each rank (an all-gather).
-constexpr comm::traffic region_top_k_traffic(const top_k_chunks& c, int n) noexcept {
-  const auto b = region_top_k_block_bytes(c, n);
-  return compress_header_traffic(n) + comm::all_to_all_traffic(b, n) + comm::all_gather_traffic(b, n);
-}
 
 // A double in the fewest digits that read back as the same double (0.95, not 0.94999999999999996).
 inline std::string shortest(double v) {
@@ -272,11 +188,8 @@ struct diloco_code {
     case diloco_format::e3m0:
       return block_quant_message_bytes(d, diloco_block_size, 4);
     case diloco_format::top_k:
-      if (shared || regions) {
-        const auto c = top_k_chunks::of(d, chunk, density);
-        return 2 * c.k() + (c.k() * c.index_bits + 7) / 8;
-      }
-      return top_k_message_bytes(top_k_chunks::of(d, chunk, density), two_bit);
+      if (shared || regions) return top_k_16_bit_payload_bytes(top_k_chunks::of(d, chunk, density));
+      return top_k_plan::of(d, chunk, density, two_bit).bytes;
     }
     return 0;
   }

@@ -32,6 +32,7 @@
 #include <commsgd/compress/block_quant.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/cost/diloco.hpp>
+#include <commsgd/cost/top_k_plan.hpp>
 #include <commsgd/cuda/diloco/kernels.cuh>
 #include <commsgd/cuda/diloco/top_k_kernels.cuh>
 #include <commsgd/cuda/error.cuh>
@@ -157,8 +158,7 @@ public:
     if constexpr (dense)
       return 4 * length_;
     else if constexpr (top_k)
-      return static_cast<std::size_t>(cost::top_k_message_bytes(
-          cost::top_k_chunks::of(length_, opt_.top_k.chunk, opt_.top_k.density), opt_.top_k.two_bit));
+      return static_cast<std::size_t>(layout_.bytes);
     else
       return compress::block_quantizer<Code>::message_bytes(length_, opt_.block_size);
   }
@@ -308,12 +308,11 @@ private:
   static constexpr int own_slot = 0, sum_slot = 1, fresh_slot = 2, corrupt_slot = 3, slots = 4;
   static constexpr std::uint64_t max_grid = 0x7fffffffu; // CUDA's limit on blocks in x
 
-  static diloco_detail::chunk_layout checked_layout(std::uint64_t length,
-                                                    const compress::top_k_ef_options& o) {
+  static cost::top_k_plan checked_layout(std::uint64_t length, const compress::top_k_ef_options& o) {
     commsgd::check_range("top_k.decay", o.decay, 0.0f, 1.0f, "[0, 1]");
     commsgd::check_range("length", length, std::uint64_t{1},
                          std::uint64_t{std::numeric_limits<std::uint32_t>::max()}, "[1, 2^32 - 1]");
-    const auto c = cost::top_k_chunks::of(length, o.chunk, o.density); // checks the density
+    const auto c = cost::top_k_plan::of(length, o.chunk, o.density, o.two_bit); // checks the density
     if (c.count > max_grid)
       throw invalid_argument(commsgd::concat("argument 'top_k.chunk' = ", o.chunk, " makes ", c.count,
                                              " chunks; the device round allows at most ", max_grid));
@@ -322,11 +321,7 @@ private:
                                              c.size, " values; the device round allows [1, ",
                                              diloco_detail::top_k_max_chunk,
                                              "] (0 only for a fragment of at most that many values)"));
-    diloco_detail::chunk_layout l{c};
-    l.two_bit = o.two_bit;
-    l.code_offset = 4 * c.count;
-    l.index_offset = o.two_bit ? 4 * c.count + (2 * c.k() + 7) / 8 : 4 * c.k();
-    return l;
+    return c;
   }
 
   template <class T>
@@ -355,7 +350,7 @@ private:
   static constexpr unsigned long long none_ = std::numeric_limits<unsigned long long>::max();
   options opt_;
   std::uint64_t length_ = 0;
-  diloco_detail::chunk_layout layout_;
+  cost::top_k_plan layout_;
   device_buffer<std::uint64_t> runs_;
   diloco_detail::run_table table_;
   device_buffer<float> global_, velocity_;

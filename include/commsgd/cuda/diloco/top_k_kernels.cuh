@@ -9,6 +9,7 @@
 
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
+#include <commsgd/cost/top_k_plan.hpp>
 #include <commsgd/cuda/diloco/kernels.cuh>
 #include <commsgd/select/key.hpp>
 
@@ -16,13 +17,6 @@
 #include <cstdint>
 
 namespace commsgd::inline v1::cuda::diloco_detail {
-
-// The chunks (cost::top_k_chunks, whose accessors device code calls) and where each part of a message starts.
-struct chunk_layout : cost::top_k_chunks {
-  bool two_bit = false;
-  std::uint64_t code_offset = 0;  // two_bit: where the 2-bit codes start (after the scales)
-  std::uint64_t index_offset = 0; // where the packed indices start
-};
 
 // The largest chunk the encode kernel holds in shared memory.
 inline constexpr std::uint64_t top_k_max_chunk = 4096;
@@ -49,7 +43,7 @@ __device__ inline std::uint32_t read_bits(const std::byte* m, std::uint64_t bit,
 
 struct top_k_encode_args {
   run_table runs;
-  chunk_layout c;
+  cost::top_k_plan c;
   const float* global;
   const float* params;
   float weight, decay;
@@ -187,14 +181,14 @@ __global__ void __launch_bounds__(top_k_threads) top_k_encode_kernel(top_k_encod
 }
 
 // The chunk-relative index of pair q of message m.
-__device__ inline std::uint32_t rel_at(const chunk_layout& c, const std::byte* m, std::uint64_t q) {
+__device__ inline std::uint32_t rel_at(const cost::top_k_plan& c, const std::byte* m, std::uint64_t q) {
   return read_bits(m, 8 * c.index_offset + static_cast<std::uint64_t>(c.index_bits) * q, c.index_bits);
 }
 
 // Pair q of message m (q counted over all chunks; chunk j holds pairs [j k_full, j k_full + k_of(j))): its
 // index relative to chunk j and its decoded value; false for an index outside the chunk (a corrupt peer).
-__device__ inline bool top_k_pair(const chunk_layout& c, const std::byte* m, std::uint64_t j, std::uint64_t q,
-                                  std::uint32_t& rel, float& value) {
+__device__ inline bool top_k_pair(const cost::top_k_plan& c, const std::byte* m, std::uint64_t j,
+                                  std::uint64_t q, std::uint32_t& rel, float& value) {
   rel = rel_at(c, m, q);
   if (rel >= c.length(j)) return false;
   if (c.two_bit)
@@ -208,7 +202,7 @@ __device__ inline bool top_k_pair(const chunk_layout& c, const std::byte* m, std
 // rank (a barrier between ranks keeps the order; a message's indices are distinct, so no two threads of one
 // rank touch one value), with the count of senders of each value. Returns the sums' scale: n / senders
 // applied by top_k_value. Every thread of the block must call it.
-__device__ inline void top_k_chunk_sum(const chunk_layout& c, std::uint64_t j, const std::byte* all,
+__device__ inline void top_k_chunk_sum(const cost::top_k_plan& c, std::uint64_t j, const std::byte* all,
                                        std::uint64_t bytes, int n, float* acc, std::uint16_t* senders,
                                        device_verdict* corrupt) {
   const std::uint64_t len = c.length(j), kj = c.k_of(j), at = j * c.k_full;
@@ -246,7 +240,7 @@ __device__ inline float top_k_value(const float* acc, const std::uint16_t* sende
 // message holds an index outside its chunk. Reads only the messages.
 template <class = void>
 __global__ void __launch_bounds__(top_k_threads)
-    top_k_check_kernel(chunk_layout c, const std::byte* all, std::uint64_t bytes, int n, bool sender_mean,
+    top_k_check_kernel(cost::top_k_plan c, const std::byte* all, std::uint64_t bytes, int n, bool sender_mean,
                        device_verdict* sum_verdict, device_verdict* corrupt) {
   __shared__ float acc[top_k_max_chunk];
   __shared__ std::uint16_t senders[top_k_max_chunk];
@@ -260,7 +254,7 @@ __global__ void __launch_bounds__(top_k_threads)
 // bytes), the outer step and the merge, chunk by chunk.
 template <class = void>
 __global__ void __launch_bounds__(top_k_threads)
-    top_k_step_kernel(step_args a, chunk_layout c, const std::byte* all, std::uint64_t bytes, int n,
+    top_k_step_kernel(step_args a, cost::top_k_plan c, const std::byte* all, std::uint64_t bytes, int n,
                       bool sender_mean, const device_verdict* corrupt) {
   __shared__ float acc[top_k_max_chunk];
   __shared__ std::uint16_t senders[top_k_max_chunk];
