@@ -22,10 +22,8 @@ __all__ = ["DiLoCo", "COMPRESSIONS"]
 #: (top-k per chunk of that many values, indices in the bits a chunk needs), 2-bit values against a scale per
 #: chunk, and a decay in [0, 1] of its residual each round: SparseLoCo's recipe is
 #: ``"topk-0.01-c4096-2bit-b0.95"`` with ``outer_lr=1, outer_momentum=0``.
-COMPRESSIONS = ("dense", "fp16", "bf16", "int8", "e3m0",
-                "topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]",
-                "topk-<density>[-c<chunk>][-b<decay>]-shared",
-                "topk-<density>[-c<chunk>][-b<decay>]-regions")
+#: The engine's list (cost/diloco.hpp), read through the extension so that it is never written twice.
+COMPRESSIONS = tuple(_C.diloco_code_forms())
 
 
 class _BadArgument(InvalidArgument, ValueError):
@@ -47,8 +45,7 @@ def _code_name(compression: Any) -> str:
             return _C.diloco_code_name(compression)
         except InvalidArgument:
             pass
-    raise _bad("compression", compression, "one of " + ", ".join(repr(c) for c in COMPRESSIONS) +
-               " with a density in (0, 1], a chunk in [1, 2^32 - 1] and a decay in [0, 1]")
+    raise _bad("compression", compression, _C.diloco_codes_allowed())
 
 
 def _group_ranks(group: Optional[dist.ProcessGroup]) -> List[int]:
@@ -162,8 +159,8 @@ class DiLoCo:
             travelled, whole: ``theta <- theta_global + (theta - theta_at_exchange_start)`` (alpha must be 0).
             For top-k codes with error feedback, whose residual sends later what a round did not: alpha > 0
             keeps part of that in the local model too, and the next round sends it again.
-        compression (str): ``"dense"``, ``"fp16"``, ``"bf16"``, ``"int8"``, ``"e3m0"`` or
-            ``"topk-<density>"`` with a density in (0, 1]: the code of each rank's pseudo-gradient.
+        compression (str): the code of each rank's pseudo-gradient, a name of one of the forms in
+            :data:`COMPRESSIONS` (``"dense"``, ``"int8"``, ``"topk-0.01-c4096-2bit-b0.95"``, ...).
         replica_group (ProcessGroup, optional): the ranks of this rank's replica when each of them holds the
             whole model (DDP inside): they split every outer round, each exchanging 1/L of every fragment with
             its counterparts in ``process_group``, and gather the result. FSDP2 parameters (DTensors) need

@@ -276,6 +276,14 @@ void bind_diloco(py::module_& m) {
         py::arg("keep_delay_steps") = false);
 
   // The codes (cost/diloco.hpp) and the collectives' traffic (comm/traffic.hpp), for Python's byte counts.
+  // The list of forms and the refusal's text too: a new code reaches Python with no edit here or there.
+  m.def("diloco_code_forms", [] {
+    std::vector<std::string> out;
+    for (const auto f : cost::diloco_code_forms())
+      out.emplace_back(f);
+    return out;
+  });
+  m.def("diloco_codes_allowed", [] { return cost::diloco_codes_allowed(); });
   m.def(
       "diloco_code_name", [](const std::string& text) { return cost::diloco_code::parse(text).name(); },
       py::arg("compression"));

@@ -162,6 +162,12 @@ def test_code_names_and_sizes_come_from_the_engine():
                 "topk-0.1-2bit-shared", "topk-0.1-senders-shared", "topk-0.1-shared-regions"):
         with pytest.raises(commsgd_torch.InvalidArgument, match="compression"):
             _C.diloco_code_name(bad)
+    # DiLoCo's refusal of a name lists the engine's forms, each of them.
+    with pytest.raises(ValueError) as refused:
+        commsgd_torch.diloco._code_name("fp4")
+    for form in commsgd_torch.COMPRESSIONS:
+        assert f"'{form}'" in str(refused.value)
+    assert "a density in (0, 1]" in str(refused.value)
     # The ring's traffic: 2 (n - 1) chunks each way.
     t = _C.ring_all_reduce_traffic(1000, 4, 4, 0)
     assert t["bytes_sent"] == 2 * 3 * 250 * 4 and t["messages_sent"] == 6

@@ -47,6 +47,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 namespace commsgd::inline v1::cost {
 
@@ -54,6 +55,43 @@ enum class diloco_format : std::uint8_t { dense, fp16, bf16, int8, e3m0, top_k }
 
 // Values per scale of the int8 and e3m0 codes.
 inline constexpr std::uint64_t diloco_block_size = 256;
+
+// The codes whose name is a single word.
+struct diloco_word {
+  diloco_format format;
+  std::string_view name;
+};
+inline constexpr diloco_word diloco_words[] = {{diloco_format::dense, "dense"},
+                                               {diloco_format::fp16, "fp16"},
+                                               {diloco_format::bf16, "bf16"},
+                                               {diloco_format::int8, "int8"},
+                                               {diloco_format::e3m0, "e3m0"}};
+
+// The forms a top-k code's name takes, and the ranges of their numbers.
+inline constexpr std::string_view diloco_top_k_forms[] = {
+    "topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]", "topk-<density>[-c<chunk>][-b<decay>]-shared",
+    "topk-<density>[-c<chunk>][-b<decay>]-regions"};
+inline constexpr std::string_view diloco_top_k_ranges =
+    "a density in (0, 1], a chunk in [1, 2^32 - 1] and a decay in [0, 1]";
+
+// Every form a code's name takes, the words first: the list a refusal gives and Python's COMPRESSIONS.
+inline std::vector<std::string_view> diloco_code_forms() {
+  std::vector<std::string_view> out;
+  for (const auto& w : diloco_words)
+    out.push_back(w.name);
+  for (const auto f : diloco_top_k_forms)
+    out.push_back(f);
+  return out;
+}
+
+// What a refusal says is allowed: "'dense', ..., or 'topk-...-regions' with a density in (0, 1], ...".
+inline std::string diloco_codes_allowed() {
+  const auto forms = diloco_code_forms();
+  std::string out;
+  for (std::size_t i = 0; i < forms.size(); ++i)
+    out += commsgd::concat(i == 0 ? "" : (i + 1 == forms.size() ? " or " : ", "), "'", forms[i], "'");
+  return commsgd::concat(out, " with ", diloco_top_k_ranges);
+}
 
 // A double in the fewest digits that read back as the same double (0.95, not 0.94999999999999996).
 inline std::string shortest(double v) {
@@ -72,23 +110,15 @@ struct diloco_code {
   bool shared = false;      // top_k: one set of indices for all ranks, the values summed by a bf16 ring
   bool regions = false;     // top_k: each chunk's picks summed by its owner and cut to k (region_top_k)
 
-  static constexpr const char* names =
-      "'dense', 'fp16', 'bf16', 'int8', 'e3m0' or 'topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]' "
-      "or 'topk-<density>[-c<chunk>][-b<decay>]-shared|-regions' with a density in (0, 1], a chunk in [1, "
-      "2^32 - 1] "
-      "and a decay in [0, 1]";
-
   // From its name; anything else is refused with the allowed names.
   static diloco_code parse(std::string_view text) {
     auto bad = [&] {
       return invalid_argument(commsgd::concat("argument 'compression' = '", text,
-                                              "' is not a code; the allowed codes are ", names));
+                                              "' is not a code; the allowed codes are ",
+                                              diloco_codes_allowed()));
     };
-    if (text == "dense") return {diloco_format::dense};
-    if (text == "fp16") return {diloco_format::fp16};
-    if (text == "bf16") return {diloco_format::bf16};
-    if (text == "int8") return {diloco_format::int8};
-    if (text == "e3m0") return {diloco_format::e3m0};
+    for (const auto& w : diloco_words)
+      if (text == w.name) return {w.format};
     constexpr std::string_view prefix = "topk-";
     if (!text.starts_with(prefix)) throw bad();
     std::string_view rest = text.substr(prefix.size());
@@ -135,23 +165,13 @@ struct diloco_code {
   }
 
   std::string name() const {
-    switch (format) {
-    case diloco_format::dense:
-      return "dense";
-    case diloco_format::fp16:
-      return "fp16";
-    case diloco_format::bf16:
-      return "bf16";
-    case diloco_format::int8:
-      return "int8";
-    case diloco_format::e3m0:
-      return "e3m0";
-    case diloco_format::top_k:
+    if (format == diloco_format::top_k)
       return commsgd::concat("topk-", shortest(density), chunk ? commsgd::concat("-c", chunk) : "",
                              two_bit ? "-2bit" : "", decay != 1.0 ? "-b" + shortest(decay) : "",
                              sender_mean ? "-senders" : "", shared ? "-shared" : "",
                              regions ? "-regions" : "");
-    }
+    for (const auto& w : diloco_words)
+      if (w.format == format) return std::string(w.name);
     return "?";
   }
 
@@ -160,7 +180,6 @@ struct diloco_code {
            (format == diloco_format::top_k && !shared && !regions);
   }
 
-  // Bytes of one rank's message for d values.
   // The values this code cuts a fragment by (a block's scale, a chunk's k): a part of a fragment that starts
   // at a multiple of it is coded as the same values are in the whole fragment, so a replica whose ranks each
   // exchange one part sends the whole fragment's bits. 0: the fragment is one unit (top-k without chunks).
@@ -176,6 +195,7 @@ struct diloco_code {
     }
   }
 
+  // Bytes of one rank's message for d values.
   std::uint64_t message_bytes(std::uint64_t d) const {
     switch (format) {
     case diloco_format::dense:

@@ -210,7 +210,7 @@ private:
       });
     }
     throw invalid_argument(commsgd::concat("argument 'code' has format ", static_cast<int>(code.format),
-                                           ", outside the allowed codes ", cost::diloco_code::names));
+                                           ", outside the allowed codes ", cost::diloco_codes_allowed()));
   }
 
   cost::diloco_code code_;
