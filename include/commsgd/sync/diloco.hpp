@@ -432,7 +432,7 @@ private:
     ++started_;
   }
 
-  // out <- global_p - params over fragment p's runs (pseudo_gradient's sign, sync/outer_optimizer.hpp);
+  // out <- global_p - params over fragment p's runs (math::delta's sign, sync/diloco_math.hpp);
   // returns how many of out's values are NaN or inf, counted in the same pass.
   std::size_t pseudo_gradient_of(std::size_t p, std::span<const float> params,
                                  std::vector<float>& out) const {

@@ -14,22 +14,35 @@ using commsgd::detail::div_rn;
 using commsgd::detail::mul_rn;
 using commsgd::detail::sub_rn;
 
-// A rank's pseudo-gradient value, old minus new (sync/outer_optimizer.hpp has the sign), scaled by the
-// rank's weight; a weight of 1 leaves the bits of the difference.
+// The sign of a pseudo-gradient, old minus new, so that it acts as a gradient: an outer step with a positive
+// lr moves the common model toward the ranks' models. Every pseudo-gradient on host and device is this.
+COMMSGD_HOST_DEVICE inline float delta(float global, float local) {
+  return sub_rn(global, local);
+}
+
+// A rank's pseudo-gradient value scaled by the rank's weight; a weight of 1 leaves the bits of the difference.
 COMMSGD_HOST_DEVICE inline float pseudo_gradient(float global, float local, float weight) {
-  const float d = sub_rn(global, local);
+  const float d = delta(global, local);
   return weight == 1.0f ? d : mul_rn(d, weight);
 }
 
-// The outer step on one value from the sum over n ranks: mean = sum / n, then Nesterov SGD as PyTorch's
-// SGD(nesterov=True) writes it,
-//   v <- mu v + mean;  global <- global - lr (mean + mu v)
-// or, without momentum (mu = 0, v untouched), global <- global - lr mean. Returns the new global value.
+// The outer step on one value given the mean over the ranks, Nesterov SGD as PyTorch's SGD(nesterov=True)
+// writes it: v <- mu v + mean, global <- global - lr (mean + mu v). Returns the new global value.
+COMMSGD_HOST_DEVICE inline float nesterov_step(float global, float mean, float lr, float mu, float& v) {
+  v = add_rn(mul_rn(mu, v), mean);
+  return sub_rn(global, mul_rn(lr, add_rn(mean, mul_rn(mu, v))));
+}
+// The same without momentum (mu = 0): global - lr mean. Not nesterov_step with mu = 0, whose 0 v + mean
+// would turn a mean of -0 into +0 (and write v).
+COMMSGD_HOST_DEVICE inline float sgd_step(float global, float mean, float lr) {
+  return sub_rn(global, mul_rn(lr, mean));
+}
+
+// The outer step from the sum over n ranks: mean = sum / n, then one of the two above (v untouched when
+// mu = 0).
 COMMSGD_HOST_DEVICE inline float outer_step(float global, float sum, float n, float lr, float mu, float* v) {
   const float mean = div_rn(sum, n);
-  if (mu == 0.0f) return sub_rn(global, mul_rn(lr, mean));
-  *v = add_rn(mul_rn(mu, *v), mean);
-  return sub_rn(global, mul_rn(lr, add_rn(mean, mul_rn(mu, *v))));
+  return mu == 0.0f ? sgd_step(global, mean, lr) : nesterov_step(global, mean, lr, mu, *v);
 }
 
 // The merge of the local value with the new common one: alpha = 0 restarts from the common model.

@@ -1,13 +1,12 @@
 // The outer optimizer of local SGD (DiLoCo): what turns the ranks' local progress
 // over a round into the next common model.
 //
-// The sign convention, the one place it is written (pseudo_gradient below; every other line uses it):
+// The sign convention and the step are written once, per value, in sync/diloco_math.hpp (math::delta,
+// math::nesterov_step, math::sgd_step), which the loops here and the device round call:
 //   delta_r = theta_global - theta_r      old minus new, so delta acts as a gradient: an outer step with
 //                                         positive lr moves theta_global toward the ranks' models
-// The outer step, SGD with Nesterov momentum as PyTorch's SGD(nesterov=True) writes it, on the mean delta
-// over ranks:
-//   v            <- mu v + delta
-//   theta_global <- theta_global - lr (delta + mu v)
+//   v            <- mu v + delta          SGD with Nesterov momentum as PyTorch's SGD(nesterov=True) writes
+//   theta_global <- theta_global - lr (delta + mu v)      it, on the mean delta over ranks
 // lr = 1, mu = 0 is plain model averaging: theta_global - (theta_global - mean theta_r) = mean theta_r.
 // Computed that way the mean would be rounded twice, so sync::local_sgd recognises plain() and averages the
 // models themselves, which is today's local_sgd bit for bit.
@@ -35,7 +34,7 @@ namespace commsgd::inline v1::sync {
 inline void pseudo_gradient(std::span<const float> global, std::span<const float> local,
                             std::span<float> out) noexcept {
   for (std::size_t i = 0; i < out.size(); ++i)
-    out[i] = global[i] - local[i];
+    out[i] = math::delta(global[i], local[i]);
 }
 
 namespace detail {
@@ -45,7 +44,7 @@ inline std::size_t pseudo_gradient_group(const float* __restrict global, const f
                                          float* __restrict out) noexcept {
   std::uint32_t bad = 0;
   for (std::size_t j = 0; j < 64; ++j) {
-    out[j] = global[j] - local[j];
+    out[j] = math::delta(global[j], local[j]);
     bad += std::fabs(out[j]) <= std::numeric_limits<float>::max() ? 0u : 1u;
   }
   return bad;
@@ -60,7 +59,7 @@ inline std::size_t pseudo_gradient_counted(std::span<const float> global, std::s
   for (; i + 64 <= out.size(); i += 64)
     bad += detail::pseudo_gradient_group(global.data() + i, local.data() + i, out.data() + i);
   for (; i < out.size(); ++i) {
-    out[i] = global[i] - local[i];
+    out[i] = math::delta(global[i], local[i]);
     bad += std::fabs(out[i]) <= std::numeric_limits<float>::max() ? 0u : 1u;
   }
   return bad;
@@ -108,14 +107,12 @@ public:
     const float lr = opt_.lr, mu = opt_.momentum;
     if (!has_momentum()) {
       for (std::size_t i = 0; i < global.size(); ++i)
-        global[i] = global[i] - lr * mean[i];
+        global[i] = math::sgd_step(global[i], mean[i], lr);
       return;
     }
     if (v_.empty()) v_.assign(global.size(), 0.0f);
-    for (std::size_t i = 0; i < global.size(); ++i) {
-      v_[i] = mu * v_[i] + mean[i];
-      global[i] = global[i] - lr * (mean[i] + mu * v_[i]);
-    }
+    for (std::size_t i = 0; i < global.size(); ++i)
+      global[i] = math::nesterov_step(global[i], mean[i], lr, mu, v_[i]);
   }
 
   // The same step on [first, first + count) of the model, its mean sum[i] / n computed on the way, calling
@@ -173,12 +170,10 @@ private:
     for (std::size_t j = 0; j < count; ++j) {
       const float mean = math::div_rn(s[j], n);
       float gj;
-      if constexpr (Momentum) {
-        v[j] = math::add_rn(math::mul_rn(mu, v[j]), mean);
-        gj = math::sub_rn(g[j], math::mul_rn(lr, math::add_rn(mean, math::mul_rn(mu, v[j]))));
-      } else {
-        gj = math::sub_rn(g[j], math::mul_rn(lr, mean));
-      }
+      if constexpr (Momentum)
+        gj = math::nesterov_step(g[j], mean, lr, mu, v[j]);
+      else
+        gj = math::sgd_step(g[j], mean, lr);
       g[j] = gj;
       if constexpr (M == merge_kind::restart)
         x[j] = gj;
