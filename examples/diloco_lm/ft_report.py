@@ -4,9 +4,13 @@ live replicas against wall time.
 
     python3 examples/diloco_lm/ft_report.py --runs NAME=DIR[:BASELINE_NAME] ... [--md FILE] [--plot FILE]
 
-Steps taken: inner steps the replicas computed (every incarnation). Goodput: inner steps that reached the
-common model (each replica's `delivered`, over all its incarnations) / (ranks x wall time), wall time from the
-first replica's start to the last replica's end. Loss at equal wall time: the run's last validation loss
+Steps taken: inner steps the replicas computed (every incarnation); speed: steps taken / (ranks x wall time).
+Goodput: inner steps that reached the common model (each replica's `delivered`, over all its incarnations) /
+(ranks x wall time), wall time from the first replica's start to the last record of any replica (its end, or
+the last line of one that never ended: a lost replica's tail counts). Resilience: goodput against the
+baseline's (its own fault-free run), beside the speed, so that a faster arm is not read as a sturdier one.
+Lost: replicas whose last incarnation logged no end (it exited with an error, or was still waiting). Loss at
+equal wall time: the run's last validation loss
 against the baseline's (a fault-free run) at the same wall time (the baseline's
 evaluation nearest before it). Agreement: every round that two replicas committed at the same step holds the
 same hash of the common model (commsgd's arm logs it).
@@ -32,8 +36,15 @@ def load_run(folder):
 
 def summarise(recs, ranks):
     t0 = min(r["t"] for r in recs if r["event"] == "start")
-    ends = [r["t"] for r in recs if r["event"] == "end"]
-    wall = max(ends) - t0
+    wall = max(r["t"] for r in recs) - t0  # every replica's tail, a lost one's included
+    last_life = {}
+    for r in recs:  # each rank's last incarnation: did it end?
+        k = r["rank"]
+        if k not in last_life or r["incarnation"] > last_life[k][0]:
+            last_life[k] = (r["incarnation"], False, r)
+        if r["incarnation"] == last_life[k][0]:
+            last_life[k] = (r["incarnation"], last_life[k][1] or r["event"] == "end", r)
+    lost = sorted((k, round(r["t"] - t0, 1), r.get("step")) for k, (_, ended, r) in last_life.items() if not ended)
     last, taken = {}, {}
     for r in recs:
         if "delivered" in r:
@@ -52,8 +63,8 @@ def summarise(recs, ranks):
             prev[key] = r["committed"]
     disagree = sorted(s for s, h in by_step.items() if len(h) > 1)
     live = sorted((r["t"] - t0, r["replicas"]) for r in recs if r["event"] == "round" and r["rank"] == 0)
-    return {"wall": wall, "delivered": delivered, "taken": sum(taken.values()),
-            "goodput": delivered / (ranks * wall), "evals": evals,
+    return {"wall": wall, "delivered": delivered, "taken": sum(taken.values()), "lost": lost,
+            "goodput": delivered / (ranks * wall), "speed": sum(taken.values()) / (ranks * wall), "evals": evals,
             "rounds_checked": len(by_step), "disagree": disagree, "live": live, "t0": t0}
 
 
@@ -76,9 +87,10 @@ def main():
         runs[name] = summarise(load_run(folder), args.ranks)
         if baseline:
             base[name] = baseline
-    lines = ["| run | wall (s) | steps taken | steps delivered | goodput (steps/s a rank) | vs its fault-free run "
-             "| final val loss (step) | fault-free at that wall time | rounds checked / differing |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | wall (s) | steps taken | speed (taken/s a rank) | steps delivered | goodput (steps/s a rank) "
+             "| resilience (vs its fault-free run) | lost replicas (rank, s, step) | final val loss (step) "
+             "| fault-free at that wall time | rounds checked / differing |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in runs.items():
         final = s["evals"][-1] if s["evals"] else None
         ratio, ref = "-", "-"
@@ -90,8 +102,9 @@ def main():
                 ref = f"{at[1]:.4f} ({at[2]}; {100 * (final[1] / at[1] - 1):+.1f} %)"
         loss = f"{final[1]:.4f} ({final[2]})" if final else "-"
         checked = f"{s['rounds_checked']} / {len(s['disagree'])}" if s["rounds_checked"] else "-"
-        lines.append(f"| {name} | {s['wall']:.1f} | {s['taken'] or '-'} | {s['delivered']} | {s['goodput']:.2f} | "
-                     f"{ratio} | {loss} | {ref} | {checked} |")
+        lost = "; ".join(f"{k}, {t}, {st}" for k, t, st in s["lost"]) or "none"
+        lines.append(f"| {name} | {s['wall']:.1f} | {s['taken'] or '-'} | {s['speed']:.2f} | {s['delivered']} | "
+                     f"{s['goodput']:.2f} | {ratio} | {lost} | {loss} | {ref} | {checked} |")
     text = "\n".join(lines)
     print(text)
     if args.md:

@@ -5,7 +5,8 @@ DiLoCo with its own fault tolerance. One process per replica (RANK of WORLD_SIZE
 tools/netcluster/faults.py start them); no default process group, so a replica can die and restart alone.
 
     --arm ft-diloco       commsgd_torch.FaultTolerantDiLoCo over AdamW (--sync-every, --outer-lr,
-                          --outer-momentum, --compression)
+                          --outer-momentum, --compression; streamed: --fragments, --delay, --alpha,
+                          --keep-delay-steps)
     --arm torchft-diloco  torchft.local_sgd.DiLoCo over AdamW, float32 pseudo-gradients
     --arm ckpt-diloco     the baseline, checkpoint-restart: commsgd_torch.DiLoCo over one gloo group, every rank
                           saving a checkpoint after each round (--ckpt-dir); a failure stops every rank's group,
@@ -67,6 +68,12 @@ def parse(argv):
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--compression", default="e3m0")
+    p.add_argument("--fragments", type=int, default=1, help="ft-diloco: streamed, P fragments (modules)")
+    p.add_argument("--delay", type=int, default=0,
+                   help="ft-diloco: tau, below the gap between two fragments' starts (sync_every / P)")
+    p.add_argument("--alpha", type=float, default=0.0, help="ft-diloco: the local weight in the merge")
+    p.add_argument("--keep-delay-steps", type=int, default=0, choices=(0, 1),
+                   help="ft-diloco: 1 merges by keeping the --delay steps whole (--alpha 0)")
     p.add_argument("--min-replicas", type=int, default=2)
     p.add_argument("--deadline", type=float, default=5.0,
                    help="seconds a round's collective waits for a peer that went silent (gloo's timeout)")
@@ -316,9 +323,18 @@ def main(argv=None):
         everyone_ready()
         opt = commsgd_torch.FaultTolerantDiLoCo(model, inner, manager=manager, sync_every=args.sync_every,
                                                 outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-                                                compression=args.compression)
+                                                compression=args.compression, fragments=args.fragments,
+                                                delay=args.delay, alpha=args.alpha,
+                                                keep_delay_steps=bool(args.keep_delay_steps))
         steps_done = lambda: opt.inner_steps  # noqa: E731
-        global_params = lambda: [t for t in opt.global_parameters()]  # noqa: E731  (one fragment: model order)
+        # global_parameters() is fragment after fragment: back to the model's order by position.
+        by_fragment = [p for f in range(opt.num_fragments) for p in opt.fragment_parameters(f)]
+        where = {id(p): i for i, p in enumerate(by_fragment)}
+        order = [where[id(p)] for p in model.parameters()]
+
+        def global_params():
+            copies = opt.global_parameters()
+            return [copies[i] for i in order]
 
         def round_record():
             s = opt.stats()

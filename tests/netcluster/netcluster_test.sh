@@ -196,6 +196,27 @@ ip -n "netcluster-$name-switch" -o link show p1 | grep -q 'state UP\|,UP' || fai
 echo "failure driver: $events"
 rm -rf "$logs"
 
+# 3c. The driver on the ranks' clock of inner steps (--clock steps): each rank logs a step every 0.1 s, rank 1
+#     is killed once some rank has logged step 8 (about 0.8 s in; at second 8 the ranks would be gone) and
+#     restarted 0.5 s later, and rank 0's cable is pulled at step 4 for 0.3 s; each event names its step.
+logs=$(mktemp -d)
+rank_cmd='for s in $(seq 1 30); do echo "{\"step\": $s}" >>"'"$logs"'/progress.rank$RANK.jsonl"; sleep 0.1; done'
+timeout 60 python3 "$faults" --name "$name" --log "$logs/events.jsonl" --logs "$logs" --clock steps \
+  --progress "$logs/progress" --kill 1 --every 1000 --first-at 8 --restart-after 0.5 --cable 0@4+0.3 \
+  -- bash -c "$rank_cmd" || fail "faults.py --clock steps exited $?: $(cat "$logs"/*.log)"
+python3 - "$logs/events.jsonl" <<'PY' || fail "faults.py --clock steps: $(cat "$logs/events.jsonl")"
+import json, sys
+ev = [json.loads(line) for line in open(sys.argv[1])]
+first = {e["event"]: e for e in reversed(ev)}
+assert 8 <= first["kill"]["step"] <= 12 and first["kill"]["t"] < 3, first["kill"]
+assert 4 <= first["cable_down"]["step"] <= 8 and first["cable_down"]["t"] < 2, first["cable_down"]
+assert first["cable_up"]["t"] - first["cable_down"]["t"] >= 0.3, (first["cable_down"], first["cable_up"])
+assert first["restart"]["t"] - first["kill"]["t"] >= 0.5, (first["kill"], first["restart"])
+assert sum(e["event"] == "kill" for e in ev) == 1, ev
+PY
+echo "failure driver on the steps' clock: kill at step $(python3 -c 'import json,sys; print([e["step"] for e in map(json.loads, open(sys.argv[1])) if e["event"] == "kill"][0])' "$logs/events.jsonl")"
+rm -rf "$logs"
+
 # 3b. Groups: 4 ranks as 2 groups of 2 (two nodes, or two replicas of two ranks), 200 Mbit/s within a group
 #     and 50 Mbit/s to the other group, each on its own class: a stream inside a group runs at the group's
 #     rate, one across at the port's; slowing the port moves the second alone.

@@ -327,3 +327,26 @@ def test_torchft_and_commsgd_diloco_agree_on_fsdp2_replicas():
     assert x.shape == y.shape and torch.allclose(x, y, rtol=0, atol=1e-4), (x - y).abs().max().item()
     # Both count rank 0's float32 ring over 2 replicas of its shards: the same bytes.
     assert ours[0][0][-1]["bytes_sent"] == theirs[0][0][-1]["bytes_sent"] > 0
+
+
+def test_ft_report_counts_every_tail_and_names_the_lost_replica(tmp_path):
+    """Goodput over the whole run: a replica whose last incarnation never ended is named lost, and its last
+    record, not the last end, closes the wall time; speed (steps taken) and goodput (steps delivered) apart."""
+    import ft_report
+    logs = {0: [{"event": "start", "t": 100.0, "step": 0}, {"event": "round", "t": 110.0, "step": 30, "replicas": 2,
+                                                            "committed": 1, "hash": "a", "delivered": 30, "taken": 30},
+                {"event": "end", "t": 150.0, "step": 60, "delivered": 60, "taken": 60}],
+            1: [{"event": "start", "t": 101.0, "step": 0}, {"event": "round", "t": 110.5, "step": 30, "replicas": 2,
+                                                            "committed": 1, "hash": "a", "delivered": 30, "taken": 30},
+                {"event": "start", "t": 130.0, "step": 30, "incarnation": 1},
+                {"event": "round", "t": 170.0, "step": 40, "replicas": 1, "committed": 2, "hash": "b",
+                 "delivered": 5, "taken": 10, "incarnation": 1}]}
+    for rank, recs in logs.items():
+        with open(tmp_path / f"run.rank{rank}.jsonl", "w") as f:
+            for r in recs:
+                f.write(json.dumps(dict({"rank": rank, "incarnation": 0}, **r)) + "\n")
+    s = ft_report.summarise(ft_report.load_run(str(tmp_path)), 2)
+    assert s["wall"] == pytest.approx(70.0)  # to the lost replica's last record (170), not the last end (150)
+    assert s["lost"] == [(1, 70.0, 40)]
+    assert s["delivered"] == 60 + 30 + 5 and s["taken"] == 60 + 30 + 10
+    assert s["goodput"] == pytest.approx(95 / (2 * 70.0)) and s["speed"] == pytest.approx(100 / (2 * 70.0))

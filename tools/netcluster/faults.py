@@ -5,7 +5,7 @@ see real deaths and real dead links, not exceptions raised on cue.
 
     sudo python3 tools/netcluster/faults.py --name NAME --log events.jsonl [--seed S] [--logs DIR] \\
         [--kill K|random --every M [--first-at T] [--restart-after R] [--until T]] \\
-        [--cable K@T+D ...] [--slow K@T+D=RATE ...] -- CMD ARGS...
+        [--cable K@T+D ...] [--slow K@T+D=RATE ...] [--clock steps --progress PREFIX] -- CMD ARGS...
 
 --kill: every M seconds from --first-at (default M), kill rank K, or a rank drawn at random (seeded) from those
 running; with --restart-after, start it again R seconds later in its namespace with the environment `netcluster
@@ -13,8 +13,14 @@ run` gives it plus COMMSGD_RESTARTS (how many times this rank was restarted). No
 --cable K@T+D: rank K's cable pulled at T seconds for D seconds. --slow K@T+D=RATE: rank K's port at RATE both
 ways from T for D seconds, then back to the rate the cluster was made with. Several of each may be given.
 
+--clock steps: the start of every event (--first-at, --every, --until, each window's T) counts the ranks'
+inner steps instead of seconds: the most advanced step in the ranks' logs PREFIX.rank<K>.jsonl (JSON lines
+with a "step", as examples/diloco_lm/train_ft.py's --log writes them). Every run then meets the same faults at
+the same points of its training, however fast it trains; how long a fault lasts (D, --restart-after) stays in
+seconds, as a pulled cable or a restart does.
+
 Every event is one JSON line in --log: {"t": seconds since the start, "event": start, exit, kill, restart,
-cable_down, cable_up, slow, rate_back, "rank": K, ...}. The driver ends when every rank has exited on its own
+cable_down, cable_up, slow, rate_back, "rank": K, ...}, with "step" (the progress) under --clock steps. The driver ends when every rank has exited on its own
 (a killed rank waiting for its restart has not) and returns the first non-zero exit code of a rank's last run,
 or 0. Stopping the driver (Ctrl-C, SIGTERM) kills every rank's session and restores every port.
 """
@@ -75,14 +81,40 @@ class Driver:
         self.restarts = [0] * self.n
         self.last_code = [None] * self.n   # exit code of each rank's last run that ended on its own
         self.waiting = set()               # ranks killed and due to restart
-        self.timers = []                   # (due, seq, action) kept sorted
+        self.timers = []                   # (due, seq, action) kept sorted, due in seconds
+        self.step_timers = []              # the same, due in inner steps (--clock steps)
         self.seq = 0
+        self.offsets = [0] * self.n        # how far each rank's progress log was read
+        self.step = 0                      # the most advanced inner step any rank has logged
 
     def now(self):
         return time.monotonic() - self.t0
 
+    def clock(self):
+        """Where the schedule stands: seconds since the start, or the most advanced inner step."""
+        return self.progress() if self.args.clock == "steps" else self.now()
+
+    def progress(self):
+        for k in range(self.n):
+            try:
+                with open(f"{self.args.progress}.rank{k}.jsonl") as f:
+                    f.seek(self.offsets[k])
+                    text = f.read()
+            except FileNotFoundError:
+                continue
+            whole = text[:text.rfind("\n") + 1]  # a line still being written is read next time
+            self.offsets[k] += len(whole.encode())
+            for line in whole.splitlines():
+                try:
+                    self.step = max(self.step, int(json.loads(line).get("step", 0)))
+                except (ValueError, TypeError, AttributeError):
+                    pass
+        return self.step
+
     def event(self, event, rank=None, **more):
         rec = {"t": round(self.now(), 3), "event": event}
+        if self.args.clock == "steps":
+            rec["step"] = self.step
         if rank is not None:
             rec["rank"] = rank
         rec.update(more)
@@ -90,9 +122,18 @@ class Driver:
         self.log.flush()
 
     def at(self, due, action):
+        """`action` at `due` seconds."""
         self.seq += 1
         self.timers.append((due, self.seq, action))
         self.timers.sort()
+
+    def at_clock(self, due, action):
+        """`action` when the schedule's clock (seconds, or steps) reaches `due`."""
+        if self.args.clock != "steps":
+            return self.at(due, action)
+        self.seq += 1
+        self.step_timers.append((due, self.seq, action))
+        self.step_timers.sort()
 
     def start(self, k):
         self.waiting.discard(k)
@@ -117,7 +158,7 @@ class Driver:
 
     def kill_tick(self):
         a = self.args
-        if a.until is not None and self.now() > a.until:
+        if a.until is not None and self.clock() > a.until:
             return
         running = [k for k in range(self.n) if self.procs[k] is not None]
         if a.kill == "random":
@@ -131,7 +172,7 @@ class Driver:
                 self.restarts[victim] += 1
                 self.waiting.add(victim)
                 self.at(self.now() + a.restart_after, lambda k=victim: self.start(k))
-        self.at(self.now() + a.every, self.kill_tick)
+        self.at_clock(self.clock() + a.every, self.kill_tick)
 
     def set_rate(self, k, bps):
         netcluster("port", "--name", self.args.name, str(k), "rate", f"{bps}bit" if bps else "unlimited")
@@ -139,17 +180,24 @@ class Driver:
     def schedule(self):
         a = self.args
         if a.kill is not None:
-            self.at(a.first_at if a.first_at is not None else a.every, self.kill_tick)
+            self.at_clock(a.first_at if a.first_at is not None else a.every, self.kill_tick)
+        # A window starts on the schedule's clock and lasts D seconds.
         for k, t, d in a.cable:
-            self.at(t, lambda k=k: (netcluster("port", "--name", a.name, str(k), "down"),
-                                    self.event("cable_down", k)))
-            self.at(t + d, lambda k=k: (netcluster("port", "--name", a.name, str(k), "up"),
-                                        self.event("cable_up", k)))
+            self.at_clock(t, lambda k=k, d=d: (netcluster("port", "--name", a.name, str(k), "down"),
+                                               self.event("cable_down", k),
+                                               self.at(self.now() + d, lambda: self.cable_up(k))))
         for k, t, d, rate in a.slow:
-            self.at(t, lambda k=k, rate=rate: (netcluster("port", "--name", a.name, str(k), "rate", rate),
-                                               self.event("slow", k, rate=rate)))
-            self.at(t + d, lambda k=k: (self.set_rate(k, self.ports[k][1]),
-                                        self.event("rate_back", k, bits_per_s=self.ports[k][1])))
+            self.at_clock(t, lambda k=k, d=d, rate=rate: (
+                netcluster("port", "--name", a.name, str(k), "rate", rate), self.event("slow", k, rate=rate),
+                self.at(self.now() + d, lambda: self.rate_back(k))))
+
+    def cable_up(self, k):
+        netcluster("port", "--name", self.args.name, str(k), "up")
+        self.event("cable_up", k)
+
+    def rate_back(self, k):
+        self.set_rate(k, self.ports[k][1])
+        self.event("rate_back", k, bits_per_s=self.ports[k][1])
 
     def restore(self):
         """Every port up and at its own rate, whatever was pending."""
@@ -177,6 +225,11 @@ class Driver:
                 while self.timers and self.timers[0][0] <= now:
                     _, _, action = self.timers.pop(0)
                     action()
+                if self.step_timers:
+                    step = self.progress()
+                    while self.step_timers and self.step_timers[0][0] <= step:
+                        _, _, action = self.step_timers.pop(0)
+                        action()
                 time.sleep(0.05)
         finally:
             for k, p in enumerate(self.procs):
@@ -205,7 +258,11 @@ def main(argv):
     p.add_argument("--until", type=float)
     p.add_argument("--cable", action="append", default=[], type=lambda s: parse_window(s, "--cable"))
     p.add_argument("--slow", action="append", default=[], type=lambda s: parse_window(s, "--slow", rate=True))
+    p.add_argument("--clock", choices=("seconds", "steps"), default="seconds")
+    p.add_argument("--progress", help="--clock steps: the prefix of the ranks' logs, PREFIX.rank<K>.jsonl")
     args = p.parse_args(argv[:cut])
+    if args.clock == "steps" and not args.progress:
+        raise SystemExit("faults.py: --clock steps needs --progress PREFIX (the ranks' logs PREFIX.rank<K>.jsonl)")
     cmd = argv[cut + 1:]
     if not cmd:
         raise SystemExit("faults.py: no command after --")
