@@ -9,7 +9,10 @@ Goodput: inner steps that reached the common model (each replica's `delivered`, 
 (ranks x wall time), wall time from the first replica's start to the last record of any replica (its end, or
 the last line of one that never ended: a lost replica's tail counts). Resilience: goodput against the
 baseline's (its own fault-free run), beside the speed, so that a faster arm is not read as a sturdier one.
-Lost: replicas whose last incarnation logged no end (it exited with an error, or was still waiting). Loss at
+Lost: replicas whose last incarnation logged no end (it exited with an error, or was still waiting). Back
+within: where the run's folder holds faults.py's events.jsonl (with "unix" times), for each replica's return
+(a restart, a cable back up) the rounds another replica committed before the returned one committed its next,
+the worst of them (the goal: at most 2). Loss at
 equal wall time: the run's last validation loss
 against the baseline's (a fault-free run) at the same wall time (the baseline's
 evaluation nearest before it). Agreement: every round that two replicas committed at the same step holds the
@@ -34,7 +37,33 @@ def load_run(folder):
     return recs
 
 
-def summarise(recs, ranks):
+def load_events(folder):
+    path = os.path.join(folder, "events.jsonl")
+    return read(path) if os.path.exists(path) else []
+
+
+def rounds_to_return(recs, events):
+    """The most rounds any returned replica waited: for each restart or cable_up event (at its "unix" time),
+    the rounds a reference replica (the lowest other rank) committed after it and up to the returned replica's
+    next commit; None without events, a return never followed by a commit counts as every round after it."""
+    worst = None
+    for e in events:
+        if e.get("event") not in ("restart", "cable_up") or "unix" not in e:
+            continue
+        k = e["rank"]
+        ref = min(r["rank"] for r in recs if r["rank"] != k)
+        mine = [r for r in recs if r["rank"] == k and r["event"] == "round" and r["t"] > e["unix"]
+                and r["incarnation"] == e.get("restarts", r["incarnation"])]  # a restart: its new incarnation
+        before = [r["committed"] for r in recs if r["rank"] == k and r["event"] == "round" and r["t"] <= e["unix"]
+                  and r["incarnation"] == (mine[0]["incarnation"] if mine else None)]
+        floor = max(before) if before else 0
+        back = next((r["t"] for r in mine if r["committed"] > floor), float("inf"))
+        others = [r for r in recs if r["rank"] == ref and r["event"] == "round" and e["unix"] < r["t"] <= back]
+        worst = max(worst or 0, float("inf") if back == float("inf") else len(others))
+    return worst
+
+
+def summarise(recs, ranks, events=()):
     t0 = min(r["t"] for r in recs if r["event"] == "start")
     wall = max(r["t"] for r in recs) - t0  # every replica's tail, a lost one's included
     last_life = {}
@@ -64,6 +93,7 @@ def summarise(recs, ranks):
     disagree = sorted(s for s, h in by_step.items() if len(h) > 1)
     live = sorted((r["t"] - t0, r["replicas"]) for r in recs if r["event"] == "round" and r["rank"] == 0)
     return {"wall": wall, "delivered": delivered, "taken": sum(taken.values()), "lost": lost,
+            "back_within": rounds_to_return(recs, events),
             "goodput": delivered / (ranks * wall), "speed": sum(taken.values()) / (ranks * wall), "evals": evals,
             "rounds_checked": len(by_step), "disagree": disagree, "live": live, "t0": t0}
 
@@ -84,13 +114,13 @@ def main():
     for spec in args.runs:
         name, _, rest = spec.partition("=")
         folder, _, baseline = rest.partition(":")
-        runs[name] = summarise(load_run(folder), args.ranks)
+        runs[name] = summarise(load_run(folder), args.ranks, load_events(folder))
         if baseline:
             base[name] = baseline
     lines = ["| run | wall (s) | steps taken | speed (taken/s a rank) | steps delivered | goodput (steps/s a rank) "
-             "| resilience (vs its fault-free run) | lost replicas (rank, s, step) | final val loss (step) "
-             "| fault-free at that wall time | rounds checked / differing |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| resilience (vs its fault-free run) | lost replicas (rank, s, step) | back within (rounds) "
+             "| final val loss (step) | fault-free at that wall time | rounds checked / differing |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in runs.items():
         final = s["evals"][-1] if s["evals"] else None
         ratio, ref = "-", "-"
@@ -103,8 +133,10 @@ def main():
         loss = f"{final[1]:.4f} ({final[2]})" if final else "-"
         checked = f"{s['rounds_checked']} / {len(s['disagree'])}" if s["rounds_checked"] else "-"
         lost = "; ".join(f"{k}, {t}, {st}" for k, t, st in s["lost"]) or "none"
+        back = "-" if s["back_within"] is None else ("never" if s["back_within"] == float("inf")
+                                                     else str(s["back_within"]))
         lines.append(f"| {name} | {s['wall']:.1f} | {s['taken'] or '-'} | {s['speed']:.2f} | {s['delivered']} | "
-                     f"{s['goodput']:.2f} | {ratio} | {lost} | {loss} | {ref} | {checked} |")
+                     f"{s['goodput']:.2f} | {ratio} | {lost} | {back} | {loss} | {ref} | {checked} |")
     text = "\n".join(lines)
     print(text)
     if args.md:

@@ -350,3 +350,23 @@ def test_ft_report_counts_every_tail_and_names_the_lost_replica(tmp_path):
     assert s["lost"] == [(1, 70.0, 40)]
     assert s["delivered"] == 60 + 30 + 5 and s["taken"] == 60 + 30 + 10
     assert s["goodput"] == pytest.approx(95 / (2 * 70.0)) and s["speed"] == pytest.approx(100 / (2 * 70.0))
+
+
+def test_ft_report_counts_the_rounds_a_returned_replica_waited():
+    """From faults.py's events: a restarted replica back at its first commit after the restart, a cut-off one
+    at its first commit after the cable came back; the rounds another replica committed meanwhile."""
+    import ft_report
+
+    def rnd(rank, t, committed, inc=0):
+        return {"rank": rank, "incarnation": inc, "event": "round", "t": t, "committed": committed}
+    recs = [rnd(0, t, c) for c, t in enumerate([10, 20, 30, 40, 50, 60, 70], 1)]
+    recs += [rnd(1, 10, 1), rnd(1, 14, 2), rnd(1, 21, 0, 1), rnd(1, 55, 1, 1)]  # restarted at 15: back at 55
+    recs += [rnd(2, 10, 1), rnd(2, 20, 2), rnd(2, 44, 2), rnd(2, 62, 3)]  # cable up at 41: back at 62
+    restart = {"event": "restart", "rank": 1, "unix": 15.0, "restarts": 1}
+    cable = {"event": "cable_up", "rank": 2, "unix": 41.0}
+    assert ft_report.rounds_to_return(recs, [restart]) == 4  # rank 0's rounds at 20, 30, 40, 50
+    assert ft_report.rounds_to_return(recs, [cable]) == 2  # at 50, 60
+    assert ft_report.rounds_to_return(recs, [restart, cable]) == 4
+    assert ft_report.rounds_to_return(recs, [{"event": "restart", "rank": 2, "unix": 65.0, "restarts": 1}]) == \
+        float("inf")
+    assert ft_report.rounds_to_return(recs, []) is None

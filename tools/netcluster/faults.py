@@ -20,7 +20,8 @@ the same points of its training, however fast it trains; how long a fault lasts 
 seconds, as a pulled cable or a restart does.
 
 Every event is one JSON line in --log: {"t": seconds since the start, "event": start, exit, kill, restart,
-cable_down, cable_up, slow, rate_back, "rank": K, ...}, with "step" (the progress) under --clock steps. The driver ends when every rank has exited on its own
+cable_down, cable_up, slow, rate_back, "rank": K, ...}, with "unix" (the wall clock, to line events up with
+the ranks' own logs) and "step" (the progress) under --clock steps. The driver ends when every rank has exited on its own
 (a killed rank waiting for its restart has not) and returns the first non-zero exit code of a rank's last run,
 or 0. Stopping the driver (Ctrl-C, SIGTERM) kills every rank's session and restores every port.
 """
@@ -112,7 +113,7 @@ class Driver:
         return self.step
 
     def event(self, event, rank=None, **more):
-        rec = {"t": round(self.now(), 3), "event": event}
+        rec = {"t": round(self.now(), 3), "unix": round(time.time(), 3), "event": event}
         if self.args.clock == "steps":
             rec["step"] = self.step
         if rank is not None:
