@@ -38,7 +38,7 @@ def _grads(replica, step):
 
 def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, pace=0.0, late=None,
              group_s=5.0, signal_to_self=signal.SIGKILL, rejoin=None, restarted=False, quorum_s=15.0, start=None,
-             nan_at=None, finish=False, stream=None):
+             nan_at=None, finish=False, stream=None, fail_quorum=None):
     """One replica: `steps` inner steps of SGD on Dot with its own gradients; each round's (step, hash,
     replicas) reported. With `kill_at_round`, SIGKILLs itself once that round's quorum is formed, while the
     others go into the round's exchange (`signal_to_self` SIGSTOP: freezes there, its sockets open). With
@@ -52,7 +52,8 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
     model from the common one, and all go on. Reports also hold the calls of step() (`calls`), the steps at
     which NonFinite was caught, and each weighted round's inputs and result (`weighted`). `finish`: calls
     finish() after the last step. `stream`: FaultTolerantDiLoCo's streaming options (fragments, delay, alpha,
-    keep_delay_steps)."""
+    keep_delay_steps). `fail_quorum` = (first step, last step): this replica's part of the quorum fails at every
+    step in that span (as a failed rebuild of its group would), without asking the lighthouse."""
     try:
         from torchft import Manager
         from torchft.checkpointing.http_transport import HTTPTransport
@@ -86,6 +87,14 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
                                                 **({"deadline_multiple": 0.0} if stream else {}))
         weighted = []
         opt._engine = _Recorder(opt._engine, weighted)
+        if fail_quorum is not None:
+            real_quorum = opt._view.start_quorum
+
+            def failing_quorum(members):
+                if fail_quorum[0] <= calls <= fail_quorum[1]:  # calls: this step() call's number
+                    return commsgd_torch.CommError("injected: rebuilding the group failed")
+                return real_quorum(members)
+            opt._view.start_quorum = failing_quorum
         rounds, longest, calls, refused = [], 0.0, 0, []
         if rejoin is not None and restarted:
             rejoin[1].value = max(steps, (opt.inner_steps // H + 4) * H)
@@ -163,10 +172,11 @@ class _Recorder:
 
 
 def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, late=None, join_timeout_ms=5000,
-         pace=0.0, group_s=5.0, freeze=False, quorum_s=15.0, timeout=120, nan=None, finish=False, stream=None):
+         pace=0.0, group_s=5.0, freeze=False, quorum_s=15.0, timeout=120, nan=None, finish=False, stream=None,
+         fail_quorum=None):
     """n replicas; `kill` = (replica, round) it dies in; `restart` = the replica started again once that one
     has died; `late` = (replica, round, seconds) it comes late to; `nan` = (replica, step) whose gradient holds
-    a NaN; `pace`: seconds each replica sleeps after
+    a NaN; `fail_quorum` = (replica, first step, last step) whose quorum part fails in that span; `pace`: seconds each replica sleeps after
     each step; `group_s`: ReplicaGroup's timeout; `freeze`: the `kill` replica is SIGSTOPped instead (and
     killed at the end); `quorum_s`: the Managers' quorum timeout. Returns {replica: report} of those that
     finished, and [(replica, traceback)] of those that failed."""
@@ -191,7 +201,9 @@ def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, late=N
                                                           slow, group_s, signal.SIGSTOP if freeze else signal.SIGKILL,
                                                           rejoin, False, quorum_s, start,
                                                           nan[1] if nan and nan[0] == i else None, finish,
-                                                          stream))
+                                                          stream,
+                                                          fail_quorum[1:] if fail_quorum and fail_quorum[0] == i
+                                                          else None))
             procs[i].start()
         expected = n - (1 if kill else 0)  # a frozen replica never reports either
         if restart is not None:
@@ -432,6 +444,29 @@ def test_a_late_replica_is_left_out_of_the_round_and_its_late_steps_arrive_a_rou
     assert late["stats"]["steps_delivered"] == late["calls"] < steps, (late["stats"], late["calls"])
     assert a["stats"]["steps_delivered"] == a["calls"] == steps
     assert a["global"] == out[1]["global"] == late["global"]
+
+
+def test_a_replica_whose_quorum_part_fails_asks_again_and_drops_steps_beyond_two_rounds():
+    # Replica 2's part of the quorum fails at every step from 2H to 5H (its group cannot be rebuilt): each of
+    # those steps is a failed round and the next asks again, while the others go on without it. When its quorum
+    # works again it is behind and heals; its steps since its last commit are more than two rounds', so they
+    # are dropped (counted), not carried into the others' mean.
+    steps = 8 * H
+    # Paced, so that the others form rounds without it meanwhile (the lighthouse waits 1 s for it each time).
+    out, errors = _run(3, steps, "dense", min_replicas=2, fail_quorum=(2, 2 * H, 5 * H), join_timeout_ms=1000,
+                       pace=0.1)
+    no_errors(errors)
+    assert sorted(out) == [0, 1, 2]
+    _agree(out)
+    bad = out[2]["stats"]
+    assert bad["rounds_failed"] == 3 * H + 1, bad  # one a step of the span
+    assert bad["heals"] == 1 and bad["steps_dropped"] > 2 * H, bad
+    assert "injected" in out[2]["error"]
+    assert out[2]["calls"] > steps  # the failed steps did not move its engine: it took more calls to the end
+    for i in (0, 1):
+        assert out[i]["stats"]["steps_delivered"] == out[i]["calls"] == steps, out[i]["stats"]
+        assert out[i]["stats"]["heals"] == 0
+    assert out[0]["global"] == out[1]["global"] == out[2]["global"]
 
 
 def test_a_non_finite_pseudo_gradient_fails_the_round_alike_and_every_replica_goes_on():
