@@ -344,6 +344,18 @@ def test_streaming_refuses_a_delay_that_would_meet_a_quorum_in_flight():
                                           sync_every=4, **_streamed(model, {"fragments": 2, "delay": 2}))
 
 
+def test_finish_after_a_failed_last_round_runs_none_and_reports_the_steps_unsent():
+    # Replica 2 dies in the last round's quorum: both survivors fail that exchange, and their finish() has no
+    # round to run on (which fragments to send depends on a round they do not hold): H steps stay local.
+    out, errors = _run(3, 4 * H, "dense", min_replicas=2, kill=(2, 4), finish=True)
+    no_errors(errors)
+    assert sorted(out) == [0, 1]
+    for rep in out.values():
+        assert rep["stats"]["rounds_failed"] == 1 and rep["stats"]["steps_unsent"] == H, rep["stats"]
+        assert rep["stats"]["steps_delivered"] == rep["calls"] - H == 3 * H, rep["stats"]
+    assert out[0]["global"] == out[1]["global"]
+
+
 def test_a_replica_killed_in_a_round_is_dropped_and_the_others_go_on():
     out, errors = _run(3, 8 * H, "e3m0", min_replicas=2, kill=(2, 3))
     no_errors(errors)
