@@ -1,6 +1,6 @@
 """FaultTolerantDiLoCo on the emulated cluster (tools/netcluster, as root): three replicas of
 examples/diloco_lm/train_ft.py in their own network namespaces at 100 Mbit/s, under tools/netcluster/faults.py's
-schedule: replica 2 SIGKILLed and restarted, replica 1's cable pulled. Real deaths and a real dead link, not
+schedule (on the steps' clock): replica 2 SIGKILLed and restarted, replica 1's cable pulled. Real deaths and a real dead link, not
 exceptions raised on cue: every replica ends at the last step with the same common model, no two replicas that
 committed a round hold different ones after it, the restarted and the cut-off replica are healed and back in
 the last rounds.
@@ -25,9 +25,11 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the emulated cluster needs root (network namespaces, veth, tc)"),
 ]
 
-STEPS = 2200  # about 30 s of training on two cores after about 8 s of start: the schedule ends inside it
-SCHEDULE = ["--kill", "2", "--first-at", "12", "--every", "100000", "--restart-after", "3",
-            "--cable", "1@18+4"]
+STEPS = 2200  # about 30 s of training on two cores after about 8 s of start
+# On the steps' clock, so that every run meets the faults at the same point of its training however fast it
+# trains: replica 2 killed at step 600 and restarted 3 s later, replica 1's cable pulled at step 1100 for 4 s.
+SCHEDULE = ["--clock", "steps", "--kill", "2", "--first-at", "600", "--every", "100000", "--restart-after", "3",
+            "--cable", "1@1100+4"]
 
 
 def _lines(path):
@@ -49,7 +51,7 @@ def test_replicas_killed_and_cut_off_on_real_links_rejoin_with_the_same_bits(tmp
                  "--log", str(tmp_path / "run")]
         driver = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "netcluster", "faults.py"), "--name",
                                  name, "--log", str(tmp_path / "events.jsonl"), "--logs", str(tmp_path / "logs"),
-                                 "--seed", "1"] + SCHEDULE + ["--"] + train,
+                                 "--seed", "1", "--progress", str(tmp_path / "run")] + SCHEDULE + ["--"] + train,
                                 env=env, capture_output=True, text=True, timeout=400)
     finally:
         subprocess.run([NETCLUSTER, "down", "--name", name], stdout=subprocess.DEVNULL)
@@ -63,7 +65,7 @@ def test_replicas_killed_and_cut_off_on_real_links_rejoin_with_the_same_bits(tmp
 
     assert driver.returncode == 0, f"faults.py exited {driver.returncode}\n{driver.stderr}\n{logs()}"
     events = _lines(tmp_path / "events.jsonl")
-    at = {(e["event"], e.get("rank")): e["t"] for e in events}
+    at = {(e["event"], e.get("rank")): e["unix"] for e in events}
     for what in [("kill", 2), ("restart", 2), ("cable_down", 1), ("cable_up", 1)]:
         assert what in at, f"the schedule's {what} did not happen: {events}"
     assert sorted(e["rank"] for e in events if e["event"] == "exit" and e["code"] == 0) == [0, 1, 2], events
@@ -72,9 +74,11 @@ def test_replicas_killed_and_cut_off_on_real_links_rejoin_with_the_same_bits(tmp
     ends = {r: [x for x in lines if x["event"] == "end"][-1] for r, lines in runs.items()}
     assert all(e["step"] == STEPS for e in ends.values()), ends
     assert len({e["hash"] for e in ends.values()}) == 1, ends
-    # Training outlasted the schedule (else the faults below were not met in training).
-    start = min(x["t"] for x in runs[0] if x["event"] == "start")
-    assert ends[0]["t"] - start > at[("cable_up", 1)] - at[("start", 0)] + 2, (ends[0], events)
+    # Training outlasted the schedule (else the faults below were not met in training), and the faults came at
+    # the steps they were asked for.
+    assert ends[0]["t"] > at[("cable_up", 1)] + 2, (ends[0], events)
+    steps_at = {(e["event"], e.get("rank")): e["step"] for e in events}
+    assert 600 <= steps_at[("kill", 2)] <= 700 and 1100 <= steps_at[("cable_down", 1)] <= 1200, events
 
     # No two replicas that committed a round at the same step hold different common models after it.
     # (A round line is logged when a replica's counters change; "committed" counts its committed rounds.)
