@@ -1,7 +1,7 @@
 """FaultTolerantDiLoCo on the emulated cluster (tools/netcluster, as root): three replicas of
 examples/diloco_lm/train_ft.py in their own network namespaces at 100 Mbit/s, under tools/netcluster/faults.py's
-schedule (on the steps' clock): replica 2 SIGKILLed and restarted, replica 1's cable pulled. Real deaths and a real dead link, not
-exceptions raised on cue: every replica ends at the last step with the same common model, no two replicas that
+schedule (on the steps' clock): replica 2 SIGKILLed and restarted, replica 1's cable pulled. Real deaths and a
+real dead link, not exceptions raised on cue: every replica ends at the last step with the same common model, no two replicas that
 committed a round hold different ones after it, the restarted and the cut-off replica are healed and back in
 the last rounds.
 
