@@ -198,6 +198,23 @@ def lm_loss(model, x, y):
 
 # --- arms ------------------------------------------------------------------------------------------------------
 
+def diloco_globals(opt, params):
+    """A function returning a commsgd_torch.DiLoCo's global model in the order of `params`. The global model is
+    the engine's copy (equal on every rank after each outer step; with fragments, each fragment's copy as of its
+    last outer step); global_parameters() returns it fragment after fragment in fragment_parameters() order,
+    mapped back here by position."""
+    local = [p for f in range(opt.num_fragments) for p in opt.fragment_parameters(f)]
+    where = {id(p): i for i, p in enumerate(local)}
+    if len(where) != len(local) or set(where) != {id(p) for p in params}:
+        raise SystemExit("diloco_lm: DiLoCo's fragments do not cover the model's parameters once each")
+    order = [where[id(p)] for p in params]
+
+    def global_params():
+        copies = opt.global_parameters()
+        return [copies[i] for i in order]
+    return global_params
+
+
 def make_arm(args, model, inner):
     """(the module to train, the optimizer to step, a function returning this rank's bytes sent or None, a
     function returning the global model's parameters in model.parameters() order)."""
@@ -213,20 +230,7 @@ def make_arm(args, model, inner):
                                    outer_momentum=args.outer_momentum, fragments=args.fragments,
                                    delay=args.delay, alpha=args.alpha, compression=args.compression,
                                    keep_delay_steps=bool(args.keep_delay_steps))
-        # The global model is the engine's copy (equal on every rank after each outer step; with fragments,
-        # each fragment's copy as of its last outer step). global_parameters() returns a copy of it, one tensor
-        # per parameter, fragment after fragment in fragment_parameters() order: map it back to the model's
-        # order by position.
-        local = [p for f in range(opt.num_fragments) for p in opt.fragment_parameters(f)]
-        where = {id(p): i for i, p in enumerate(local)}
-        if len(where) != len(local) or set(where) != {id(p) for p in params}:
-            raise SystemExit("diloco_lm: DiLoCo's fragments do not cover the model's parameters once each")
-        order = [where[id(p)] for p in params]
-
-        def global_params():
-            copies = opt.global_parameters()
-            return [copies[i] for i in order]
-        return model, opt, (lambda: opt.bytes_sent), global_params
+        return model, opt, (lambda: opt.bytes_sent), diloco_globals(opt, params)
     if args.arm == "torchft-diloco":
         return torchft_arm(args, model, inner)
     if args.arm == "hsdp":  # sharded by shard(); the bytes are the cross-replica exchange's

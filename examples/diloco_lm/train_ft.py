@@ -327,14 +327,7 @@ def main(argv=None):
                                                 delay=args.delay, alpha=args.alpha,
                                                 keep_delay_steps=bool(args.keep_delay_steps))
         steps_done = lambda: opt.inner_steps  # noqa: E731
-        # global_parameters() is fragment after fragment: back to the model's order by position.
-        by_fragment = [p for f in range(opt.num_fragments) for p in opt.fragment_parameters(f)]
-        where = {id(p): i for i, p in enumerate(by_fragment)}
-        order = [where[id(p)] for p in model.parameters()]
-
-        def global_params():
-            copies = opt.global_parameters()
-            return [copies[i] for i in order]
+        global_params = train.diloco_globals(opt, list(model.parameters()))
 
         def round_record():
             s = opt.stats()

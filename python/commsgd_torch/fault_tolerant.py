@@ -61,9 +61,9 @@ class FaultTolerantDiLoCo(DiLoCo):
        when they are at most two rounds' (a failed or missed round's and this one's): the local model becomes
        the healed common model plus this replica's steps since its own common model was last set, which this
        round's exchange carries (a round or two late). A replica with more (it trained on alone) restarts
-       from the common model, and its steps count in ``stats()["steps_dropped"]``. When the quorum formed but this replica's part of it failed
-       (rebuilding the group, a heal's transfer), the round fails as an exchange does (below), its error in
-       ``last_error``, and the next quorum tries again.
+       from the common model, and its steps count in ``stats()["steps_dropped"]``. When the quorum formed but
+       this replica's part of it failed (rebuilding the group, a heal's transfer), the round fails as an
+       exchange does (below), its error in ``last_error``, and the next step asks for a quorum again.
     2. **Weights.** When the membership changed, one 8-byte all-reduce of the inner steps each replica has
        taken since its model was last set; where they differ, the engine scales each pseudo-gradient by
        ``n w_r / sum(w)`` before its code (``set_weight``), so that the outer step takes the mean weighted by
@@ -194,7 +194,7 @@ class FaultTolerantDiLoCo(DiLoCo):
             raise _bad("delay", self.delay, f"[0, {gap}) with {num_fragments} fragments every {self.sync_every} "
                        "steps: an exchange must be applied before the next fragment's starts, so that no quorum "
                        "meets one in flight")
-        self._since, self._launched, self._delivered = [0] * num_fragments, [0] * num_fragments, [0] * num_fragments
+        self._since, self._launched, self._delivered = ([0] * num_fragments for _ in range(3))
         self._started_at = [0.0] * num_fragments  # when each fragment's last exchange started
         self._engine = self._make_engine(_solo_group(), layer_sizes, num_fragments, layout)
         self._engine.start(self._flat, broadcast=False)

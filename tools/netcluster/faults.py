@@ -21,8 +21,8 @@ seconds, as a pulled cable or a restart does.
 
 Every event is one JSON line in --log: {"t": seconds since the start, "event": start, exit, kill, restart,
 cable_down, cable_up, slow, rate_back, "rank": K, ...}, with "unix" (the wall clock, to line events up with
-the ranks' own logs) and "step" (the progress) under --clock steps. The driver ends when every rank has exited on its own
-(a killed rank waiting for its restart has not) and returns the first non-zero exit code of a rank's last run,
+the ranks' own logs) and "step" (the progress) under --clock steps. The driver ends when every rank has exited
+on its own (a killed rank waiting for its restart has not) and returns the first non-zero exit code of a rank's last run,
 or 0. Stopping the driver (Ctrl-C, SIGTERM) kills every rank's session and restores every port.
 """
 import argparse
@@ -122,19 +122,16 @@ class Driver:
         self.log.write(json.dumps(rec) + "\n")
         self.log.flush()
 
-    def at(self, due, action):
-        """`action` at `due` seconds."""
+    def at(self, due, action, timers=None):
+        """`action` at `due` seconds (or on `timers`' own clock)."""
+        timers = self.timers if timers is None else timers
         self.seq += 1
-        self.timers.append((due, self.seq, action))
-        self.timers.sort()
+        timers.append((due, self.seq, action))
+        timers.sort()
 
     def at_clock(self, due, action):
         """`action` when the schedule's clock (seconds, or steps) reaches `due`."""
-        if self.args.clock != "steps":
-            return self.at(due, action)
-        self.seq += 1
-        self.step_timers.append((due, self.seq, action))
-        self.step_timers.sort()
+        self.at(due, action, self.step_timers if self.args.clock == "steps" else None)
 
     def start(self, k):
         self.waiting.discard(k)
