@@ -24,7 +24,7 @@
 //   bench/diloco_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //                      --benchmark_out=diloco.json --benchmark_out_format=json
 #include <commsgd/comm/communicator.hpp>
-#include <commsgd/cost/diloco.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 #include <commsgd/sync/diloco_code.hpp>
 
 #include "mirror.hpp"
@@ -59,12 +59,12 @@ const char* const codes[] = {"dense", "fp16", "bf16", "int8", "e3m0", "topk-0.01
 //                    outer step: 4 M, M = 4 d
 //   fp16, bf16       the same for the 16-bit message: 4 M, M = 2 d
 //   int8, e3m0, top-k  this rank's message written, n messages written by the gather and read to decode:
-//                    (2 n + 1) M, M = cost::diloco_code::message_bytes(d)
-double floor_bytes(const cost::diloco_code& code, std::uint64_t d, int n) {
+//                    (2 n + 1) M, M = sync::diloco_code::message_bytes(d)
+double floor_bytes(const sync::diloco_code& code, std::uint64_t d, int n) {
   const double D = static_cast<double>(d);
   const double M = static_cast<double>(code.message_bytes(d));
   double b = 24.0 * D;
-  if (code.format == cost::diloco_format::top_k) b += 8.0 * D;
+  if (code.format == sync::diloco_format::top_k) b += 8.0 * D;
   b += code.gathered() ? (2.0 * n + 1.0) * M : 4.0 * M;
   return b;
 }
@@ -102,7 +102,7 @@ std::pair<std::vector<std::byte>, std::vector<std::byte>>& floor_buffers(std::si
 void outer_round(benchmark::State& state, const char* name) {
   const auto d = static_cast<std::size_t>(state.range(0));
   const int n = static_cast<int>(state.range(1));
-  const auto code = cost::diloco_code::parse(name);
+  const auto code = sync::diloco_code::parse(name);
   auto& in = inputs(d);
   const double floor = floor_bytes(code, d, n);
   const auto half = static_cast<std::size_t>(floor / 2);

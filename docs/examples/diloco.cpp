@@ -30,7 +30,7 @@ int main() {
     // [loop]
     sync::coded_diloco<comm::local> s(comm, layer_sizes,
                                       {.sync_every = 10, .fragments = 2, .delay = 3, .alpha = 0.5f},
-                                      cost::diloco_code::parse("e3m0"));
+                                      sync::diloco_code::parse("e3m0"));
     s.start(theta); // rank 0's model on every rank; the common model kept
     for (int t = 0; t < steps; ++t) {
       inner_optimizer_step(theta, t); // the trainer's own step on this rank's data

@@ -7,7 +7,7 @@ shapes:
   those shards, fragment by fragment, and exchanges them with its counterparts: the ranks that hold the same
   shards in the other replicas (the replicate dimension of the mesh the shard mesh was sliced from).
 - **split** (DDP inside, or a plain model every rank of the replica holds whole): rank i of the replica's L
-  ranks holds the i-th of L parts of each fragment, cut at the code's unit (cost::diloco_code::unit) so that
+  ranks holds the i-th of L parts of each fragment, cut at the code's unit (sync::diloco_code::unit) so that
   each part is coded as it is in the whole fragment, exchanges it with its counterparts, and after each outer
   step the replica all-gathers the new parts over its own ranks.
 

@@ -4,7 +4,7 @@
 // schedule, the codes, the outer step and the merge on that tensor in place, its exchanges on its own thread,
 // every call that may wait on the network without the GIL.
 //
-// The codes' names and sizes (cost/diloco.hpp) and the ring's traffic (comm/traffic.hpp) are exported as
+// The codes' names and sizes (sync/diloco_codes.hpp) and the ring's traffic (comm/traffic.hpp) are exported as
 // plain functions, so Python reads them instead of writing them again.
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
@@ -14,7 +14,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/traffic.hpp>
-#include <commsgd/cost/diloco.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 #include <commsgd/sync/diloco_code.hpp>
 
 #include <pybind11/stl.h>
@@ -59,7 +59,7 @@ public:
                                                     .keep_delay_steps = keep_delay_steps,
                                                     .layout = layout_of(layout),
                                                     .outer = {.lr = outer_lr, .momentum = outer_momentum}},
-                                                   cost::diloco_code::parse(code)) {}
+                                                   sync::diloco_code::parse(code)) {}
 
   void start(const at::Tensor& flat, bool broadcast) {
     auto x = values_of(flat, "flat");
@@ -129,7 +129,7 @@ public:
   }
   py::object residual(std::size_t p) const {
     check_fragment(p);
-    if (engine_.code().format != cost::diloco_format::top_k) return py::none();
+    if (engine_.code().format != sync::diloco_format::top_k) return py::none();
     return py::cast(tensor_of(engine_.residual(p)));
   }
   bool in_flight(std::size_t p) const {
@@ -207,7 +207,7 @@ py::list diloco_over_threads(const std::vector<at::Tensor>& trajectories,
                                .keep_delay_steps = keep_delay_steps,
                                .layout = layout_of(layout),
                                .outer = {.lr = outer_lr, .momentum = outer_momentum}};
-  const auto parsed = cost::diloco_code::parse(code);
+  const auto parsed = sync::diloco_code::parse(code);
   {
     py::gil_scoped_release unlocked;
     comm::local_group(n).run([&](comm::local& c) {
@@ -275,31 +275,31 @@ void bind_diloco(py::module_& m) {
         py::arg("outer_lr"), py::arg("outer_momentum"), py::arg("compression"),
         py::arg("keep_delay_steps") = false);
 
-  // The codes (cost/diloco.hpp) and the collectives' traffic (comm/traffic.hpp), for Python's byte counts.
+  // The codes (sync/diloco_codes.hpp) and the collectives' traffic (comm/traffic.hpp), for Python's byte counts.
   // The list of forms and the refusal's text too: a new code reaches Python with no edit here or there.
   m.def("diloco_code_forms", [] {
     std::vector<std::string> out;
-    for (const auto f : cost::diloco_code_forms())
+    for (const auto f : sync::diloco_code_forms())
       out.emplace_back(f);
     return out;
   });
-  m.def("diloco_codes_allowed", [] { return cost::diloco_codes_allowed(); });
+  m.def("diloco_codes_allowed", [] { return sync::diloco_codes_allowed(); });
   m.def(
-      "diloco_code_name", [](const std::string& text) { return cost::diloco_code::parse(text).name(); },
+      "diloco_code_name", [](const std::string& text) { return sync::diloco_code::parse(text).name(); },
       py::arg("compression"));
   m.def(
-      "diloco_code_unit", [](const std::string& code) { return cost::diloco_code::parse(code).unit(); },
+      "diloco_code_unit", [](const std::string& code) { return sync::diloco_code::parse(code).unit(); },
       py::arg("compression"));
   m.def(
       "diloco_message_bytes",
       [](const std::string& code, std::uint64_t d) {
-        return cost::diloco_code::parse(code).message_bytes(d);
+        return sync::diloco_code::parse(code).message_bytes(d);
       },
       py::arg("compression"), py::arg("values"));
   m.def(
       "diloco_round_traffic",
       [](const std::string& code, std::uint64_t d, int n, int rank, bool first_round) {
-        return traffic_as_dict(cost::diloco_code::parse(code).round_traffic(d, n, rank, first_round));
+        return traffic_as_dict(sync::diloco_code::parse(code).round_traffic(d, n, rank, first_round));
       },
       py::arg("compression"), py::arg("values"), py::arg("ranks"), py::arg("rank"), py::arg("first_round"));
   m.def(

@@ -11,7 +11,7 @@
 #include <commsgd/compress/bit_pack.hpp>
 #include <commsgd/compress/half.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
-#include <commsgd/cost/diloco.hpp>
+#include <commsgd/cost/compress.hpp>
 #include <commsgd/cuda.cuh>
 #include <commsgd/select/compact.hpp>
 #include <commsgd/select/exact.hpp>

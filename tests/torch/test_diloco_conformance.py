@@ -2,7 +2,7 @@
 (sync::diloco) on 2 thread ranks over comm::local fed the same inner steps, hold the same global model bits and
 the same byte counts after every step, for every code, one fragment and two with a delay. The torch run's
 bytes are also those its comm::metered counted (point-to-point messages as sent, collectives charged by
-comm/traffic.hpp's rules), and those the codes' sizes (cost/diloco.hpp) predict. That the rules are the bytes
+comm/traffic.hpp's rules), and those the codes' sizes (sync/diloco_codes.hpp) predict. That the rules are the bytes
 that travel is measured in C++, where comm::over_messages runs the collectives out of counted messages
 (tests/unit/sync_diloco_code.cpp, tests/conformance/cases.hpp, over comm::process_group too)."""
 import io

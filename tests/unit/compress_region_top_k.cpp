@@ -7,7 +7,7 @@
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/compress/half.hpp>
 #include <commsgd/compress/region_top_k.hpp>
-#include <commsgd/cost/diloco.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #include <support/compressor_ranks.hpp>
 #include <support/top_k_cases.hpp>
@@ -103,7 +103,7 @@ TEST_CASE("region_top_k's bytes a rank: flat in n while the chunks are at least 
   CHECK(static_cast<double>(bytes(8)) <= 1.25 * static_cast<double>(bytes(4)));
   CHECK(ring8 / static_cast<double>(bytes(8)) >= 100.0);
   CHECK(bytes(30) < 8 * c.k() + 40 * 30);
-  const auto gathered = cost::diloco_code::parse("topk-0.01-c4096-2bit-senders");
+  const auto gathered = sync::diloco_code::parse("topk-0.01-c4096-2bit-senders");
   CHECK(gathered.round_traffic(120576, 8, 0, false).bytes_sent >
         2 * gathered.round_traffic(120576, 4, 0, false).bytes_sent);
 }
@@ -121,7 +121,7 @@ TEST_CASE("a cut index outside its chunk, or not above the one before, is corrup
 }
 
 TEST_CASE("the regions code's name, parts and sizes in cost/") {
-  const auto code = cost::diloco_code::parse("topk-0.01-c4096-b0.95-regions");
+  const auto code = sync::diloco_code::parse("topk-0.01-c4096-b0.95-regions");
   CHECK(code.regions);
   CHECK(code.name() == "topk-0.01-c4096-b0.95-regions");
   CHECK(code.unit() == 4096);
@@ -129,7 +129,7 @@ TEST_CASE("the regions code's name, parts and sizes in cost/") {
   CHECK(code.message_bytes(8192) == 2 * 82 + (12 * 82 + 7) / 8);
   for (const char* bad : {"topk-0.01-2bit-regions", "topk-0.01-regions-senders", "topk-0.01-regions-shared",
                           "topk-0.01-regions-regions"})
-    CHECK_THROWS_AS(cost::diloco_code::parse(bad), invalid_argument);
+    CHECK_THROWS_AS(sync::diloco_code::parse(bad), invalid_argument);
   for (int n : {1, 2, 3, 8})
     for (int r = 0; r < n; ++r)
       CHECK(code.round_traffic(10000, n, r, r == 0) ==

@@ -7,7 +7,7 @@
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/compress/half.hpp>
 #include <commsgd/compress/shared_top_k.hpp>
-#include <commsgd/cost/diloco.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #include <support/compressor_ranks.hpp>
 #include <support/top_k_cases.hpp>
@@ -133,7 +133,7 @@ TEST_CASE(
   CHECK(static_cast<double>(most(16)) <= 1.25 * static_cast<double>(most(8)));
   CHECK(most(30) < 6 * c.k() + 40 * 30); // 30 ranks: one chunk a rank
   // The gathered top-k code of the same density grows with n.
-  const auto gathered = cost::diloco_code::parse("topk-0.01-c4096-2bit");
+  const auto gathered = sync::diloco_code::parse("topk-0.01-c4096-2bit");
   CHECK(gathered.round_traffic(120576, 8, 0, false).bytes_sent >
         2 * gathered.round_traffic(120576, 4, 0, false).bytes_sent);
 }
@@ -174,7 +174,7 @@ TEST_CASE("an index outside its chunk, or not above the one before, is corrupt_d
 }
 
 TEST_CASE("the shared code's name, parts and sizes in cost/") {
-  const auto code = cost::diloco_code::parse("topk-0.01-c4096-b0.95-shared");
+  const auto code = sync::diloco_code::parse("topk-0.01-c4096-b0.95-shared");
   CHECK(code.shared);
   CHECK(code.name() == "topk-0.01-c4096-b0.95-shared");
   CHECK(code.unit() == 4096);
@@ -182,7 +182,7 @@ TEST_CASE("the shared code's name, parts and sizes in cost/") {
   // 2 bytes a value and 12-bit indices: 41 + 41 values over two chunks of 4096.
   CHECK(code.message_bytes(8192) == 2 * 82 + (12 * 82 + 7) / 8);
   for (const char* bad : {"topk-0.01-2bit-shared", "topk-0.01-shared-senders", "topk-0.01-shared-shared"})
-    CHECK_THROWS_AS(cost::diloco_code::parse(bad), invalid_argument);
+    CHECK_THROWS_AS(sync::diloco_code::parse(bad), invalid_argument);
   for (int n : {1, 2, 3, 8})
     for (int r = 0; r < n; ++r)
       CHECK(code.round_traffic(10000, n, r, r == 0) ==

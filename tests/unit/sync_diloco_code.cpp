@@ -1,4 +1,4 @@
-// The codes of DiLoCo named at run time (cost/diloco.hpp, sync/diloco_code.hpp): names round-trip and bad
+// The codes of DiLoCo named at run time (sync/diloco_codes.hpp, sync/diloco_code.hpp): names round-trip and bad
 // ones are refused; the sizes cost/ gives are the compressors' own; sync::coded_diloco is the engine of that
 // code bit for bit; the bytes the engine counts are those its rounds hand the transport (comm::over_messages
 // runs every collective out of point-to-point messages, comm::metered counts them) and those cost/ predicts;
@@ -6,7 +6,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/over_messages.hpp>
-#include <commsgd/cost/diloco.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 #include <commsgd/sync/diloco_code.hpp>
 #include <support/least_squares.hpp>
 #include <support/train_ranks.hpp>
@@ -20,8 +20,8 @@
 #include <vector>
 
 using namespace commsgd;
-using cost::diloco_code;
-using cost::diloco_format;
+using sync::diloco_code;
+using sync::diloco_format;
 
 namespace {
 
@@ -393,7 +393,7 @@ TEST_CASE("parts cut at the code's unit are coded in the whole's sizes, for ever
         // Whole blocks and chunks cost the same wherever they are cut: the block codes' sums are exact; a
         // top-k part packs its values and its indices apart, each rounded up to a byte (and a last part
         // shorter than a chunk may need fewer index bits).
-        if (code.format == cost::diloco_format::top_k) {
+        if (code.format == sync::diloco_format::top_k) {
           CHECK(sum <= code.message_bytes(d) + 2 * (parts - 1));
           CHECK(sum + 8 >= code.message_bytes(d));
         } else {

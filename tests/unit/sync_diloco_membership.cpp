@@ -59,7 +59,7 @@ TEST_CASE(
         // The survivors' group, made while everyone is there (a split is collective).
         comm::local two = c.split(c.rank() < 2 ? 0 : 1, c.rank());
         const sync::diloco_options o{.sync_every = H, .outer = {.lr = 0.8f, .momentum = 0.5f}};
-        sync::coded_diloco<comm::local> e(c, layers, o, cost::diloco_code::parse(code));
+        sync::coded_diloco<comm::local> e(c, layers, o, sync::diloco_code::parse(code));
         std::mt19937 rng(seed * 17u + static_cast<unsigned>(c.rank()));
         std::vector<float> x(total);
         for (std::size_t i = 0; i < total; ++i)
@@ -83,7 +83,7 @@ TEST_CASE(
         CHECK(e.exchanges_applied() == 1);
         CHECK(x == local_before); // the local model keeps the round's steps
         // The outer state (common model, momentum, residuals) bit for bit; the step count moved on.
-        sync::coded_diloco<comm::local> probe(c, layers, o, cost::diloco_code::parse(code));
+        sync::coded_diloco<comm::local> probe(c, layers, o, sync::diloco_code::parse(code));
         std::istringstream is(before, std::ios::binary);
         probe.load(is);
         for (std::size_t p = 0; p < e.num_fragments(); ++p) {
@@ -110,7 +110,7 @@ TEST_CASE("rebind() is refused while an exchange is in flight, and allowed once 
   comm::local_group(2).run([&](comm::local& c) {
     comm::local same = c.split(0, c.rank());
     const sync::diloco_options o{.sync_every = 4, .delay = 2};
-    sync::coded_diloco<comm::local> e(c, layers, o, cost::diloco_code::parse("dense"));
+    sync::coded_diloco<comm::local> e(c, layers, o, sync::diloco_code::parse("dense"));
     std::vector<float> x(total, 1.0f);
     e.start(x);
     for (int s = 0; s < 4; ++s)
@@ -137,7 +137,7 @@ TEST_CASE("set_weight: the outer step takes the mean weighted by each rank's wei
     CAPTURE(code);
     comm::local_group(2).run([&](comm::local& c) {
       const sync::diloco_options o{.sync_every = 1, .outer = {.lr = 1.0f, .momentum = 0.0f}};
-      sync::coded_diloco<comm::local> e(c, layers, o, cost::diloco_code::parse(code));
+      sync::coded_diloco<comm::local> e(c, layers, o, sync::diloco_code::parse(code));
       CHECK(e.weight() == 1.0f);
       std::vector<float> x(total, 1.0f);
       e.start(x);
@@ -160,7 +160,7 @@ TEST_CASE("set_weight: the outer step takes the mean weighted by each rank's wei
   }
   // Out of [0, n] or not a number: refused, naming the argument, with the weight as it was.
   comm::local_group(2).run([&](comm::local& c) {
-    sync::coded_diloco<comm::local> e(c, layers, {}, cost::diloco_code::parse("dense"));
+    sync::coded_diloco<comm::local> e(c, layers, {}, sync::diloco_code::parse("dense"));
     for (float bad :
          {-0.5f, 2.5f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
       CAPTURE(bad);

@@ -3,7 +3,7 @@
 // the engine reading it again: the refusal must name the same count and first index as reading it does (dense,
 // whose sum the engine reads, beside them). fp16 and bf16 refuse such a sum inside their ring.
 #include <commsgd/comm/local.hpp>
-#include <commsgd/cost/diloco.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/sync/diloco_code.hpp>
 
@@ -32,7 +32,7 @@ TEST_CASE("a sum that overflows is refused naming its count and first index, wha
       std::vector<std::string> what;
       comm::local_group(2).run([&](comm::local& c) {
         sync::coded_diloco<comm::local> s(c, {d}, {.sync_every = 1, .fragments = 1, .delay = 0},
-                                          cost::diloco_code::parse(name));
+                                          sync::diloco_code::parse(name));
         std::vector<float> x(d, 0.0f);
         s.start(x);
         // Each rank's pseudo-gradient 0 - x is finite; at `big` two ranks' 3e38 sum past the largest float.
@@ -69,7 +69,7 @@ TEST_CASE("fp16 and bf16 refuse an overflowing sum in their ring; the engine doe
     std::vector<std::string> what;
     comm::local_group(2).run([&](comm::local& c) {
       sync::coded_diloco<comm::local> s(c, {d}, {.sync_every = 1, .fragments = 1, .delay = 0},
-                                        cost::diloco_code::parse(name));
+                                        sync::diloco_code::parse(name));
       std::vector<float> x(d, 0.0f);
       s.start(x);
       x[17] = big;

@@ -1,7 +1,7 @@
 // compress::region_top_k: every rank's own top-k with error feedback, summed by the owner of each chunk
 // (Ok-Topk's region sums, for DiLoCo's pseudo-gradients) and cut again to the chunk's k, so that a rank's
 // bytes a round do not grow with the number of ranks; the codes "topk-<density>[-c<chunk>][-b<decay>]-regions"
-// (cost/diloco.hpp).
+// (sync/diloco_codes.hpp).
 //
 // Why: a gathered top-k code (top_k_ef) sends each rank's message to the n - 1 others, and the sum holds up to
 // n k values. Here each chunk has an owner, and the sum of a chunk is cut to its k largest before it travels,

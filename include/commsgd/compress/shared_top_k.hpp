@@ -1,6 +1,6 @@
 // compress::shared_top_k: top-k with error feedback whose indices every rank shares, so that the values are
 // summed by a ring all-reduce and a rank's bytes a round do not grow with the number of ranks; for DiLoCo's
-// pseudo-gradients, the codes "topk-<density>[-c<chunk>][-b<decay>]-shared" (cost/diloco.hpp).
+// pseudo-gradients, the codes "topk-<density>[-c<chunk>][-b<decay>]-shared" (sync/diloco_codes.hpp).
 //
 // Why: a top-k code whose every rank picks its own indices must gather n - 1 messages, so a rank receives
 // (n - 1) k pairs a round, and a value one rank sends is averaged with n - 1 zeros. With one set of indices

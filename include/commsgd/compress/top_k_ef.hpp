@@ -1,6 +1,6 @@
 // compress::top_k_ef: the largest |p_i| of p = decay e + g sent as (value, index) pairs, the rest kept in the
 // residual; for DiLoCo's pseudo-gradients: the codes "topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]"
-// (cost/diloco.hpp), SparseLoCo's recipe among them.
+// (sync/diloco_codes.hpp), SparseLoCo's recipe among them.
 //
 // Per round, the d values cut into chunks of `chunk` values (0: one chunk of all d; the last chunk shorter
 // when chunk does not divide d), each with its own k = ceil(density * its length) (cost/top_k_plan.hpp):

@@ -36,6 +36,9 @@ constexpr comm::traffic compress_header_traffic(int n) noexcept {
   return comm::all_gather_traffic(compress_header_bytes, n);
 }
 
+// Values per scale of DiLoCo's int8 and e3m0 codes (sync/diloco_codes.hpp; the device round's default).
+inline constexpr std::uint64_t diloco_block_size = 256;
+
 // Bytes of a block-quantised message: a float scale per block, then `bits` per value, packed.
 constexpr std::uint64_t block_quant_message_bytes(std::uint64_t d, std::uint64_t block_size,
                                                   unsigned bits) noexcept {

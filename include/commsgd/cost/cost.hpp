@@ -4,7 +4,6 @@
 #include <commsgd/cost/candidate.hpp>
 #include <commsgd/cost/coding_traffic.hpp>
 #include <commsgd/cost/compress.hpp>
-#include <commsgd/cost/diloco.hpp>
 #include <commsgd/cost/gradient_code.hpp>
 #include <commsgd/cost/overlap.hpp>
 #include <commsgd/cost/powersgd.hpp>

@@ -1,7 +1,7 @@
 // How the top-k codes lay out what they send, worked out in one place: the chunks, each chunk's k, the bits
 // of an index, where each part of a message starts and how long it is. The compressors that write these
 // messages (compress/top_k_ef.hpp, shared_top_k.hpp, region_top_k.hpp), the byte counts of the codes
-// (cost/diloco.hpp) and the device round (cuda/diloco/) all read it, so what is sent, what is charged and
+// (sync/diloco_codes.hpp) and the device round (cuda/diloco/) all read it, so what is sent, what is charged and
 // what the device writes cannot drift apart.
 //
 // It sits in cost/ rather than compress/ because the byte counts need it and includes go one way,
@@ -107,7 +107,7 @@ constexpr std::uint64_t top_k_message_bytes(const top_k_chunks& c, bool two_bit)
   return top_k_plan::of(c, two_bit).bytes;
 }
 
-// What the flat-in-n codes (shared, regions) move of the k values a round, the figure cost/diloco.hpp gives
+// What the flat-in-n codes (shared, regions) move of the k values a round, the figure sync/diloco_codes.hpp gives
 // as their message: the values in 16 bits and their indices, packed.
 constexpr std::uint64_t top_k_16_bit_payload_bytes(const top_k_chunks& c) noexcept {
   return 2 * c.k() + packed_field_bytes(c.k(), c.index_bits);

@@ -11,6 +11,7 @@
 #include <commsgd/sync/dense_exchange.hpp>
 #include <commsgd/sync/diloco.hpp>
 #include <commsgd/sync/diloco_code.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 #include <commsgd/sync/exchange_thread.hpp>
 #include <commsgd/sync/first_arrivals.hpp>
 #include <commsgd/sync/local_sgd.hpp>

@@ -31,7 +31,7 @@
 
 #include <commsgd/compress/block_quant.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
-#include <commsgd/cost/diloco.hpp>
+#include <commsgd/cost/compress.hpp>
 #include <commsgd/cost/top_k_plan.hpp>
 #include <commsgd/cuda/diloco/kernels.cuh>
 #include <commsgd/cuda/diloco/top_k_kernels.cuh>

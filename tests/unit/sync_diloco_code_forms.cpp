@@ -1,7 +1,7 @@
-// The list of code forms in cost/diloco.hpp, which the refusal and Python's COMPRESSIONS read, against what
+// The list of code forms in sync/diloco_codes.hpp, which the refusal and Python's COMPRESSIONS read, against what
 // parse accepts: a form that parse refused, or a code parse takes that the list leaves out of the refusal,
 // would send a user to a name that does not work.
-#include <commsgd/cost/diloco.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 
 #include <doctest/doctest.h>
 
@@ -36,27 +36,27 @@ std::string instance(std::string_view form, bool optional_parts) {
 } // namespace
 
 TEST_CASE("every listed form parses, bare and with all its parts, and writes its name back alike") {
-  const auto forms = cost::diloco_code_forms();
-  REQUIRE(forms.size() == std::size(cost::diloco_words) + std::size(cost::diloco_top_k_forms));
+  const auto forms = sync::diloco_code_forms();
+  REQUIRE(forms.size() == std::size(sync::diloco_words) + std::size(sync::diloco_top_k_forms));
   for (const auto form : forms) {
     for (bool full : {false, true}) {
       const auto name = instance(form, full);
       CAPTURE(name);
-      CHECK(cost::diloco_code::parse(name).name() == name);
+      CHECK(sync::diloco_code::parse(name).name() == name);
     }
   }
   CHECK(instance(forms.back(), true) == "topk-0.25-c64-b0.5-regions");
-  for (const auto& w : cost::diloco_words)
-    CHECK(cost::diloco_code::parse(w.name).format == w.format);
+  for (const auto& w : sync::diloco_words)
+    CHECK(sync::diloco_code::parse(w.name).format == w.format);
 }
 
 TEST_CASE("a refusal names every form and the ranges of their numbers") {
-  const auto allowed = cost::diloco_codes_allowed();
-  for (const auto form : cost::diloco_code_forms())
+  const auto allowed = sync::diloco_codes_allowed();
+  for (const auto form : sync::diloco_code_forms())
     CHECK(allowed.find(std::string("'") + std::string(form) + "'") != std::string::npos);
-  CHECK(allowed.find(std::string(cost::diloco_top_k_ranges)) != std::string::npos);
+  CHECK(allowed.find(std::string(sync::diloco_top_k_ranges)) != std::string::npos);
   CHECK(allowed.starts_with("'dense', 'fp16', "));
   const std::string refusal =
       "argument 'compression' = 'fp4' is not a code; the allowed codes are " + allowed;
-  CHECK_THROWS_WITH_AS(cost::diloco_code::parse("fp4"), doctest::Contains(refusal.c_str()), invalid_argument);
+  CHECK_THROWS_WITH_AS(sync::diloco_code::parse("fp4"), doctest::Contains(refusal.c_str()), invalid_argument);
 }

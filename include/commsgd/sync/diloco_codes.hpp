@@ -1,7 +1,8 @@
-// The codes a DiLoCo pseudo-gradient travels in: their one set of names, their message sizes and the bytes a
-// rank sends a round. sync::diloco runs them (sync/diloco_code.hpp makes the engine for a code named at run
-// time), compress/ implements them, commsgd_torch reads names and sizes from here through its extension.
-// How a top-k message is laid out is cost/top_k_plan.hpp's; this file only adds its sizes up per code.
+// The registry of the codes a DiLoCo pseudo-gradient travels in: their one set of names, their message sizes,
+// the bytes a rank sends a round, and the engine each one runs (sync::diloco over its compressor of compress/).
+// sync::coded_diloco (sync/diloco_code.hpp) runs a code named at run time from here; commsgd_torch reads the
+// names and sizes through its extension, so a code added here reaches Python with no binding edit. How a
+// top-k message is laid out is cost/top_k_plan.hpp's; this file only adds its sizes up per code.
 // The names are those of the exchanges in cost/candidate.hpp ("dense", "fp16", "topk-<density>", ...).
 //
 //   name            compressor (compress/)         message (d values)                    the round
@@ -35,11 +36,19 @@
 // in their first): a refusal (NaN, inf, ranks built differently) reaches every rank with the payload.
 #pragma once
 
+#include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/traffic.hpp>
+#include <commsgd/compress/block_quant.hpp>
+#include <commsgd/compress/half.hpp>
+#include <commsgd/compress/region_top_k.hpp>
+#include <commsgd/compress/shared_top_k.hpp>
+#include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/cost/top_k_plan.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/select/laplace_bisect.hpp>
+#include <commsgd/sync/diloco.hpp>
 
 #include <charconv>
 #include <cstddef>
@@ -47,14 +56,13 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
+#include <variant>
 #include <vector>
 
-namespace commsgd::inline v1::cost {
+namespace commsgd::inline v1::sync {
 
 enum class diloco_format : std::uint8_t { dense, fp16, bf16, int8, e3m0, top_k };
-
-// Values per scale of the int8 and e3m0 codes.
-inline constexpr std::uint64_t diloco_block_size = 256;
 
 // The codes whose name is a single word.
 struct diloco_word {
@@ -187,7 +195,7 @@ struct diloco_code {
     switch (format) {
     case diloco_format::int8:
     case diloco_format::e3m0:
-      return diloco_block_size;
+      return cost::diloco_block_size;
     case diloco_format::top_k:
       return chunk;
     default:
@@ -204,12 +212,13 @@ struct diloco_code {
     case diloco_format::bf16:
       return 2 * d;
     case diloco_format::int8:
-      return block_quant_message_bytes(d, diloco_block_size, 8);
+      return cost::block_quant_message_bytes(d, cost::diloco_block_size, 8);
     case diloco_format::e3m0:
-      return block_quant_message_bytes(d, diloco_block_size, 4);
+      return cost::block_quant_message_bytes(d, cost::diloco_block_size, 4);
     case diloco_format::top_k:
-      if (shared || regions) return top_k_16_bit_payload_bytes(top_k_chunks::of(d, chunk, density));
-      return top_k_plan::of(d, chunk, density, two_bit).bytes;
+      if (shared || regions)
+        return cost::top_k_16_bit_payload_bytes(cost::top_k_chunks::of(d, chunk, density));
+      return cost::top_k_plan::of(d, chunk, density, two_bit).bytes;
     }
     return 0;
   }
@@ -222,15 +231,101 @@ struct diloco_code {
       return comm::ring_all_reduce_traffic(d, sizeof(float), n, rank);
     case diloco_format::fp16:
     case diloco_format::bf16:
-      return half_traffic(d, n, rank, first_round);
+      return cost::half_traffic(d, n, rank, first_round);
     case diloco_format::top_k:
-      if (shared) return shared_top_k_traffic(top_k_chunks::of(d, chunk, density), n, rank);
-      if (regions) return region_top_k_traffic(top_k_chunks::of(d, chunk, density), n);
+      if (shared) return cost::shared_top_k_traffic(cost::top_k_chunks::of(d, chunk, density), n, rank);
+      if (regions) return cost::region_top_k_traffic(cost::top_k_chunks::of(d, chunk, density), n);
       [[fallthrough]];
     default:
-      return compress_header_traffic(n) + comm::all_gather_traffic(message_bytes(d), n);
+      return cost::compress_header_traffic(n) + comm::all_gather_traffic(message_bytes(d), n);
     }
   }
 };
 
-} // namespace commsgd::inline v1::cost
+// The engine of each code: sync::diloco over the compressor of compress/ with the settings DiLoCo uses:
+//   fp16, bf16    the 16-bit ring all-reduce, no error feedback
+//   int8, e3m0    blocks of 256 values (cost::diloco_block_size), no error feedback: a pseudo-gradient is a
+//                 whole round's progress, and what its code drops is not owed to the next round
+//   topk-<d>...   top_k_ef, per chunk when the name has -c<chunk>, 2-bit values with -2bit, its residual
+//                 carried from round to round (decayed by -b<decay>; the error feedback is the method). Each
+//                 chunk's k largest are found by laplace_bisect warm-started from that chunk's threshold of
+//                 the last round and trimmed to exactly k (ties to the lowest index): the set exact selection
+//                 gives, bit for bit (its speed on DiLoCo's real accumulators: docs/diloco.md, top-k)
+//   topk-...-shared  shared_top_k, the same selection by each chunk's leader of the round, the values summed
+//                 by a bf16 ring (bytes a rank flat in n)
+//   topk-...-regions  region_top_k, each rank's picks summed by the chunk's owner, the means over the
+//                 senders cut to k and all-gathered (bytes a rank flat in n)
+template <comm::communicator C>
+using diloco_engine =
+    std::variant<diloco<C>, diloco<C, compress::fp16>, diloco<C, compress::bf16>, diloco<C, compress::int8>,
+                 diloco<C, compress::e3m0>, diloco<C, compress::top_k_ef<select::laplace_bisect>>,
+                 diloco<C, compress::shared_top_k<select::laplace_bisect>>,
+                 diloco<C, compress::region_top_k<select::laplace_bisect>>>;
+
+namespace detail {
+
+// laplace_bisect trimmed to exactly k and warm-started from a chunk's last threshold: exact selection's set.
+inline select::laplace_bisect::options diloco_exact_warm() {
+  select::laplace_bisect::options o;
+  o.trim = true;
+  o.warm_start = true;
+  return o;
+}
+
+// The factory of a flat-in-n top-k code (shared_top_k, region_top_k): the same options, the same selector.
+template <class X>
+auto diloco_flat_top_k(const diloco_code& code) {
+  return [code](std::size_t n) {
+    return X(n,
+             {.density = code.density,
+              .chunk = static_cast<std::size_t>(code.chunk),
+              .decay = static_cast<float>(code.decay)},
+             select::laplace_bisect(diloco_exact_warm()));
+  };
+}
+
+} // namespace detail
+
+template <comm::communicator C>
+diloco_engine<C> make_diloco_engine(C& c, std::vector<std::size_t> layers, diloco_options o,
+                                    const diloco_code& code) {
+  using engine = diloco_engine<C>;
+  switch (code.format) {
+  case diloco_format::dense:
+    return engine(std::in_place_index<0>, c, std::move(layers), o);
+  case diloco_format::fp16:
+    return engine(std::in_place_index<1>, c, std::move(layers), o,
+                  [](std::size_t n) { return compress::fp16(n, {.error_feedback = false}); });
+  case diloco_format::bf16:
+    return engine(std::in_place_index<2>, c, std::move(layers), o,
+                  [](std::size_t n) { return compress::bf16(n, {.error_feedback = false}); });
+  case diloco_format::int8:
+    return engine(std::in_place_index<3>, c, std::move(layers), o, [](std::size_t n) {
+      return compress::int8(n, {.block_size = cost::diloco_block_size, .error_feedback = false});
+    });
+  case diloco_format::e3m0:
+    return engine(std::in_place_index<4>, c, std::move(layers), o, [](std::size_t n) {
+      return compress::e3m0(n, {.block_size = cost::diloco_block_size, .error_feedback = false});
+    });
+  case diloco_format::top_k:
+    if (code.shared)
+      return engine(std::in_place_index<6>, c, std::move(layers), o,
+                    detail::diloco_flat_top_k<compress::shared_top_k<select::laplace_bisect>>(code));
+    if (code.regions)
+      return engine(std::in_place_index<7>, c, std::move(layers), o,
+                    detail::diloco_flat_top_k<compress::region_top_k<select::laplace_bisect>>(code));
+    return engine(std::in_place_index<5>, c, std::move(layers), o, [code](std::size_t n) {
+      return compress::top_k_ef<select::laplace_bisect>(n,
+                                                        {.density = code.density,
+                                                         .two_bit = code.two_bit,
+                                                         .chunk = static_cast<std::size_t>(code.chunk),
+                                                         .decay = static_cast<float>(code.decay),
+                                                         .sender_mean = code.sender_mean},
+                                                        select::laplace_bisect(detail::diloco_exact_warm()));
+    });
+  }
+  throw invalid_argument(commsgd::concat("argument 'code' has format ", static_cast<int>(code.format),
+                                         ", outside the allowed codes ", diloco_codes_allowed()));
+}
+
+} // namespace commsgd::inline v1::sync
