@@ -10,7 +10,7 @@
 //
 // Namespaces: every public name of every floor is in commsgd::cuda, so users write cuda::radix or
 // cuda::batched_top_k whatever the folder, and a cuda::select would hide commsgd::select (the host types the
-// device selections return) inside commsgd::cuda. Internals go by floor: cuda::diloco_detail,
+// device selections return) inside commsgd::cuda. Internals go by floor: cuda::detail::diloco,
 // cuda::detail::batched, and cuda::detail for select/, engine/ and the shared files, since the engine's
 // states and passes are written per select/ method (CUB's agent layer to their dispatch): one search.
 //
