@@ -1,5 +1,5 @@
 // sparsify::momentum_masking: what momentum correction does with the local momentum at a sent coordinate,
-// shared by the host step (sparsify/top_k.hpp) and the device step (cuda/top_k.cuh).
+// shared by the host step (sparsify/top_k.hpp) and the device step (cuda/select/top_k.cuh).
 #pragma once
 
 #include <commsgd/config.hpp>

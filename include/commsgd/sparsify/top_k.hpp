@@ -17,7 +17,7 @@
 // so a step that throws (a NaN, a selector that refuses) leaves state and last message as they were (a
 // selector's own warm-start memory aside).
 //
-// The CUDA counterpart is cuda::top_k (commsgd/cuda/top_k.cuh, behind commsgd/cuda.cuh): the same step on
+// The CUDA counterpart is cuda::top_k (commsgd/cuda/select/top_k.cuh, behind commsgd/cuda.cuh): the same step on
 // gradients in device memory (one fused elementwise kernel for p, a device selector, cuda::compact for the
 // pairs), with the same tie rule (select::is_selected) and the same checkpoint codec (state_io.hpp); its
 // header says which states move between the two.

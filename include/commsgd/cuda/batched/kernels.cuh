@@ -1,4 +1,4 @@
-// The kernels of the batched top-k step (batched_top_k.cuh), in launch order:
+// The kernels of the batched top-k step (top_k.cuh), in launch order:
 //   begin      resets each tensor's search
 //   fused      p = g + e (u' = m u + g, p = e + u'), written once; every |p| at or above the tensor's floor
 //              (last step's threshold less a margin) goes, index and value, to the tensor's candidates;

@@ -140,9 +140,9 @@ public:
       sel_index_ = device_buffer<std::uint32_t>(layout_.k());
       sel_value_ = device_buffer<float>(layout_.k());
     }
-    verdict_ = device_buffer<diloco_detail::device_verdict>(slots);
-    host_verdict_ = detail::owned_array<diloco_detail::device_verdict, detail::pinned_memory>(slots);
-    diloco_detail::device_verdict fresh[slots];
+    verdict_ = device_buffer<detail::diloco::device_verdict>(slots);
+    host_verdict_ = detail::owned_array<detail::diloco::device_verdict, detail::pinned_memory>(slots);
+    detail::diloco::device_verdict fresh[slots];
     for (auto& v : fresh)
       v = {0, none_};
     check(cudaMemcpy(verdict_.data(), fresh, sizeof fresh, cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -172,7 +172,7 @@ public:
 
   // The common model <- the fragment's values of params (the flat model).
   void start(const float* params, cudaStream_t stream) {
-    diloco_detail::gather_kernel<><<<grid(256), 256, 0, stream>>>(table_, length_, params, global_.data());
+    detail::diloco::gather_kernel<><<<grid(256), 256, 0, stream>>>(table_, length_, params, global_.data());
     check_launch("cuda::diloco_fragment::start");
   }
 
@@ -181,31 +181,31 @@ public:
   void encode(const float* params, float weight, cudaStream_t stream) {
     reset(own_slot, stream);
     if constexpr (dense) {
-      diloco_detail::dense_encode_kernel<>
+      detail::diloco::dense_encode_kernel<>
           <<<grid(256), 256, 0, stream>>>(table_, length_, global_.data(), params, weight,
                                           reinterpret_cast<float*>(message_.data()), verdict_.data());
     } else if constexpr (top_k) {
       pending_ = true;
       check(cudaMemsetAsync(message_.data(), 0, message_.size(), stream), "cudaMemsetAsync");
       if (layout_.count == 0) return;
-      diloco_detail::top_k_encode_args a{table_,
-                                         layout_,
-                                         global_.data(),
-                                         params,
-                                         weight,
-                                         opt_.top_k.decay,
-                                         e_.data(),
-                                         r_.data(),
-                                         e_next_.data(),
-                                         r_next_.data(),
-                                         sel_index_.data(),
-                                         sel_value_.data(),
-                                         message_.data(),
-                                         verdict_.data() + own_slot};
-      diloco_detail::top_k_encode_kernel<>
-          <<<static_cast<unsigned>(layout_.count), diloco_detail::top_k_threads, 0, stream>>>(a);
+      detail::diloco::top_k_encode_args a{table_,
+                                          layout_,
+                                          global_.data(),
+                                          params,
+                                          weight,
+                                          opt_.top_k.decay,
+                                          e_.data(),
+                                          r_.data(),
+                                          e_next_.data(),
+                                          r_next_.data(),
+                                          sel_index_.data(),
+                                          sel_value_.data(),
+                                          message_.data(),
+                                          verdict_.data() + own_slot};
+      detail::diloco::top_k_encode_kernel<>
+          <<<static_cast<unsigned>(layout_.count), detail::diloco::top_k_threads, 0, stream>>>(a);
     } else {
-      diloco_detail::block_encode_kernel<Code>
+      detail::diloco::block_encode_kernel<Code>
           <<<static_cast<unsigned>(blocks()), static_cast<unsigned>(opt_.block_size), 0, stream>>>(
               table_, length_, global_.data(), params, weight, blocks(), message_.data(), verdict_.data());
     }
@@ -220,38 +220,38 @@ public:
     commsgd::check_range("n", n, 1, top_k ? 65535 : std::numeric_limits<int>::max(),
                          top_k ? "[1, 65535]" : "[1, inf)");
     reset(sum_slot, stream);
-    diloco_detail::step_args a{table_,
-                               length_,
-                               static_cast<float>(n),
-                               opt_.lr,
-                               opt_.momentum,
-                               opt_.alpha,
-                               global_.data(),
-                               velocity_.data(),
-                               params,
-                               verdict_.data() + sum_slot,
-                               verdict_.data() + own_slot};
+    detail::diloco::step_args a{table_,
+                                length_,
+                                static_cast<float>(n),
+                                opt_.lr,
+                                opt_.momentum,
+                                opt_.alpha,
+                                global_.data(),
+                                velocity_.data(),
+                                params,
+                                verdict_.data() + sum_slot,
+                                verdict_.data() + own_slot};
     if constexpr (dense) {
       const auto* sum = reinterpret_cast<const float*>(in);
-      diloco_detail::dense_check_kernel<><<<grid(256), 256, 0, stream>>>(length_, sum, a.verdict);
+      detail::diloco::dense_check_kernel<><<<grid(256), 256, 0, stream>>>(length_, sum, a.verdict);
       check_launch("cuda::diloco_fragment::apply (check)");
-      diloco_detail::dense_step_kernel<><<<grid(256), 256, 0, stream>>>(a, sum);
+      detail::diloco::dense_step_kernel<><<<grid(256), 256, 0, stream>>>(a, sum);
     } else if constexpr (top_k) {
       reset(corrupt_slot, stream);
       if (layout_.count != 0) {
         const auto blocks = static_cast<unsigned>(layout_.count);
         const bool mean = opt_.top_k.sender_mean;
-        diloco_detail::top_k_check_kernel<><<<blocks, diloco_detail::top_k_threads, 0, stream>>>(
+        detail::diloco::top_k_check_kernel<><<<blocks, detail::diloco::top_k_threads, 0, stream>>>(
             layout_, in, message_bytes(), n, mean, a.verdict, verdict_.data() + corrupt_slot);
         check_launch("cuda::diloco_fragment::apply (check)");
-        diloco_detail::top_k_step_kernel<><<<blocks, diloco_detail::top_k_threads, 0, stream>>>(
+        detail::diloco::top_k_step_kernel<><<<blocks, detail::diloco::top_k_threads, 0, stream>>>(
             a, layout_, in, message_bytes(), n, mean, verdict_.data() + corrupt_slot);
       }
     } else {
-      diloco_detail::block_check_kernel<Code><<<static_cast<unsigned>(blocks()), 256, 0, stream>>>(
+      detail::diloco::block_check_kernel<Code><<<static_cast<unsigned>(blocks()), 256, 0, stream>>>(
           length_, opt_.block_size, blocks(), in, message_bytes(), n, a.verdict);
       check_launch("cuda::diloco_fragment::apply (check)");
-      diloco_detail::block_step_kernel<Code>
+      detail::diloco::block_step_kernel<Code>
           <<<grid(256), 256, 0, stream>>>(a, opt_.block_size, blocks(), in, message_bytes(), n);
     }
     check_launch("cuda::diloco_fragment::apply");
@@ -270,7 +270,7 @@ public:
   // What the last encode and apply counted; synchronises the stream.
   diloco_verdict verdict(cudaStream_t stream) const {
     check(cudaMemcpyAsync(host_verdict_.data(), verdict_.data(),
-                          slots * sizeof(diloco_detail::device_verdict), cudaMemcpyDeviceToHost, stream),
+                          slots * sizeof(detail::diloco::device_verdict), cudaMemcpyDeviceToHost, stream),
           "cudaMemcpyAsync");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     const auto* h = host_verdict_.data();
@@ -316,10 +316,10 @@ private:
     if (c.count > max_grid)
       throw invalid_argument(commsgd::concat("argument 'top_k.chunk' = ", o.chunk, " makes ", c.count,
                                              " chunks; the device round allows at most ", max_grid));
-    if (c.size > diloco_detail::top_k_max_chunk)
+    if (c.size > detail::diloco::top_k_max_chunk)
       throw invalid_argument(commsgd::concat("argument 'top_k.chunk' = ", o.chunk, " makes chunks of ",
                                              c.size, " values; the device round allows [1, ",
-                                             diloco_detail::top_k_max_chunk,
+                                             detail::diloco::top_k_max_chunk,
                                              "] (0 only for a fragment of at most that many values)"));
     return c;
   }
@@ -343,7 +343,7 @@ private:
   // Verdict slot `which` <- a fresh one, on the stream.
   void reset(int which, cudaStream_t stream) {
     check(cudaMemcpyAsync(verdict_.data() + which, verdict_.data() + fresh_slot,
-                          sizeof(diloco_detail::device_verdict), cudaMemcpyDeviceToDevice, stream),
+                          sizeof(detail::diloco::device_verdict), cudaMemcpyDeviceToDevice, stream),
           "cudaMemcpyAsync");
   }
 
@@ -352,13 +352,13 @@ private:
   std::uint64_t length_ = 0;
   cost::top_k_plan layout_;
   device_buffer<std::uint64_t> runs_;
-  diloco_detail::run_table table_;
+  detail::diloco::run_table table_;
   device_buffer<float> global_, velocity_;
   device_buffer<float> e_, r_, e_next_, r_next_, sel_value_; // top-k
   device_buffer<std::uint32_t> sel_index_;
   device_buffer<std::byte> message_;
-  device_buffer<diloco_detail::device_verdict> verdict_;
-  detail::owned_array<diloco_detail::device_verdict, detail::pinned_memory> host_verdict_;
+  device_buffer<detail::diloco::device_verdict> verdict_;
+  detail::owned_array<detail::diloco::device_verdict, detail::pinned_memory> host_verdict_;
   bool pending_ = false; // top-k: an encoded round whose residual commit() may take
 };
 

@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace commsgd::inline v1::cuda::diloco_detail {
+namespace commsgd::inline v1::cuda::detail::diloco {
 
 // A fragment's values lie in runs of the flat model: run j holds fragment values [begin[j], begin[j + 1])
 // at flat offsets offset[j], .... Fragments have a few runs (one per layer at most), so a binary search per
@@ -204,4 +204,4 @@ __global__ void block_step_kernel(step_args a, std::uint64_t block_size, std::ui
   step_value(a, i, sum);
 }
 
-} // namespace commsgd::inline v1::cuda::diloco_detail
+} // namespace commsgd::inline v1::cuda::detail::diloco

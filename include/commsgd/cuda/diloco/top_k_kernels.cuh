@@ -16,7 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace commsgd::inline v1::cuda::diloco_detail {
+namespace commsgd::inline v1::cuda::detail::diloco {
 
 // The largest chunk the encode kernel holds in shared memory.
 inline constexpr std::uint64_t top_k_max_chunk = 4096;
@@ -265,4 +265,4 @@ __global__ void __launch_bounds__(top_k_threads)
     step_value(a, j * c.size + i, top_k_value(acc, senders, sender_mean, n, i));
 }
 
-} // namespace commsgd::inline v1::cuda::diloco_detail
+} // namespace commsgd::inline v1::cuda::detail::diloco

@@ -2,10 +2,10 @@
 // sequences every method strings together.
 #pragma once
 
-#include <commsgd/cuda/engine_kernels.cuh>
-#include <commsgd/cuda/engine_state.cuh>
+#include <commsgd/cuda/engine/kernels.cuh>
+#include <commsgd/cuda/engine/state.cuh>
+#include <commsgd/cuda/engine/tuning.cuh>
 #include <commsgd/cuda/memory.cuh>
-#include <commsgd/cuda/tuning.cuh>
 #include <commsgd/select/selector.hpp>
 
 #include <algorithm>

@@ -1,9 +1,9 @@
 // Kernels of the compaction: (index, value) pairs of the selected set, in index order.
 #pragma once
 
-#include <commsgd/cuda/engine_block.cuh>
+#include <commsgd/cuda/engine/block.cuh>
+#include <commsgd/cuda/engine/tuning.cuh>
 #include <commsgd/cuda/result.cuh>
-#include <commsgd/cuda/tuning.cuh>
 #include <commsgd/select/key.hpp>
 
 #include <cub/block/block_load.cuh>

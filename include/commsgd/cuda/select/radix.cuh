@@ -4,7 +4,7 @@
 // only those. So about 2 reads of x, no host synchronisation.
 #pragma once
 
-#include <commsgd/cuda/engine_dispatch.cuh>
+#include <commsgd/cuda/engine/dispatch.cuh>
 
 namespace commsgd::inline v1::cuda {
 

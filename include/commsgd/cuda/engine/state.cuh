@@ -14,7 +14,7 @@
 #pragma once
 
 #include <commsgd/config.hpp>
-#include <commsgd/cuda/engine_block.cuh>
+#include <commsgd/cuda/engine/block.cuh>
 #include <commsgd/cuda/result.cuh>
 #include <commsgd/select/key.hpp>
 
@@ -69,7 +69,7 @@ __device__ inline u32 window_bin(u32 key, window w) {
 struct laplace_bisect_state : search_state {
   float center; // estimate that centres the cold window pass
   double abs_sum;
-  // Warm start (laplace_kernels.cuh): up to three window passes, each of which runs only while `level`
+  // Warm start (select/laplace_kernels.cuh): up to three window passes, each of which runs only while `level`
   // names it; `win` is the next one's window, `floor_wide` the widened floor a first miss falls back to.
   u32 level;
   window win;

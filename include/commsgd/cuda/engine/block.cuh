@@ -5,7 +5,7 @@
 // Keys are commsgd::select::magnitude_key values: 31 significant bits, order of |x|, -0 == +0.
 #pragma once
 
-#include <commsgd/cuda/tuning.cuh>
+#include <commsgd/cuda/engine/tuning.cuh>
 #include <commsgd/select/key.hpp>
 
 #include <cooperative_groups.h>

@@ -1,7 +1,7 @@
 // Standalone check of an input for NaN and inf (the selections also count them in their first pass).
 #pragma once
 
-#include <commsgd/cuda/engine_dispatch.cuh>
+#include <commsgd/cuda/engine/dispatch.cuh>
 
 namespace commsgd::inline v1::cuda {
 

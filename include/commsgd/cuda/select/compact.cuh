@@ -5,8 +5,8 @@
 // counts; no host synchronisation. Indices are uint32 (for n < 2^32) or uint64, as the caller chooses.
 #pragma once
 
-#include <commsgd/cuda/compact_kernels.cuh>
 #include <commsgd/cuda/memory.cuh>
+#include <commsgd/cuda/select/compact_kernels.cuh>
 
 #include <cub/device/device_scan.cuh>
 

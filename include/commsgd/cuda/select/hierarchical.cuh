@@ -6,7 +6,7 @@
 // method is always exact (same threshold as radix). Passes: one read of x, then reads of the candidates.
 #pragma once
 
-#include <commsgd/cuda/engine_dispatch.cuh>
+#include <commsgd/cuda/engine/dispatch.cuh>
 
 namespace commsgd::inline v1::cuda {
 

@@ -6,7 +6,7 @@
 // synchronisation.
 #pragma once
 
-#include <commsgd/cuda/engine_dispatch.cuh>
+#include <commsgd/cuda/engine/dispatch.cuh>
 
 namespace commsgd::inline v1::cuda {
 

@@ -9,7 +9,7 @@
 
 namespace commsgd::inline v1::cuda {
 
-// Shared by every kernel of the selection engine (engine_block.cuh, engine_kernels.cuh).
+// Shared by every kernel of the selection engine (block.cuh, kernels.cuh).
 struct engine_tuning {
   // Threads per block of every engine kernel.
   static constexpr int block_threads = 256;

@@ -12,9 +12,9 @@
 // tracker this object keeps in device memory, so nothing is read back to the host.
 #pragma once
 
-#include <commsgd/cuda/engine_block.cuh>
-#include <commsgd/cuda/engine_state.cuh>
-#include <commsgd/cuda/tuning.cuh>
+#include <commsgd/cuda/engine/block.cuh>
+#include <commsgd/cuda/engine/state.cuh>
+#include <commsgd/cuda/engine/tuning.cuh>
 #include <commsgd/select/key.hpp>
 #include <commsgd/select/laplace_math.hpp>
 

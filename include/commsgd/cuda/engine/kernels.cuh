@@ -1,14 +1,14 @@
 // Kernels of the selection engine (the agent layer, in CUB's terms): the passes that radix, laplace_bisect,
-// hierarchical and sampled string together, each a template over the method's state (engine_state.cuh)
-// where several methods share it. The dispatch (engine_dispatch.cuh) enqueues them; block-level pieces are
-// in engine_block.cuh, sizes in tuning.cuh.
+// hierarchical and sampled string together, each a template over the method's state (state.cuh)
+// where several methods share it. The dispatch (dispatch.cuh) enqueues them; block-level pieces are
+// in block.cuh, sizes in tuning.cuh.
 //
 // Kernels that take no state type are templates (`template <class = void>`) only for their linkage: headers
 // with kernels may be included by several translation units of one program.
 #pragma once
 
-#include <commsgd/cuda/engine_block.cuh>
-#include <commsgd/cuda/engine_state.cuh>
+#include <commsgd/cuda/engine/block.cuh>
+#include <commsgd/cuda/engine/state.cuh>
 #include <commsgd/cuda/error.cuh>
 #include <commsgd/cuda/result.cuh>
 #include <commsgd/select/key.hpp>
@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(block_threads)
   *st = init;
 }
 
-// One digit of the radix search (see engine_state.cuh).
+// One digit of the radix search (see state.cuh).
 template <class State>
 __global__ void __launch_bounds__(block_threads)
     digit_pass_kernel(const float* __restrict__ x, State* st, u64* g_hist, u64* g_edge, u32* cand0,

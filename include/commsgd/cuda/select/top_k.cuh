@@ -41,12 +41,12 @@
 // selectors (exact, radix) continue bit-identically.
 #pragma once
 
-#include <commsgd/cuda/compact.cuh>
-#include <commsgd/cuda/engine_dispatch.cuh>
-#include <commsgd/cuda/laplace_bisect.cuh>
+#include <commsgd/cuda/engine/dispatch.cuh>
+#include <commsgd/cuda/engine/tuning.cuh>
 #include <commsgd/cuda/memory.cuh>
 #include <commsgd/cuda/result.cuh>
-#include <commsgd/cuda/tuning.cuh>
+#include <commsgd/cuda/select/compact.cuh>
+#include <commsgd/cuda/select/laplace_bisect.cuh>
 #include <commsgd/select/key.hpp>
 #include <commsgd/select/selector.hpp>
 #include <commsgd/sparsify/momentum_masking.hpp>

@@ -1,7 +1,7 @@
 // Kernels of `exact`: keys for the sort, and the threshold read off the sorted keys.
 #pragma once
 
-#include <commsgd/cuda/engine_kernels.cuh>
+#include <commsgd/cuda/engine/kernels.cuh>
 
 namespace commsgd::inline v1::cuda::detail {
 

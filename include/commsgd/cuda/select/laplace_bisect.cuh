@@ -15,8 +15,8 @@
 // synchronisation.
 #pragma once
 
-#include <commsgd/cuda/engine_dispatch.cuh>
-#include <commsgd/cuda/laplace_kernels.cuh>
+#include <commsgd/cuda/engine/dispatch.cuh>
+#include <commsgd/cuda/select/laplace_kernels.cuh>
 #include <commsgd/error.hpp>
 #include <commsgd/select/key.hpp>
 #include <commsgd/select/laplace_math.hpp>

@@ -2,8 +2,8 @@
 // bytes plus the key copy).
 #pragma once
 
-#include <commsgd/cuda/engine_dispatch.cuh>
-#include <commsgd/cuda/exact_kernels.cuh>
+#include <commsgd/cuda/engine/dispatch.cuh>
+#include <commsgd/cuda/select/exact_kernels.cuh>
 
 #include <cub/device/device_radix_sort.cuh>
 
