@@ -306,6 +306,30 @@ def _die_with_parent():
     return arm
 
 
+def torchft_fragments(model, P):
+    """The modules torchft's streamed DiLoCo syncs one at a time: the transformer's units (embeddings, blocks,
+    final norm) in P contiguous groups, or the whole model when P is 1."""
+    if P <= 1:
+        return [model]
+    units = [model.tok, model.pos, *model.blocks, model.ln]
+    return [nn.ModuleList(units[len(units) * f // P:len(units) * (f + 1) // P]) for f in range(P)]
+
+
+def torchft_globals(frags, diloco, params):
+    """A function giving torchft's global model in the order of `params`: each fragment's copy as of its last
+    outer step (torchft's backup of it; with FSDP2 this rank's shard of it, made a DTensor again)."""
+    def global_params():
+        by_id = {}
+        for frag, f in zip(frags, diloco._fragments):
+            for name, p in frag.named_parameters():
+                t = f.original_parameters[name]
+                if hasattr(p, "device_mesh"):
+                    t = type(p).from_local(t, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+                by_id[id(p)] = t
+        return [by_id[id(p)] for p in params]
+    return global_params
+
+
 def torchft_arm(args, model, inner):
     """torchft's DiLoCo as its users run it on CPUs: a Manager per rank of each replica group (one rank each, or
     --replica-ranks with FSDP2 inside: torchft's group of a rank then holds that rank of every replica, and its
@@ -377,10 +401,7 @@ def torchft_arm(args, model, inner):
                       init_sync=False)
     atexit.register(lambda: manager.shutdown(wait=False))
     model._torchft_keep = (store, manager)  # alive as long as the model
-    units = [model.tok, model.pos, *model.blocks, model.ln]
-    P = args.fragments
-    frags = [nn.ModuleList(units[len(units) * f // P:len(units) * (f + 1) // P]) for f in range(P)] if P > 1 \
-        else [model]
+    frags = torchft_fragments(model, args.fragments)
     # One outer optimizer per fragment, as torchft's streaming examples make them.
     outer = [torch.optim.SGD(f.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
                              nesterov=args.outer_momentum > 0)
@@ -390,17 +411,7 @@ def torchft_arm(args, model, inner):
     diloco.__enter__()
     params = list(model.parameters())
 
-    # The global model: each fragment's copy as of its last outer step (torchft's backup of it; with FSDP2 this
-    # rank's shard of it, made a DTensor again).
-    def global_params():
-        by_id = {}
-        for frag, f in zip(frags, diloco._fragments):
-            for name, p in frag.named_parameters():
-                t = f.original_parameters[name]
-                if hasattr(p, "device_mesh"):
-                    t = type(p).from_local(t, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
-                by_id[id(p)] = t
-        return [by_id[id(p)] for p in params]
+    global_params = torchft_globals(frags, diloco, params)
     # What this rank sends for the tensors handed to the group: gloo's ring all-reduce of each, among the
     # replicas (comm/traffic.hpp's count of a ring, on the sizes torchft handed over).
     from commsgd_torch import _C

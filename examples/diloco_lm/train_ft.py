@@ -7,7 +7,8 @@ tools/netcluster/faults.py start them); no default process group, so a replica c
     --arm ft-diloco       commsgd_torch.FaultTolerantDiLoCo over AdamW (--sync-every, --outer-lr,
                           --outer-momentum, --compression; streamed: --fragments, --delay, --alpha,
                           --keep-delay-steps)
-    --arm torchft-diloco  torchft.local_sgd.DiLoCo over AdamW, float32 pseudo-gradients
+    --arm torchft-diloco  torchft.local_sgd.DiLoCo over AdamW, float32 pseudo-gradients (streamed: --fragments,
+                          --delay, --alpha, the fragments train.py's torchft arm makes)
     --arm ckpt-diloco     the baseline, checkpoint-restart: commsgd_torch.DiLoCo over one gloo group, every rank
                           saving a checkpoint after each round (--ckpt-dir); a failure stops every rank's group,
                           and all start a new one (a generation counter in rank 0's store) once every rank is
@@ -68,10 +69,13 @@ def parse(argv):
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--compression", default="e3m0")
-    p.add_argument("--fragments", type=int, default=1, help="ft-diloco: streamed, P fragments (modules)")
+    p.add_argument("--fragments", type=int, default=1,
+                   help="ft-diloco, torchft-diloco: streamed, P fragments (the transformer's units)")
     p.add_argument("--delay", type=int, default=0,
-                   help="ft-diloco: tau, below the gap between two fragments' starts (sync_every / P)")
-    p.add_argument("--alpha", type=float, default=0.0, help="ft-diloco: the local weight in the merge")
+                   help="ft-diloco, torchft-diloco: tau, below the gap between two fragments' starts "
+                        "(sync_every / P)")
+    p.add_argument("--alpha", type=float, default=0.0,
+                   help="ft-diloco, torchft-diloco: the local weight in the merge")
     p.add_argument("--keep-delay-steps", type=int, default=0, choices=(0, 1),
                    help="ft-diloco: 1 merges by keeping the --delay steps whole (--alpha 0)")
     p.add_argument("--min-replicas", type=int, default=2)
@@ -116,33 +120,56 @@ def make_manager(args, rank, pg, state=None, load=None, init_sync=True):
 
 
 class TorchftSteps:
-    """The torchft arm's count of steps. At every sync, committed or not, torchft's DiLoCo puts the model back
-    to its copy of the common model, so a sync's steps reached the common model only when that sync committed,
-    and after a failed one the replica is back at the last committed step and takes those steps again (their
-    batches and learning rates too). Only a sync moves the Manager's step (its quorum, where a replica behind
-    is healed, runs inside the sync): a commit moves it by one, a heal by more, and a healed replica's steps
-    of that round are replaced by a peer's model, not delivered."""
+    """The torchft arm's count of steps, per fragment (one when not streamed). torchft's DiLoCo syncs one
+    fragment each period of sync_every / P steps (the fragment is the Manager's step mod P): the fragment's
+    pseudo-gradient leaves at the step its quorum forms (`delay` steps before the period ends; at its end when
+    delay is 0) and is applied at the period's end, where the fragment's parameters are set from the common
+    model whether the sync committed or not. So a fragment's steps reach the common model only in a sync that
+    committed, and only those taken up to the quorum: the `delay` steps after it are merged away (torchft's
+    alpha is 0 here). After a failed sync the Manager's step stays and the period's steps are taken again
+    (their batches and learning rates too). A quorum that heals this replica (the Manager's step jumps) loads
+    a peer's model: the steps of every fragment are replaced, not delivered."""
 
-    def __init__(self, sync_every):
-        self.sync_every = sync_every
-        self.since_sync = 0  # steps since the model was last set from the common one
-        self.delivered = 0
+    def __init__(self, sync_every, fragments=1, delay=0):
+        self.period = sync_every // fragments
+        self.fragments = fragments
+        self.delay = delay
+        self.local = 0  # torchft's count of steps in the period (its DiLoCo's _local_step)
+        self.since = [0] * fragments  # per fragment: steps since its parameters were set from the common model
+        self.leaving = [0] * fragments  # per fragment: the steps its pseudo-gradient in flight carries
+        self.delivered_by = [0] * fragments
+        self.syncing = None  # the fragment whose pseudo-gradient is in flight (from a healed model: none of ours)
         self.failed = 0  # syncs this replica ran that did not commit
 
-    def done(self, committed):
-        """The step this replica's model is at: the committed syncs' steps and those taken since."""
-        return committed * self.sync_every + self.since_sync
+    @property
+    def delivered(self):
+        """Steps that reached the common model: the fewest any fragment delivered."""
+        return min(self.delivered_by)
 
-    def after_step(self, before, after, synced):
-        """One inner step taken; `before` and `after` are the Manager's step around it, `synced` whether the
-        step ended with a sync."""
-        self.since_sync += 1
-        if after == before + 1:
-            self.delivered += self.since_sync
-        elif synced and after == before:
-            self.failed += 1
-        if synced or after != before:
-            self.since_sync = 0
+    def done(self, committed):
+        """The step this replica's model is at: the committed syncs' periods and the steps taken since."""
+        return committed * self.period + self.local
+
+    def after_step(self, before, after, local):
+        """One inner step taken; `before` and `after` are the Manager's step around it, `local` torchft's
+        count of steps in the period after it (0: the step ended with a sync)."""
+        self.local = local
+        self.since = [n + 1 for n in self.since]
+        synced = local == 0
+        starts = local == self.period - self.delay if self.delay > 0 else synced
+        if starts:
+            healed = after - before > (1 if self.delay == 0 and synced else 0)
+            if healed:
+                self.since = [0] * self.fragments
+            self.syncing = (after if self.delay > 0 or healed else before) % self.fragments
+            self.leaving[self.syncing] = self.since[self.syncing]
+        if synced and self.syncing is not None:
+            if after == before + 1:
+                self.delivered_by[self.syncing] += self.leaving[self.syncing]
+            elif after == before:
+                self.failed += 1
+            self.since[self.syncing] = 0
+            self.syncing = None
 
 
 @torch.no_grad()
@@ -344,16 +371,17 @@ def main(argv=None):
         # and AdamW state into the others at their first sync, after sync_every steps.
         manager, store = make_manager(args, rank, pg, state, load, init_sync=False)
         everyone_ready()
-        outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
-                                nesterov=args.outer_momentum > 0)
-        diloco = TorchftDiLoCo(manager, [model], inner, outer, sync_every=args.sync_every)
+        # Streamed as train.py's torchft arm is (one outer optimizer a fragment, as torchft's examples make them).
+        frags = train.torchft_fragments(model, args.fragments)
+        outer = [torch.optim.SGD(f.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
+                                 nesterov=args.outer_momentum > 0) for f in frags]
+        diloco = TorchftDiLoCo(manager, frags, inner, outer, sync_every=args.sync_every,
+                               fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha)
         diloco.__enter__()
         opt = inner
-        counts = TorchftSteps(args.sync_every)
+        counts = TorchftSteps(args.sync_every, args.fragments, args.delay)
         steps_done = lambda: counts.done(manager.current_step())  # noqa: E731
-        frag = diloco._fragments[0]
-        names = [n for n, _ in model.named_parameters()]
-        global_params = lambda: [frag.original_parameters[n] for n in names]  # noqa: E731
+        global_params = train.torchft_globals(frags, diloco, list(model.parameters()))
 
         def round_record():
             return {"committed": manager.current_step(), "failed": counts.failed,
@@ -375,8 +403,7 @@ def main(argv=None):
         else:
             before = manager.current_step()
             opt.step()  # torchft's DiLoCo hooks the inner step; every sync_every it runs the round
-            # A sync ran when torchft's count of local steps went back to 0 (it does, committed or not).
-            counts.after_step(before, manager.current_step(), diloco._local_step == 0)
+            counts.after_step(before, manager.current_step(), diloco._local_step)
         taken += 1
         rec = round_record()
         rec["taken"] = taken

@@ -108,7 +108,11 @@ class FaultTolerantDiLoCo(DiLoCo):
     survivor whose collective completed applies and commits it, and the others heal from it at the next
     fragment's quorum (its shared state holds every fragment's common model and momentum), their steps
     carried as in 1. Steps are counted per fragment (``steps_delivered`` is the fewest any fragment
-    delivered), and the weights of 2. use the steps of the fragment that starts.
+    delivered), and the weights of 2. use the steps of the fragment that starts. The ``delay`` steps taken
+    while a fragment's exchange is in flight are delivered by its next exchange with ``keep_delay_steps``
+    (the merge keeps them whole); otherwise the merge sets the fragment to the new common model (with
+    ``alpha`` of the local one), and they are not delivered: ``stats()["steps_merged"]`` is the most any
+    fragment lost so.
 
     Args:
         model, inner_optimizer, sync_every, outer_lr, outer_momentum, compression: as :class:`DiLoCo`.
@@ -195,6 +199,7 @@ class FaultTolerantDiLoCo(DiLoCo):
                        "steps: an exchange must be applied before the next fragment's starts, so that no quorum "
                        "meets one in flight")
         self._since, self._launched, self._delivered = ([0] * num_fragments for _ in range(3))
+        self._merged = [0] * num_fragments  # steps taken while its exchange was in flight, merged away at its end
         self._started_at = [0.0] * num_fragments  # when each fragment's last exchange started
         self._engine = self._make_engine(_solo_group(), layer_sizes, num_fragments, layout)
         self._engine.start(self._flat, broadcast=False)
@@ -386,6 +391,11 @@ class FaultTolerantDiLoCo(DiLoCo):
         for p in range(self.num_fragments):
             if ok and p in applying:
                 self._delivered[p] += self._launched[p]
+                if self.delay and not self.keep_delay_steps:
+                    # The merge sets the fragment to the new common model (alpha of its local one mixed in): the
+                    # steps taken while its exchange was in flight are not carried whole, so none count.
+                    self._merged[p] += self._since[p]
+                    self._since[p] = 0
             else:  # not exchanged: the local model keeps the steps, and the fragment's next exchange carries them
                 self._since[p] += self._launched[p]
             self._launched[p] = 0
@@ -447,6 +457,7 @@ class FaultTolerantDiLoCo(DiLoCo):
                  heals_at_start=self.heals_at_start, rounds_missed=self.rounds_missed,
                  deadline_ms=round(self.deadline * 1000), failed_exchange_ms=round(self.failed_exchange_s * 1000),
                  replicas=self._world, steps_delivered=self.steps_delivered, steps_dropped=self.steps_dropped,
+                 steps_merged=max(self._merged) if self._merged else 0,
                  steps_unsent=max(self._since) if self._since else 0,
                  weight_e6=round(self._engine.weight() * 1e6))
         return s

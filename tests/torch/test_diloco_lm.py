@@ -233,15 +233,38 @@ def test_torchft_steps_count_a_heal_as_no_delivery():
     import train_ft
     c = train_ft.TorchftSteps(3)
     seen = []
-    script = [(0, 0, False), (0, 0, False), (0, 1, True),  # a round committed
-              (1, 1, False), (1, 1, False), (1, 1, True),  # a round failed: back to step 3
-              (1, 1, False), (1, 1, False), (1, 3, True),  # healed to the others' step 3 of H
-              (3, 3, False)]
-    for before, after, synced in script:
-        c.after_step(before, after, synced)
+    script = [(0, 0, 1), (0, 0, 2), (0, 1, 0),  # a round committed
+              (1, 1, 1), (1, 1, 2), (1, 1, 0),  # a round failed: back to step 3
+              (1, 1, 1), (1, 1, 2), (1, 3, 0),  # healed to the others' step 3 of H
+              (3, 3, 1)]
+    for before, after, local in script:
+        c.after_step(before, after, local)
         seen.append((c.done(after), c.delivered, c.failed))
     assert seen == [(1, 0, 0), (2, 0, 0), (3, 3, 0), (4, 3, 0), (5, 3, 0), (3, 3, 1), (4, 3, 1), (5, 3, 1),
                     (9, 3, 1), (10, 3, 1)], seen
+
+
+def test_torchft_steps_streamed():
+    """train_ft.TorchftSteps with 2 fragments, H = 8 (a period of 4) and a delay of 1: fragment f = the
+    Manager's step mod 2 leaves at the period's third step carrying the steps since its parameters were last
+    set (the delay step after it is merged away), is applied at the fourth; a failed sync delivers nothing
+    and retakes the period; a heal at a quorum replaces every fragment's steps."""
+    import train_ft
+    c = train_ft.TorchftSteps(8, fragments=2, delay=1)
+    script = [(0, 0, 1), (0, 0, 2), (0, 0, 3), (0, 1, 0),  # fragment 0: leaves with 3 steps, commits
+              (1, 1, 1), (1, 1, 2), (1, 1, 3), (1, 2, 0),  # fragment 1: 7 steps since the start, commits
+              (2, 2, 1), (2, 2, 2), (2, 2, 3), (2, 2, 0),  # fragment 0: 4 + 3 steps, fails
+              (2, 2, 1), (2, 2, 2), (2, 2, 3), (2, 3, 0),  # fragment 0 again: 3 steps, commits
+              (3, 3, 1), (3, 3, 2), (3, 5, 3), (5, 6, 0)]  # healed at fragment 1's quorum to step 5
+    seen = []
+    for before, after, local in script:
+        c.after_step(before, after, local)
+        seen.append((c.done(after), tuple(c.delivered_by), c.failed))
+    assert [s[0] for s in seen] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 8, 9, 10, 11, 12, 13, 14, 23, 24], seen
+    assert seen[3][1:] == ((3, 0), 0) and seen[7][1:] == ((3, 7), 0)
+    assert seen[11][1:] == ((3, 7), 1) and seen[15][1:] == ((6, 7), 1)
+    assert seen[-1][1:] == ((6, 7), 1) and c.delivered == 6
+    assert c.since == [1, 0], c.since  # the heal set both from the peer's model, the sync fragment 1 again
 
 
 def test_torchft_and_commsgd_diloco_agree_without_compression():
