@@ -70,7 +70,8 @@ def parse(argv):
     p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--compression", default="e3m0")
     p.add_argument("--fragments", type=int, default=1,
-                   help="ft-diloco, torchft-diloco: streamed, P fragments (the transformer's units)")
+                   help="ft-diloco, torchft-diloco: streamed, P fragments (the transformer's units in P "
+                        "contiguous groups, the same on both arms)")
     p.add_argument("--delay", type=int, default=0,
                    help="ft-diloco, torchft-diloco: tau, below the gap between two fragments' starts "
                         "(sync_every / P)")
@@ -350,7 +351,8 @@ def main(argv=None):
         everyone_ready()
         opt = commsgd_torch.FaultTolerantDiLoCo(model, inner, manager=manager, sync_every=args.sync_every,
                                                 outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-                                                compression=args.compression, fragments=args.fragments,
+                                                compression=args.compression,
+                                                fragments=train.torchft_fragments(model, args.fragments),
                                                 delay=args.delay, alpha=args.alpha,
                                                 keep_delay_steps=bool(args.keep_delay_steps))
         steps_done = lambda: opt.inner_steps  # noqa: E731
