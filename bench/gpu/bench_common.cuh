@@ -1,7 +1,10 @@
-// Pieces shared by the steady-state GPU benchmarks (step_gpu_bench.cu, batched_gpu_bench.cu): raw gradients
-// drawn on the device every step, timing with CUDA events, order statistics, the memory-floor kernel, and the
+// Pieces shared by the GPU benchmarks: timing with CUDA events, order statistics and the results file
+// (bench_json.hpp) for all of them; for the steady-state ones (step_gpu_bench.cu, batched_gpu_bench.cu,
+// diloco_round_gpu_bench.cu) raw gradients drawn on the device every step, the memory-floor kernel, and the
 // end-of-run checks of an error-feedback step (conservation of the sum, exactness of the sent set).
 #pragma once
+
+#include "bench_json.hpp"
 
 #include <commsgd/cuda.cuh>
 
@@ -219,6 +222,18 @@ struct events {
     cu::check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
     return ms;
   }
+  // fn(buffer) timed `reps` times on the default stream after `warmup` untimed runs, rotating over the
+  // buffers so that no run finds its input in the cache its previous one left.
+  template <class F>
+  std::vector<double> repeat(int warmup, int reps, int buffers, F&& fn) {
+    for (int i = 0; i < warmup; ++i)
+      fn(i % buffers);
+    cu::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    std::vector<double> ms;
+    for (int i = 0; i < reps; ++i)
+      ms.push_back(time(nullptr, [&] { fn((warmup + i) % buffers); }));
+    return ms;
+  }
 };
 
 // Nearest-rank quantile of the timed steps (q = 0.5: the median; 0.9: the p90).
@@ -233,15 +248,6 @@ inline double median(const std::vector<double>& v) {
   std::vector<double> s = v;
   std::sort(s.begin(), s.end());
   return s.size() % 2 ? s[s.size() / 2] : 0.5 * (s[s.size() / 2 - 1] + s[s.size() / 2]);
-}
-
-inline std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
 }
 
 inline bool has_device(cudaDeviceProp& prop) {
