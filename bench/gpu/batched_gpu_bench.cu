@@ -411,11 +411,7 @@ int run(int argc, char** argv) {
         .add("floor_ms", floor_ms, "%.6f")
         .add("counts_ok", r.counts_ok);
     if (r.same_residual) o.add("same_residual", *r.same_residual);
-    if (r.conservation_ok)
-      o.add("conservation_ok", *r.conservation_ok)
-          .add("conservation_diff", std::fabs(r.cons.lhs - r.cons.rhs), "%.6g")
-          .add("conservation_bound", r.cons.bound, "%.6g")
-          .add("top_ok", r.top_ok.value_or(false));
+    add_checks(o, r.conservation_ok, r.cons, r.top_ok);
     if (r.fast_timed)
       o.add("fast_timed", *r.fast_timed)
           .add("full_timed", *r.full_timed)

@@ -183,6 +183,16 @@ inline conservation check_conservation(sums old_residual, sums gradient, sums se
   return c;
 }
 
+// The conservation and top-set checks' fields of a results row, when the row ran them.
+inline void add_checks(json_object& o, const std::optional<bool>& conservation_ok, const conservation& c,
+                       const std::optional<bool>& top_ok) {
+  if (!conservation_ok) return;
+  o.add("conservation_ok", *conservation_ok)
+      .add("conservation_diff", std::fabs(c.lhs - c.rhs), "%.6g")
+      .add("conservation_bound", c.bound, "%.6g")
+      .add("top_ok", top_ok.value_or(false));
+}
+
 // The sent set of an exact (or threshold) top-k holds the largest |p|: every sent |value| is at least every
 // entry left in the new residual, and the residual is +0 where an entry was sent.
 inline bool sent_set_is_top(const std::vector<float>& sent_value,

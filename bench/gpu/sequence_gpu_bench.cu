@@ -310,13 +310,11 @@ int run(int argc, char** argv) {
 
   const std::string json = out + ".json";
   std::vector<bench::json_object> results;
-  for (const auto& r : rows)
-    results.emplace_back()
-        .add("sequence", r.seq)
-        .add("method", r.method)
-        .add("ok", r.ok)
-        .add("max_count", r.max_count)
-        .add("per_step_ms", r.per_step, "%.6f");
+  for (const auto& r : rows) {
+    auto& o = results.emplace_back();
+    o.add("sequence", r.seq).add("method", r.method).add("ok", r.ok).add("max_count", r.max_count);
+    o.add("per_step_ms", r.per_step, "%.6f");
+  }
   bench::write_results(
       json, bench::json_object().add("device", prop.name).add("tolerance", tol, "%g").add("sweeps", sweeps),
       results);

@@ -370,11 +370,7 @@ int run(int argc, char** argv) {
         .add("min_count", r.min_count == ~0ull ? 0 : r.min_count)
         .add("max_count", r.max_count)
         .add("counts_ok", r.counts_ok);
-    if (r.conservation_ok)
-      o.add("conservation_ok", *r.conservation_ok)
-          .add("conservation_diff", std::fabs(r.cons.lhs - r.cons.rhs), "%.6g")
-          .add("conservation_bound", r.cons.bound, "%.6g")
-          .add("top_ok", r.top_ok.value_or(false));
+    add_checks(o, r.conservation_ok, r.cons, r.top_ok);
     if (r.fast_timed)
       o.add("fast_timed", *r.fast_timed)
           .add("full_timed", *r.full_timed)
