@@ -400,41 +400,35 @@ int run(int argc, char** argv) {
 
   const double floor_ms = rows.front().median_ms;
   const std::string json = out + ".json";
-  if (FILE* f = std::fopen(json.c_str(), "w")) {
-    std::fprintf(
-        f,
-        "{\n  \"device\": \"%s\",\n  \"model\": \"resnet50\",\n  \"tensors\": %zu,\n  \"n\": %zu,\n  "
-        "\"density\": %g,\n  \"total_k\": %zu,\n  \"steps\": %d,\n  \"warmup\": %d,\n  \"results\": [\n",
-        json_escape(prop.name).c_str(), lengths.size(), total, density, total_k, steps, warmup);
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const row& r = rows[i];
-      std::fprintf(
-          f,
-          "    {\"method\": \"%s\", \"timed\": %zu, \"median_ms\": %.6f, \"p90_ms\": %.6f, \"min_ms\": %.6f, "
-          "\"floor_ms\": %.6f, \"counts_ok\": %s",
-          r.method.c_str(), r.ms.size(), r.median_ms, r.p90_ms, r.min_ms, floor_ms,
-          r.counts_ok ? "true" : "false");
-      if (r.same_residual) std::fprintf(f, ", \"same_residual\": %s", *r.same_residual ? "true" : "false");
-      if (r.conservation_ok)
-        std::fprintf(f,
-                     ", \"conservation_ok\": %s, \"conservation_diff\": %.6g, \"conservation_bound\": %.6g, "
-                     "\"top_ok\": %s",
-                     *r.conservation_ok ? "true" : "false", std::fabs(r.cons.lhs - r.cons.rhs), r.cons.bound,
-                     r.top_ok.value_or(false) ? "true" : "false");
-      if (r.fast_timed)
-        std::fprintf(f, ", \"fast_timed\": %llu, \"full_timed\": %llu, \"tensors_full_timed\": %llu",
-                     static_cast<unsigned long long>(*r.fast_timed),
-                     static_cast<unsigned long long>(*r.full_timed),
-                     static_cast<unsigned long long>(r.tensors_full_timed.value_or(0)));
-      std::fprintf(f, ", \"ok\": %s, \"note\": \"%s\", \"ms\": [", r.ok() ? "true" : "false",
-                   json_escape(r.note).c_str());
-      for (std::size_t j = 0; j < r.ms.size(); ++j)
-        std::fprintf(f, "%s%.5f", j ? ", " : "", r.ms[j]);
-      std::fprintf(f, "]}%s\n", i + 1 < rows.size() ? "," : "");
-    }
-    std::fprintf(f, "  ]\n}\n");
-    std::fclose(f);
+  std::vector<json_object> results;
+  for (const row& r : rows) {
+    auto& o = results.emplace_back();
+    o.add("method", r.method)
+        .add("timed", r.ms.size())
+        .add("median_ms", r.median_ms, "%.6f")
+        .add("p90_ms", r.p90_ms, "%.6f")
+        .add("min_ms", r.min_ms, "%.6f")
+        .add("floor_ms", floor_ms, "%.6f")
+        .add("counts_ok", r.counts_ok);
+    if (r.same_residual) o.add("same_residual", *r.same_residual);
+    add_checks(o, r.conservation_ok, r.cons, r.top_ok);
+    if (r.fast_timed)
+      o.add("fast_timed", *r.fast_timed)
+          .add("full_timed", *r.full_timed)
+          .add("tensors_full_timed", r.tensors_full_timed.value_or(0));
+    o.add("ok", r.ok()).add("note", r.note).add("ms", r.ms, "%.5f");
   }
+  write_results(json,
+                json_object()
+                    .add("device", prop.name)
+                    .add("model", "resnet50")
+                    .add("tensors", lengths.size())
+                    .add("n", total)
+                    .add("density", density, "%g")
+                    .add("total_k", total_k)
+                    .add("steps", steps)
+                    .add("warmup", warmup),
+                results);
   const bool all_ok = std::all_of(rows.begin(), rows.end(), [](const row& r) { return r.ok(); });
   std::printf("wrote %s; %s\n", json.c_str(), all_ok ? "all checks passed" : "SOME CHECKS FAILED");
   return all_ok ? 0 : 1;

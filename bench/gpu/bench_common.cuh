@@ -1,7 +1,10 @@
-// Pieces shared by the steady-state GPU benchmarks (step_gpu_bench.cu, batched_gpu_bench.cu): raw gradients
-// drawn on the device every step, timing with CUDA events, order statistics, the memory-floor kernel, and the
+// Pieces shared by the GPU benchmarks: timing with CUDA events, order statistics and the results file
+// (bench_json.hpp) for all of them; for the steady-state ones (step_gpu_bench.cu, batched_gpu_bench.cu,
+// diloco_round_gpu_bench.cu) raw gradients drawn on the device every step, the memory-floor kernel, and the
 // end-of-run checks of an error-feedback step (conservation of the sum, exactness of the sent set).
 #pragma once
+
+#include "bench_json.hpp"
 
 #include <commsgd/cuda.cuh>
 
@@ -180,6 +183,16 @@ inline conservation check_conservation(sums old_residual, sums gradient, sums se
   return c;
 }
 
+// The conservation and top-set checks' fields of a results row, when the row ran them.
+inline void add_checks(json_object& o, const std::optional<bool>& conservation_ok, const conservation& c,
+                       const std::optional<bool>& top_ok) {
+  if (!conservation_ok) return;
+  o.add("conservation_ok", *conservation_ok)
+      .add("conservation_diff", std::fabs(c.lhs - c.rhs), "%.6g")
+      .add("conservation_bound", c.bound, "%.6g")
+      .add("top_ok", top_ok.value_or(false));
+}
+
 // The sent set of an exact (or threshold) top-k holds the largest |p|: every sent |value| is at least every
 // entry left in the new residual, and the residual is +0 where an entry was sent.
 inline bool sent_set_is_top(const std::vector<float>& sent_value,
@@ -219,6 +232,18 @@ struct events {
     cu::check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
     return ms;
   }
+  // fn(buffer) timed `reps` times on the default stream after `warmup` untimed runs, rotating over the
+  // buffers so that no run finds its input in the cache its previous one left.
+  template <class F>
+  std::vector<double> repeat(int warmup, int reps, int buffers, F&& fn) {
+    for (int i = 0; i < warmup; ++i)
+      fn(i % buffers);
+    cu::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    std::vector<double> ms;
+    for (int i = 0; i < reps; ++i)
+      ms.push_back(time(nullptr, [&] { fn((warmup + i) % buffers); }));
+    return ms;
+  }
 };
 
 // Nearest-rank quantile of the timed steps (q = 0.5: the median; 0.9: the p90).
@@ -233,15 +258,6 @@ inline double median(const std::vector<double>& v) {
   std::vector<double> s = v;
   std::sort(s.begin(), s.end());
   return s.size() % 2 ? s[s.size() / 2] : 0.5 * (s[s.size() / 2 - 1] + s[s.size() / 2]);
-}
-
-inline std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
 }
 
 inline bool has_device(cudaDeviceProp& prop) {

@@ -112,21 +112,10 @@ double streaming_rate() {
   cu::device_buffer<float> g(n), acc(n);
   cu::check(cudaMemset(g.data(), 0, n * 4), "cudaMemset");
   cu::check(cudaMemset(acc.data(), 0, n * 4), "cudaMemset");
-  cudaEvent_t a, b;
-  cu::check(cudaEventCreate(&a), "cudaEventCreate");
-  cu::check(cudaEventCreate(&b), "cudaEventCreate");
-  float best = 1e30f;
-  for (int t = 0; t < 20; ++t) {
-    cu::check(cudaEventRecord(a), "cudaEventRecord");
-    floor_step(g.data(), acc.data(), n);
-    cu::check(cudaEventRecord(b), "cudaEventRecord");
-    cu::check(cudaEventSynchronize(b), "cudaEventSynchronize");
-    float ms = 0;
-    cu::check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
-    best = std::min(best, ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  events ev;
+  double best = 1e30;
+  for (int t = 0; t < 20; ++t)
+    best = std::min(best, ev.time(nullptr, [&] { floor_step(g.data(), acc.data(), n); }));
   return 12.0 * static_cast<double>(n) / (1e-3 * best);
 }
 

@@ -24,6 +24,7 @@
 #define COMMSGD_BENCH_HAS_DEVICE_TOPK 1
 #endif
 #include "anchor_kernels.cuh"
+#include "bench_common.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -102,40 +103,6 @@ struct record {
   bool ok;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
-
-struct timer {
-  cudaEvent_t start{}, stop{};
-  timer() {
-    cu::check(cudaEventCreate(&start), "cudaEventCreate");
-    cu::check(cudaEventCreate(&stop), "cudaEventCreate");
-  }
-  ~timer() {
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-  }
-  // Times fn(buffer) `reps` times after `warmup` untimed runs, rotating over the buffers.
-  std::vector<double> run(int warmup, int reps, int buffers, const std::function<void(int)>& fn) {
-    for (int i = 0; i < warmup; ++i)
-      fn(i % buffers);
-    cu::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    std::vector<double> ms;
-    for (int i = 0; i < reps; ++i) {
-      cu::check(cudaEventRecord(start), "cudaEventRecord");
-      fn((warmup + i) % buffers);
-      cu::check(cudaEventRecord(stop), "cudaEventRecord");
-      cu::check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-      float t = 0;
-      cu::check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-      ms.push_back(t);
-    }
-    return ms;
-  }
-};
-
 } // namespace
 
 int run(int argc, char** argv) {
@@ -179,7 +146,7 @@ int run(int argc, char** argv) {
   const distribution dists[] = {distribution::laplace, distribution::gaussian, distribution::relu_like};
   const double tol = 0.01;
   std::vector<record> records;
-  timer tm;
+  bench::events tm;
 
   for (int lg : log_sizes) {
     const std::uint64_t n = std::uint64_t{1} << lg;
@@ -203,7 +170,7 @@ int run(int argc, char** argv) {
       for (double density : densities) {
         const std::uint64_t k = commsgd::select::k_for_density(n, density);
         auto add = [&](const char* method, const std::vector<double>& ms, std::uint64_t count, bool ok) {
-          records.push_back(record{name_of(d), method, n, k, density, median(ms),
+          records.push_back(record{name_of(d), method, n, k, density, bench::median(ms),
                                    *std::min_element(ms.begin(), ms.end()),
                                    *std::max_element(ms.begin(), ms.end()), count, ok});
           std::printf("%-9s n=2^%d density=%g %-15s median %.4f ms  count %llu %s\n", name_of(d), lg, density,
@@ -213,29 +180,29 @@ int run(int argc, char** argv) {
         };
         // Anchors.
         add("copy",
-            tm.run(3, reps, buffers,
-                   [&](int b) {
-                     cu::check(cudaMemcpyAsync(copy_target.data(), x[b].data(), n * sizeof(float),
-                                               cudaMemcpyDeviceToDevice),
-                               "cudaMemcpyAsync");
-                   }),
+            tm.repeat(3, reps, buffers,
+                      [&](int b) {
+                        cu::check(cudaMemcpyAsync(copy_target.data(), x[b].data(), n * sizeof(float),
+                                                  cudaMemcpyDeviceToDevice),
+                                  "cudaMemcpyAsync");
+                      }),
             n, true);
         add("cub_sort",
-            tm.run(3, reps, buffers,
-                   [&](int b) {
-                     keys_kernel<<<1024, 256>>>(x[b].data(), keys.data(), n);
-                     std::size_t bytes = sort_bytes;
-                     cu::check(cub::DeviceRadixSort::SortKeys(sort_ws.data(), bytes, keys.data(),
-                                                              sorted.data(), n, 0, 31),
-                               "SortKeys");
-                   }),
+            tm.repeat(3, reps, buffers,
+                      [&](int b) {
+                        keys_kernel<<<1024, 256>>>(x[b].data(), keys.data(), n);
+                        std::size_t bytes = sort_bytes;
+                        cu::check(cub::DeviceRadixSort::SortKeys(sort_ws.data(), bytes, keys.data(),
+                                                                 sorted.data(), n, 0, 31),
+                                  "SortKeys");
+                      }),
             k, true);
         // Selectors: the workspace form, allocated once, as a training loop would.
         auto time_method = [&](const char* label, auto& method, bool exact) {
           std::size_t bytes = 0;
           method.select(nullptr, bytes, x[0].data(), n, k, nullptr);
           cu::device_buffer<char> ws(bytes);
-          const auto ms = tm.run(3, reps, buffers, [&](int b) {
+          const auto ms = tm.repeat(3, reps, buffers, [&](int b) {
             std::size_t bytes_now = bytes;
             method.select(ws.data(), bytes_now, x[b].data(), n, k, result.data());
           });
@@ -271,7 +238,7 @@ int run(int argc, char** argv) {
           cu::device_buffer<std::uint32_t> idx(k);
           cu::device_buffer<float> val(k);
           cu::device_buffer<unsigned long long> count(1);
-          const auto ms = tm.run(3, reps, buffers, [&](int b) {
+          const auto ms = tm.repeat(3, reps, buffers, [&](int b) {
             std::size_t s = bytes, c = cbytes;
             method.select(ws.data(), s, x[b].data(), n, k, result.data());
             cu::compact<std::uint32_t>(ws.data(), c, x[b].data(), n, result.data(), idx.data(), val.data(), k,
@@ -314,7 +281,7 @@ int run(int argc, char** argv) {
                       "DeviceTopK::MaxPairs");
             gather_kernel<<<gather_blocks, 256>>>(x[b].data(), top_index.data(), top_value.data(), k);
           };
-          const auto ms = tm.run(3, reps, buffers, one);
+          const auto ms = tm.repeat(3, reps, buffers, one);
           // The check, on buffer 0 against the exact threshold of cuda::radix.
           one(0);
           std::size_t rbytes = 0;
@@ -356,7 +323,7 @@ int run(int argc, char** argv) {
           for (int b = 0; b < buffers; ++b) {
             std::size_t bytes_now = bytes;
             rx.select(ws.data(), bytes_now, x[b].data(), n, k, result.data());
-            const auto one = tm.run(1, std::max(1, reps / buffers), 1, [&](int) {
+            const auto one = tm.repeat(1, std::max(1, reps / buffers), 1, [&](int) {
               std::size_t c = cbytes;
               cu::compact<std::uint32_t>(cws.data(), c, x[b].data(), n, result.data(), idx.data(), val.data(),
                                          k, count.data());
@@ -372,25 +339,26 @@ int run(int argc, char** argv) {
   }
 
   const std::string json = out + ".json", csv = out + ".csv";
-  if (FILE* f = std::fopen(json.c_str(), "w")) {
-    std::fprintf(f,
-                 "{\n  \"device\": \"%s\",\n  \"tolerance\": %g,\n  \"reps\": %d,\n  \"buffers\": %d,\n  "
-                 "\"results\": [\n",
-                 prop.name, tol, reps, buffers);
-    for (std::size_t i = 0; i < records.size(); ++i) {
-      const auto& r = records[i];
-      std::fprintf(
-          f,
-          "    {\"distribution\": \"%s\", \"method\": \"%s\", \"n\": %llu, \"density\": %g, \"k\": %llu, "
-          "\"median_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, \"count\": %llu, \"ok\": %s}%s\n",
-          r.distribution.c_str(), r.method.c_str(), static_cast<unsigned long long>(r.n), r.density,
-          static_cast<unsigned long long>(r.k), r.median_ms, r.min_ms, r.max_ms,
-          static_cast<unsigned long long>(r.count), r.ok ? "true" : "false",
-          i + 1 < records.size() ? "," : "");
-    }
-    std::fprintf(f, "  ]\n}\n");
-    std::fclose(f);
-  }
+  std::vector<bench::json_object> results;
+  for (const auto& r : records)
+    results.emplace_back()
+        .add("distribution", r.distribution)
+        .add("method", r.method)
+        .add("n", r.n)
+        .add("density", r.density, "%g")
+        .add("k", r.k)
+        .add("median_ms", r.median_ms, "%.6f")
+        .add("min_ms", r.min_ms, "%.6f")
+        .add("max_ms", r.max_ms, "%.6f")
+        .add("count", r.count)
+        .add("ok", r.ok);
+  bench::write_results(json,
+                       bench::json_object()
+                           .add("device", prop.name)
+                           .add("tolerance", tol, "%g")
+                           .add("reps", reps)
+                           .add("buffers", buffers),
+                       results);
   if (FILE* f = std::fopen(csv.c_str(), "w")) {
     std::fprintf(f, "distribution,method,n,density,k,median_ms,min_ms,max_ms,count,ok\n");
     for (const auto& r : records)

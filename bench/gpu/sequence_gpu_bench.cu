@@ -20,6 +20,7 @@
 #define COMMSGD_BENCH_HAS_DEVICE_TOPK 1
 #endif
 #include "anchor_kernels.cuh"
+#include "bench_common.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -82,27 +83,6 @@ sequence load(const std::string& dir) {
   return s;
 }
 
-struct events {
-  cudaEvent_t a{}, b{};
-  events() {
-    cu::check(cudaEventCreate(&a), "cudaEventCreate");
-    cu::check(cudaEventCreate(&b), "cudaEventCreate");
-  }
-  ~events() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  double time(const std::function<void()>& fn) {
-    cu::check(cudaEventRecord(a), "cudaEventRecord");
-    fn();
-    cu::check(cudaEventRecord(b), "cudaEventRecord");
-    cu::check(cudaEventSynchronize(b), "cudaEventSynchronize");
-    float ms = 0;
-    cu::check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
-    return ms;
-  }
-};
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -147,7 +127,7 @@ int run(int argc, char** argv) {
   std::printf("device: %s\n", prop.name);
   const double tol = 0.01;
   std::vector<row> rows;
-  events ev;
+  bench::events ev;
   for (const auto& dir : dirs) {
     const sequence s = load(dir);
     const std::size_t steps = s.steps.size();
@@ -169,7 +149,7 @@ int run(int argc, char** argv) {
       for (int sw = 0; sw < sweeps; ++sw) {
         auto obj = make();
         for (std::size_t i = 0; i < steps; ++i) {
-          t[i].push_back(ev.time([&] { call(obj, i); }));
+          t[i].push_back(ev.time(nullptr, [&] { call(obj, i); }));
           const std::uint64_t c = check(obj);
           r.max_count = std::max(r.max_count, c);
           const auto limit = static_cast<std::uint64_t>(std::ceil((1.0 + tol) * static_cast<double>(k)));
@@ -329,23 +309,15 @@ int run(int argc, char** argv) {
   }
 
   const std::string json = out + ".json";
-  if (FILE* f = std::fopen(json.c_str(), "w")) {
-    std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"tolerance\": %g,\n  \"sweeps\": %d,\n  \"results\": [\n",
-                 prop.name, tol, sweeps);
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const auto& r = rows[i];
-      std::fprintf(f,
-                   "    {\"sequence\": \"%s\", \"method\": \"%s\", \"ok\": %s, \"max_count\": %llu, "
-                   "\"per_step_ms\": [",
-                   r.seq.c_str(), r.method.c_str(), r.ok ? "true" : "false",
-                   static_cast<unsigned long long>(r.max_count));
-      for (std::size_t j = 0; j < r.per_step.size(); ++j)
-        std::fprintf(f, "%s%.6f", j ? ", " : "", r.per_step[j]);
-      std::fprintf(f, "]}%s\n", i + 1 < rows.size() ? "," : "");
-    }
-    std::fprintf(f, "  ]\n}\n");
-    std::fclose(f);
+  std::vector<bench::json_object> results;
+  for (const auto& r : rows) {
+    auto& o = results.emplace_back();
+    o.add("sequence", r.seq).add("method", r.method).add("ok", r.ok).add("max_count", r.max_count);
+    o.add("per_step_ms", r.per_step, "%.6f");
   }
+  bench::write_results(
+      json, bench::json_object().add("device", prop.name).add("tolerance", tol, "%g").add("sweeps", sweeps),
+      results);
   const bool all_ok = std::all_of(rows.begin(), rows.end(), [](const row& r) { return r.ok; });
   std::printf("wrote %s; %s\n", json.c_str(),
               all_ok ? "all counts within tolerance" : "SOME COUNTS OUT OF TOLERANCE");

@@ -354,43 +354,37 @@ int run(int argc, char** argv) {
     return 0.0;
   };
   const std::string json = out + ".json";
-  if (FILE* f = std::fopen(json.c_str(), "w")) {
-    std::fprintf(f,
-                 "{\n  \"device\": \"%s\",\n  \"steps\": %d,\n  \"warmup\": %d,\n  \"tolerance\": %g,\n  "
-                 "\"results\": [\n",
-                 json_escape(prop.name).c_str(), steps, warmup, tol);
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const row& r = rows[i];
-      const double fl = floor_of(r);
-      std::fprintf(
-          f,
-          "    {\"method\": \"%s\", \"grad\": \"%s\", \"n\": %llu, \"density\": %g, \"k\": %llu, "
-          "\"timed\": %d, \"median_ms\": %.6f, \"p90_ms\": %.6f, \"min_ms\": %.6f, \"floor_ms\": %.6f, "
-          "\"min_count\": %llu, \"max_count\": %llu, \"counts_ok\": %s",
-          r.method.c_str(), r.grad.c_str(), static_cast<unsigned long long>(r.n), r.density,
-          static_cast<unsigned long long>(r.k), r.timed, r.median_ms, r.p90_ms, r.min_ms, fl,
-          static_cast<unsigned long long>(r.min_count == ~0ull ? 0 : r.min_count),
-          static_cast<unsigned long long>(r.max_count), r.counts_ok ? "true" : "false");
-      if (r.conservation_ok)
-        std::fprintf(f,
-                     ", \"conservation_ok\": %s, \"conservation_diff\": %.6g, \"conservation_bound\": %.6g, "
-                     "\"top_ok\": %s",
-                     *r.conservation_ok ? "true" : "false", std::fabs(r.cons.lhs - r.cons.rhs), r.cons.bound,
-                     r.top_ok.value_or(false) ? "true" : "false");
-      if (r.fast_timed)
-        std::fprintf(
-            f, ", \"fast_timed\": %llu, \"full_timed\": %llu, \"fast_all\": %llu, \"full_all\": %llu",
-            static_cast<unsigned long long>(*r.fast_timed), static_cast<unsigned long long>(*r.full_timed),
-            static_cast<unsigned long long>(*r.fast_all), static_cast<unsigned long long>(*r.full_all));
-      std::fprintf(f, ", \"ok\": %s, \"note\": \"%s\", \"ms\": [", r.ok() ? "true" : "false",
-                   json_escape(r.note).c_str());
-      for (std::size_t j = 0; j < r.ms.size(); ++j)
-        std::fprintf(f, "%s%.5f", j ? ", " : "", r.ms[j]);
-      std::fprintf(f, "]}%s\n", i + 1 < rows.size() ? "," : "");
-    }
-    std::fprintf(f, "  ]\n}\n");
-    std::fclose(f);
+  std::vector<json_object> results;
+  for (const row& r : rows) {
+    auto& o = results.emplace_back();
+    o.add("method", r.method)
+        .add("grad", r.grad)
+        .add("n", r.n)
+        .add("density", r.density, "%g")
+        .add("k", r.k)
+        .add("timed", r.timed)
+        .add("median_ms", r.median_ms, "%.6f")
+        .add("p90_ms", r.p90_ms, "%.6f")
+        .add("min_ms", r.min_ms, "%.6f")
+        .add("floor_ms", floor_of(r), "%.6f")
+        .add("min_count", r.min_count == ~0ull ? 0 : r.min_count)
+        .add("max_count", r.max_count)
+        .add("counts_ok", r.counts_ok);
+    add_checks(o, r.conservation_ok, r.cons, r.top_ok);
+    if (r.fast_timed)
+      o.add("fast_timed", *r.fast_timed)
+          .add("full_timed", *r.full_timed)
+          .add("fast_all", *r.fast_all)
+          .add("full_all", *r.full_all);
+    o.add("ok", r.ok()).add("note", r.note).add("ms", r.ms, "%.5f");
   }
+  write_results(json,
+                json_object()
+                    .add("device", prop.name)
+                    .add("steps", steps)
+                    .add("warmup", warmup)
+                    .add("tolerance", tol, "%g"),
+                results);
   const bool all_ok = std::all_of(rows.begin(), rows.end(), [](const row& r) { return r.ok(); });
   std::printf("wrote %s; %s\n", json.c_str(), all_ok ? "all checks passed" : "SOME CHECKS FAILED");
   return all_ok ? 0 : 1;

@@ -34,9 +34,8 @@ top-k's held-back updates folded in) and says so in the log. state_dict() holds 
 log and the chosen exchange's own state; load_state_dict() restores them.
 """
 import logging
-import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -44,6 +43,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from . import _C
 from ._C import InvalidArgument
+from ._auto_compute import candidate_compute, matrices
+from ._auto_network import measure_network
+from ._auto_profile import median, summarize
 from ._state import check_model, own_group
 from .powersgd import PowerSGDState
 from .topk import TopKState
@@ -70,65 +72,9 @@ _log = logging.getLogger("commsgd_torch.auto")
 _now = time.monotonic
 
 
-def _median(xs: Sequence[float]) -> float:
-    return statistics.median(xs) if xs else 0.0
-
-
-def _timed(fn: Callable[[], Any], repeats: int = 7) -> float:
-    # The least of several timings after an untimed call: a first call pays one-time costs (thread pools,
-    # first touch) and a busy machine preempts some calls; either would make the candidate timed first look
-    # dearer than it is, enough to pick a compressed exchange on a free network.
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _global_rank(group: dist.ProcessGroup, rank: int) -> int:
     get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
     return get(group, rank)
-
-
-def _matrices(params: Sequence[torch.Tensor]) -> List[Tuple[int, int]]:
-    """The 2-D views PowerSGD compresses (rows = first dimension), as cost/'s bucket shape wants them."""
-    return [(p.shape[0], p.numel() // p.shape[0]) for p in params if p.dim() > 1]
-
-
-def candidate_compute(name: str, buckets: Sequence[Tuple[int, List[Tuple[int, int]]]], world: int,
-                      seed: int = 0) -> List[Tuple[float, float]]:
-    """(call_s, async_s) per bucket of a candidate's local work on `world` ranks, timed here on tensors of
-    the buckets' shapes, ((numel, [(rows, cols), ...]), ...): what AutoState predicts from."""
-    out = []
-    for numel, mats in buckets:
-        x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
-        if name == "dense":
-            out.append((_timed(lambda: x.div(world)), 0.0))
-        elif name in ("fp16", "bf16"):
-            dt = torch.float16 if name == "fp16" else torch.bfloat16
-            low = x.to(dt)
-            out.append((_timed(lambda: x.to(dt).div_(world)), _timed(lambda: x.copy_(low))))
-        elif name.startswith("powersgd"):
-            r = int(name.split("-r")[1])
-            ms = [torch.randn(a, b) for a, b in mats if (a + b) * r < a * b]
-            qs = [torch.randn(b, r) for a, b in mats if (a + b) * r < a * b]
-
-            def first():
-                return [m @ q for m, q in zip(ms, qs)]
-            ps = first()
-
-            def rest():
-                for m, p in zip(ms, ps):
-                    p, _ = torch.linalg.qr(p)
-                    q = m.t() @ p
-                    m.copy_(p @ q.t())
-            out.append((_timed(first), _timed(rest)))
-        else:  # top-k: posted at once; selection (torch.topk, an upper bound of the library's) off-thread
-            k = max(1, int(float(name.split("-", 1)[1]) * numel + 0.999999))
-            out.append((0.0, _timed(lambda: torch.topk(x.abs(), k, sorted=False))))
-    return out
 
 
 class AutoState:
@@ -295,7 +241,7 @@ class AutoState:
             if self.iter == 2:  # DDP's buckets are final from the second iteration on
                 # A shard's bucket (commsgd_torch.hsdp) holds its parameters' shards, not the whole parameters.
                 held = bucket.gradients() if hasattr(bucket, "shard_sizes") else bucket.parameters()
-                self._shapes.append((bucket.buffer().numel(), _matrices(held)))
+                self._shapes.append((bucket.buffer().numel(), matrices(held)))
             mark = (self._cur, self._fwd_end, bucket.is_last())
         if bucket.buffer().is_cuda:
             # PyTorch's hook as it is (its futures belong to the device's streams); unprofiled.
@@ -326,23 +272,7 @@ class AutoState:
     # ---- choosing -------------------------------------------------------------------------------------
 
     def _measure_network(self) -> Tuple[float, float]:
-        """Latency and bandwidth of the state's group from a small and a large ring all-reduce. The timing is
-        torch.distributed's, on this group; the model read from it is the library's (_C.fit_network, what
-        sync::measure_network reads from its own timings): each number the slowest rank's, since a
-        synchronous exchange waits for its slowest link, so every rank gets the same two."""
-        if self.world == 1:
-            return 0.0, float("inf")
-        small, big = torch.zeros(1), torch.zeros(1 << 20)
-        for _ in range(2):
-            dist.all_reduce(small, group=self.process_group)
-        t_small = _timed(lambda: dist.all_reduce(small, group=self.process_group), 5)
-        t_big = _timed(lambda: dist.all_reduce(big, group=self.process_group), 3)
-        mine = torch.tensor([t_small, t_big], dtype=torch.float64)
-        every = [torch.zeros_like(mine) for _ in range(self.world)]
-        dist.all_gather(every, mine, group=self.process_group)
-        latency, bandwidth = _C.fit_network([float(t[0]) for t in every], [float(t[1]) for t in every],
-                                            big.numel())
-        return latency, bandwidth
+        return measure_network(self.process_group, self.world)
 
     def _decide(self) -> None:
         self._collect_rounds()
@@ -350,21 +280,10 @@ class AutoState:
         if not steps:  # nothing profiled (profile_steps too short for this run): stay dense, say so
             self._switch("dense", {}, "no profiled iteration")
             return
-        nb = min(len(s["ready_s"]) for s in steps)
-        forward = _median([s["forward_s"] for s in steps])
-        ready = [_median([s["ready_s"][i] for s in steps]) for i in range(nb)]
-        done = [_median([s["done_s"][i] for s in steps if len(s["done_s"]) > i]) for i in range(nb)]
-        period = _median(self._dense_periods[2:]) or (forward + max(done))
-        backward = ready[-1]
-        optimizer = max(period - forward - max(backward, max(done)), 0.0)
-        if self.blocking:  # the ready times measured include the exchanges waited for before: take them out
-            lost, unhooked = 0.0, []
-            for r, d in zip(ready, done):
-                unhooked.append(r - lost)
-                lost += max(d - r, 0.0)
-            ready, backward = unhooked, unhooked[-1]
+        p = summarize(steps, self._dense_periods, self.blocking)
+        forward, backward, optimizer, ready, period = p.forward, p.backward, p.optimizer, p.ready, p.period
         latency, bandwidth = self.network if self.network is not None else self._measure_network()
-        shapes = self._shapes[:nb]
+        shapes = self._shapes[:p.buckets]
         compute = {c: candidate_compute(c, shapes, self.world, self.seed) for c in self.candidates}
         blocking = {c: self.blocking for c in self.candidates}
         verdict = _C.choose(self.candidates, forward, backward, optimizer, ready, shapes, compute, blocking,
@@ -381,7 +300,7 @@ class AutoState:
     def _recheck(self) -> None:
         # Both figures are this rank's own: take the slowest rank's of each, so that every rank reads the
         # same two numbers and makes the same decision.
-        measured = _median(self._periods[-min(len(self._periods), 50):])
+        measured = median(self._periods[-min(len(self._periods), 50):])
         dense = self._profile.get("dense_period_s", 0.0) if hasattr(self, "_profile") else 0.0
         box = torch.tensor([measured, dense], dtype=torch.float64)
         dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.process_group)

@@ -13,6 +13,7 @@
 #include <torch/python.h>
 
 #include "bridge.hpp"
+#include "bucket_state.hpp"
 #include "exchange_queue.hpp"
 
 #include <commsgd/comm/metered.hpp>
@@ -203,47 +204,34 @@ public:
   }
 
   py::dict state_dict() {
-    queue_.drain();
-    py::dict buckets;
-    for (auto& [i, b] : buckets_) {
-      std::ostringstream os;
-      std::visit([&](const auto& x) { x.save(os); }, b.x);
-      buckets[py::int_(i)] = py::make_tuple(b.sizes, py::bytes(os.str()), tensor_of(b.momentum.buffer()));
-    }
-    py::dict warm;
-    for (auto& [i, u] : warm_momentum_)
-      warm[py::int_(i)] = tensor_of(u.buffer());
     py::dict d;
-    d["buckets"] = buckets;
-    d["warmup_velocity"] = warm;
+    d["buckets"] = buckets_dict(queue_, buckets_, [](const bucket& b) {
+      return py::make_tuple(b.sizes, std::visit([](const auto& x) { return saved_bytes(x); }, b.x),
+                            tensor_of(b.momentum.buffer()));
+    });
+    d["warmup_velocity"] = velocities_dict(warm_momentum_);
     return d;
   }
 
-  // All or nothing: a stream that does not fit leaves the state as it was.
   void load_state_dict(const py::dict& d) {
     queue_.drain();
-    std::map<std::int64_t, bucket> loaded;
-    for (auto item : d["buckets"].cast<py::dict>()) {
-      auto t = item.second.cast<py::tuple>();
-      auto sizes = t[0].cast<size_list>();
-      auto x = make(s_, sizes);
-      std::istringstream is(t[1].cast<std::string>());
-      std::visit([&](auto& c) { c.load(is); }, x);
-      auto v = vector_of(t[2].cast<at::Tensor>(), "velocity");
-      const auto n = offsets_of(sizes).back();
-      if (v.size() != (s_.momentum > 0.0f ? n : 0))
-        throw corrupt_data(commsgd::concat("saved state: bucket ", item.first.cast<std::int64_t>(),
-                                           " holds a momentum of ", v.size(), " values, expected ",
-                                           s_.momentum > 0.0f ? n : 0));
-      compress::hook_momentum u(s_.momentum);
-      u.assign(v);
-      loaded.insert_or_assign(item.first.cast<std::int64_t>(),
-                              bucket{std::move(x), std::move(sizes), std::move(u)});
-    }
-    std::map<std::int64_t, compress::hook_momentum> warm;
-    for (auto item : d["warmup_velocity"].cast<py::dict>())
-      warm.emplace(item.first.cast<std::int64_t>(), s_.momentum)
-          .first->second.assign(vector_of(item.second.cast<at::Tensor>(), "velocity"));
+    auto loaded = buckets_from<std::int64_t, bucket>(
+        d["buckets"].cast<py::dict>(), [this](py::handle index, const py::tuple& t) {
+          auto sizes = t[0].cast<size_list>();
+          auto x = make(s_, sizes);
+          auto is = saved_stream(t[1]);
+          std::visit([&](auto& c) { c.load(is); }, x);
+          auto v = vector_of(t[2].cast<at::Tensor>(), "velocity");
+          const auto n = offsets_of(sizes).back();
+          if (v.size() != (s_.momentum > 0.0f ? n : 0))
+            throw corrupt_data(commsgd::concat("saved state: bucket ", index.cast<std::int64_t>(),
+                                               " holds a momentum of ", v.size(), " values, expected ",
+                                               s_.momentum > 0.0f ? n : 0));
+          compress::hook_momentum u(s_.momentum);
+          u.assign(v);
+          return bucket{std::move(x), std::move(sizes), std::move(u)};
+        });
+    auto warm = velocities_from(d["warmup_velocity"].cast<py::dict>(), s_.momentum, "velocity");
     buckets_ = std::move(loaded);
     warm_momentum_ = std::move(warm);
   }

@@ -14,12 +14,13 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/traffic.hpp>
-#include <commsgd/sync/diloco_codes.hpp>
 #include <commsgd/sync/diloco_code.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -46,20 +47,57 @@ sync::fragment_layout layout_of(const std::string& name) {
       commsgd::concat("argument 'layout' = '", name, "' is not one of strided, contiguous"));
 }
 
+// The engine's options as Python passes them, read into the engine's types by parse(): the engine and
+// diloco_over_threads take the same options, so they are listed, named and checked here alone (the numeric
+// ranges by sync::diloco itself).
+struct engine_options {
+  int sync_every;
+  int fragments;
+  int delay;
+  float alpha;
+  std::string layout;
+  float outer_lr;
+  float outer_momentum;
+  std::string code;
+  bool keep_delay_steps;
+
+  sync::diloco_options parse() const {
+    return {.sync_every = sync_every,
+            .fragments = fragments,
+            .delay = delay,
+            .alpha = alpha,
+            .keep_delay_steps = keep_delay_steps,
+            .layout = layout_of(layout),
+            .outer = {.lr = outer_lr, .momentum = outer_momentum}};
+  }
+  sync::diloco_code parse_code() const { return sync::diloco_code::parse(code); }
+};
+
+// A binding's function taking the arguments `Head` and then the options one by one, as Python passes them,
+// from `f`, which takes them gathered in an engine_options.
+template <class... Head, class F>
+auto taking_options(F f) {
+  return [f](Head... head, int sync_every, int fragments, int delay, float alpha, std::string layout,
+             float outer_lr, float outer_momentum, std::string code, bool keep_delay_steps) {
+    return f(std::forward<Head>(head)...,
+             engine_options{sync_every, fragments, delay, alpha, std::move(layout), outer_lr, outer_momentum,
+                            std::move(code), keep_delay_steps});
+  };
+}
+
+// Calls `def` with the options' Python names, in taking_options' order.
+template <class Def>
+void with_option_args(Def def) {
+  def(py::arg("sync_every"), py::arg("fragments"), py::arg("delay"), py::arg("alpha"), py::arg("layout"),
+      py::arg("outer_lr"), py::arg("outer_momentum"), py::arg("compression"),
+      py::arg("keep_delay_steps") = false);
+}
+
 class diloco_engine {
 public:
-  diloco_engine(const group_ptr& group, std::vector<std::size_t> layer_sizes, int sync_every, int fragments,
-                int delay, float alpha, const std::string& layout, float outer_lr, float outer_momentum,
-                const std::string& code, bool keep_delay_steps)
-      : comm_(comm::process_group(group)), engine_(comm_, std::move(layer_sizes),
-                                                   {.sync_every = sync_every,
-                                                    .fragments = fragments,
-                                                    .delay = delay,
-                                                    .alpha = alpha,
-                                                    .keep_delay_steps = keep_delay_steps,
-                                                    .layout = layout_of(layout),
-                                                    .outer = {.lr = outer_lr, .momentum = outer_momentum}},
-                                                   sync::diloco_code::parse(code)) {}
+  diloco_engine(const group_ptr& group, std::vector<std::size_t> layer_sizes, const engine_options& o)
+      : comm_(comm::process_group(group)), engine_(comm_, std::move(layer_sizes), o.parse(), o.parse_code()) {
+  }
 
   void start(const at::Tensor& flat, bool broadcast) {
     auto x = values_of(flat, "flat");
@@ -180,9 +218,7 @@ private:
 // bytes sent so far (steps values): what a run of DiLoCo over another transport must reproduce bit for bit
 // when its ranks took those inner steps.
 py::list diloco_over_threads(const std::vector<at::Tensor>& trajectories,
-                             std::vector<std::size_t> layer_sizes, int sync_every, int fragments, int delay,
-                             float alpha, const std::string& layout, float outer_lr, float outer_momentum,
-                             const std::string& code, bool keep_delay_steps) {
+                             std::vector<std::size_t> layer_sizes, const engine_options& options) {
   const int n = static_cast<int>(trajectories.size());
   commsgd::check_range("trajectories", n, 1, 64, "[1, 64] ranks");
   std::int64_t steps = 0, d = 0;
@@ -200,14 +236,8 @@ py::list diloco_over_threads(const std::vector<at::Tensor>& trajectories,
     globals.push_back(at::zeros({steps, d}, at::TensorOptions().dtype(at::kFloat)));
     sent.push_back(at::zeros({steps}, at::TensorOptions().dtype(at::kLong)));
   }
-  const sync::diloco_options o{.sync_every = sync_every,
-                               .fragments = fragments,
-                               .delay = delay,
-                               .alpha = alpha,
-                               .keep_delay_steps = keep_delay_steps,
-                               .layout = layout_of(layout),
-                               .outer = {.lr = outer_lr, .momentum = outer_momentum}};
-  const auto parsed = sync::diloco_code::parse(code);
+  const auto o = options.parse();
+  const auto parsed = options.parse_code();
   {
     py::gil_scoped_release unlocked;
     comm::local_group(n).run([&](comm::local& c) {
@@ -237,13 +267,18 @@ py::list diloco_over_threads(const std::vector<at::Tensor>& trajectories,
 } // namespace
 
 void bind_diloco(py::module_& m) {
-  py::class_<diloco_engine>(m, "DiLoCoEngine")
-      .def(py::init<const group_ptr&, std::vector<std::size_t>, int, int, int, float, const std::string&,
-                    float, float, const std::string&, bool>(),
-           py::arg("process_group"), py::arg("layer_sizes"), py::arg("sync_every"), py::arg("fragments"),
-           py::arg("delay"), py::arg("alpha"), py::arg("layout"), py::arg("outer_lr"),
-           py::arg("outer_momentum"), py::arg("compression"), py::arg("keep_delay_steps") = false)
-      .def("start", &diloco_engine::start, py::arg("flat"), py::arg("broadcast") = true)
+  py::class_<diloco_engine> engine(m, "DiLoCoEngine");
+  with_option_args([&](auto... options) {
+    engine.def(py::init(taking_options<const group_ptr&, std::vector<std::size_t>>(
+                   [](const group_ptr& group, std::vector<std::size_t> layer_sizes, const engine_options& o) {
+                     return std::make_unique<diloco_engine>(group, std::move(layer_sizes), o);
+                   })),
+               py::arg("process_group"), py::arg("layer_sizes"), options...);
+    m.def("diloco_over_threads",
+          taking_options<const std::vector<at::Tensor>&, std::vector<std::size_t>>(diloco_over_threads),
+          py::arg("trajectories"), py::arg("layer_sizes"), options...);
+  });
+  engine.def("start", &diloco_engine::start, py::arg("flat"), py::arg("broadcast") = true)
       .def("rebind", &diloco_engine::rebind, py::arg("process_group"))
       .def("set_timeout", &diloco_engine::set_timeout, py::arg("seconds"))
       .def("timeout", &diloco_engine::timeout)
@@ -269,11 +304,6 @@ void bind_diloco(py::module_& m) {
       .def("load", &diloco_engine::load)
       .def("load_parts", &diloco_engine::load_parts, py::arg("shared"), py::arg("local"))
       .def("traffic", &diloco_engine::traffic);
-
-  m.def("diloco_over_threads", &diloco_over_threads, py::arg("trajectories"), py::arg("layer_sizes"),
-        py::arg("sync_every"), py::arg("fragments"), py::arg("delay"), py::arg("alpha"), py::arg("layout"),
-        py::arg("outer_lr"), py::arg("outer_momentum"), py::arg("compression"),
-        py::arg("keep_delay_steps") = false);
 
   // The codes (sync/diloco_codes.hpp) and the collectives' traffic (comm/traffic.hpp), for Python's byte counts.
   // The list of forms and the refusal's text too: a new code reaches Python with no edit here or there.

@@ -11,6 +11,7 @@
 #include <torch/python.h>
 
 #include "bridge.hpp"
+#include "bucket_state.hpp"
 #include "exchange_queue.hpp"
 
 #include <commsgd/comm/metered.hpp>
@@ -145,28 +146,19 @@ public:
   std::vector<std::int64_t> keys() { return commsgd_torch::keys_when_done(queue_, buckets_); }
 
   py::dict state_dict() {
-    queue_.drain();
-    py::dict buckets;
-    for (auto& [i, b] : buckets_) {
-      std::ostringstream os;
-      b.x.save(os);
-      buckets[py::int_(i)] = py::make_tuple(b.shapes, py::bytes(os.str()));
-    }
-    return buckets;
+    return buckets_dict(queue_, buckets_,
+                        [](const bucket& b) { return py::make_tuple(b.shapes, saved_bytes(b.x)); });
   }
 
   void load_state_dict(const py::dict& d) {
     queue_.drain();
-    std::map<std::int64_t, bucket> loaded;
-    for (auto item : d) {
-      auto t = item.second.cast<py::tuple>();
+    buckets_ = buckets_from<std::int64_t, bucket>(d, [this](py::handle, const py::tuple& t) {
       auto shapes = t[0].cast<shape_list>();
       compress::powersgd x(total(to_shapes(shapes)), options_of(s_, shapes));
-      std::istringstream is(t[1].cast<std::string>());
+      auto is = saved_stream(t[1]);
       x.load(is);
-      loaded.insert_or_assign(item.first.cast<std::int64_t>(), bucket{std::move(x), std::move(shapes)});
-    }
-    buckets_ = std::move(loaded);
+      return bucket{std::move(x), std::move(shapes)};
+    });
   }
 
 private:

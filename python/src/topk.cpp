@@ -2,9 +2,7 @@
 // commsgd_torch.topk_hook (python/commsgd_torch/__init__.py): the sparse exchange (with its dense fallback),
 // momentum correction and DGC's density warm-up, dense warm-up iterations, state save/load.
 //
-// Buckets are keyed by the model indices of their parameters, in bucket order. When DDP rebuilds its
-// buckets, a new bucket takes over the residual (and momentum) of each of its parameters from wherever that
-// parameter was before, so nothing held back is lost or lands on another parameter.
+// What each bucket holds back follows its parameters across DDP's bucket rebuilds (residual_store.hpp).
 //
 // Momentum: the optimizer steps without it and the hook applies it (sparsify/top_k.hpp's momentum
 // correction). During the dense warm-up the hook returns momentum SGD's update m v + mean(g), with v the
@@ -19,7 +17,9 @@
 #include <torch/python.h>
 
 #include "bridge.hpp"
+#include "bucket_state.hpp"
 #include "exchange_queue.hpp"
+#include "residual_store.hpp"
 
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
@@ -35,7 +35,6 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -91,13 +90,10 @@ void check_bucket(const at::Tensor& t) {
 }
 
 class topk_state {
-public:
-  struct bucket {
-    any_top_k sparsifier;
-    std::vector<std::int64_t> params;  // model indices, in bucket order
-    std::vector<std::int64_t> offsets; // where each starts in the bucket
-  };
+  using store = residual_store<any_top_k>;
+  using bucket = store::bucket;
 
+public:
   topk_state(const group_ptr& group, const std::string& selector, double density, double momentum,
              const std::string& masking, std::int64_t dense_warmup, std::int64_t dgc_warmup_per_stage,
              bool warmup_momentum, bool layerwise)
@@ -151,9 +147,9 @@ public:
 
   py::object residual(const std::string& key) {
     queue_.drain();
-    auto it = buckets_.find(key);
-    if (it == buckets_.end()) return py::none();
-    auto r = std::visit([](auto& s) { return s.residual(); }, it->second.sparsifier);
+    const auto* b = store_.at(key);
+    if (!b) return py::none();
+    auto r = std::visit([](auto& s) { return s.residual(); }, b->sparsifier);
     return py::cast(at::from_blob(const_cast<float*>(r.data()), {static_cast<std::int64_t>(r.size())},
                                   at::TensorOptions().dtype(at::kFloat))
                         .clone());
@@ -163,9 +159,9 @@ public:
   // compressed round): what AutoState hands back to the optimizer when it leaves top-k.
   py::object momentum(const std::string& key) {
     queue_.drain();
-    auto it = buckets_.find(key);
-    if (it == buckets_.end()) return py::none();
-    auto u = std::visit([](auto& s) { return s.momentum(); }, it->second.sparsifier);
+    const auto* b = store_.at(key);
+    if (!b) return py::none();
+    auto u = std::visit([](auto& s) { return s.momentum(); }, b->sparsifier);
     if (u.empty()) return py::none();
     return py::cast(at::from_blob(const_cast<float*>(u.data()), {static_cast<std::int64_t>(u.size())},
                                   at::TensorOptions().dtype(at::kFloat))
@@ -174,9 +170,9 @@ public:
 
   py::object last_sent(const std::string& key) {
     queue_.drain();
-    auto it = buckets_.find(key);
-    if (it == buckets_.end()) return py::none();
-    auto v = std::visit([](auto& s) { return s.last().view(); }, it->second.sparsifier);
+    const auto* b = store_.at(key);
+    if (!b) return py::none();
+    auto v = std::visit([](auto& s) { return s.last().view(); }, b->sparsifier);
     at::Tensor idx = at::empty({static_cast<std::int64_t>(v.size())}, at::TensorOptions().dtype(at::kLong));
     at::Tensor val = at::empty({static_cast<std::int64_t>(v.size())}, at::TensorOptions().dtype(at::kFloat));
     for (std::size_t j = 0; j < v.size(); ++j) {
@@ -186,25 +182,19 @@ public:
     return py::make_tuple(idx, val);
   }
 
-  std::vector<std::string> keys() { return commsgd_torch::keys_when_done(queue_, buckets_); }
+  std::vector<std::string> keys() { return commsgd_torch::keys_when_done(queue_, store_.buckets()); }
 
   py::dict state_dict() {
-    queue_.drain();
-    py::dict buckets;
-    for (auto& [key, b] : buckets_) {
+    const auto buckets = buckets_dict(queue_, store_.buckets(), [](const bucket& b) {
       std::vector<std::byte> blob;
       std::visit([&](auto& s) { s.save(blob); }, b.sparsifier);
-      buckets[py::str(key)] = py::make_tuple(
-          b.params, b.offsets, py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()));
-    }
+      return py::make_tuple(b.params, b.offsets, blob_bytes(blob));
+    });
     py::dict d;
     d["selector"] = selector_names[selector_];
     d["iteration"] = iteration_;
     d["buckets"] = buckets;
-    py::dict warm;
-    for (auto& [param, u] : warm_momentum_)
-      warm[py::int_(param)] = commsgd_torch::tensor_of(u.buffer());
-    d["warmup_velocity"] = warm;
+    d["warmup_velocity"] = velocities_dict(warm_momentum_);
     return d;
   }
 
@@ -214,32 +204,23 @@ public:
     if (selector_index(sel) != selector_)
       throw corrupt_data(commsgd::concat("saved state: selector '", sel, "', this hook's is '",
                                          selector_names[selector_], "'"));
-    std::map<std::string, bucket> loaded;
-    for (auto item : d["buckets"].cast<py::dict>()) {
-      auto t = item.second.cast<py::tuple>();
-      auto params = t[0].cast<std::vector<std::int64_t>>();
-      auto offsets = t[1].cast<std::vector<std::int64_t>>();
-      const std::string bytes = t[2].cast<std::string>();
-      std::vector<std::byte> blob(bytes.size());
-      std::memcpy(blob.data(), bytes.data(), bytes.size());
-      commsgd::state::reader r(blob, "top_k"); // reads the length before the sparsifier exists
-      const auto n = r.get<std::uint64_t>();
-      bucket b{make_top_k(selector_, n, options_for(offsets, n)), std::move(params), std::move(offsets)};
-      std::visit([&](auto& s) { s.load(std::span<const std::byte>(blob)); }, b.sparsifier);
-      loaded.emplace(item.first.cast<std::string>(), std::move(b));
-    }
-    std::map<std::int64_t, compress::hook_momentum> warm;
+    auto loaded = buckets_from<std::string, bucket>(
+        d["buckets"].cast<py::dict>(), [this](py::handle, const py::tuple& t) {
+          auto params = t[0].cast<std::vector<std::int64_t>>();
+          auto offsets = t[1].cast<std::vector<std::int64_t>>();
+          const auto blob = saved_blob(t[2]);
+          commsgd::state::reader r(blob, "top_k"); // reads the length before the sparsifier exists
+          const auto n = r.get<std::uint64_t>();
+          bucket b{make_top_k(selector_, n, options_for(offsets, n)), std::move(params), std::move(offsets)};
+          std::visit([&](auto& s) { s.load(std::span<const std::byte>(blob)); }, b.sparsifier);
+          return b;
+        });
+    store::velocity_map warm;
     if (d.contains("warmup_velocity"))
-      for (auto item : d["warmup_velocity"].cast<py::dict>())
-        warm.emplace(item.first.cast<std::int64_t>(), static_cast<float>(opt_.momentum))
-            .first->second.assign(
-                commsgd_torch::values_of(item.second.cast<at::Tensor>().contiguous(), "warmup_velocity"));
-    buckets_ = std::move(loaded);
+      warm = velocities_from(d["warmup_velocity"].cast<py::dict>(), static_cast<float>(opt_.momentum),
+                             "warmup_velocity");
+    store_.replace(std::move(loaded));
     warm_momentum_ = std::move(warm);
-    owner_.clear();
-    for (auto& [key, b] : buckets_)
-      for (auto p : b.params)
-        owner_[p] = key;
     iteration_ = d["iteration"].cast<std::int64_t>();
   }
 
@@ -265,7 +246,12 @@ private:
       if (iteration_ < dense_warmup_) {
         msg = dense_message(g); // a NaN here makes every rank's exchange raise
       } else {
-        auto& b = find(params, sizes, n);
+        auto& b = store_.find(
+            params, sizes,
+            [&](const std::vector<std::int64_t>& offsets) {
+              return make_top_k(selector_, n, options_for(offsets, n));
+            },
+            static_cast<std::uint64_t>(iteration_ - dense_warmup_), warm_momentum_);
         const auto t0 = std::chrono::steady_clock::now();
         msg = std::visit([&](auto& s) { return s.step(g); }, b.sparsifier);
         compute_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -316,13 +302,6 @@ private:
     return o;
   }
 
-  static std::string key_of(const std::vector<std::int64_t>& params) {
-    std::string k;
-    for (auto p : params)
-      k += (k.empty() ? "" : ",") + std::to_string(p);
-    return k;
-  }
-
   sparsify::sparse_view<std::uint32_t> dense_message(std::span<const float> g) {
     if (iota_.size() < g.size()) {
       iota_.resize(g.size());
@@ -339,69 +318,6 @@ private:
     return {n, std::span<const std::uint32_t>(&zero_index, 1), std::span<const float>(&nan, 1)};
   }
 
-  bucket& find(const std::vector<std::int64_t>& params, const std::vector<std::int64_t>& sizes,
-               std::size_t n) {
-    const std::string key = key_of(params);
-    if (auto it = buckets_.find(key); it != buckets_.end()) return it->second;
-    std::vector<std::int64_t> offsets;
-    std::int64_t off = 0;
-    for (auto s : sizes) {
-      offsets.push_back(off);
-      off += s;
-    }
-    bucket b{make_top_k(selector_, n, options_for(offsets, n)), params, std::move(offsets)};
-    adopt(b, sizes);
-    for (auto p : params)
-      owner_[p] = key;
-    return buckets_.emplace(key, std::move(b)).first->second;
-  }
-
-  // Moves each parameter's residual (and momentum) from its previous bucket into `b`, and sets b's step
-  // count to the iteration, through the sparsifier's own assign().
-  void adopt(bucket& b, const std::vector<std::int64_t>& sizes) {
-    const bool momentum = std::visit([](auto& s) { return s.has_momentum(); }, b.sparsifier);
-    const auto own_r = std::visit([](auto& s) { return s.residual(); }, b.sparsifier);
-    const auto own_u = std::visit([](auto& s) { return s.momentum(); }, b.sparsifier);
-    std::vector<float> residual(own_r.begin(), own_r.end()), velocity(own_u.begin(), own_u.end());
-    bool moved = false;
-    for (std::size_t j = 0; j < b.params.size(); ++j) {
-      auto own = owner_.find(b.params[j]);
-      if (own == owner_.end()) {
-        // A parameter's first compressed round: its momentum goes on from the dense warm-up's.
-        auto w = warm_momentum_.find(b.params[j]);
-        if (momentum && w != warm_momentum_.end() && w->second.length() == static_cast<std::size_t>(sizes[j]))
-          std::ranges::copy(w->second.buffer(), velocity.begin() + static_cast<std::ptrdiff_t>(b.offsets[j]));
-        continue;
-      }
-      auto& old = buckets_.at(own->second);
-      const auto pos = std::find(old.params.begin(), old.params.end(), b.params[j]) - old.params.begin();
-      const auto from = static_cast<std::size_t>(old.offsets[static_cast<std::size_t>(pos)]);
-      const auto count = static_cast<std::size_t>(sizes[j]);
-      const auto to = static_cast<std::size_t>(b.offsets[j]);
-      auto r = std::visit([](auto& s) { return s.residual(); }, old.sparsifier);
-      std::copy_n(r.begin() + static_cast<std::ptrdiff_t>(from), count,
-                  residual.begin() + static_cast<std::ptrdiff_t>(to));
-      if (momentum) {
-        auto u = std::visit([](auto& s) { return s.momentum(); }, old.sparsifier);
-        std::copy_n(u.begin() + static_cast<std::ptrdiff_t>(from), count,
-                    velocity.begin() + static_cast<std::ptrdiff_t>(to));
-      }
-      moved = true;
-    }
-    const auto steps = static_cast<std::uint64_t>(iteration_ - dense_warmup_);
-    std::visit([&](auto& s) { s.assign(steps, residual, velocity); }, b.sparsifier);
-    // A bucket none of whose parameters it still owns is dropped.
-    if (moved)
-      for (auto it = buckets_.begin(); it != buckets_.end();) {
-        bool owns = false;
-        for (auto p : it->second.params)
-          if (auto o = owner_.find(p); o != owner_.end() && o->second == it->first &&
-                                       std::find(b.params.begin(), b.params.end(), p) == b.params.end())
-            owns = true;
-        it = owns ? std::next(it) : buckets_.erase(it);
-      }
-  }
-
   meter comm_;
   std::size_t selector_;
   sparsify::top_k_options opt_;
@@ -409,10 +325,9 @@ private:
   bool layerwise_ = true;
   std::int64_t dense_warmup_ = 0;
   std::int64_t iteration_ = 0;
-  std::map<std::int64_t, compress::hook_momentum> warm_momentum_; // per parameter, during the dense warm-up
+  store::velocity_map warm_momentum_; // per parameter, during the dense warm-up
   double compute_ = 0.0;
-  std::map<std::string, bucket> buckets_;
-  std::map<std::int64_t, std::string> owner_; // parameter index -> key of the bucket holding its residual
+  store store_;
   sparsify::exchanger<std::uint32_t> exchanger_;
   std::vector<std::uint32_t> iota_;
   std::vector<float> scratch_;
