@@ -24,8 +24,8 @@
 //   bench/diloco_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //                      --benchmark_out=diloco.json --benchmark_out_format=json
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/sync/coded_diloco.hpp>
 #include <commsgd/sync/diloco_codes.hpp>
-#include <commsgd/sync/diloco_code.hpp>
 
 #include "mirror.hpp"
 

@@ -3,7 +3,7 @@
 // on a least-squares problem here). Checked: every rank holds the same common model, and its loss falls.
 // The exit status is the test (ctest -R docs.diloco).
 #include <commsgd/comm/local.hpp>
-#include <commsgd/sync/diloco_code.hpp>
+#include <commsgd/sync/coded_diloco.hpp>
 #include <support/least_squares.hpp>
 
 #include <algorithm>

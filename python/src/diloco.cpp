@@ -14,7 +14,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/traffic.hpp>
-#include <commsgd/sync/diloco_code.hpp>
+#include <commsgd/sync/coded_diloco.hpp>
 #include <commsgd/sync/diloco_codes.hpp>
 
 #include <pybind11/stl.h>

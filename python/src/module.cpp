@@ -1,4 +1,5 @@
-// commsgd_torch._C: the library behind the DDP communication hooks (python/commsgd_torch/__init__.py).
+// commsgd_torch._C: the library behind the DDP communication hooks (python/commsgd_torch/: a .py file a hook,
+// each over its binding here in src/).
 //
 // One file per hook state, each over its own comm::metered<comm::process_group> and its own exchange_queue
 // (so a script reads the bytes this rank sent and received, and DDP gets a future at once):

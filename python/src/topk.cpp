@@ -1,5 +1,5 @@
 // commsgd_torch._C.TopK: top-k with error feedback per DDP bucket over a metered comm::process_group, behind
-// commsgd_torch.topk_hook (python/commsgd_torch/__init__.py): the sparse exchange (with its dense fallback),
+// commsgd_torch.topk_hook (python/commsgd_torch/topk.py): the sparse exchange (with its dense fallback),
 // momentum correction and DGC's density warm-up, dense warm-up iterations, state save/load.
 //
 // What each bucket holds back follows its parameters across DDP's bucket rebuilds (residual_store.hpp).

@@ -1,4 +1,4 @@
-// The codes of DiLoCo named at run time (sync/diloco_codes.hpp, sync/diloco_code.hpp): names round-trip and bad
+// The codes of DiLoCo named at run time (sync/diloco_codes.hpp, sync/coded_diloco.hpp): names round-trip and bad
 // ones are refused; the sizes cost/ gives are the compressors' own; sync::coded_diloco is the engine of that
 // code bit for bit; the bytes the engine counts are those its rounds hand the transport (comm::over_messages
 // runs every collective out of point-to-point messages, comm::metered counts them) and those cost/ predicts;
@@ -6,8 +6,8 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/over_messages.hpp>
+#include <commsgd/sync/coded_diloco.hpp>
 #include <commsgd/sync/diloco_codes.hpp>
-#include <commsgd/sync/diloco_code.hpp>
 #include <support/least_squares.hpp>
 #include <support/train_ranks.hpp>
 

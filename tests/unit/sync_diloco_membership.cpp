@@ -3,7 +3,7 @@
 // the group of the survivors, whose next round is the mean over them alone; rebind() with an exchange in
 // flight is refused; set_weight() weighs each rank in the mean.
 #include <commsgd/comm/local.hpp>
-#include <commsgd/sync/diloco_code.hpp>
+#include <commsgd/sync/coded_diloco.hpp>
 
 #include <doctest/doctest.h>
 
@@ -131,7 +131,7 @@ TEST_CASE("set_weight: the outer step takes the mean weighted by each rank's wei
   // Rank r moves every value by -d_r in one inner step (a pseudo-gradient of d_r), weighted w_r; plain outer
   // SGD (lr 1, no momentum) then moves the common model by -(w0 d0 + w1 d1) / 2. Every weighted value is a
   // power of two, which every code carries exactly, so the model is checked bit for bit.
-  const float d[2] = {0.5f, 0.25f}, w[2] = {2.0f, 0.5f}; // unweighted: 0.625
+  const float d[2] = {0.5f, 0.25f}, w[2] = {2.0f, 0.5f};          // unweighted: 0.625
   const float expect = 1.0f - (w[0] * d[0] + w[1] * d[1]) / 2.0f; // 0.4375
   for (const char* code : {"dense", "int8", "e3m0", "topk-1"}) {
     CAPTURE(code);

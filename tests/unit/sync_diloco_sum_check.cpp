@@ -3,9 +3,9 @@
 // the engine reading it again: the refusal must name the same count and first index as reading it does (dense,
 // whose sum the engine reads, beside them). fp16 and bf16 refuse such a sum inside their ring.
 #include <commsgd/comm/local.hpp>
-#include <commsgd/sync/diloco_codes.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/sync/diloco_code.hpp>
+#include <commsgd/sync/coded_diloco.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 
 #include <doctest/doctest.h>
 

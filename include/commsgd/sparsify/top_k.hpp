@@ -19,7 +19,7 @@
 //
 // The CUDA counterpart is cuda::top_k (commsgd/cuda/select/top_k.cuh, behind commsgd/cuda.cuh): the same step on
 // gradients in device memory (one fused elementwise kernel for p, a device selector, cuda::compact for the
-// pairs), with the same tie rule (select::is_selected) and the same checkpoint codec (state_io.hpp); its
+// pairs), with the same tie rule (select::is_selected) and the same checkpoint codec (state/top_k.hpp); its
 // header says which states move between the two.
 #pragma once
 

@@ -32,8 +32,8 @@
 //
 // Exchanges: X, any compress::compressor, carries each fragment's pseudo-gradient (one compressor per
 // fragment, made by `make_compressor(length)`, its residual the fragment's own); uncompressed, the floats are
-// summed by all_reduce_sum. sync/diloco_code.hpp names the codes and makes the engine for one chosen at run
-// time. Exchanges run on one thread (sync/exchange_thread.hpp) in the order they start, the same on every
+// summed by all_reduce_sum. sync/diloco_codes.hpp names the codes and makes the engine of each;
+// sync/coded_diloco.hpp runs one chosen at run time. Exchanges run on one thread (sync/exchange_thread.hpp) in the order they start, the same on every
 // rank; the trainer must not use the communicator between calls while one is in flight. With comm::mpi, MPI
 // must allow calls from that thread (boost::mpi::threading::serialized). bytes_sent() counts what this rank
 // put on the wire, by comm/traffic.hpp's rules (the compressors' wire_bytes()).
@@ -95,11 +95,11 @@ namespace commsgd::inline v1::sync {
 enum class fragment_layout { strided, contiguous };
 
 struct diloco_options {
-  float lr = 0.01f;     // the inner SGD step of step(params, grad): (0, inf); advance() takes none
-  int sync_every = 100; // H, inner steps a round: [1, inf)
-  int fragments = 1;    // P: [1, number of layers]
-  int delay = 0;        // tau, the local steps an exchange overlaps: [0, H)
-  float alpha = 0.0f;   // the local model's weight in the merge: [0, 1]
+  float lr = 0.01f;              // the inner SGD step of step(params, grad): (0, inf); advance() takes none
+  int sync_every = 100;          // H, inner steps a round: [1, inf)
+  int fragments = 1;             // P: [1, number of layers]
+  int delay = 0;                 // tau, the local steps an exchange overlaps: [0, H)
+  float alpha = 0.0f;            // the local model's weight in the merge: [0, 1]
   bool keep_delay_steps = false; // the merge keeps the steps taken while the exchange travelled; alpha 0 only
   fragment_layout layout = fragment_layout::strided;
   outer_sgd_options outer = {}; // DiLoCo's lr 0.7, momentum 0.9
@@ -314,8 +314,8 @@ private:
     std::int64_t started = 0, due = 0;
     std::vector<float> delta, sum;
     std::vector<float> start; // keep_delay_steps: the fragment's local values when the exchange started
-    std::uint64_t wire = 0; // bytes this rank sent for it, written by the exchange thread
-    bool own_finite = true; // uncompressed: whether this rank's pseudo-gradient was finite
+    std::uint64_t wire = 0;   // bytes this rank sent for it, written by the exchange thread
+    bool own_finite = true;   // uncompressed: whether this rank's pseudo-gradient was finite
     // The sum's NaN and inf as the compressor counted them while writing it, where it does (then apply does
     // not read the sum again to test it).
     std::optional<select::non_finite_scan> sum_scan;

@@ -1,6 +1,6 @@
 // The registry of the codes a DiLoCo pseudo-gradient travels in: their one set of names, their message sizes,
 // the bytes a rank sends a round, and the engine each one runs (sync::diloco over its compressor of compress/).
-// sync::coded_diloco (sync/diloco_code.hpp) runs a code named at run time from here; commsgd_torch reads the
+// sync::coded_diloco (sync/coded_diloco.hpp) runs a code named at run time from here; commsgd_torch reads the
 // names and sizes through its extension, so a code added here reaches Python with no binding edit. How a
 // top-k message is laid out is cost/top_k_plan.hpp's; this file only adds its sizes up per code.
 // The names are those of the exchanges in cost/candidate.hpp ("dense", "fp16", "topk-<density>", ...).

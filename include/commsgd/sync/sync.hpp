@@ -7,10 +7,10 @@
 #include <commsgd/sync/choose_from_plans.hpp>
 #include <commsgd/sync/choose_from_steps.hpp>
 #include <commsgd/sync/choose_with_history.hpp>
+#include <commsgd/sync/coded_diloco.hpp>
 #include <commsgd/sync/delays.hpp>
 #include <commsgd/sync/dense_exchange.hpp>
 #include <commsgd/sync/diloco.hpp>
-#include <commsgd/sync/diloco_code.hpp>
 #include <commsgd/sync/diloco_codes.hpp>
 #include <commsgd/sync/exchange_thread.hpp>
 #include <commsgd/sync/first_arrivals.hpp>
