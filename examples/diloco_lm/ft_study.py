@@ -47,7 +47,8 @@ ARMS = {
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
-    p.add_argument("--python", default=sys.executable, help="the interpreter with torch, torchft, commsgd_torch")
+    p.add_argument("--python", default=sys.executable,
+                   help="the interpreter with torch, torchft, commsgd_torch (and matplotlib, for --report)")
     p.add_argument("--rates", nargs="+", default=["100mbit", "10mbit"])
     p.add_argument("--arms", nargs="+", default=["commsgd", "commsgd-streamed", "torchft-streamed", "ckpt"],
                    choices=sorted(ARMS))
