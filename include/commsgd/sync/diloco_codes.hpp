@@ -56,6 +56,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -290,31 +291,32 @@ template <comm::communicator C>
 diloco_engine<C> make_diloco_engine(C& c, std::vector<std::size_t> layers, diloco_options o,
                                     const diloco_code& code) {
   using engine = diloco_engine<C>;
+  // The engine over the compressor `make_x` makes for a fragment of n values (its type picks the alternative).
+  auto coded = [&](auto make_x) {
+    using X = std::invoke_result_t<decltype(make_x), std::size_t>;
+    return engine(std::in_place_type<diloco<C, X>>, c, std::move(layers), o, std::move(make_x));
+  };
   switch (code.format) {
   case diloco_format::dense:
-    return engine(std::in_place_index<0>, c, std::move(layers), o);
+    return engine(std::in_place_type<diloco<C>>, c, std::move(layers), o);
   case diloco_format::fp16:
-    return engine(std::in_place_index<1>, c, std::move(layers), o,
-                  [](std::size_t n) { return compress::fp16(n, {.error_feedback = false}); });
+    return coded([](std::size_t n) { return compress::fp16(n, {.error_feedback = false}); });
   case diloco_format::bf16:
-    return engine(std::in_place_index<2>, c, std::move(layers), o,
-                  [](std::size_t n) { return compress::bf16(n, {.error_feedback = false}); });
+    return coded([](std::size_t n) { return compress::bf16(n, {.error_feedback = false}); });
   case diloco_format::int8:
-    return engine(std::in_place_index<3>, c, std::move(layers), o, [](std::size_t n) {
+    return coded([](std::size_t n) {
       return compress::int8(n, {.block_size = cost::diloco_block_size, .error_feedback = false});
     });
   case diloco_format::e3m0:
-    return engine(std::in_place_index<4>, c, std::move(layers), o, [](std::size_t n) {
+    return coded([](std::size_t n) {
       return compress::e3m0(n, {.block_size = cost::diloco_block_size, .error_feedback = false});
     });
   case diloco_format::top_k:
     if (code.shared)
-      return engine(std::in_place_index<6>, c, std::move(layers), o,
-                    detail::diloco_flat_top_k<compress::shared_top_k<select::laplace_bisect>>(code));
+      return coded(detail::diloco_flat_top_k<compress::shared_top_k<select::laplace_bisect>>(code));
     if (code.regions)
-      return engine(std::in_place_index<7>, c, std::move(layers), o,
-                    detail::diloco_flat_top_k<compress::region_top_k<select::laplace_bisect>>(code));
-    return engine(std::in_place_index<5>, c, std::move(layers), o, [code](std::size_t n) {
+      return coded(detail::diloco_flat_top_k<compress::region_top_k<select::laplace_bisect>>(code));
+    return coded([code](std::size_t n) {
       return compress::top_k_ef<select::laplace_bisect>(n,
                                                         {.density = code.density,
                                                          .two_bit = code.two_bit,
