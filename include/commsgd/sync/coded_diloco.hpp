@@ -1,7 +1,8 @@
-// sync::coded_diloco: sync::diloco with its pseudo-gradient code named at run time ("dense", "fp16", "int8",
-// "topk-<density>", ...), for hosts that choose it from a flag or a Python argument: commsgd_torch.DiLoCo, the
-// benchmarks, the examples. The names, and the engine each one runs, are the registry's (sync/diloco_codes.hpp);
-// every call forwards to that engine; see sync/diloco.hpp for what they do.
+// sync::coded_diloco: sync::diloco with its pseudo-gradient code chosen at run time, for hosts that take it
+// from a flag or a Python argument (commsgd_torch.DiLoCo, the benchmarks, the examples): constructed from
+// sync::diloco_code::parse("int8"), "topk-0.01", ... Parsing the names and making the engine of each code are
+// the registry's (sync/diloco_codes.hpp); this class holds that engine and forwards every call to it (see
+// sync/diloco.hpp for what they do).
 #pragma once
 
 #include <commsgd/comm/archetype.hpp>
