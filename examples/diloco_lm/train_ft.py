@@ -199,7 +199,7 @@ def checkpoint_restart(args, rank, world, restarts, model, inner, lr_at, write, 
     saved = {}  # step -> path of this rank's checkpoint at that step
     path = lambda step: os.path.join(args.ckpt_dir, f"rank{rank}.step{step}.pt")  # noqa: E731
     for name in os.listdir(args.ckpt_dir):  # a restarted rank finds what its former self saved
-        if name.startswith(f"rank{rank}.step"):
+        if name.startswith(f"rank{rank}.step") and name.endswith(".pt"):
             saved[int(name[len(f"rank{rank}.step"):-3])] = os.path.join(args.ckpt_dir, name)
     initial = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "inner": inner.state_dict()}
     steps = 0
@@ -251,8 +251,11 @@ def checkpoint_restart(args, rank, world, restarts, model, inner, lr_at, write, 
                 train.lm_loss(model, x, y).backward()
                 opt.step()
                 if opt.inner_steps % args.sync_every == 0:
+                    # Written whole or not at all: a rank killed while saving leaves no checkpoint that fails
+                    # to load (and so no generation that fails on it, over and over).
                     torch.save({"model": model.state_dict(), "inner": inner.state_dict(),
-                                "diloco": opt.state_dict()}, path(opt.inner_steps))
+                                "diloco": opt.state_dict()}, path(opt.inner_steps) + ".part")
+                    os.replace(path(opt.inner_steps) + ".part", path(opt.inner_steps))
                     saved[opt.inner_steps] = path(opt.inner_steps)
                     write({"event": "round", "step": opt.inner_steps, "committed": opt.stats()["outer_steps"],
                            "replicas": world, "delivered": 0, "generation": gen})
