@@ -22,6 +22,7 @@ model at 100 Mbit/s), 1,800 steps are a minute.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -136,8 +137,7 @@ def summary(a, rate):
              "faulted) | lost replicas | back within (rounds, worst) |", "|---|---|---|---|---|---|---|---|---|"]
 
     def spread(xs):
-        xs = sorted(xs)
-        return f"{xs[len(xs) // 2]:.2f} [{xs[0]:.2f}, {xs[-1]:.2f}]" if xs else "-"
+        return f"{statistics.median(xs):.2f} [{min(xs):.2f}, {max(xs):.2f}]" if xs else "-"
     for arm in a.arms:
         got = {"clean": [], "faults": []}
         for k in range(1, a.repeats + 1):
@@ -146,13 +146,14 @@ def summary(a, rate):
                 if os.path.exists(os.path.join(folder, "done.json")):
                     got[kind].append(ft_report.summarise(ft_report.load_run(folder), a.ranks,
                                                          ft_report.load_events(folder)))
-        med = {kind: sorted(s["goodput"] for s in v)[len(v) // 2] if v else None for kind, v in got.items()}
+        med = {kind: statistics.median(s["goodput"] for s in v) if v else None for kind, v in got.items()}
         res = f"{med['faults'] / med['clean']:.2f}x" if med["clean"] and med["faults"] else "-"
         lost = sum(len(s["lost"]) for s in got["faults"])
         backs = [s["back_within"] for s in got["faults"] if s["back_within"] is not None]
         lines.append(f"| {arm} | {spread([s['goodput'] for s in got['clean']])} | "
                      f"{spread([s['goodput'] for s in got['faults']])} | {res} | "
-                     f"{spread([s['speed'] for s in got['clean']])} | {spread([s['speed'] for s in got['faults']])} | "
+                     f"{spread([s['speed'] for s in got['clean'] if s['taken']])} | "
+                     f"{spread([s['speed'] for s in got['faults'] if s['taken']])} | "
                      f"{len(got['clean'])}, {len(got['faults'])} | {lost} | {max(backs) if backs else '-'} |")
     return lines
 
