@@ -306,9 +306,10 @@ def _die_with_parent():
     return arm
 
 
-def torchft_fragments(model, P):
-    """The modules torchft's streamed DiLoCo syncs one at a time: the transformer's units (embeddings, blocks,
-    final norm) in P contiguous groups, or the whole model when P is 1."""
+def unit_fragments(model, P):
+    """Streamed DiLoCo's fragments by module: the transformer's units (embeddings, blocks, final norm) in P
+    contiguous groups, or the whole model when P is 1 (torchft's arms, and train_ft.py's commsgd arm, so that
+    both stream the same fragments)."""
     if P <= 1:
         return [model]
     units = [model.tok, model.pos, *model.blocks, model.ln]
@@ -401,7 +402,7 @@ def torchft_arm(args, model, inner):
                       init_sync=False)
     atexit.register(lambda: manager.shutdown(wait=False))
     model._torchft_keep = (store, manager)  # alive as long as the model
-    frags = torchft_fragments(model, args.fragments)
+    frags = unit_fragments(model, args.fragments)
     # One outer optimizer per fragment, as torchft's streaming examples make them.
     outer = [torch.optim.SGD(f.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
                              nesterov=args.outer_momentum > 0)

@@ -352,10 +352,10 @@ def main(argv=None):
         pg = commsgd_torch.ReplicaGroup(timeout=datetime.timedelta(seconds=args.deadline))
         manager, store = make_manager(args, rank, pg)
         everyone_ready()
+        fragments = train.unit_fragments(model, args.fragments) if args.fragments > 1 else 1
         opt = commsgd_torch.FaultTolerantDiLoCo(model, inner, manager=manager, sync_every=args.sync_every,
                                                 outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-                                                compression=args.compression,
-                                                fragments=train.torchft_fragments(model, args.fragments),
+                                                compression=args.compression, fragments=fragments,
                                                 delay=args.delay, alpha=args.alpha,
                                                 keep_delay_steps=bool(args.keep_delay_steps))
         steps_done = lambda: opt.inner_steps  # noqa: E731
@@ -377,7 +377,7 @@ def main(argv=None):
         manager, store = make_manager(args, rank, pg, state, load, init_sync=False)
         everyone_ready()
         # Streamed as train.py's torchft arm is (one outer optimizer a fragment, as torchft's examples make them).
-        frags = train.torchft_fragments(model, args.fragments)
+        frags = train.unit_fragments(model, args.fragments)
         outer = [torch.optim.SGD(f.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
                                  nesterov=args.outer_momentum > 0) for f in frags]
         diloco = TorchftDiLoCo(manager, frags, inner, outer, sync_every=args.sync_every,

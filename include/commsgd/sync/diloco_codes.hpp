@@ -252,10 +252,7 @@ struct diloco_code {
 //                 chunk's k largest are found by laplace_bisect warm-started from that chunk's threshold of
 //                 the last round and trimmed to exactly k (ties to the lowest index): the set exact selection
 //                 gives, bit for bit (its speed on DiLoCo's real accumulators: docs/diloco.md, top-k)
-//   topk-...-shared  shared_top_k, the same selection by each chunk's leader of the round, the values summed
-//                 by a bf16 ring (bytes a rank flat in n)
-//   topk-...-regions  region_top_k, each rank's picks summed by the chunk's owner, the means over the
-//                 senders cut to k and all-gathered (bytes a rank flat in n)
+//   -shared, -regions  shared_top_k, region_top_k: the same selection, their rounds as in the table above
 template <comm::communicator C>
 using diloco_engine =
     std::variant<diloco<C>, diloco<C, compress::fp16>, diloco<C, compress::bf16>, diloco<C, compress::int8>,
