@@ -12,8 +12,8 @@ baseline's (its own fault-free run), beside the speed, so that a faster arm is n
 Lost: replicas whose last incarnation logged no end (it exited with an error, or was still waiting). Back
 within: where the run's folder holds faults.py's events.jsonl (with "unix" times), for each replica's return
 (a restart, a cable back up) the rounds another replica committed before the returned one committed its next,
-the worst of them (the goal: at most 2). Loss at
-equal wall time: the run's last validation loss
+the worst of them (the goal: at most 2); "after its start": a restart counted from the new process's first
+record (up and about to ask for a quorum) instead, its own start-up apart. Loss at equal wall time: the run's last validation loss
 against the baseline's (a fault-free run) at the same wall time (the baseline's
 evaluation nearest before it). Agreement: every round that two replicas committed at the same step holds the
 same hash of the common model (commsgd's arm logs it).
@@ -42,10 +42,13 @@ def load_events(folder):
     return read(path) if os.path.exists(path) else []
 
 
-def rounds_to_return(recs, events):
+def rounds_to_return(recs, events, from_start=False):
     """The most rounds any returned replica waited: for each restart or cable_up event (at its "unix" time),
     the rounds a reference replica (the lowest other rank) committed after it and up to the returned replica's
-    next commit; None without events, a return never followed by a commit counts as every round after it."""
+    next commit; None without events, a return never followed by a commit counts as every round after it.
+    from_start: a restart counts from its new incarnation's "start" record (the process up, its Manager built,
+    about to ask for a quorum) rather than from the restart, so that the new process's own start-up (loading
+    torch, building the model) is apart from the time the others take to let it in."""
     worst = None
     for e in events:
         if e.get("event") not in ("restart", "cable_up") or "unix" not in e:
@@ -58,8 +61,14 @@ def rounds_to_return(recs, events):
                   and r["incarnation"] == (mine[0]["incarnation"] if mine else None)]
         floor = max(before) if before else 0
         back = next((r["t"] for r in mine if r["committed"] > floor), float("inf"))
-        others = [r for r in recs if r["rank"] == ref and r["event"] == "round" and e["unix"] < r["t"] <= back]
-        worst = max(worst or 0, float("inf") if back == float("inf") else len(others))
+        since = e["unix"]
+        if from_start and e["event"] == "restart":
+            up = [r["t"] for r in recs if r["rank"] == k and r["event"] == "start" and r["t"] > e["unix"]
+                  and r["incarnation"] == e.get("restarts")]
+            since = min(up) if up else float("inf")  # never up: as never back
+        others = [r for r in recs if r["rank"] == ref and r["event"] == "round" and since < r["t"] <= back]
+        never = back == float("inf") or since == float("inf")
+        worst = max(worst or 0, float("inf") if never else len(others))
     return worst
 
 
@@ -94,8 +103,13 @@ def summarise(recs, ranks, events=()):
     live = sorted((r["t"] - t0, r["replicas"]) for r in recs if r["event"] == "round" and r["rank"] == 0)
     return {"wall": wall, "delivered": delivered, "taken": sum(taken.values()), "lost": lost,
             "back_within": rounds_to_return(recs, events),
+            "back_after_start": rounds_to_return(recs, events, from_start=True),
             "goodput": delivered / (ranks * wall), "speed": sum(taken.values()) / (ranks * wall), "evals": evals,
             "rounds_checked": len(by_step), "disagree": disagree, "live": live, "t0": t0}
+
+
+def rounds_text(n):
+    return "-" if n is None else ("never" if n == float("inf") else str(n))
 
 
 def loss_at(evals, wall):
@@ -118,7 +132,7 @@ def main():
         if baseline:
             base[name] = baseline
     lines = ["| run | wall (s) | steps taken | speed (taken/s a rank) | steps delivered | goodput (steps/s a rank) "
-             "| resilience (vs its fault-free run) | lost replicas (rank, s, step) | back within (rounds) "
+             "| resilience (vs its fault-free run) | lost replicas (rank, s, step) | back within (rounds; after its start) "
              "| final val loss (step) | fault-free at that wall time | rounds checked / differing |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in runs.items():
@@ -133,8 +147,9 @@ def main():
         loss = f"{final[1]:.4f} ({final[2]})" if final else "-"
         checked = f"{s['rounds_checked']} / {len(s['disagree'])}" if s["rounds_checked"] else "-"
         lost = "; ".join(f"{k}, {t}, {st}" for k, t, st in s["lost"]) or "none"
-        back = "-" if s["back_within"] is None else ("never" if s["back_within"] == float("inf")
-                                                     else str(s["back_within"]))
+        back = rounds_text(s["back_within"])
+        if s["back_within"] is not None:
+            back += f"; {rounds_text(s['back_after_start'])}"
         lines.append(f"| {name} | {s['wall']:.1f} | {s['taken'] or '-'} | {s['speed']:.2f} | {s['delivered']} | "
                      f"{s['goodput']:.2f} | {ratio} | {lost} | {back} | {loss} | {ref} | {checked} |")
     text = "\n".join(lines)

@@ -383,13 +383,18 @@ def test_ft_report_counts_the_rounds_a_returned_replica_waited():
     def rnd(rank, t, committed, inc=0):
         return {"rank": rank, "incarnation": inc, "event": "round", "t": t, "committed": committed}
     recs = [rnd(0, t, c) for c, t in enumerate([10, 20, 30, 40, 50, 60, 70], 1)]
-    recs += [rnd(1, 10, 1), rnd(1, 14, 2), rnd(1, 21, 0, 1), rnd(1, 55, 1, 1)]  # restarted at 15: back at 55
+    recs += [rnd(1, 10, 1), rnd(1, 14, 2), rnd(1, 34, 0, 1), rnd(1, 55, 1, 1)]  # restarted at 15: back at 55
+    recs += [{"rank": 1, "incarnation": 1, "event": "start", "t": 33}]  # the new process up at 33
     recs += [rnd(2, 10, 1), rnd(2, 20, 2), rnd(2, 44, 2), rnd(2, 62, 3)]  # cable up at 41: back at 62
     restart = {"event": "restart", "rank": 1, "unix": 15.0, "restarts": 1}
     cable = {"event": "cable_up", "rank": 2, "unix": 41.0}
     assert ft_report.rounds_to_return(recs, [restart]) == 4  # rank 0's rounds at 20, 30, 40, 50
     assert ft_report.rounds_to_return(recs, [cable]) == 2  # at 50, 60
     assert ft_report.rounds_to_return(recs, [restart, cable]) == 4
+    assert ft_report.rounds_to_return(recs, [restart], from_start=True) == 2  # at 40, 50: after it was up
+    assert ft_report.rounds_to_return(recs, [cable], from_start=True) == 2  # a cable's return is its own
+    unstarted = [r for r in recs if r["event"] != "start"]
+    assert ft_report.rounds_to_return(unstarted, [restart], from_start=True) == float("inf")
     assert ft_report.rounds_to_return(recs, [{"event": "restart", "rank": 2, "unix": 65.0, "restarts": 1}]) == \
         float("inf")
     assert ft_report.rounds_to_return(recs, []) is None
