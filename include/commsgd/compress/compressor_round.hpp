@@ -3,7 +3,8 @@
 // and closes a round the same way:
 //   take_input      p = g + e, and the verdict on sizes and values that compress/agree.hpp gathers
 //   gather_and_sum  every rank's message gathered, decoded and summed in rank order from +0
-//   finish_round    the residual committed, the step counted, the report
+//   finish_round    the residual committed, the step counted, the report (finish_sparse_round: a code whose
+//                   own message holds few values commits only those)
 // A round that throws before finish_round leaves the compressor's state as it was.
 #pragma once
 
@@ -34,8 +35,10 @@ public:
   std::span<const float> residual_low() const noexcept { return ef_.residual_low(); }
 
 protected:
-  round_state(std::size_t length, bool error_feedback)
-      : length_(length), ef_(length, error_feedback), p_(length), d_(length) {}
+  // `decoded`: whether the model keeps its own message decoded in d (a dense commit); a sparse one
+  // (finish_sparse_round) does not.
+  round_state(std::size_t length, bool error_feedback, bool decoded = true)
+      : length_(length), ef_(length, error_feedback), p_(length), d_(decoded ? length : 0) {}
 
   std::size_t length_;
   error_feedback ef_;
@@ -73,14 +76,15 @@ inline void require_parts(const char* what, std::size_t length, std::size_t n) {
                                            " ranks; the allowed lengths are multiples of the ranks"));
 }
 
-// Gathers every rank's `msg` (the same size on every rank) into `all`, sums what each decodes to into `out`
-// in rank order from +0, so every rank adds the same floats in the same order and ends with the same bits,
-// and decodes this rank's own message into `d`, what the residual keeps the rest of.
+// Gathers every rank's `msg` (the same size on every rank) into `all` and sums what each decodes to into `out`
+// in rank order from +0, so every rank adds the same floats in the same order and ends with the same bits.
 // decode(message, sink) calls sink(i, x) for the value x at index i. With `senders` (zeroed, out's length),
-// each gathered value also counts its rank there, in the same decoding pass.
+// each gathered value also counts its rank there, in the same decoding pass, and `first_sent` receives each
+// index the first time a rank sends it (the indices whose count is not zero).
 template <comm::communicator C, class Decode>
-void gather_and_sum(C& c, std::span<const std::byte> msg, std::vector<std::byte>& all, std::span<float> out,
-                    std::span<float> d, Decode&& decode, std::span<std::uint32_t> senders = {}) {
+void sum_gathered(C& c, std::span<const std::byte> msg, std::vector<std::byte>& all, std::span<float> out,
+                  Decode&& decode, std::span<std::uint32_t> senders = {},
+                  std::vector<std::size_t>* first_sent = nullptr) {
   const auto n = static_cast<std::size_t>(c.size());
   all.resize(n * msg.size());
   c.all_gather(msg, std::span<std::byte>(all));
@@ -92,23 +96,46 @@ void gather_and_sum(C& c, std::span<const std::byte> msg, std::vector<std::byte>
     else
       decode(m, [&](std::size_t i, float x) {
         out[i] += x;
-        ++senders[i];
+        if (senders[i]++ == 0 && first_sent) first_sent->push_back(i);
       });
   }
+}
+
+// sum_gathered, then this rank's own message decoded into `d`, what the residual keeps the rest of.
+template <comm::communicator C, class Decode>
+void gather_and_sum(C& c, std::span<const std::byte> msg, std::vector<std::byte>& all, std::span<float> out,
+                    std::span<float> d, Decode&& decode, std::span<std::uint32_t> senders = {}) {
+  sum_gathered(c, msg, all, out, decode, senders);
   decode(msg, [&](std::size_t i, float x) { d[i] = x; });
 }
 
 // Closes a round that has succeeded on every rank: (e, r) <- p - d, one more step, and the comm::exchange_report of n
 // ranks that each put `each` values on the wire (`dense`: summed by an all-reduce rather than gathered).
+inline comm::exchange_report round_report(std::size_t n, std::uint64_t each, bool dense) {
+  comm::exchange_report rep;
+  rep.dense = dense;
+  rep.total = each * n;
+  rep.counts.assign(n, each);
+  return rep;
+}
 inline comm::exchange_report finish_round(error_feedback& ef, std::span<const float> p,
                                           std::span<const float> d, std::uint64_t& steps, std::size_t n,
                                           std::uint64_t each, bool dense) {
   ef.commit(p, d);
   ++steps;
-  comm::exchange_report rep;
-  rep.dense = dense;
-  rep.total = each * n;
-  rep.counts.assign(n, each);
+  return round_report(n, each, dense);
+}
+
+// finish_round for a model whose own message decodes to +0 but at the indices `at`, where it is d_at (a
+// sparse code): the residual takes p's buffer (error_feedback::commit_sparse; p then holds scratch), and the
+// values' indices are all the commit touches. The report is built first, so that nothing after the commit
+// can throw.
+inline comm::exchange_report finish_sparse_round(error_feedback& ef, std::vector<float>& p,
+                                                 std::span<const std::size_t> at, std::span<const float> d_at,
+                                                 std::uint64_t& steps, std::size_t n, std::uint64_t each) {
+  auto rep = round_report(n, each, false);
+  ef.commit_sparse(p, at, d_at);
+  ++steps;
   return rep;
 }
 

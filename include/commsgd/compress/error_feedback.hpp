@@ -18,12 +18,15 @@
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/rounded.hpp>
+#include <commsgd/select/validate.hpp>
 #include <commsgd/state/stream.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <istream>
+#include <limits>
 #include <ostream>
 #include <span>
 #include <string_view>
@@ -52,6 +55,29 @@ COMMSGD_HOST_DEVICE inline void split_difference(float p, float d, float& e, flo
   e = s;
   r = t == 0.0f ? 0.0f : t;
 }
+
+namespace detail {
+// 64 values of p = g + e, or of g + decay e, and how many of them are NaN or inf (restrict parameters and a
+// known length: GCC vectorises the loop at -O2 only then).
+inline std::uint32_t accumulate_group(const float* __restrict g, const float* __restrict e,
+                                      float* __restrict p) noexcept {
+  std::uint32_t bad = 0;
+  for (std::size_t j = 0; j < 64; ++j) {
+    p[j] = g[j] + e[j];
+    bad += std::fabs(p[j]) <= std::numeric_limits<float>::max() ? 0u : 1u;
+  }
+  return bad;
+}
+inline std::uint32_t accumulate_group(const float* __restrict g, const float* __restrict e,
+                                      float* __restrict p, float decay) noexcept {
+  std::uint32_t bad = 0;
+  for (std::size_t j = 0; j < 64; ++j) {
+    p[j] = commsgd::detail::add_rn(g[j], commsgd::detail::mul_rn(decay, e[j]));
+    bad += std::fabs(p[j]) <= std::numeric_limits<float>::max() ? 0u : 1u;
+  }
+  return bad;
+}
+} // namespace detail
 
 class error_feedback {
 public:
@@ -90,22 +116,99 @@ public:
       p[i] = accumulate_value(g[i], e_[i], r_[i], decay);
   }
 
+  // accumulate(g, p, decay), bit for bit, with p's NaN and infinities counted in the same pass (as
+  // select::find_non_finite gives them: the count, and the first index, p.size() when there is none). Where
+  // the low part is known to be zero but at a few indices (every commit since the last dense one was
+  // commit_sparse), the pass reads g and e alone and those indices are mended after it.
+  select::non_finite_scan accumulate_counted(std::span<const float> g, std::span<float> p,
+                                             float decay = 1.0f) const noexcept {
+    if (!on_ || !low_sparse_) {
+      accumulate(g, p, decay);
+      return select::find_non_finite(p);
+    }
+    const std::size_t n = g.size();
+    const auto bad_of = [](float x) -> std::size_t {
+      return std::fabs(x) <= std::numeric_limits<float>::max() ? 0u : 1u;
+    };
+    // With r zero, accumulate_value(g, e, 0, decay) is g + decay e: decay times +0 is +0, which it passes over.
+    std::size_t bad = 0, i = 0;
+    if (decay == 1.0f) {
+      for (; i + 64 <= n; i += 64)
+        bad += detail::accumulate_group(g.data() + i, e_.data() + i, p.data() + i);
+      for (; i < n; ++i) {
+        p[i] = g[i] + e_[i];
+        bad += bad_of(p[i]);
+      }
+    } else {
+      for (; i + 64 <= n; i += 64)
+        bad += detail::accumulate_group(g.data() + i, e_.data() + i, p.data() + i, decay);
+      for (; i < n; ++i) {
+        p[i] = commsgd::detail::add_rn(g[i], commsgd::detail::mul_rn(decay, e_[i]));
+        bad += bad_of(p[i]);
+      }
+    }
+    float* const pp = p.data();
+    for (const std::size_t at : low_at_) {
+      const float s = g[at] + e_[at];
+      const float v =
+          decay == 1.0f ? (r_[at] == 0.0f ? s : s + r_[at]) : accumulate_value(g[at], e_[at], r_[at], decay);
+      bad = bad - bad_of(pp[at]) + bad_of(v);
+      pp[at] = v;
+    }
+    if (bad == 0) return {0, n};
+    return select::find_non_finite(p);
+  }
+
   // (e, r) <- p - d split exactly, once the round has succeeded.
   void commit(std::span<const float> p, std::span<const float> d) noexcept {
     if (!on_) return;
     for (std::size_t i = 0; i < p.size(); ++i)
       split_difference(p[i], d[i], e_[i], r_[i]);
+    low_sparse_ = false;
+  }
+
+  // commit(p, d), bit for bit, for a d that is +0 but at the indices `at` (each at most once), where it is
+  // d_at: p - +0 splits into p and +0 (p is finite), so e takes p's buffer whole, p gets e's old one (its
+  // contents are the caller's to overwrite), and only the indices `at` and those where r was not zero are
+  // written after. A round that sends a few values so pays for no pass over the residual of its own. p must
+  // have the residual's length. Throws only std::bad_alloc, before anything has changed.
+  void commit_sparse(std::vector<float>& p, std::span<const std::size_t> at, std::span<const float> d_at) {
+    if (!on_) return;
+    low_next_.clear();
+    low_next_.reserve(at.size());
+    std::swap(e_, p);
+    if (low_sparse_) {
+      for (const std::size_t i : low_at_)
+        r_[i] = 0.0f;
+    } else {
+      std::fill(r_.begin(), r_.end(), 0.0f);
+    }
+    for (std::size_t j = 0; j < at.size(); ++j) {
+      const std::size_t i = at[j];
+      split_difference(e_[i], d_at[j], e_[i], r_[i]);
+      if (r_[i] != 0.0f) low_next_.push_back(i);
+    }
+    std::swap(low_at_, low_next_);
+    low_sparse_ = true;
   }
 
   // Replaces the residual (from a loaded state); both must have the residual's length.
-  void replace(std::vector<float> e, std::vector<float> r) noexcept {
+  void replace(std::vector<float> e, std::vector<float> r) {
+    std::vector<std::size_t> low;
+    for (std::size_t i = 0; i < r.size(); ++i)
+      if (r[i] != 0.0f) low.push_back(i);
     e_ = std::move(e);
     r_ = std::move(r);
+    low_at_ = std::move(low);
+    low_sparse_ = true;
   }
 
 private:
   bool on_ = false;
   std::vector<float> e_, r_;
+  // The indices where r may not be zero, when low_sparse_; otherwise r may be anywhere (a dense commit).
+  bool low_sparse_ = true;
+  std::vector<std::size_t> low_at_, low_next_;
 };
 
 namespace detail {
@@ -150,8 +253,8 @@ inline void load_state(std::istream& is, std::string_view kind, std::span<const 
     r.get_array(std::span<float>(residual_low), "residual low part");
   }
   r.expect_end();
-  steps = saved_steps;
   if (ef.on()) ef.replace(std::move(residual), std::move(residual_low));
+  steps = saved_steps;
 }
 
 } // namespace detail

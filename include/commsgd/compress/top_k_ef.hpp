@@ -23,7 +23,9 @@
 // summed in float in rank order from +0, so every rank holds the same bits; with sender_mean each value of
 // the sum is then scaled by n / the ranks whose message holds it (the engine's mean over n becomes a mean
 // over the senders). The residual keeps p - sent exactly (a pair of floats; without two_bit the subtraction
-// is always exact: p - p or p - 0), so sent + new residual == p, bit for bit.
+// is always exact: p - p or p - 0), so sent + new residual == p, bit for bit. A round's own passes over all d
+// values are p's (with its finiteness), the selection's and the sum's: the residual takes p's buffer and only
+// the k sent values are split again (compress/error_feedback.hpp, commit_sparse).
 // Bytes a rank sends a round: (n - 1) (40 + message_bytes), 40 the verdict of compress/agree.hpp.
 #pragma once
 
@@ -41,7 +43,9 @@
 #include <commsgd/error.hpp>
 #include <commsgd/select/compact.hpp>
 #include <commsgd/select/exact.hpp>
+#include <commsgd/select/key.hpp>
 #include <commsgd/select/selector.hpp>
+#include <commsgd/select/validate.hpp>
 
 #include <algorithm>
 #include <array>
@@ -108,13 +112,15 @@ public:
   static constexpr const char* name = "top_k_ef";
 
   explicit top_k_ef(std::size_t length, top_k_ef_options o = {}, S selector = {})
-      : round_state(detail::checked_top_k_length(length), true), opt_(checked(o)),
+      : round_state(detail::checked_top_k_length(length), true, false), opt_(checked(o)),
         plan_(cost::top_k_plan::of(length, o.chunk, o.density, o.two_bit)), k_(plan_.k()),
         sel_(static_cast<std::size_t>(plan_.count), detail::exact_selector(std::move(selector))) {
     msg_.resize(plan_.bytes);
     idx_.resize(k_);
     val_.resize(k_);
     rel_.resize(plan_.k_full);
+    own_at_.reserve(k_);
+    own_val_.reserve(k_);
   }
 
   const top_k_ef_options& options() const noexcept { return opt_; }
@@ -129,19 +135,47 @@ public:
 
   template <comm::communicator C>
   comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
-    const auto v = detail::take_input(g, out.size(), length_, ef_, p_, opt_.decay);
+    // p = decay e + g and its finiteness in one pass (the residual's low word is read only where it holds
+    // something: at most the last round's k values).
+    auto v = detail::check_sizes(g.size(), out.size(), length_);
+    if (v.problem == detail::input_problem::none) {
+      const auto bad = ef_.accumulate_counted(g, p_, opt_.decay);
+      if (bad.count > 0) v = {detail::input_problem::non_finite, bad.count, bad.first, 0};
+    }
     detail::agree(c, what(), length_, config(), v, verdicts_);
     encode();
-    std::fill(d_.begin(), d_.end(), 0.0f); // what is not sent decodes to +0: the residual keeps p there
-    if (opt_.sender_mean) senders_.assign(length_, 0);
-    detail::gather_and_sum(
-        c, msg_, all_, out, d_, [&](auto m, auto&& sink) { decode(m, sink); },
-        std::span<std::uint32_t>(senders_));
-    if (opt_.sender_mean) over_senders(out, static_cast<std::size_t>(c.size()));
+    const auto n = static_cast<std::size_t>(c.size());
+    if (opt_.sender_mean) clear_senders(n);
+    // Only an index some rank sent can hold a NaN or inf of the sum, and once there it stays through the
+    // later additions: each is tested as it is added to, so the sum is not read again for them.
+    bool bad_sum = false;
+    detail::sum_gathered(
+        c, msg_, all_, out,
+        [&](auto m, auto&& sink) {
+          decode(m, [&](std::size_t i, float x) {
+            sink(i, x);
+            bad_sum |= select::magnitude_key(out[i]) >= select::infinite_key;
+          });
+        },
+        std::span<std::uint32_t>(senders_), &sent_);
+    if (opt_.sender_mean) bad_sum = over_senders(out, n); // n / senders may take a sum out of range
+    sum_scan_ = bad_sum ? select::find_non_finite(std::span<const float>(out))
+                        : select::non_finite_scan{0, out.size()};
+    // What this rank's message decodes to: +0 but at its k indices, where the residual keeps p's rest.
+    own_at_.clear();
+    own_val_.clear();
+    decode(msg_, [&](std::size_t i, float x) {
+      own_at_.push_back(i);
+      own_val_.push_back(x);
+    });
     wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
                 .bytes_sent;
-    return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), k_, false);
+    return detail::finish_sparse_round(ef_, p_, own_at_, own_val_, steps_, n, k_);
   }
+
+  // The NaN and infinities of the sum the last successful reduce wrote into out, as select::find_non_finite
+  // counts them, found as it was written: a caller that must refuse such a sum need not read it again.
+  select::non_finite_scan sum_non_finite() const noexcept { return sum_scan_; }
 
   void save(std::ostream& os) const { detail::save_state(os, what(), params(), steps_, ef_); }
   void load(std::istream& is) {
@@ -201,11 +235,27 @@ private:
                       [&](std::size_t i) { return idx_[i]; });
   }
 
-  // out_i <- out_i n / s_i, s_i the ranks whose message holds index i (those with none stay +0). Every rank
-  // counts the same gathered messages, so every rank scales alike; s_i = n leaves out_i's bits as they were.
-  void over_senders(std::span<float> out, std::size_t n) {
-    for (std::size_t i = 0; i < length_; ++i)
+  // out_i <- out_i n / s_i, s_i the ranks whose message holds index i (those with none stay +0, so only the
+  // indices some rank sent are visited). Every rank counts the same gathered messages, so every rank scales
+  // alike; s_i = n leaves out_i's bits as they were.
+  // Returns whether a value of the scaled sum is NaN or inf.
+  bool over_senders(std::span<float> out, std::size_t n) {
+    bool bad = false;
+    for (const std::size_t i : sent_) {
       out[i] = over_senders_value(out[i], senders_[i], static_cast<std::uint32_t>(n));
+      bad |= select::magnitude_key(out[i]) >= select::infinite_key;
+    }
+    return bad;
+  }
+
+  // The counts back to zero where the last round (finished or not) left them, and room for this round's
+  // indices, so that counting them allocates nothing.
+  void clear_senders(std::size_t n) {
+    if (senders_.size() != length_) senders_.assign(length_, 0);
+    for (const std::size_t i : sent_)
+      senders_[i] = 0;
+    sent_.clear();
+    sent_.reserve(std::min(length_, n * k_));
   }
 
   // Every rank decodes every message, so an index out of its chunk or out of order (a corrupt peer) is
@@ -262,7 +312,11 @@ private:
   std::vector<float> val_, scale_;
   mutable std::vector<std::uint32_t> rel_; // one chunk's indices while it is decoded
   std::vector<std::byte> msg_, all_;
-  std::vector<std::uint32_t> senders_; // sender_mean: the ranks that sent each value
+  std::vector<std::uint32_t> senders_; // sender_mean: the ranks that sent each value, zero between rounds
+  std::vector<std::size_t> sent_;      // sender_mean: the indices some rank sent this round
+  std::vector<std::size_t> own_at_;    // this rank's message decoded: its indices and values
+  std::vector<float> own_val_;
+  select::non_finite_scan sum_scan_;
 };
 
 static_assert(compressor<top_k_ef<>, comm::archetype>);

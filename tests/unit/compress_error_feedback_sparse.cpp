@@ -1,0 +1,146 @@
+// error_feedback's fused passes (accumulate_counted, commit_sparse, what top_k_ef's round uses) against the
+// passes they stand for (accumulate then select::find_non_finite; commit with a dense d that is +0 but at
+// the sent indices): the same p, count and first bad index, the same residual and low word bit for bit, over
+// many rounds of random values with the awkward ones mixed in (+0 and -0, subnormals, the largest floats,
+// sums that round, NaN and inf in some rounds' inputs), with and without a decay, through a loaded state and
+// a dense commit in between.
+#include <commsgd/compress/error_feedback.hpp>
+#include <commsgd/select/validate.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <span>
+#include <vector>
+
+using namespace commsgd;
+
+namespace {
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return false;
+  return true;
+}
+
+float awkward(std::mt19937& rng) {
+  static const float pool[] = {0.0f,
+                               -0.0f,
+                               std::numeric_limits<float>::denorm_min(),
+                               -std::numeric_limits<float>::denorm_min(),
+                               0x1p-127f,
+                               std::numeric_limits<float>::max() / 4,
+                               -std::numeric_limits<float>::max() / 4,
+                               1.0f,
+                               0x1.000002p0f,
+                               -0x1p-24f,
+                               3.0f};
+  return pool[std::uniform_int_distribution<std::size_t>(0, std::size(pool) - 1)(rng)];
+}
+
+std::vector<float> values(std::mt19937& rng, std::size_t d, bool with_bad) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> pick(0, 9);
+  std::vector<float> g(d);
+  for (auto& x : g)
+    x = pick(rng) == 0 ? awkward(rng) : normal(rng) * std::ldexp(1.0f, pick(rng) - 5);
+  if (with_bad && d > 0) {
+    const float bad[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                         -std::numeric_limits<float>::infinity()};
+    const std::size_t count = 1 + rng() % 3;
+    for (std::size_t j = 0; j < count; ++j)
+      g[rng() % d] = bad[rng() % 3];
+  }
+  return g;
+}
+
+// A sent value as a sparse code's decode gives it: p itself (top-k's floats), or a value near p that leaves
+// a rounding error (2-bit codes' scales), or +0 and -0.
+float decoded(std::mt19937& rng, float p) {
+  switch (rng() % 4) {
+  case 0:
+    return p;
+  case 1:
+    return p * 1.5f + 0x1p-20f;
+  case 2:
+    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(p) ^ 0x1u) / 3.0f;
+  default:
+    return (rng() % 2) ? 0.0f : -0.0f;
+  }
+}
+
+} // namespace
+
+TEST_CASE("accumulate_counted and commit_sparse give the dense passes' bits, round after round") {
+  for (const float decay : {1.0f, 0.95f, 0.0f, 0.5f}) {
+    for (const std::size_t d : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{64},
+                                std::size_t{65}, std::size_t{1000}, std::size_t{4099}}) {
+      for (unsigned seed = 0; seed < 6; ++seed) {
+        CAPTURE(decay);
+        CAPTURE(d);
+        CAPTURE(seed);
+        std::mt19937 rng(seed * 7919u + static_cast<unsigned>(d));
+        compress::error_feedback fused(d, true), ref(d, true);
+        std::vector<float> p_fused(d), p_ref(d);
+        for (int round = 0; round < 12; ++round) {
+          CAPTURE(round);
+          const bool with_bad = round % 5 == 4;
+          const auto g = values(rng, d, with_bad);
+          const auto scan = fused.accumulate_counted(g, p_fused, decay);
+          ref.accumulate(g, p_ref, decay);
+          const auto want = select::find_non_finite(p_ref);
+          REQUIRE(same_bits(p_fused, p_ref));
+          REQUIRE(scan.count == want.count);
+          REQUIRE(scan.first == want.first);
+          if (want.count > 0) continue; // a refused round commits nothing
+          // The sent indices: a random few, in random order, each once.
+          std::vector<std::size_t> order(d);
+          std::iota(order.begin(), order.end(), std::size_t{0});
+          std::shuffle(order.begin(), order.end(), rng);
+          order.resize(d == 0 ? 0 : rng() % (d / 8 + 2) % (d + 1));
+          std::vector<float> at_val, dense(d, 0.0f);
+          for (const std::size_t i : order) {
+            at_val.push_back(decoded(rng, p_ref[i]));
+            dense[i] = at_val.back();
+          }
+          if (round == 7) { // a dense commit in between: the low word may then be anywhere
+            fused.commit(p_fused, dense);
+          } else {
+            fused.commit_sparse(p_fused, order, at_val);
+          }
+          ref.commit(p_ref, dense);
+          REQUIRE(same_bits(fused.residual(), ref.residual()));
+          REQUIRE(same_bits(fused.residual_low(), ref.residual_low()));
+          if (round == 9) { // a loaded state: its low word's non-zeros found again
+            fused.replace(std::vector<float>(ref.residual().begin(), ref.residual().end()),
+                          std::vector<float>(ref.residual_low().begin(), ref.residual_low().end()));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("commit_sparse leaves p holding scratch of the residual's length, and off it does nothing") {
+  compress::error_feedback on(5, true), off(5, false);
+  std::vector<float> p{1.0f, -2.0f, 0.0f, -0.0f, 3.0f};
+  const std::vector<std::size_t> at{4, 1};
+  const std::vector<float> val{3.0f, -1.5f};
+  on.commit_sparse(p, at, val);
+  CHECK(p.size() == 5);
+  const std::vector<float> e{1.0f, -0.5f, 0.0f, -0.0f, 0.0f};
+  CHECK(same_bits(on.residual(), e));
+  CHECK(std::signbit(on.residual()[3]));
+  std::vector<float> q{1.0f, 2.0f, 3.0f, 4.0f, 5.0f};
+  off.commit_sparse(q, at, val);
+  CHECK(q[0] == 1.0f);
+  CHECK(off.residual().empty());
+}
