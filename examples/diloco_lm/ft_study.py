@@ -124,8 +124,25 @@ def run_one(a, rate, arm, kind, repeat, folder):
     with open(os.path.join(folder, "done.json"), "w") as f:
         json.dump({"rate": rate, "arm": arm, "kind": kind, "repeat": repeat, "exit": code, "wall_s": round(wall, 1),
                    "load_before": before, "load_after": after, "started_unix": round(time.time() - wall, 1),
-                   "command": cmd}, f)
+                   "command": portable(a, cmd)}, f)
     print(f"== {rate}/{arm}/{kind}-r{repeat}: exit {code}, {wall:.0f} s, load {before} -> {after}", flush=True)
+
+
+def portable(a, cmd):
+    """The command as a reader can run it elsewhere: the interpreters as PY and python3, the study's folder as
+    OUT, the repository's files relative to its root."""
+    names = [(os.path.abspath(a.out), "OUT"), (ROOT + os.sep, "")]
+    out = []
+    for arg in map(str, cmd):
+        if arg == a.python:
+            arg = "PY"
+        elif arg == sys.executable:
+            arg = "python3"
+        else:
+            for path, name in names:
+                arg = arg.replace(path, name)
+        out.append(arg)
+    return out
 
 
 def summary(a, rate):
