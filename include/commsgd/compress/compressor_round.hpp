@@ -76,15 +76,14 @@ inline void require_parts(const char* what, std::size_t length, std::size_t n) {
                                            " ranks; the allowed lengths are multiples of the ranks"));
 }
 
-// Gathers every rank's `msg` (the same size on every rank) into `all` and sums what each decodes to into `out`
-// in rank order from +0, so every rank adds the same floats in the same order and ends with the same bits.
+// Gathers every rank's `msg` (the same size on every rank) into `all`, sums what each decodes to into `out`
+// in rank order from +0, so every rank adds the same floats in the same order and ends with the same bits,
+// and decodes this rank's own message into `d`, what the residual keeps the rest of.
 // decode(message, sink) calls sink(i, x) for the value x at index i. With `senders` (zeroed, out's length),
-// each gathered value also counts its rank there, in the same decoding pass, and `first_sent` receives each
-// index the first time a rank sends it (the indices whose count is not zero).
+// each gathered value also counts its rank there, in the same decoding pass.
 template <comm::communicator C, class Decode>
-void sum_gathered(C& c, std::span<const std::byte> msg, std::vector<std::byte>& all, std::span<float> out,
-                  Decode&& decode, std::span<std::uint32_t> senders = {},
-                  std::vector<std::size_t>* first_sent = nullptr) {
+void gather_and_sum(C& c, std::span<const std::byte> msg, std::vector<std::byte>& all, std::span<float> out,
+                    std::span<float> d, Decode&& decode, std::span<std::uint32_t> senders = {}) {
   const auto n = static_cast<std::size_t>(c.size());
   all.resize(n * msg.size());
   c.all_gather(msg, std::span<std::byte>(all));
@@ -96,16 +95,9 @@ void sum_gathered(C& c, std::span<const std::byte> msg, std::vector<std::byte>& 
     else
       decode(m, [&](std::size_t i, float x) {
         out[i] += x;
-        if (senders[i]++ == 0 && first_sent) first_sent->push_back(i);
+        ++senders[i];
       });
   }
-}
-
-// sum_gathered, then this rank's own message decoded into `d`, what the residual keeps the rest of.
-template <comm::communicator C, class Decode>
-void gather_and_sum(C& c, std::span<const std::byte> msg, std::vector<std::byte>& all, std::span<float> out,
-                    std::span<float> d, Decode&& decode, std::span<std::uint32_t> senders = {}) {
-  sum_gathered(c, msg, all, out, decode, senders);
   decode(msg, [&](std::size_t i, float x) { d[i] = x; });
 }
 

@@ -145,22 +145,21 @@ public:
     detail::agree(c, what(), length_, config(), v, verdicts_);
     encode();
     const auto n = static_cast<std::size_t>(c.size());
-    if (opt_.sender_mean) clear_senders(n);
-    // Only an index some rank sent can hold a NaN or inf of the sum, and once there it stays through the
-    // later additions: each is tested as it is added to, so the sum is not read again for them.
-    bool bad_sum = false;
-    detail::sum_gathered(
-        c, msg_, all_, out,
-        [&](auto m, auto&& sink) {
-          decode(m, [&](std::size_t i, float x) {
-            sink(i, x);
-            bad_sum |= select::magnitude_key(out[i]) >= select::infinite_key;
-          });
-        },
-        std::span<std::uint32_t>(senders_), &sent_);
-    if (opt_.sender_mean) bad_sum = over_senders(out, n); // n / senders may take a sum out of range
-    sum_scan_ = bad_sum ? select::find_non_finite(std::span<const float>(out))
-                        : select::non_finite_scan{0, out.size()};
+    all_.resize(n * msg_.size());
+    c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
+    // Every message decoded, and so checked, before out is written: k indices (absolute, rising) and values
+    // a rank, then summed a block of out at a time.
+    at_.resize(n * k_);
+    sent_val_.resize(n * k_);
+    for (std::size_t r = 0; r < n; ++r) {
+      std::size_t j = r * k_;
+      decode(std::span<const std::byte>(all_).subspan(r * msg_.size(), msg_.size()),
+             [&](std::size_t i, float x) {
+               at_[j] = static_cast<std::uint32_t>(i);
+               sent_val_[j++] = x;
+             });
+    }
+    sum_scan_ = sum_blocks(out, n);
     // What this rank's message decodes to: +0 but at its k indices, where the residual keeps p's rest.
     own_at_.clear();
     own_val_.clear();
@@ -235,27 +234,53 @@ private:
                       [&](std::size_t i) { return idx_[i]; });
   }
 
-  // out_i <- out_i n / s_i, s_i the ranks whose message holds index i (those with none stay +0, so only the
-  // indices some rank sent are visited). Every rank counts the same gathered messages, so every rank scales
-  // alike; s_i = n leaves out_i's bits as they were.
-  // Returns whether a value of the scaled sum is NaN or inf.
-  bool over_senders(std::span<float> out, std::size_t n) {
-    bool bad = false;
-    for (const std::size_t i : sent_) {
-      out[i] = over_senders_value(out[i], senders_[i], static_cast<std::uint32_t>(n));
-      bad |= select::magnitude_key(out[i]) >= select::infinite_key;
+  // out <- the sum of the n decoded messages (at_, sent_val_: k entries a rank, rising), each value summed in
+  // rank order from +0 as the engine's other codes sum theirs. A block of out at a time: zeroed, then every
+  // rank's entries that fall in it added, so out is written once, in order, from cache, instead of zeroed
+  // whole and then touched at random once a rank. With sender_mean, each value some rank sent is then scaled
+  // by n / its senders (those none sent stay +0; s = n leaves the bits as they were). Returns the sum's NaN
+  // and inf, as select::find_non_finite counts them: only a value some rank sent can be one, and once one, it
+  // stays one through the later additions, so each is tested as it is written.
+  select::non_finite_scan sum_blocks(std::span<float> out, std::size_t n) {
+    constexpr std::size_t block = 4096;
+    cursor_.resize(n);
+    from_.resize(n);
+    for (std::size_t r = 0; r < n; ++r)
+      cursor_[r] = r * k_;
+    if (opt_.sender_mean) senders_.assign(block, 0);
+    const auto bad_of = [](float x) { return std::fabs(x) <= std::numeric_limits<float>::max() ? 0u : 1u; };
+    unsigned bad = 0;
+    for (std::size_t b0 = 0; b0 < length_; b0 += block) {
+      const std::size_t b1 = std::min(length_, b0 + block);
+      std::fill(out.begin() + static_cast<std::ptrdiff_t>(b0), out.begin() + static_cast<std::ptrdiff_t>(b1),
+                0.0f);
+      for (std::size_t r = 0; r < n; ++r) {
+        const std::size_t end = (r + 1) * k_;
+        std::size_t j = cursor_[r];
+        from_[r] = j;
+        for (; j < end && at_[j] < b1; ++j) {
+          float& o = out[at_[j]];
+          o += sent_val_[j];
+          bad |= bad_of(o);
+        }
+        if (opt_.sender_mean)
+          for (std::size_t q = from_[r]; q < j; ++q)
+            ++senders_[at_[q] - b0];
+        cursor_[r] = j;
+      }
+      if (!opt_.sender_mean) continue;
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t q = from_[r]; q < cursor_[r]; ++q) {
+          std::uint32_t& s = senders_[at_[q] - b0];
+          if (s == 0) continue; // scaled already, from an earlier rank's entry
+          float& o = out[at_[q]];
+          o = over_senders_value(o, s, static_cast<std::uint32_t>(n));
+          bad |= bad_of(o);
+          s = 0;
+        }
     }
-    return bad;
-  }
-
-  // The counts back to zero where the last round (finished or not) left them, and room for this round's
-  // indices, so that counting them allocates nothing.
-  void clear_senders(std::size_t n) {
-    if (senders_.size() != length_) senders_.assign(length_, 0);
-    for (const std::size_t i : sent_)
-      senders_[i] = 0;
-    sent_.clear();
-    sent_.reserve(std::min(length_, n * k_));
+    if (bad == 0) return {0, out.size()};
+    return select::find_non_finite(std::span<const float>(out));
   }
 
   // Every rank decodes every message, so an index out of its chunk or out of order (a corrupt peer) is
@@ -312,9 +337,11 @@ private:
   std::vector<float> val_, scale_;
   mutable std::vector<std::uint32_t> rel_; // one chunk's indices while it is decoded
   std::vector<std::byte> msg_, all_;
-  std::vector<std::uint32_t> senders_; // sender_mean: the ranks that sent each value, zero between rounds
-  std::vector<std::size_t> sent_;      // sender_mean: the indices some rank sent this round
-  std::vector<std::size_t> own_at_;    // this rank's message decoded: its indices and values
+  std::vector<std::uint32_t> at_;          // every rank's message decoded: its indices (k a rank) ...
+  std::vector<float> sent_val_;            // ... and values
+  std::vector<std::size_t> cursor_, from_; // sum_blocks: where each rank's entries stand
+  std::vector<std::uint32_t> senders_;     // sender_mean: the ranks that sent each value of a block
+  std::vector<std::size_t> own_at_;        // this rank's message decoded: its indices and values
   std::vector<float> own_val_;
   select::non_finite_scan sum_scan_;
 };
