@@ -13,7 +13,9 @@ Lost: replicas whose last incarnation logged no end (it exited with an error, or
 within: where the run's folder holds faults.py's events.jsonl (with "unix" times), for each replica's return
 (a restart, a cable back up) the rounds another replica committed before the returned one committed its next,
 the worst of them (the goal: at most 2); "after its start": a restart counted from the new process's first
-record (up and about to ask for a quorum) instead, its own start-up apart. Loss at equal wall time: the run's last validation loss
+record (up and about to ask for a quorum) instead, its own start-up apart. Rounds short: rounds the lowest rank
+took with a replica missing outside every fault's window (from a kill or a pulled cable to the replica's first
+commit after its return), each a live replica left out of a round. Loss at equal wall time: the run's last validation loss
 against the baseline's (a fault-free run) at the same wall time (the baseline's
 evaluation nearest before it). Agreement: every round that two replicas committed at the same step holds the
 same hash of the common model (commsgd's arm logs it).
@@ -72,6 +74,37 @@ def rounds_to_return(recs, events, from_start=False):
     return worst
 
 
+def fault_windows(recs, events):
+    """[start, end] in unix seconds of every fault: a kill until the restarted replica's first commit, a pulled
+    cable until the cut-off replica's first commit after it came back (to the end of the run if never)."""
+    end_of_run = max(r["t"] for r in recs)
+    windows, opened = [], {}
+    for e in sorted((e for e in events if "unix" in e), key=lambda e: e["unix"]):
+        if e.get("event") in ("kill", "cable_down"):
+            opened[e["rank"]] = e["unix"]
+        elif e.get("event") in ("restart", "cable_up") and e["rank"] in opened:
+            back = next((r["t"] for r in recs if r["rank"] == e["rank"] and r["event"] == "round"
+                         and r["t"] > e["unix"] and r.get("committed", 0) > 0
+                         and r["incarnation"] == e.get("restarts", r["incarnation"])), end_of_run)
+            windows.append((opened.pop(e["rank"]), back))
+    windows += [(t, end_of_run) for t in opened.values()]
+    return windows
+
+
+def rounds_short(recs, events, ranks):
+    """Rounds the lowest rank took with fewer than `ranks` replicas outside every fault's window (a live,
+    reachable replica left out: its heartbeats or its quorum request late, as on a link the data starves);
+    None where the records do not say how many replicas a round had."""
+    ref = min(r["rank"] for r in recs)
+    rounds = [r for r in recs if r["rank"] == ref and r["event"] == "round" and "replicas" in r]
+    if not rounds:
+        return None
+    windows = fault_windows(recs, events)
+    # 0 replicas: torchft's count before its first quorum, not a round with someone missing.
+    return sum(1 for r in rounds
+               if 0 < r["replicas"] < ranks and not any(a <= r["t"] <= b for a, b in windows))
+
+
 def summarise(recs, ranks, events=()):
     t0 = min(r["t"] for r in recs if r["event"] == "start")
     wall = max(r["t"] for r in recs) - t0  # every replica's tail, a lost one's included
@@ -104,6 +137,7 @@ def summarise(recs, ranks, events=()):
     return {"wall": wall, "delivered": delivered, "taken": sum(taken.values()), "lost": lost,
             "back_within": rounds_to_return(recs, events),
             "back_after_start": rounds_to_return(recs, events, from_start=True),
+            "short": rounds_short(recs, events, ranks),
             "goodput": delivered / (ranks * wall), "speed": sum(taken.values()) / (ranks * wall), "evals": evals,
             "rounds_checked": len(by_step), "disagree": disagree, "live": live, "t0": t0}
 
@@ -132,9 +166,9 @@ def main():
         if baseline:
             base[name] = baseline
     lines = ["| run | wall (s) | steps taken | speed (taken/s a rank) | steps delivered | goodput (steps/s a rank) "
-             "| resilience (vs its fault-free run) | lost replicas (rank, s, step) | back within (rounds; after its start) "
+             "| resilience (vs its fault-free run) | lost replicas (rank, s, step) | back within (rounds; after its start) | rounds short outside faults "
              "| final val loss (step) | fault-free at that wall time | rounds checked / differing |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in runs.items():
         final = s["evals"][-1] if s["evals"] else None
         ratio, ref = "-", "-"
@@ -151,7 +185,8 @@ def main():
         if s["back_within"] is not None:
             back += f"; {rounds_text(s['back_after_start'])}"
         lines.append(f"| {name} | {s['wall']:.1f} | {s['taken'] or '-'} | {s['speed']:.2f} | {s['delivered']} | "
-                     f"{s['goodput']:.2f} | {ratio} | {lost} | {back} | {loss} | {ref} | {checked} |")
+                     f"{s['goodput']:.2f} | {ratio} | {lost} | {back} | {'-' if s['short'] is None else s['short']} | "
+                     f"{loss} | {ref} | {checked} |")
     text = "\n".join(lines)
     print(text)
     if args.md:

@@ -151,7 +151,8 @@ def summary(a, rate):
     sys.path.insert(0, HERE)
     import ft_report
     lines = ["| arm | clean goodput | faulted goodput | resilience | clean speed | faulted speed | runs (clean, "
-             "faulted) | lost replicas | back within (rounds, worst; after its start) |", "|---|---|---|---|---|---|---|---|---|"]
+             "faulted) | lost replicas | back within (rounds, worst; after its start) | rounds short outside faults "
+             "(clean, faulted) |", "|---|---|---|---|---|---|---|---|---|---|"]
 
     def spread(xs):
         return f"{statistics.median(xs):.2f} [{min(xs):.2f}, {max(xs):.2f}]" if xs else "-"
@@ -168,13 +169,17 @@ def summary(a, rate):
         lost = sum(len(s["lost"]) for s in got["faults"])
         backs = [s["back_within"] for s in got["faults"] if s["back_within"] is not None]
         ups = [s["back_after_start"] for s in got["faults"] if s["back_after_start"] is not None]
+
+        def short(kind):
+            counts = [s["short"] for s in got[kind] if s["short"] is not None]
+            return str(sum(counts)) if counts else "-"
         lines.append(f"| {arm} | {spread([s['goodput'] for s in got['clean']])} | "
                      f"{spread([s['goodput'] for s in got['faults']])} | {res} | "
                      f"{spread([s['speed'] for s in got['clean'] if s['taken']])} | "
                      f"{spread([s['speed'] for s in got['faults'] if s['taken']])} | "
                      f"{len(got['clean'])}, {len(got['faults'])} | {lost} | "
                      f"{ft_report.rounds_text(max(backs)) if backs else '-'}; "
-                     f"{ft_report.rounds_text(max(ups)) if ups else '-'} |")
+                     f"{ft_report.rounds_text(max(ups)) if ups else '-'} | {short('clean')}, {short('faults')} |")
     return lines
 
 

@@ -398,3 +398,24 @@ def test_ft_report_counts_the_rounds_a_returned_replica_waited():
     assert ft_report.rounds_to_return(recs, [{"event": "restart", "rank": 2, "unix": 65.0, "restarts": 1}]) == \
         float("inf")
     assert ft_report.rounds_to_return(recs, []) is None
+
+
+def test_ft_report_counts_rounds_short_of_a_live_replica_outside_the_faults():
+    """A round with a replica missing counts only outside every fault's window (a kill until the restarted
+    replica's first commit, a cable until the cut-off one's first commit after it came back)."""
+    import ft_report
+
+    def rnd(rank, t, committed, replicas, inc=0):
+        return {"rank": rank, "incarnation": inc, "event": "round", "t": t, "committed": committed,
+                "replicas": replicas}
+    recs = [rnd(0, 5, 0, 0)]  # before any quorum: not a short round
+    recs += [rnd(0, t, c, 3 if t in (20, 30, 60, 80) else 4) for c, t in enumerate(range(10, 100, 10), 1)]
+    recs += [rnd(1, 12, 1, 4), rnd(1, 31, 0, 3, 1), rnd(1, 35, 1, 3, 1)]  # killed at 15, back at 35
+    recs += [rnd(2, 50, 4, 4), rnd(2, 85, 5, 4)]  # cable down at 75, up at 82, back at 85
+    events = [{"event": "kill", "rank": 1, "unix": 15.0}, {"event": "restart", "rank": 1, "unix": 25.0,
+                                                           "restarts": 1},
+              {"event": "cable_down", "rank": 2, "unix": 75.0}, {"event": "cable_up", "rank": 2, "unix": 82.0}]
+    assert ft_report.fault_windows(recs, events) == [(15.0, 35), (75.0, 85)]
+    assert ft_report.rounds_short(recs, events, 4) == 1  # 20, 30 and 80 lie in a window, 60 does not
+    assert ft_report.rounds_short(recs, [], 4) == 4  # fault-free: every short round counts
+    assert ft_report.rounds_short([{"rank": 0, "event": "round", "t": 1}], [], 4) is None  # no counts logged
