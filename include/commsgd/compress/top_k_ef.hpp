@@ -43,7 +43,6 @@
 #include <commsgd/error.hpp>
 #include <commsgd/select/compact.hpp>
 #include <commsgd/select/exact.hpp>
-#include <commsgd/select/key.hpp>
 #include <commsgd/select/selector.hpp>
 #include <commsgd/select/validate.hpp>
 
