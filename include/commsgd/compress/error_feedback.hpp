@@ -147,13 +147,11 @@ public:
         bad += bad_of(p[i]);
       }
     }
-    float* const pp = p.data();
+    // Where r may hold something, the full formula (with decay 1 it is accumulate's: 1 e is e, 1 r is r).
     for (const std::size_t at : low_at_) {
-      const float s = g[at] + e_[at];
-      const float v =
-          decay == 1.0f ? (r_[at] == 0.0f ? s : s + r_[at]) : accumulate_value(g[at], e_[at], r_[at], decay);
-      bad = bad - bad_of(pp[at]) + bad_of(v);
-      pp[at] = v;
+      const float v = accumulate_value(g[at], e_[at], r_[at], decay);
+      bad = bad - bad_of(p[at]) + bad_of(v);
+      p[at] = v;
     }
     if (bad == 0) return {0, n};
     return select::find_non_finite(p);
