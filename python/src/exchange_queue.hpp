@@ -28,7 +28,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <unordered_set>
 #include <utility>
+#include <vector>
 
 namespace commsgd_torch {
 
@@ -92,17 +94,36 @@ inline python_future new_future() {
   return pybind11::module_::import("torch.futures").attr("Future")();
 }
 
+class exchange_queue;
+
+// Every live queue, for drain_all. Leaked on purpose: a queue may be destroyed after static destructors ran.
+struct queue_registry {
+  std::mutex mutex;
+  std::unordered_set<exchange_queue*> live;
+};
+inline queue_registry& registry() {
+  static auto* r = new queue_registry;
+  return *r;
+}
+
 // The hooks' side of sync::exchange_thread, the one exchange thread of the library (the DiLoCo engine runs
 // its exchanges on one too): a round posted here returns a future at once and completes it on the thread.
 class exchange_queue {
 public:
-  exchange_queue() : thread_(std::make_unique<commsgd::sync::exchange_thread>()) {}
+  exchange_queue() : thread_(std::make_unique<commsgd::sync::exchange_thread>()) {
+    std::lock_guard lock(registry().mutex);
+    registry().live.insert(this);
+  }
   exchange_queue(const exchange_queue&) = delete;
   exchange_queue& operator=(const exchange_queue&) = delete;
 
   // Runs what is queued, then joins. The destructor may run with the GIL held (the state's Python object is
   // collected), and the thread takes the GIL to complete a round's future: it is let go meanwhile.
   ~exchange_queue() {
+    {
+      std::lock_guard lock(registry().mutex);
+      registry().live.erase(this);
+    }
     if (PyGILState_Check()) {
       pybind11::gil_scoped_release unlocked;
       thread_.reset();
@@ -150,6 +171,27 @@ public:
     }
     if (error) std::rethrow_exception(error);
     return *result;
+  }
+
+  // Waits until every live queue's posted rounds have finished; the module runs it at the interpreter's exit
+  // (atexit, before finalization begins). torch 2's set_result lets go of the GIL while the future's callbacks
+  // run and takes it back after; DDP's waiter is woken before that, so the script may end meanwhile, and a
+  // thread that asks for the GIL once the interpreter is finalizing is ended by CPython inside a destructor,
+  // which aborts the process. Called with the GIL; lets it go while it waits.
+  // The tickets are taken under the registry's lock and waited for without it, so that a queue may come or go
+  // (a callback chained to a future may make or drop a state) while this waits.
+  static void drain_all() {
+    pybind11::gil_scoped_release unlocked;
+    std::vector<commsgd::sync::exchange_thread::ticket> last;
+    {
+      std::lock_guard lock(registry().mutex);
+      for (exchange_queue* q : registry().live) {
+        std::lock_guard own(q->mutex_);
+        last.push_back(q->last_);
+      }
+    }
+    for (auto& t : last)
+      t.wait();
   }
 
 private:

@@ -16,6 +16,8 @@
 
 #include <commsgd/error.hpp>
 
+#include "exchange_queue.hpp"
+
 namespace py = pybind11;
 
 void bind_topk(py::module_& m);        // topk.cpp
@@ -46,4 +48,10 @@ PYBIND11_MODULE(_C, m) {
   bind_auto(m);
   bind_diloco(m);
   bind_reduce_scatter(m);
+
+  // Registered at import, so it runs after any atexit function a script registers later and before the
+  // interpreter starts finalizing (see exchange_queue::drain_all).
+  m.def("_drain_exchange_queues", &commsgd_torch::exchange_queue::drain_all,
+        "Waits for every hook state's exchanges in flight (run at the interpreter's exit)");
+  py::module_::import("atexit").attr("register")(m.attr("_drain_exchange_queues"));
 }

@@ -133,3 +133,43 @@ def test_every_state_ends_cleanly(ending):
         alone = {kind: run_script([kind], ending) for kind in KINDS}
         at_fault = [kind for kind, found in alone.items() if found] or ["none alone: only all of them together"]
         pytest.fail(f"ending '{ending}' failed; at fault: {', '.join(at_fault)}\n" + "\n".join(problems))
+
+
+CHAINED = r'''
+import sys, time
+import torch
+import torch.distributed as dist
+import commsgd_torch
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+model = torch.nn.Linear(8, 4)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+state = commsgd_torch.CompressorState(kind="fp16", start_iter=0)
+
+
+def hook(state, bucket):
+    fut = commsgd_torch.compressor_hook(state, bucket)
+    # Runs on the exchange's thread once DDP's waiter is woken, and outlasts the script: the thread comes back
+    # for the GIL after the main thread has reached the interpreter's exit.
+    fut.then(lambda f: time.sleep(1.0))
+    return fut
+
+
+ddp.register_comm_hook(state, hook)
+ddp(torch.randn(2, 8)).sum().backward()
+print("trained", flush=True)
+'''
+
+
+def test_a_callback_that_outlasts_the_script_does_not_abort_the_exit():
+    # torch 2's future lets go of the GIL while its callbacks run: without the wait at exit, the exchange
+    # thread asked for the GIL back from a finalizing interpreter, which aborts the process.
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "chained.py")
+        with open(script, "w") as f:
+            f.write(CHAINED)
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        done = subprocess.run([sys.executable, script, os.path.join(tmp, "store")], env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert done.returncode == 0 and "trained" in done.stdout, (done.returncode, done.stderr[-3000:])
+    assert "terminate called" not in done.stderr, done.stderr[-3000:]

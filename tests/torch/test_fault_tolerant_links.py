@@ -101,5 +101,6 @@ def test_replicas_killed_and_cut_off_on_real_links_rejoin_with_the_same_bits(tmp
     restarted = [x for x in runs[2] if x["incarnation"] == 1]
     assert restarted and restarted[-1]["heals_at_start"] == 1 and restarted[-1]["committed"] >= 1, restarted[-1:]
     assert ends[1]["heals"] >= 1 and ends[1]["taken"] < STEPS, ends[1]  # cut off, then healed past its gap
-    # Goodput's numerator: the live replicas delivered nearly all their steps (replica 0 every one).
-    assert ends[0]["delivered"] == STEPS, ends[0]
+    # Goodput's numerator: the live replicas delivered nearly all their steps (replica 0 every one it took: a step
+    # whose round found no quorum stays in its model, uncounted by the step counter, so it may take more).
+    assert ends[0]["delivered"] == ends[0]["taken"] >= STEPS, ends[0]
