@@ -94,18 +94,6 @@ inline python_future new_future() {
   return pybind11::module_::import("torch.futures").attr("Future")();
 }
 
-class exchange_queue;
-
-// Every live queue, for drain_all. Leaked on purpose: a queue may be destroyed after static destructors ran.
-struct queue_registry {
-  std::mutex mutex;
-  std::unordered_set<exchange_queue*> live;
-};
-inline queue_registry& registry() {
-  static auto* r = new queue_registry;
-  return *r;
-}
-
 // The hooks' side of sync::exchange_thread, the one exchange thread of the library (the DiLoCo engine runs
 // its exchanges on one too): a round posted here returns a future at once and completes it on the thread.
 class exchange_queue {
@@ -177,9 +165,9 @@ public:
   // (atexit, before finalization begins). torch 2's set_result lets go of the GIL while the future's callbacks
   // run and takes it back after; DDP's waiter is woken before that, so the script may end meanwhile, and a
   // thread that asks for the GIL once the interpreter is finalizing is ended by CPython inside a destructor,
-  // which aborts the process. Called with the GIL; lets it go while it waits.
-  // The tickets are taken under the registry's lock and waited for without it, so that a queue may come or go
-  // (a callback chained to a future may make or drop a state) while this waits.
+  // which aborts the process. Called with the GIL; lets it go while it waits. The tickets are taken under the
+  // registry's lock and waited for without it, so that a queue may come or go meanwhile (a callback chained
+  // to a future may make or drop a state).
   static void drain_all() {
     pybind11::gil_scoped_release unlocked;
     std::vector<commsgd::sync::exchange_thread::ticket> last;
@@ -195,6 +183,16 @@ public:
   }
 
 private:
+  // Every live queue, for drain_all. Leaked on purpose: a queue may be destroyed after static destructors ran.
+  struct queue_registry {
+    std::mutex mutex;
+    std::unordered_set<exchange_queue*> live;
+  };
+  static queue_registry& registry() {
+    static auto* r = new queue_registry;
+    return *r;
+  }
+
   // The thread runs in order: once a round has run, every round posted before it has.
   commsgd::sync::exchange_thread::ticket enqueue(std::function<void()> job) {
     std::lock_guard lock(mutex_);
