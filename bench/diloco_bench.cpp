@@ -50,7 +50,15 @@ using namespace commsgd;
 
 using bench::mirror;
 
-const char* const codes[] = {"dense", "fp16", "bf16", "int8", "e3m0", "topk-0.01"};
+const char* const codes[] = {"dense",
+                             "fp16",
+                             "bf16",
+                             "int8",
+                             "e3m0",
+                             "topk-0.01",
+                             "topk-0.01-c4096",
+                             "topk-0.01-c4096-2bit",
+                             "topk-0.03-c4096-2bit"};
 
 // Bytes a fused round must move for d values and n ranks, by code:
 //   every code       read local, read global, read + write the momentum, write global, write local: 24 d

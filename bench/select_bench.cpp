@@ -22,6 +22,8 @@
 // The methods laplace_bisect_from_0.8x and _from_1.2x of the synthetic grid restore a state 0.8 or 1.2
 // times the true threshold before every call: how the warm start copes with a threshold that moved by 20 %.
 // laplace_bisect_trim and _trim_cold select exactly k (options.trim): what an exact code may use.
+// Sequence mode also has what a chunked top-k code runs, the pairs written: laplace_bisect_trim_compact (a
+// selector and select::compact a chunk) and chunked (select::chunked, one call over all the chunks a step).
 #include "../tests/unit/select_data.hpp"
 
 #include <commsgd/select/select.hpp>
@@ -156,6 +158,24 @@ run_fn make_method(const std::string& m) {
     o.trim = m.find("_trim") != std::string::npos;
     return selector_run(sel::laplace_bisect{o});
   }
+  if (m == "laplace_bisect_trim_compact") {
+    // What a chunked top-k code did a chunk before select::chunked: the exact threshold, then the pairs.
+    sel::laplace_bisect::options o;
+    o.parallel = one_thread;
+    o.trim = true;
+    auto p = std::make_shared<sel::laplace_bisect>(o);
+    auto idx = std::make_shared<std::vector<std::uint32_t>>();
+    auto val = std::make_shared<std::vector<float>>();
+    return [p, idx, val](std::span<const float> x, std::size_t k) {
+      const sel::threshold t = p->select(x, k);
+      idx->resize(k);
+      val->resize(k);
+      sel::compact<std::uint32_t>(x, t, std::span<std::uint32_t>(*idx), std::span<float>(*val));
+      benchmark::DoNotOptimize(idx->data());
+      last_passes = p->last_passes() + 1;
+      return static_cast<double>(t.count()) / static_cast<double>(k);
+    };
+  }
   if (m == "nth_element") {
     auto buf = std::make_shared<std::vector<float>>();
     return [buf](std::span<const float> x, std::size_t k) {
@@ -288,14 +308,27 @@ void run_sequence(benchmark::State& state, std::string method, std::size_t which
   const std::size_t n = s.steps[0].size();
   const std::size_t c = sequence_chunk == 0 ? n : std::min(sequence_chunk, n);
   std::vector<run_fn> runs; // one a chunk
-  for (std::size_t at = 0; at < n; at += c)
+  for (std::size_t at = 0; at < n && method != "chunked"; at += c)
     runs.push_back(make_method(method));
   std::size_t k = 0;
   for (std::size_t at = 0; at < n; at += c)
     k += sel::k_for_density(std::min(c, n - at), s.density);
   unsigned chunk_passes = 0;
+  // chunked: one call a step over every chunk, its pairs written (as laplace_bisect_trim_compact's are).
+  sel::chunked many;
+  std::vector<std::uint32_t> many_idx(k);
+  std::vector<float> many_val(k);
+  auto run_many = [&](std::span<const float> x) {
+    const std::size_t got = many.select_chunks(
+        x, c, [&](std::size_t j) { return sel::k_for_density(std::min(c, n - j * c), s.density); }, many_idx,
+        many_val);
+    benchmark::DoNotOptimize(many_idx.data());
+    last_passes = many.last_passes();
+    return static_cast<double>(got) / static_cast<double>(k);
+  };
   // One step: every chunk selected by its own object; the count over k of the whole step.
   auto run = [&](std::span<const float> x, std::size_t) {
+    if (method == "chunked") return run_many(x);
     double count = 0;
     chunk_passes = 0;
     for (std::size_t j = 0, at = 0; at < n; ++j, at += c) {
@@ -335,7 +368,7 @@ void run_sequence(benchmark::State& state, std::string method, std::size_t which
   state.counters["wall_ms_per_call"] = 1e3 * median(sweep_wall);
   state.counters["count_over_k"] = count_sum / calls;
   state.counters["max_count_over_k"] = count_max;
-  state.counters["passes_per_call"] = passes / calls / static_cast<double>(runs.size());
+  state.counters["passes_per_call"] = passes / calls / static_cast<double>((n + c - 1) / c);
   state.counters["n"] = static_cast<double>(n);
   state.counters["chunk"] = static_cast<double>(c);
   state.counters["k"] = static_cast<double>(k);
@@ -354,7 +387,9 @@ void register_sequences(int sweeps) {
                            "laplace_bisect_t2",
                            "laplace_bisect_cold_t2",
                            "laplace_bisect_trim",
-                           "laplace_bisect_trim_cold"};
+                           "laplace_bisect_trim_cold",
+                           "laplace_bisect_trim_compact",
+                           "chunked"};
   for (std::size_t i = 0; i < sequences().size(); ++i) {
     const sequence& s = sequences()[i];
     for (const char* m : methods) {

@@ -324,22 +324,29 @@ def parse(argv):
                    help="write each round's top-k accumulator (residual + delta, top-k at --topk-density with "
                         "error feedback) as raw float32 with DIR/manifest.txt, for bench/select_bench --sequence")
     p.add_argument("--topk-density", type=float, default=0.01)
+    p.add_argument("--topk-chunk", type=int, default=0,
+                   help="with --dump-accumulators: top-k of each chunk of this many values (0: of the whole vector)")
     p.add_argument("--json", default=None, help="write the per-round and summary figures here")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
 
-def dump_accumulator(folder, r, step, delta, residual, density, files):
+def dump_accumulator(folder, r, step, delta, residual, density, files, chunk=0):
     """Round r's accumulator p = residual + delta of top-k with error feedback (what the engine's
-    topk-<density> code selects on), as select_bench --sequence reads it; the residual keeps p less its k
-    largest magnitudes."""
+    topk-<density>[-c<chunk>] code selects on), as select_bench --sequence reads it; the residual keeps p less
+    its k largest magnitudes, of each chunk of `chunk` values when chunk > 0 (k = ceil(density x its length))."""
     os.makedirs(folder, exist_ok=True)
     p = residual + delta
     name = f"accumulator-{r:03d}.f32"
     p.numpy().astype("<f4").tofile(os.path.join(folder, name))
-    k = max(1, math.ceil(density * p.numel()))
     residual.copy_(p)
-    residual[p.abs().topk(k).indices] = 0.0
+    size = chunk if chunk > 0 else p.numel()
+    k = 0
+    for b in range(0, p.numel(), size):
+        part = p[b:b + size]
+        kj = max(1, math.ceil(density * part.numel()))
+        residual[b + part.abs().topk(kj).indices] = 0.0
+        k += kj
     files.append(f"file {name} {step} {k}")
     with open(os.path.join(folder, "manifest.txt"), "w") as m:
         m.write("# top-k accumulators p_r = e_(r-1) + delta_r of DiLoCo's pseudo-gradients (examples/diloco_lm/"
@@ -415,7 +422,8 @@ def main(argv=None):
         if args.dump:
             torch.save(delta.clone(), os.path.join(args.dump, f"delta_r{r:03d}_s{step:05d}.pt"))
         if args.dump_accumulators:
-            dump_accumulator(args.dump_accumulators, r, step, delta, topk_residual, args.topk_density, files)
+            dump_accumulator(args.dump_accumulators, r, step, delta, topk_residual, args.topk_density, files,
+                                 args.topk_chunk)
         sum_delta += delta.double()
         line = [f"round {r:2d} step {step:4d} loss {sum(losses[-H:]) / H:.4f} |delta| {delta.norm():.4g}"]
         for c in CODES:

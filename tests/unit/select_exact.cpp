@@ -55,6 +55,12 @@ struct laplace_threads {
   sel::threshold select(std::span<const float> x, std::size_t k) { return s.select(x, k); }
 };
 
+// The many-chunk selector's long-chunk path (laplace_bisect, trimmed) taken from 64 values on.
+struct chunked_small {
+  sel::chunked s{sel::chunked::options{.small = 64}};
+  sel::threshold select(std::span<const float> x, std::size_t k) { return s.select(x, k); }
+};
+
 template <class S>
 void check_all_k(S& s, const std::vector<float>& x) {
   const std::size_t n = x.size();
@@ -74,7 +80,7 @@ void check_all_k(S& s, const std::vector<float>& x) {
 
 TEST_CASE_TEMPLATE("exact-answer selectors equal the sorted reference", S, sel::exact, sel::radix,
                    sel::hierarchical, hierarchical_small, radix_threads, laplace_trimmed, laplace_threads,
-                   sampled_trimmed) {
+                   sampled_trimmed, sel::chunked, chunked_small) {
   S s;
   SUBCASE("random inputs over many seeds and odd sizes") {
     std::uint64_t seed = 1;
@@ -115,7 +121,7 @@ TEST_CASE_TEMPLATE("exact-answer selectors equal the sorted reference", S, sel::
 }
 
 TEST_CASE_TEMPLATE("every selector refuses NaN and inf with count and first index", S, sel::exact, sel::radix,
-                   sel::hierarchical, sel::laplace_bisect, sel::sampled) {
+                   sel::hierarchical, sel::laplace_bisect, sel::sampled, sel::chunked) {
   for (std::size_t n : {1u, 33u, 5000u, 70000u}) {
     for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                       -std::numeric_limits<float>::infinity()}) {
@@ -144,7 +150,7 @@ TEST_CASE_TEMPLATE("every selector refuses NaN and inf with count and first inde
 }
 
 TEST_CASE_TEMPLATE("k above N is refused", S, sel::exact, sel::radix, sel::hierarchical, sel::laplace_bisect,
-                   sel::sampled) {
+                   sel::sampled, sel::chunked) {
   S s;
   std::vector<float> x(10, 1.0f);
   CHECK_THROWS_AS(s.select(x, 11), commsgd::invalid_argument);

@@ -5,6 +5,7 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/compress/top_k_ef.hpp>
+#include <commsgd/select/chunked.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #include <commsgd/select/radix.hpp>
 #include <commsgd/sync/diloco.hpp>
@@ -205,6 +206,8 @@ TEST_CASE("top_k_ef conserves every value with its residual, with float and 2-bi
           CHECK_MESSAGE(a.empty(), "exact: " << a);
           const auto b = conserves(compress::top_k_ef<select::radix>(d, o), seed, d);
           CHECK_MESSAGE(b.empty(), "radix: " << b);
+          const auto m = conserves(compress::top_k_ef<select::chunked>(d, o), seed, d);
+          CHECK_MESSAGE(m.empty(), "chunked: " << m);
         }
 }
 
@@ -234,6 +237,13 @@ TEST_CASE(
             // start (the rounds alternate between two scales a hundred times apart, so it is often wrong).
             const auto w = conserves(compress::top_k_ef<select::laplace_bisect>(d, o, warm_exact()), seed, d);
             CHECK_MESSAGE(w.empty(), "laplace_bisect, trimmed: " << w);
+            // Every chunk in one call, each warm-started from its own last threshold (DiLoCo's codes); with
+            // options.small = 8 the longer chunks go to laplace_bisect inside it.
+            const auto m = conserves(compress::top_k_ef<select::chunked>(d, o), seed, d);
+            CHECK_MESSAGE(m.empty(), "chunked: " << m);
+            const auto l =
+                conserves(compress::top_k_ef<select::chunked>(d, o, select::chunked({.small = 8})), seed, d);
+            CHECK_MESSAGE(l.empty(), "chunked, small = 8: " << l);
           }
   // A decay of 0 keeps nothing of the last round: the second round sends as if the first had not been.
   compress::top_k_ef<> x(4, {.density = 0.25, .decay = 0.0f});

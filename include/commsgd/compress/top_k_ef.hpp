@@ -10,7 +10,8 @@
 //   selection                    per chunk, its k largest |p_i| by a selector S (select/) that selects exactly,
 //                                ties at the k-th magnitude to the lowest indices, so the set is a function of
 //                                p alone; each chunk has its own copy of the selector, so one that warm-starts
-//                                (laplace_bisect with trim) starts from that chunk's last threshold
+//                                (laplace_bisect with trim) starts from that chunk's last threshold, or one
+//                                call takes every chunk (select::chunked, each chunk's warm start its own)
 //   values                       the selected p_i as floats, or (two_bit) 2 bits each against one scale per
 //                                chunk: s = mean |p_i| over the chunk's selection, rounded once to float;
 //                                a value is sign(p_i) (|p_i| >= s ? 1.5 s : 0.5 s). Two levels at a half
@@ -113,7 +114,8 @@ public:
   explicit top_k_ef(std::size_t length, top_k_ef_options o = {}, S selector = {})
       : round_state(detail::checked_top_k_length(length), true, false), opt_(checked(o)),
         plan_(cost::top_k_plan::of(length, o.chunk, o.density, o.two_bit)), k_(plan_.k()),
-        sel_(static_cast<std::size_t>(plan_.count), detail::exact_selector(std::move(selector))) {
+        sel_(many_chunks ? 1 : static_cast<std::size_t>(plan_.count),
+             detail::exact_selector(std::move(selector))) {
     msg_.resize(plan_.bytes);
     idx_.resize(k_);
     val_.resize(k_);
@@ -200,13 +202,19 @@ private:
   // Each chunk's selection into idx_ (relative to the chunk) and val_, then the message.
   void encode() {
     std::size_t at = 0;
-    for (std::uint64_t j = 0; j < plan_.count; ++j) {
-      const auto kj = static_cast<std::size_t>(plan_.k_of(j));
-      const auto x = std::span<const float>(p_).subspan(plan_.first(j), plan_.length(j));
-      const auto t = sel_[j].select(x, kj);
-      select::compact<std::uint32_t>(x, t, std::span<std::uint32_t>(idx_).subspan(at, kj),
-                                     std::span<float>(val_).subspan(at, kj));
-      at += kj;
+    if constexpr (many_chunks) {
+      sel_[0].select_chunks(
+          p_, static_cast<std::size_t>(plan_.size),
+          [&](std::size_t j) { return static_cast<std::size_t>(plan_.k_of(j)); }, idx_, val_);
+    } else {
+      for (std::uint64_t j = 0; j < plan_.count; ++j) {
+        const auto kj = static_cast<std::size_t>(plan_.k_of(j));
+        const auto x = std::span<const float>(p_).subspan(plan_.first(j), plan_.length(j));
+        const auto t = sel_[j].select(x, kj);
+        select::compact<std::uint32_t>(x, t, std::span<std::uint32_t>(idx_).subspan(at, kj),
+                                       std::span<float>(val_).subspan(at, kj));
+        at += kj;
+      }
     }
     if (opt_.two_bit) {
       scale_.resize(plan_.count);
@@ -331,7 +339,13 @@ private:
   top_k_ef_options opt_;
   cost::top_k_plan plan_;
   std::size_t k_;
-  std::vector<S> sel_; // one a chunk: each warm start follows its own chunk
+  // A selector that takes every chunk in one call (select::chunked) keeps each chunk's warm start itself.
+  static constexpr bool many_chunks =
+      requires(S & s, std::span<const float> x, std::span<std::uint32_t> i, std::span<float> v) {
+    s.select_chunks(
+        x, std::size_t{}, [](std::size_t) { return std::size_t{}; }, i, v);
+  };
+  std::vector<S> sel_; // one a chunk, each warm start following its own chunk; one for many_chunks
   std::vector<std::uint32_t> idx_;
   std::vector<float> val_, scale_;
   mutable std::vector<std::uint32_t> rel_; // one chunk's indices while it is decoded

@@ -1,6 +1,7 @@
 // Every host threshold selector, the compaction step and the input checks.
 #pragma once
 
+#include <commsgd/select/chunked.hpp>
 #include <commsgd/select/compact.hpp>
 #include <commsgd/select/exact.hpp>
 #include <commsgd/select/hierarchical.hpp>

@@ -6,6 +6,9 @@
 //   laplace_bisect  Laplace tail estimate, then multi-candidate bisection; approximate (or exact with trim)
 //   hierarchical    per-segment top candidates, then an exact select among them; exact
 //   sampled         threshold from a strided sample, corrected; approximate
+// and on the host only:
+//   chunked         every chunk of a vector in one call (select_chunks), each warm-started from its own last
+//                   threshold, its pairs written as they are found; exact (the top-k codes' small chunks)
 //
 // Contract:
 // - x must be finite (NaN or inf raise commsgd::non_finite with the count and first index);

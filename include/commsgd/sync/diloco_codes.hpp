@@ -47,6 +47,7 @@
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/cost/top_k_plan.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/select/chunked.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #include <commsgd/sync/diloco.hpp>
 
@@ -248,15 +249,16 @@ struct diloco_code {
 //   int8, e3m0    blocks of 256 values (cost::diloco_block_size), no error feedback: a pseudo-gradient is a
 //                 whole round's progress, and what its code drops is not owed to the next round
 //   topk-<d>...   top_k_ef, per chunk when the name has -c<chunk>, 2-bit values with -2bit, its residual
-//                 carried from round to round (decayed by -b<decay>; the error feedback is the method). Each
-//                 chunk's k largest are found by laplace_bisect warm-started from that chunk's threshold of
-//                 the last round and trimmed to exactly k (ties to the lowest index): the set exact selection
-//                 gives, bit for bit (its speed on DiLoCo's real accumulators: docs/diloco.md, top-k)
+//                 carried from round to round (decayed by -b<decay>; the error feedback is the method). Every
+//                 chunk's k largest are found in one call of select::chunked, each chunk warm-started from its
+//                 own threshold of the last round (a chunk of more than 65,536 values by laplace_bisect,
+//                 trimmed): the set exact selection gives, bit for bit (its speed on DiLoCo's real
+//                 accumulators: docs/diloco.md, top-k)
 //   -shared, -regions  shared_top_k, region_top_k: the same selection, their rounds as in the table above
 template <comm::communicator C>
 using diloco_engine =
     std::variant<diloco<C>, diloco<C, compress::fp16>, diloco<C, compress::bf16>, diloco<C, compress::int8>,
-                 diloco<C, compress::e3m0>, diloco<C, compress::top_k_ef<select::laplace_bisect>>,
+                 diloco<C, compress::e3m0>, diloco<C, compress::top_k_ef<select::chunked>>,
                  diloco<C, compress::shared_top_k<select::laplace_bisect>>,
                  diloco<C, compress::region_top_k<select::laplace_bisect>>>;
 
@@ -314,13 +316,11 @@ diloco_engine<C> make_diloco_engine(C& c, std::vector<std::size_t> layers, diloc
     if (code.regions)
       return coded(detail::diloco_flat_top_k<compress::region_top_k<select::laplace_bisect>>(code));
     return coded([code](std::size_t n) {
-      return compress::top_k_ef<select::laplace_bisect>(n,
-                                                        {.density = code.density,
-                                                         .two_bit = code.two_bit,
-                                                         .chunk = static_cast<std::size_t>(code.chunk),
-                                                         .decay = static_cast<float>(code.decay),
-                                                         .sender_mean = code.sender_mean},
-                                                        select::laplace_bisect(detail::diloco_exact_warm()));
+      return compress::top_k_ef<select::chunked>(n, {.density = code.density,
+                                                     .two_bit = code.two_bit,
+                                                     .chunk = static_cast<std::size_t>(code.chunk),
+                                                     .decay = static_cast<float>(code.decay),
+                                                     .sender_mean = code.sender_mean});
     });
   }
   throw invalid_argument(commsgd::concat("argument 'code' has format ", static_cast<int>(code.format),

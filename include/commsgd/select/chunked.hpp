@@ -1,0 +1,340 @@
+// select::chunked: the exact top-k of every chunk of a vector in one call, for the top-k codes that cut a
+// pseudo-gradient into many small chunks (SparseLoCo's shape: chunks of 4,096, tens of values each).
+//
+// Why: a chunk of 4,096 floats is 16 KB, one read of it about a microsecond. A general selector pays more than
+// that in fixed work on every call (its prediction, its scratch buffers, a radix finish over 2,048 buckets),
+// and the caller then reads the chunk again to compact the selection. Here one pass over a chunk does both:
+//   floor     the chunk's own warm start (select/laplace_math.hpp's warm_tracker, the rule laplace_bisect
+//             uses): its last threshold, or the last move repeated, lowered by a margin from the recent errors
+//   collect   one pass writes (key, index) of every entry whose |x| reaches the floor, in index order: a mask
+//             of 64 entries at a time from vectorised compares (SSE2's movemask on x86-64, a plain loop
+//             elsewhere), then one write a set bit, so the pass is a read of the chunk plus work for the few
+//             entries near the top
+//   finish    the k-th largest key among those (a histogram of 256 buckets over their range, then nth_element
+//             in the one bucket that holds it), and the selection written from the candidates in index order,
+//             branch-free: every key above it and the first ties, lowest index first
+//   miss      fewer than k reached the floor (the threshold fell past the margin): the floor is lowered to 4,
+//             16, then 64 margins below the guess, then to 0, and the chunk (in cache) read again; a cold chunk
+//             (no threshold yet, or 0 last time) collects everything once
+// The result is the exact set (ties to the lowest index), the same as select::exact gives, whatever the
+// warm start predicted: a prediction only decides how many entries are collected.
+//
+// A chunk longer than options.small (default 65,536) goes to its own laplace_bisect, trimmed and
+// warm-started: its sampling and threads pay there, and a whole-vector candidate buffer would not.
+// As a `selector`, select(x, k) treats x as one chunk (chunk 0's warm start).
+#pragma once
+
+#include <commsgd/config.hpp>
+#include <commsgd/error.hpp>
+#include <commsgd/select/compact.hpp>
+#include <commsgd/select/key.hpp>
+#include <commsgd/select/laplace_bisect.hpp>
+#include <commsgd/select/laplace_math.hpp>
+#include <commsgd/select/scan.hpp>
+#include <commsgd/select/selector.hpp>
+#include <commsgd/select/validate.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace commsgd::inline v1::select {
+
+class chunked {
+public:
+  static constexpr bool is_exact = true;
+  static constexpr const char* name = "chunked";
+
+  struct options {
+    // Chunks of at most this many values are selected here; longer ones by laplace_bisect (trim, warm).
+    std::size_t small = std::size_t{1} << 16;
+    bool warm_start = true;
+  };
+
+  chunked() = default;
+  explicit chunked(options o) : opt_(o) {
+    check_range("options.small", static_cast<double>(o.small), 1.0,
+                static_cast<double>(std::numeric_limits<std::uint32_t>::max()), "[1, 2^32 - 1]");
+  }
+
+  const options& opts() const noexcept { return opt_; }
+
+  // Chunk j of x is x[j size, min((j + 1) size, x.size())), and k_of(j) <= its length values are taken from
+  // it: their indices relative to the chunk, rising, into idx and x at them into val, chunk after chunk.
+  // idx and val must hold the sum of every k_of(j). size 0 means one chunk of all x. x must be finite
+  // (commsgd::non_finite otherwise; a chunk's warm start moves only with its own successful selection, and
+  // what was written before the refusal is not a result). Returns the values written.
+  template <class K>
+  std::size_t select_chunks(std::span<const float> x, std::size_t size, K&& k_of,
+                            std::span<std::uint32_t> idx, std::span<float> val) {
+    if (size == 0) size = std::max<std::size_t>(x.size(), 1);
+    if (size > std::numeric_limits<std::uint32_t>::max())
+      throw invalid_argument(commsgd::concat("chunked: argument 'size' = ", size,
+                                             " is outside the allowed range [0, 2^32 - 1]"));
+    const std::size_t count = (x.size() + size - 1) / size;
+    std::size_t total = 0;
+    for (std::size_t j = 0; j < count; ++j)
+      total += checked_k(std::invoke(k_of, j), std::min(size, x.size() - j * size), j);
+    if (idx.size() != total || val.size() != total)
+      throw size_mismatch(commsgd::concat("chunked: idx.size() = ", idx.size(), " and val.size() = ",
+                                          val.size(), " must both equal the chunks' total k ", total));
+    if (chunks_.size() < count) chunks_.resize(count);
+    passes_ = 0;
+    held_total_ = 0;
+    std::size_t at = 0;
+    for (std::size_t j = 0; j < count; ++j) {
+      const std::size_t b = j * size, len = std::min(size, x.size() - b);
+      const std::size_t k = std::invoke(k_of, j);
+      one(x.subspan(b, len), k, chunks_[j], idx.data() + at, val.data() + at, x);
+      at += k;
+    }
+    return total;
+  }
+
+  threshold select(std::span<const float> x, std::size_t k) {
+    check_k(k, x.size());
+    if (chunks_.empty()) chunks_.resize(1);
+    passes_ = 0;
+    held_total_ = 0;
+    return one(x, k, chunks_[0], nullptr, nullptr, x);
+  }
+
+  // Passes over the chunks made by the last call, summed over its chunks (a miss costs one more).
+  unsigned last_passes() const noexcept { return passes_; }
+  // Candidates the last call's passes collected, summed over its chunks (what a warm start saves: a cold
+  // chunk collects all of its values).
+  std::size_t last_held() const noexcept { return held_total_; }
+  // Forget every chunk's warm start (a warm start never changes the set, so it is not saved with a model).
+  void reset() noexcept { chunks_.clear(); }
+
+private:
+  struct chunk_state {
+    float threshold = 0.0f; // 0: no previous threshold, the next call collects the whole chunk
+    warm_tracker track{};
+    std::optional<laplace_bisect> large; // a chunk longer than options.small
+  };
+
+  static std::size_t checked_k(std::size_t k, std::size_t len, std::size_t j) {
+    if (k > len)
+      throw invalid_argument(commsgd::concat("chunked: k_of(", j, ") = ", k,
+                                             " is outside the allowed range [0, ", len,
+                                             "] (the chunk's length)"));
+    return k;
+  }
+
+  // The (index, value) pairs of a result, from a threshold that describes x (laplace_bisect's).
+  static void write(std::span<const float> x, const threshold& t, std::uint32_t* idx, float* val) {
+    if (idx == nullptr) return;
+    const auto k = t.count();
+    compact<std::uint32_t>(x, t, std::span<std::uint32_t>(idx, k), std::span<float>(val, k));
+  }
+
+  // One chunk x of `all`; a non-finite value is reported with its index in `all`.
+  threshold one(std::span<const float> x, std::size_t k, chunk_state& s, std::uint32_t* idx, float* val,
+                std::span<const float> all) {
+    if (x.size() > opt_.small) {
+      if (!s.large) {
+        laplace_bisect::options o;
+        o.trim = true;
+        o.warm_start = opt_.warm_start;
+        s.large.emplace(o);
+      }
+      threshold t;
+      try {
+        t = s.large->select(x, k);
+      } catch (const non_finite&) {
+        check_finite(all);
+        throw;
+      }
+      passes_ += s.large->last_passes();
+      write(x, t, idx, val);
+      return t;
+    }
+    if (k == 0 || k == x.size()) check_finite(all);
+    if (const auto trivial = detail::trivial_result(x, k)) {
+      ++passes_;
+      write(x, *trivial, idx, val);
+      return *trivial;
+    }
+    const bool warm = opt_.warm_start && s.threshold > 0.0f;
+    const warm_tracker::plan p = warm ? s.track.next(s.threshold) : warm_tracker::plan{0.0, 0.0};
+    // laplace_bisect's margins, measured best here too (half or twice them cost more on DiLoCo's rounds).
+    const double margin = p.margin;
+    std::uint32_t lo = warm ? warm_floor_key(p.guess, margin) : 0u;
+    for (unsigned miss = 0;; ++miss) {
+      const std::size_t c = collect(x, lo);
+      ++passes_;
+      if (c > 0 && top_ >= infinite_key) check_finite(all); // NaN and inf reach every floor
+      if (c >= k) break;
+      // Lower the floor 4, then 16, then 64 times the margin below the guess (a re-read of a chunk in cache is
+      // cheap, a floor far too low fills the candidates), then to 0.
+      lo = miss < 3 && warm
+               ? std::min(lo - 1u, warm_floor_key(p.guess, std::min(0.9, margin * (4 << (2 * miss)))))
+               : 0u;
+    }
+    const threshold t = finish(k, idx, val, x.data());
+    if (opt_.warm_start) {
+      s.track.record(s.threshold, t.value);
+      s.threshold = t.value;
+    }
+    return t;
+  }
+
+  // Bit j set when the key of p[j] reaches lo, for a block of 16. With SSE2 (every x86-64) four compares and
+  // movemask: the portable loop below does not vectorise, and at 4 ops a value it cost half the call.
+  static std::uint32_t reach_mask(const float* p, std::uint32_t lo) noexcept {
+#if defined(__SSE2__)
+    // Keys are below 2^31, so a signed compare with lo - 1 (-1 when lo is 0) is key >= lo.
+    const __m128i magnitude = _mm_set1_epi32(0x7fffffff);
+    const __m128i below = _mm_set1_epi32(static_cast<std::int32_t>(lo - 1u));
+    std::uint32_t m = 0;
+    for (unsigned q = 0; q < detail::block / 4; ++q) {
+      const __m128i key =
+          _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4 * q)), magnitude);
+      const __m128i hit = _mm_cmpgt_epi32(key, below);
+      m |= static_cast<std::uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(hit))) << (4 * q);
+    }
+    return m;
+#else
+    std::uint32_t m = 0;
+    for (unsigned j = 0; j < detail::block; ++j)
+      m |= static_cast<std::uint32_t>(detail::key_at(p + j) >= lo) << j;
+    return m;
+#endif
+  }
+
+  // Every (key, index) with key >= lo, rising, into key_ and at_; returns how many.
+  std::size_t collect(std::span<const float> x, std::uint32_t lo) {
+    const std::size_t n = x.size();
+    if (key_.size() < n + detail::block) {
+      key_.resize(n + detail::block);
+      at_.resize(n + detail::block);
+    }
+    std::uint32_t* kq = key_.data();
+    std::uint32_t* iq = at_.data();
+    std::size_t c = 0;
+    std::size_t i = 0;
+    std::uint32_t top = lo;
+    // A mask of the entries of 4 blocks that reach lo, then one write for each of them: one loop exit (a
+    // mispredicted branch) a 64 values rather than a block.
+    constexpr std::size_t group = 4 * detail::block;
+    for (; i + group <= n; i += group) {
+      std::uint64_t m = 0;
+      for (unsigned q = 0; q < 4; ++q)
+        m |= static_cast<std::uint64_t>(reach_mask(x.data() + i + q * detail::block, lo))
+             << (q * detail::block);
+      while (m != 0) {
+        const unsigned j = static_cast<unsigned>(std::countr_zero(m));
+        m &= m - 1;
+        const std::uint32_t key = detail::key_at(x.data() + i + j);
+        top = std::max(top, key);
+        kq[c] = key;
+        iq[c] = static_cast<std::uint32_t>(i + j);
+        ++c;
+      }
+    }
+    for (; i + detail::block <= n; i += detail::block) {
+      std::uint32_t m = reach_mask(x.data() + i, lo);
+      while (m != 0) {
+        const unsigned j = static_cast<unsigned>(std::countr_zero(m));
+        m &= m - 1;
+        const std::uint32_t key = detail::key_at(x.data() + i + j);
+        top = std::max(top, key);
+        kq[c] = key;
+        iq[c] = static_cast<std::uint32_t>(i + j);
+        ++c;
+      }
+    }
+    for (; i < n; ++i) {
+      const std::uint32_t key = detail::key_at(x.data() + i);
+      kq[c] = key;
+      iq[c] = static_cast<std::uint32_t>(i);
+      if (key < lo) continue;
+      top = std::max(top, key);
+      ++c;
+    }
+    held_ = c;
+    floor_ = lo;
+    top_ = top;
+    held_total_ += c;
+    return c;
+  }
+
+  // The k-th largest of the held keys (k <= held), and the selection written from them in index order.
+  threshold finish(std::size_t k, std::uint32_t* idx, float* val, const float* x) {
+    const auto [tk, above] = kth_largest(k);
+    const threshold t{key_magnitude(tk), above, k - above};
+    if (idx != nullptr) {
+      // Branch-free (which held key is taken is data, not a pattern): each one written over the next slot, the
+      // count moved only for those taken; at_ is overwritten in place, never ahead of what it reads.
+      std::size_t out = 0, ties = 0;
+      for (std::size_t i = 0; i < held_; ++i) {
+        const std::uint32_t key = key_[i];
+        const std::size_t tie = key == tk;
+        const std::size_t take =
+            static_cast<std::size_t>(key > tk) | (tie & static_cast<std::size_t>(ties < t.at));
+        ties += tie;
+        at_[out] = at_[i];
+        out += take;
+      }
+      for (std::size_t q = 0; q < k; ++q) {
+        idx[q] = at_[q];
+        val[q] = x[at_[q]];
+      }
+    }
+    return t;
+  }
+
+  // The k-th largest held key, 1 <= k <= held, and how many held keys lie above it: a histogram of 256
+  // buckets over [floor_, top_] finds the bucket it lies in, and nth_element the key among that bucket's few
+  // (a sort's branches, mispredicted about half the time, cost more than two plain passes over the hundreds of
+  // keys a chunk holds). Counting the buckets while collecting was slower: the increments wait on each other.
+  std::pair<std::uint32_t, std::size_t> kth_largest(std::size_t k) {
+    const std::size_t c = held_;
+    const std::uint32_t lo = floor_, span = top_ - floor_;
+    unsigned shift = 0;
+    while ((span >> shift) >= 256u)
+      ++shift;
+    std::uint32_t hist[256] = {};
+    for (std::size_t i = 0; i < c; ++i)
+      ++hist[(key_[i] - lo) >> shift];
+    std::size_t b = span >> shift, above = 0;
+    while (above + hist[b] < k)
+      above += hist[b--];
+    if (shift == 0) return {lo + static_cast<std::uint32_t>(b), above};
+    sort_.resize(hist[b] + 1);
+    std::size_t m = 0;
+    for (std::size_t i = 0; i < c; ++i) {
+      sort_[m] = key_[i];
+      m += ((key_[i] - lo) >> shift) == b;
+    }
+    const auto nth = sort_.begin() + static_cast<std::ptrdiff_t>(k - above - 1);
+    std::nth_element(sort_.begin(), nth, sort_.begin() + static_cast<std::ptrdiff_t>(m), std::greater<>());
+    const std::uint32_t tk = *nth;
+    for (auto q = sort_.begin(); q != nth; ++q) // nth_element left the larger ones before nth
+      above += *q > tk;
+    return {tk, above};
+  }
+
+  options opt_{};
+  std::vector<chunk_state> chunks_;
+  std::vector<std::uint32_t> key_, at_, sort_; // the held candidates of one chunk
+  std::size_t held_ = 0, held_total_ = 0;
+  std::uint32_t floor_ = 0, top_ = 0; // the held keys lie in [floor_, top_]
+  unsigned passes_ = 0;
+};
+
+static_assert(selector<chunked>);
+
+} // namespace commsgd::inline v1::select
