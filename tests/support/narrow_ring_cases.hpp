@@ -1,4 +1,4 @@
-// comm::narrow_ring_sum against an independent reference, on any communicator: every rank regenerates every
+// comm::narrow_ring_sum (and narrow_ring_sum_wire) against an independent reference, on any communicator: every rank regenerates every
 // rank's input from (rank, case), so each can compute the expected sum itself, value by value, and compare
 // its own result bit for bit. Used by the unit test (comm::local, n = 1 to 8) and the MPI test (mpiexec).
 #pragma once
@@ -68,7 +68,24 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
-// Runs every case on communicator `c` (collective: every rank calls it).
+template <class Format>
+std::vector<std::uint16_t> wire_of(const std::vector<float>& x) {
+  std::vector<std::uint16_t> h(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i)
+    h[i] = Format::encode(x[i]);
+  return h;
+}
+
+template <class Format>
+std::vector<float> floats_of(const std::vector<std::uint16_t>& h) {
+  std::vector<float> x(h.size());
+  for (std::size_t i = 0; i < h.size(); ++i)
+    x[i] = Format::decode(h[i]);
+  return x;
+}
+
+// Runs every case on communicator `c` (collective: every rank calls it); narrow_ring_sum_wire too, from the
+// same inputs in the wire format.
 template <class Format, commsgd::comm::communicator C>
 void check_all(C& c) {
   const int n = c.size();
@@ -87,17 +104,26 @@ void check_all(C& c) {
         for (int r = 0; r < n; ++r)
           all.push_back(input<Format>(r, d, which, big));
         auto mine = all[static_cast<std::size_t>(c.rank())];
+        const auto own = wire_of<Format>(mine);
         commsgd::comm::narrow_ring_sum<Format>(c, std::span<float>(mine), saturate, buf);
-        CHECK(same_bits(mine, reference<Format>(all, saturate)));
+        const auto want = reference<Format>(all, saturate);
+        CHECK(same_bits(mine, want));
         if (saturate) CHECK(std::all_of(mine.begin(), mine.end(), [](float v) { return std::isfinite(v); }));
+        // The same ring from the 16-bit values themselves: the same bits.
+        commsgd::comm::narrow_ring_sum_wire<Format>(c, own, saturate, buf);
+        CHECK(same_bits(floats_of<Format>(buf.wire), want));
       }
   // A rank that contributes NaN (how a compressor refuses its input) makes every value of every rank's
   // result NaN, and one NaN value reaches exactly that index everywhere.
   for (int bad = 0; bad < n; ++bad) {
     std::vector<float> mine = input<Format>(c.rank(), 257, 999, false);
     if (c.rank() == bad) std::fill(mine.begin(), mine.end(), std::numeric_limits<float>::quiet_NaN());
+    const auto own = wire_of<Format>(mine);
     commsgd::comm::narrow_ring_sum<Format>(c, std::span<float>(mine), false, buf);
     CHECK(std::all_of(mine.begin(), mine.end(), [](float v) { return std::isnan(v); }));
+    commsgd::comm::narrow_ring_sum_wire<Format>(c, own, false, buf);
+    const auto wire_sum = floats_of<Format>(buf.wire);
+    CHECK(std::all_of(wire_sum.begin(), wire_sum.end(), [](float v) { return std::isnan(v); }));
     std::vector<float> one = input<Format>(c.rank(), 257, 998, false);
     if (c.rank() == bad) one[5] = std::numeric_limits<float>::quiet_NaN();
     commsgd::comm::narrow_ring_sum<Format>(c, std::span<float>(one), false, buf);

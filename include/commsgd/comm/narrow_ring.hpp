@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <utility>
 #include <vector>
@@ -64,28 +65,15 @@ struct narrow_ring_buffers {
   std::vector<std::uint16_t> wire, inbox;
 };
 
-template <wire_codec Codec, communicator C>
-void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffers& buf) {
+namespace detail {
+
+// The ring's schedule, shared by both forms below: `start(a, b)` writes this rank's own chunk [a, b) into
+// buf.wire in the wire format, `hop(a, b, inbox)` writes chunk [a, b)'s partial sum plus this rank's values into
+// buf.wire[a, b) from the partial sum received in inbox. Leaves every rank's result in buf.wire (n >= 2).
+template <communicator C, class Start, class Hop>
+void narrow_ring_schedule(C& c, std::size_t m, narrow_ring_buffers& buf, Start&& start, Hop&& hop) {
   const int n = c.size();
   const int me = c.rank();
-  const std::size_t m = x.size();
-  auto narrow = [saturate](float v) {
-    std::uint16_t h = Codec::encode(v);
-    if (saturate && (h & 0x7fffu) == Codec::inf_bits)
-      h = static_cast<std::uint16_t>((h & 0x8000u) | Codec::max_finite_bits);
-    return h;
-  };
-  buf.wire.resize(m);
-  if (n == 1) {
-    if constexpr (bulk_wire_codec<Codec>) {
-      Codec::encode_n(std::span<const float>(x), std::span<std::uint16_t>(buf.wire), saturate);
-      Codec::decode_n(std::span<const std::uint16_t>(buf.wire), x);
-    } else {
-      for (std::size_t i = 0; i < m; ++i)
-        x[i] = Codec::decode(narrow(x[i]));
-    }
-    return;
-  }
   const auto un = static_cast<std::uint64_t>(n);
   auto lo = [&](int j) { return static_cast<std::size_t>(m * static_cast<std::uint64_t>(j) / un); };
   auto chunk = [&](int j) {
@@ -93,6 +81,7 @@ void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffer
     return std::pair<std::size_t, std::size_t>{lo(j), lo(j + 1)};
   };
   const int right = (me + 1) % n, left = (me + n - 1) % n;
+  buf.wire.resize(m);
   buf.inbox.resize(m / un + 1);
   std::uint16_t* w = buf.wire.data();
   // Exchanges one chunk with the neighbours: sends wire[send], receives into `into`.
@@ -103,27 +92,15 @@ void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffer
     rs.wait();
     rr.wait();
   };
-
   // Reduce-scatter: at step s this rank sends chunk me - s and adds its values to chunk me - 1 - s.
   {
     const auto [a, b] = chunk(me);
-    if constexpr (bulk_wire_codec<Codec>)
-      Codec::encode_n(std::span<const float>(x.data() + a, b - a), std::span<std::uint16_t>(w + a, b - a),
-                      saturate);
-    else
-      for (std::size_t i = a; i < b; ++i)
-        w[i] = narrow(x[i]);
+    start(a, b);
   }
   for (int s = 0; s + 1 < n; ++s) {
     const auto [a, b] = chunk(me - 1 - s);
     step(chunk(me - s), buf.inbox.data(), b - a);
-    if constexpr (bulk_wire_codec<Codec>)
-      Codec::sum_n(std::span<const std::uint16_t>(buf.inbox.data(), b - a),
-                   std::span<const float>(x.data() + a, b - a), std::span<std::uint16_t>(w + a, b - a),
-                   saturate);
-    else
-      for (std::size_t i = a; i < b; ++i)
-        w[i] = narrow(Codec::decode(buf.inbox[i - a]) + x[i]);
+    hop(a, b, std::span<const std::uint16_t>(buf.inbox.data(), b - a));
   }
   // This rank now holds chunk me + 1's result. All-gather: at step s it sends chunk me + 1 - s and receives
   // chunk me - s, in place.
@@ -131,12 +108,94 @@ void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffer
     const auto [a, b] = chunk(me - s);
     step(chunk(me + 1 - s), w + a, b - a);
   }
+}
+
+template <wire_codec Codec>
+std::uint16_t narrow(float v, bool saturate) {
+  std::uint16_t h = Codec::encode(v);
+  if (saturate && (h & 0x7fffu) == Codec::inf_bits)
+    h = static_cast<std::uint16_t>((h & 0x8000u) | Codec::max_finite_bits);
+  return h;
+}
+
+} // namespace detail
+
+template <wire_codec Codec, communicator C>
+void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffers& buf) {
+  const std::size_t m = x.size();
+  buf.wire.resize(m);
+  std::uint16_t* w = buf.wire.data();
+  if (c.size() == 1) {
+    if constexpr (bulk_wire_codec<Codec>) {
+      Codec::encode_n(std::span<const float>(x), std::span<std::uint16_t>(buf.wire), saturate);
+      Codec::decode_n(std::span<const std::uint16_t>(buf.wire), x);
+    } else {
+      for (std::size_t i = 0; i < m; ++i)
+        x[i] = Codec::decode(detail::narrow<Codec>(x[i], saturate));
+    }
+    return;
+  }
+  detail::narrow_ring_schedule(
+      c, m, buf,
+      [&](std::size_t a, std::size_t b) {
+        if constexpr (bulk_wire_codec<Codec>)
+          Codec::encode_n(std::span<const float>(x.data() + a, b - a), std::span<std::uint16_t>(w + a, b - a),
+                          saturate);
+        else
+          for (std::size_t i = a; i < b; ++i)
+            w[i] = detail::narrow<Codec>(x[i], saturate);
+      },
+      [&](std::size_t a, std::size_t b, std::span<const std::uint16_t> in) {
+        if constexpr (bulk_wire_codec<Codec>)
+          Codec::sum_n(in, std::span<const float>(x.data() + a, b - a),
+                       std::span<std::uint16_t>(w + a, b - a), saturate);
+        else
+          for (std::size_t i = a; i < b; ++i)
+            w[i] = detail::narrow<Codec>(Codec::decode(in[i - a]) + x[i], saturate);
+      });
   if constexpr (bulk_wire_codec<Codec>) {
     Codec::decode_n(std::span<const std::uint16_t>(buf.wire), x);
   } else {
     for (std::size_t i = 0; i < m; ++i)
       x[i] = Codec::decode(w[i]);
   }
+}
+
+// The same ring when every rank's values are already in the wire format (`own`, its bits): the result, in the
+// wire format, is left in buf.wire, with exactly the bits narrow_ring_sum gives for x = decode(own) (decoding
+// is exact, and a finite wire value encodes back to itself). No float buffer of the whole length is made: a
+// caller that wants floats decodes buf.wire once, where it wants them.
+template <wire_codec Codec, communicator C>
+void narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool saturate, narrow_ring_buffers& buf) {
+  const std::size_t m = own.size();
+  buf.wire.resize(m);
+  std::uint16_t* w = buf.wire.data();
+  // A wire value goes out as narrow(decode(h)): itself, but for inf under saturate and a NaN's payload, so
+  // the bits are copied and only blocks holding inf or NaN (a test the compiler vectorises) are redone.
+  auto first = [&](std::size_t a, std::size_t b) {
+    if (b > a) std::memcpy(w + a, own.data() + a, (b - a) * sizeof(std::uint16_t));
+    for (std::size_t i = a; i < b; i += 64) {
+      const std::size_t e = std::min(b, i + 64);
+      unsigned special = 0;
+      for (std::size_t j = i; j < e; ++j)
+        special |= (w[j] & 0x7fffu) >= Codec::inf_bits ? 1u : 0u;
+      if (special != 0)
+        for (std::size_t j = i; j < e; ++j)
+          w[j] = detail::narrow<Codec>(Codec::decode(w[j]), saturate);
+    }
+  };
+  if (c.size() == 1) return first(0, m);
+  detail::narrow_ring_schedule(
+      c, m, buf, first, [&](std::size_t a, std::size_t b, std::span<const std::uint16_t> in) {
+        if constexpr (requires {
+                        Codec::sum_n(in, own.subspan(a, b - a), std::span<std::uint16_t>(w + a, b - a),
+                                     saturate);
+                      })
+          Codec::sum_n(in, own.subspan(a, b - a), std::span<std::uint16_t>(w + a, b - a), saturate);
+        else
+          for (std::size_t i = a; i < b; ++i)
+            w[i] = detail::narrow<Codec>(Codec::decode(in[i - a]) + Codec::decode(own[i]), saturate);
+      });
 }
 
 } // namespace commsgd::inline v1::comm

@@ -10,7 +10,8 @@
 // half_overflow::clamp, it is sent as the largest finite value of its sign (and, with error feedback, the
 // excess stays in the residual).
 //
-// Exchange: a ring all-reduce with the 16-bit values on the wire and float sums (comm/narrow_ring.hpp): each
+// Exchange: a ring all-reduce with the 16-bit values on the wire and float sums (comm/narrow_ring.hpp, from the
+// 16-bit messages themselves: no float copy of the whole vector is made): each
 // rank's contribution is its values rounded to 16 bits (what error feedback keeps the rest of), the partial
 // sums are rounded to 16 bits at every hop, and every rank ends with the same bits on every transport. A
 // rank sends and receives half the bytes of a float ring all-reduce, as PyTorch's fp16 hook does. The first
@@ -69,6 +70,10 @@ struct fp16_format {
                            std::span<std::uint16_t> out, bool saturate) {
     return fp16_sum_bits(partial, x, out, saturate);
   }
+  static std::size_t sum_n(std::span<const std::uint16_t> partial, std::span<const std::uint16_t> x,
+                           std::span<std::uint16_t> out, bool saturate) {
+    return fp16_sum_bits(partial, x, out, saturate);
+  }
   static void decode_n(std::span<const std::uint16_t> in, std::span<float> out) {
     fp16_bits_to_float(in, out);
   }
@@ -89,6 +94,10 @@ struct bf16_format {
     return float_to_bf16_bits(in, out, saturate);
   }
   static std::size_t sum_n(std::span<const std::uint16_t> partial, std::span<const float> x,
+                           std::span<std::uint16_t> out, bool saturate) {
+    return bf16_sum_bits(partial, x, out, saturate);
+  }
+  static std::size_t sum_n(std::span<const std::uint16_t> partial, std::span<const std::uint16_t> x,
                            std::span<std::uint16_t> out, bool saturate) {
     return bf16_sum_bits(partial, x, out, saturate);
   }
@@ -143,29 +152,28 @@ public:
       detail::agree(c, what(), length_, detail::fingerprint(config()), v, verdicts_, range());
       agreed_ = true;
     }
-    // This rank's contribution: what its message decodes to, or NaN to make every rank refuse the round.
-    sum_.resize(length_);
+    // This rank's contribution: its message, or NaN to make every rank refuse the round. The ring sums the
+    // 16-bit values as they are (each hop decodes, adds in float and rounds), so no float copy of the whole
+    // message is made; d (what the residual keeps the rest of) is read by error feedback only.
     if (v.problem == detail::input_problem::none) {
-      // d (what the residual keeps the rest of) is read by error feedback only.
-      Format::decode_n(msg_, sum_);
-      if (ef_.on()) std::copy(sum_.begin(), sum_.end(), d_.begin());
+      if (ef_.on()) Format::decode_n(msg_, d_);
     } else {
-      std::fill(sum_.begin(), sum_.end(), std::numeric_limits<float>::quiet_NaN());
+      std::fill(msg_.begin(), msg_.end(),
+                static_cast<std::uint16_t>(Format::inf_bits | (Format::inf_bits >> 1)));
     }
-    comm::narrow_ring_sum<Format>(c, std::span<float>(sum_), opt_.overflow == half_overflow::clamp, ring_);
+    comm::narrow_ring_sum_wire<Format>(c, msg_, opt_.overflow == half_overflow::clamp, ring_);
     if (v.problem != detail::input_problem::none) {
       const auto mine = detail::verdict_fields(length_, v, 0);
       detail::throw_verdict(what(), "this rank's", mine.data(), range());
     }
-    // The sum is checked as it is copied out, in one pass; only a bad sum is scanned again, for the message.
-    if (!copy_if_finite(sum_, out)) {
-      const auto bad = detail::check_finite(sum_);
+    // The sum is checked in its 16 bits (half the bytes of the floats), then decoded once, into out.
+    if (const auto bad = wire_non_finite(ring_.wire); bad.count > 0)
       throw non_finite(commsgd::concat(what(),
                                        ": the 16-bit sum (another rank refused its input, or "
                                        "a partial sum left the range ",
                                        range(), "; overflow clamp saturates instead)"),
-                       bad.count, bad.where);
-    }
+                       bad.count, bad.first);
+    Format::decode_n(ring_.wire, out);
     wire_ = cost::half_traffic(length_, c.size(), c.rank(), first).bytes_sent;
     return detail::finish_round(ef_, p, d_, steps_, static_cast<std::size_t>(c.size()), length_, true);
   }
@@ -218,31 +226,31 @@ private:
     return overflow;
   }
 
-  // 64 values copied, and how many are not finite (restrict parameters and a known length: GCC vectorises
-  // the loop at -O2 only then).
-  static std::uint32_t copy_block(const float* __restrict from, float* __restrict to) noexcept {
-    std::uint32_t bad = 0;
-    for (std::size_t j = 0; j < 64; ++j) {
-      to[j] = from[j];
-      bad += select::magnitude_key(from[j]) >= select::infinite_key;
-    }
-    return bad;
-  }
-
-  // out <- sum, checked in the same pass; false (out then holds the sum up to an unspecified point) if a
-  // value is not finite. sum is the compressor's own buffer, so it never overlaps out.
-  static bool copy_if_finite(std::span<const float> sum, std::span<float> out) noexcept {
+  struct wire_scan {
+    std::size_t count = 0, first = 0; // values that are inf or NaN; the first one's index
+  };
+  // The inf and NaN of a 16-bit sum, counted in blocks of 64 (a loop the compiler vectorises); the first one
+  // found by a second look only when there is one.
+  static wire_scan wire_non_finite(std::span<const std::uint16_t> w) noexcept {
+    auto special = [](std::uint16_t h) { return (h & 0x7fffu) >= Format::inf_bits ? 1u : 0u; };
+    wire_scan r;
     std::size_t i = 0;
-    for (; i + 64 <= sum.size(); i += 64)
-      if (copy_block(sum.data() + i, out.data() + i) != 0) return false;
-    const auto rest = sum.subspan(i);
-    std::copy(rest.begin(), rest.end(), out.begin() + static_cast<std::ptrdiff_t>(i));
-    return select::count_non_finite(rest) == 0;
+    for (; i + 64 <= w.size(); i += 64) {
+      unsigned c = 0;
+      for (std::size_t j = 0; j < 64; ++j)
+        c += special(w[i + j]);
+      r.count += c;
+    }
+    for (; i < w.size(); ++i)
+      r.count += special(w[i]);
+    if (r.count > 0)
+      while (special(w[r.first]) == 0)
+        ++r.first;
+    return r;
   }
 
   half_options opt_;
   std::vector<std::uint16_t> msg_;
-  std::vector<float> sum_;
   comm::narrow_ring_buffers ring_;
   bool agreed_ = false; // the first round's verdict (sizes and parameters alike on every rank) is behind us
 };

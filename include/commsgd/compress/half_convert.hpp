@@ -146,6 +146,13 @@ inline void fp16_sum_scalar(const std::uint16_t* partial, const float* x, std::u
     out[i] = saturate_bits<0x7c00u, 0x7bffu>(float_to_fp16_bits(fp16_bits_to_float(partial[i]) + x[i]),
                                              saturate, i, first_inf);
 }
+inline void fp16_sum16_scalar(const std::uint16_t* partial, const std::uint16_t* x, std::uint16_t* out,
+                              std::size_t n, bool saturate, std::size_t& first_inf) noexcept {
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = saturate_bits<0x7c00u, 0x7bffu>(
+        float_to_fp16_bits(fp16_bits_to_float(partial[i]) + fp16_bits_to_float(x[i])), saturate, i,
+        first_inf);
+}
 inline void fp16_decode_scalar(const std::uint16_t* in, float* out, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i)
     out[i] = fp16_bits_to_float(in[i]);
@@ -160,6 +167,13 @@ inline void bf16_sum_scalar(const std::uint16_t* partial, const float* x, std::u
   for (std::size_t i = 0; i < n; ++i)
     out[i] = saturate_bits<0x7f80u, 0x7f7fu>(float_to_bf16_bits(bf16_bits_to_float(partial[i]) + x[i]),
                                              saturate, i, first_inf);
+}
+inline void bf16_sum16_scalar(const std::uint16_t* partial, const std::uint16_t* x, std::uint16_t* out,
+                              std::size_t n, bool saturate, std::size_t& first_inf) noexcept {
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = saturate_bits<0x7f80u, 0x7f7fu>(
+        float_to_bf16_bits(bf16_bits_to_float(partial[i]) + bf16_bits_to_float(x[i])), saturate, i,
+        first_inf);
 }
 inline void bf16_decode_scalar(const std::uint16_t* in, float* out, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i)
@@ -291,6 +305,22 @@ COMMSGD_HALF_TARGET inline void fp16_sum_avx2(const std::uint16_t* partial, cons
     first_inf = i + tail_inf;
 }
 
+COMMSGD_HALF_TARGET inline void fp16_sum16_avx2(const std::uint16_t* partial, const std::uint16_t* x,
+                                                std::uint16_t* out, std::size_t n, bool saturate,
+                                                std::size_t& first_inf) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 p = fp16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(partial + i)));
+    const __m256 v = fp16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    const __m128i h = fp16_encode8(_mm256_add_ps(p, v), saturate, i, first_inf);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  std::size_t tail_inf = static_cast<std::size_t>(-1);
+  fp16_sum16_scalar(partial + i, x + i, out + i, n - i, saturate, tail_inf);
+  if (first_inf == static_cast<std::size_t>(-1) && tail_inf != static_cast<std::size_t>(-1))
+    first_inf = i + tail_inf;
+}
+
 COMMSGD_HALF_TARGET inline void fp16_decode_avx2(const std::uint16_t* in, float* out,
                                                  std::size_t n) noexcept {
   std::size_t i = 0;
@@ -346,6 +376,22 @@ COMMSGD_HALF_TARGET inline void bf16_sum_avx2(const std::uint16_t* partial, cons
   }
   std::size_t tail_inf = static_cast<std::size_t>(-1);
   bf16_sum_scalar(partial + i, x + i, out + i, n - i, saturate, tail_inf);
+  if (first_inf == static_cast<std::size_t>(-1) && tail_inf != static_cast<std::size_t>(-1))
+    first_inf = i + tail_inf;
+}
+
+COMMSGD_HALF_TARGET inline void bf16_sum16_avx2(const std::uint16_t* partial, const std::uint16_t* x,
+                                                std::uint16_t* out, std::size_t n, bool saturate,
+                                                std::size_t& first_inf) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 p = bf16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(partial + i)));
+    const __m256 v = bf16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    const __m128i h = saturate8(bf16_encode8(_mm256_add_ps(p, v)), 0x7f80u, 0x7f7fu, saturate, i, first_inf);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  std::size_t tail_inf = static_cast<std::size_t>(-1);
+  bf16_sum16_scalar(partial + i, x + i, out + i, n - i, saturate, tail_inf);
   if (first_inf == static_cast<std::size_t>(-1) && tail_inf != static_cast<std::size_t>(-1))
     first_inf = i + tail_inf;
 }
@@ -430,6 +476,41 @@ inline std::size_t bf16_sum_bits(std::span<const std::uint16_t> partial, std::sp
   }
 #endif
   detail::bf16_sum_scalar(partial.data(), x.data(), out.data(), x.size(), saturate, first_inf);
+  return first_inf == static_cast<std::size_t>(-1) ? x.size() : first_inf;
+}
+
+// A hop whose own values are 16-bit too: out[i] = float_to_fp16_bits(fp16_bits_to_float(partial[i]) +
+// fp16_bits_to_float(x[i])), saturated as asked; the bits of the float form given x's decoded values (decoding
+// is exact). out may be partial or x.
+inline std::size_t fp16_sum_bits(std::span<const std::uint16_t> partial, std::span<const std::uint16_t> x,
+                                 std::span<std::uint16_t> out, bool saturate = false,
+                                 [[maybe_unused]] half_path path = half_path::best) {
+  detail::check_bulk_sizes("fp16_sum_bits", partial.size(), x.size());
+  detail::check_bulk_sizes("fp16_sum_bits", partial.size(), out.size());
+  std::size_t first_inf = static_cast<std::size_t>(-1);
+#if COMMSGD_HALF_X86
+  if (detail::take_vector(path)) {
+    detail::fp16_sum16_avx2(partial.data(), x.data(), out.data(), x.size(), saturate, first_inf);
+    return first_inf == static_cast<std::size_t>(-1) ? x.size() : first_inf;
+  }
+#endif
+  detail::fp16_sum16_scalar(partial.data(), x.data(), out.data(), x.size(), saturate, first_inf);
+  return first_inf == static_cast<std::size_t>(-1) ? x.size() : first_inf;
+}
+
+inline std::size_t bf16_sum_bits(std::span<const std::uint16_t> partial, std::span<const std::uint16_t> x,
+                                 std::span<std::uint16_t> out, bool saturate = false,
+                                 [[maybe_unused]] half_path path = half_path::best) {
+  detail::check_bulk_sizes("bf16_sum_bits", partial.size(), x.size());
+  detail::check_bulk_sizes("bf16_sum_bits", partial.size(), out.size());
+  std::size_t first_inf = static_cast<std::size_t>(-1);
+#if COMMSGD_HALF_X86
+  if (detail::take_vector(path)) {
+    detail::bf16_sum16_avx2(partial.data(), x.data(), out.data(), x.size(), saturate, first_inf);
+    return first_inf == static_cast<std::size_t>(-1) ? x.size() : first_inf;
+  }
+#endif
+  detail::bf16_sum16_scalar(partial.data(), x.data(), out.data(), x.size(), saturate, first_inf);
   return first_inf == static_cast<std::size_t>(-1) ? x.size() : first_inf;
 }
 
