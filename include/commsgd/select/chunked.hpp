@@ -230,39 +230,29 @@ private:
     // branch, which the hardware keeps ahead of; then, from cache, one write a set bit. Done in one loop, each
     // group's mispredicted exit stalled the read.
     constexpr std::size_t group = 4 * detail::block;
-    const std::size_t groups = n / group;
+    const std::size_t blocks = n / detail::block, groups = (blocks + 3) / 4;
     masks_.resize(groups);
     for (std::size_t g = 0; g < groups; ++g) {
       std::uint64_t m = 0;
-      for (unsigned q = 0; q < 4; ++q)
+      const std::size_t here = std::min<std::size_t>(4, blocks - 4 * g); // the last group may hold fewer
+      for (unsigned q = 0; q < here; ++q)
         m |= static_cast<std::uint64_t>(reach_mask(x.data() + g * group + q * detail::block, lo))
              << (q * detail::block);
       masks_[g] = m;
     }
-    for (std::size_t g = 0; g < groups; ++g, i += group) {
+    for (std::size_t g = 0; g < groups; ++g) {
       std::uint64_t m = masks_[g];
       while (m != 0) {
-        const unsigned j = static_cast<unsigned>(std::countr_zero(m));
+        const std::size_t j = g * group + static_cast<unsigned>(std::countr_zero(m));
         m &= m - 1;
-        const std::uint32_t key = detail::key_at(x.data() + i + j);
+        const std::uint32_t key = detail::key_at(x.data() + j);
         top = std::max(top, key);
         kq[c] = key;
-        iq[c] = static_cast<std::uint32_t>(i + j);
+        iq[c] = static_cast<std::uint32_t>(j);
         ++c;
       }
     }
-    for (; i + detail::block <= n; i += detail::block) {
-      std::uint32_t m = reach_mask(x.data() + i, lo);
-      while (m != 0) {
-        const unsigned j = static_cast<unsigned>(std::countr_zero(m));
-        m &= m - 1;
-        const std::uint32_t key = detail::key_at(x.data() + i + j);
-        top = std::max(top, key);
-        kq[c] = key;
-        iq[c] = static_cast<std::uint32_t>(i + j);
-        ++c;
-      }
-    }
+    i = blocks * detail::block;
     for (; i < n; ++i) {
       const std::uint32_t key = detail::key_at(x.data() + i);
       kq[c] = key;
@@ -337,7 +327,7 @@ private:
   options opt_{};
   std::vector<chunk_state> chunks_;
   std::vector<std::uint32_t> key_, at_, sort_; // the held candidates of one chunk
-  std::vector<std::uint64_t> masks_;            // which of each 64 values of a chunk reach the floor
+  std::vector<std::uint64_t> masks_;           // which of each 64 values of a chunk reach the floor
   std::size_t held_ = 0, held_total_ = 0;
   std::uint32_t floor_ = 0, top_ = 0; // the held keys lie in [floor_, top_]
   unsigned passes_ = 0;
