@@ -7,6 +7,7 @@
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/compress/half.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/select/chunked.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
 #include <support/forwarding_comm.hpp>
 
@@ -190,9 +191,10 @@ std::string check_round(const round_record& x, const std::vector<float>& want, S
   return {};
 }
 
-// laplace_bisect warm-started and trimmed gives the bits of exact selection, round after round.
+// laplace_bisect warm-started and trimmed, and select::chunked, give the bits of exact selection, round after
+// round.
 template <template <class> class X>
-void warm_laplace_is_exact() {
+void warm_selectors_are_exact() {
   commsgd::select::laplace_bisect::options o;
   o.trim = true;
   o.warm_start = true;
@@ -200,16 +202,21 @@ void warm_laplace_is_exact() {
     X<commsgd::select::exact> a(5000, {.density = 0.02, .chunk = 512, .decay = 0.95f});
     X<commsgd::select::laplace_bisect> b(5000, {.density = 0.02, .chunk = 512, .decay = 0.95f},
                                          commsgd::select::laplace_bisect(o));
+    // Every chunk in one call where the code takes it so (select::chunked), one chunk a call otherwise.
+    X<commsgd::select::chunked> m(5000, {.density = 0.02, .chunk = 512, .decay = 0.95f});
     std::mt19937 rng(static_cast<unsigned>(c.rank() + 3));
     std::normal_distribution<float> z;
-    std::vector<float> g(5000), sa(5000), sb(5000);
+    std::vector<float> g(5000), sa(5000), sb(5000), sm(5000);
     for (int t = 0; t < 8; ++t) {
       for (auto& v : g)
         v = z(rng) * (t % 3 == 0 ? 1e-3f : 1.0f);
       a.reduce(c, g, sa);
       b.reduce(c, g, sb);
+      m.reduce(c, g, sm);
       CHECK(same_bits(sa, sb));
       CHECK(same_bits(a.residual(), b.residual()));
+      CHECK(same_bits(sa, sm));
+      CHECK(same_bits(a.residual(), m.residual()));
     }
   });
 }

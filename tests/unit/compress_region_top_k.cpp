@@ -7,8 +7,8 @@
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/compress/half.hpp>
 #include <commsgd/compress/region_top_k.hpp>
-#include <commsgd/sync/diloco_codes.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 #include <support/compressor_ranks.hpp>
 #include <support/top_k_cases.hpp>
 
@@ -90,8 +90,9 @@ TEST_CASE("region_top_k is its definition: each rank's picks, the owners' sums o
   check_every_shape(matches_reference);
 }
 
-TEST_CASE("region_top_k with laplace_bisect warm and trimmed gives exact selection's bits") {
-  warm_laplace_is_exact<regions>();
+TEST_CASE(
+    "region_top_k with laplace_bisect warm and trimmed, or select::chunked, gives exact selection's bits") {
+  warm_selectors_are_exact<regions>();
 }
 
 TEST_CASE("region_top_k's bytes a rank: flat in n while the chunks are at least n, the gathered code's not") {

@@ -7,8 +7,8 @@
 #include <commsgd/comm/metered.hpp>
 #include <commsgd/compress/half.hpp>
 #include <commsgd/compress/shared_top_k.hpp>
-#include <commsgd/sync/diloco_codes.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 #include <support/compressor_ranks.hpp>
 #include <support/top_k_cases.hpp>
 
@@ -111,8 +111,9 @@ TEST_CASE(
   check_every_shape(matches_reference);
 }
 
-TEST_CASE("shared_top_k with laplace_bisect warm and trimmed gives exact selection's bits") {
-  warm_laplace_is_exact<shared>();
+TEST_CASE(
+    "shared_top_k with laplace_bisect warm and trimmed, or select::chunked, gives exact selection's bits") {
+  warm_selectors_are_exact<shared>();
 }
 
 TEST_CASE(

@@ -77,7 +77,8 @@ public:
   explicit region_top_k(std::size_t length, region_top_k_options o = {}, S selector = {})
       : round_state(detail::checked_top_k_length(length), true), opt_(checked(o)),
         chunks_(cost::top_k_chunks::of(length, o.chunk, o.density)), k_(chunks_.k()),
-        sel_(static_cast<std::size_t>(chunks_.count), detail::exact_selector(selector)), cut_(selector) {
+        sel_(many_chunks ? 1 : static_cast<std::size_t>(chunks_.count), detail::exact_selector(selector)),
+        cut_(selector) {
     idx_.resize(k_);
     val_.resize(k_);
   }
@@ -154,12 +155,18 @@ private:
 
   // This rank's k largest of each chunk, indices relative to the chunk, values rounded to bf16.
   void pick() {
-    for (std::uint64_t ch = 0; ch < chunks_.count; ++ch) {
-      const auto kj = static_cast<std::size_t>(chunks_.k_of(ch));
-      const auto x = std::span<const float>(p_).subspan(chunks_.first(ch), chunks_.length(ch));
-      const auto t = sel_[ch].select(x, kj);
-      select::compact<std::uint32_t>(x, t, std::span<std::uint32_t>(idx_).subspan(at(ch), kj),
-                                     std::span<float>(val_).subspan(at(ch), kj));
+    if constexpr (many_chunks) {
+      sel_[0].select_chunks(
+          p_, static_cast<std::size_t>(chunks_.size),
+          [&](std::size_t ch) { return static_cast<std::size_t>(chunks_.k_of(ch)); }, idx_, val_);
+    } else {
+      for (std::uint64_t ch = 0; ch < chunks_.count; ++ch) {
+        const auto kj = static_cast<std::size_t>(chunks_.k_of(ch));
+        const auto x = std::span<const float>(p_).subspan(chunks_.first(ch), chunks_.length(ch));
+        const auto t = sel_[ch].select(x, kj);
+        select::compact<std::uint32_t>(x, t, std::span<std::uint32_t>(idx_).subspan(at(ch), kj),
+                                       std::span<float>(val_).subspan(at(ch), kj));
+      }
     }
     for (auto& x : val_)
       x = format::decode(format::encode(x));
@@ -240,18 +247,31 @@ private:
                  });
     for (std::size_t i = 0; i < sum_.size(); ++i)
       sum_[i] = over_senders_value(sum_[i], count_[i], static_cast<std::uint32_t>(n));
-    cut_idx_.resize(k_);
-    cut_val_.resize(k_);
-    std::size_t m = 0;
+    std::size_t m = 0, held = 0; // the cut's values, and the owned chunks' values
     for_owned(me, n, [&](std::uint64_t ch) {
-      const auto kj = static_cast<std::size_t>(chunks_.k_of(ch));
-      const auto x = std::span<const float>(sum_).subspan(static_cast<std::size_t>(ch / un) * size,
-                                                          static_cast<std::size_t>(chunks_.length(ch)));
-      const auto t = cut_.select(x, kj);
-      select::compact<std::uint32_t>(x, t, std::span<std::uint32_t>(cut_idx_).subspan(m, kj),
-                                     std::span<float>(cut_val_).subspan(m, kj));
-      m += kj;
+      m += static_cast<std::size_t>(chunks_.k_of(ch));
+      held += static_cast<std::size_t>(chunks_.length(ch));
     });
+    cut_idx_.resize(m);
+    cut_val_.resize(m);
+    if constexpr (many_chunks) {
+      // The owned chunks lie one after another in sum_, all full but perhaps the last: one call cuts them all.
+      cut_.select_chunks(
+          std::span<const float>(sum_).first(held), size,
+          [&](std::size_t q) { return static_cast<std::size_t>(chunks_.k_of(me + q * un)); }, cut_idx_,
+          cut_val_);
+    } else {
+      m = 0;
+      for_owned(me, n, [&](std::uint64_t ch) {
+        const auto kj = static_cast<std::size_t>(chunks_.k_of(ch));
+        const auto x = std::span<const float>(sum_).subspan(static_cast<std::size_t>(ch / un) * size,
+                                                            static_cast<std::size_t>(chunks_.length(ch)));
+        const auto t = cut_.select(x, kj);
+        select::compact<std::uint32_t>(x, t, std::span<std::uint32_t>(cut_idx_).subspan(m, kj),
+                                       std::span<float>(cut_val_).subspan(m, kj));
+        m += kj;
+      });
+    }
     slot_.assign(block, std::byte{0});
     m = 0;
     write_block(me, n, std::span<std::byte>(slot_), [&](std::uint64_t, std::size_t) {
@@ -264,8 +284,9 @@ private:
   region_top_k_options opt_;
   cost::top_k_chunks chunks_;
   std::size_t k_;
-  std::vector<S> sel_; // one a chunk: each warm start follows its own chunk
-  S cut_;              // the owner's cut of a chunk's sums
+  static constexpr bool many_chunks = select::chunk_selector<S>; // every chunk in one call (select::chunked)
+  std::vector<S> sel_; // one a chunk, each warm start following its own chunk; one for many_chunks
+  S cut_;              // the owner's cut of its chunks' sums
   std::vector<std::uint32_t> idx_, cut_idx_, count_;
   std::vector<float> val_, sum_, cut_val_;
   mutable std::vector<std::uint32_t> rel_; // a block's indices while it is written or read

@@ -340,11 +340,7 @@ private:
   cost::top_k_plan plan_;
   std::size_t k_;
   // A selector that takes every chunk in one call (select::chunked) keeps each chunk's warm start itself.
-  static constexpr bool many_chunks =
-      requires(S & s, std::span<const float> x, std::span<std::uint32_t> i, std::span<float> v) {
-    s.select_chunks(
-        x, std::size_t{}, [](std::size_t) { return std::size_t{}; }, i, v);
-  };
+  static constexpr bool many_chunks = select::chunk_selector<S>;
   std::vector<S> sel_; // one a chunk, each warm start following its own chunk; one for many_chunks
   std::vector<std::uint32_t> idx_;
   std::vector<float> val_, scale_;

@@ -254,13 +254,14 @@ struct diloco_code {
 //                 own threshold of the last round (a chunk of more than 65,536 values by laplace_bisect,
 //                 trimmed): the set exact selection gives, bit for bit (its speed on DiLoCo's real
 //                 accumulators: docs/diloco.md, top-k)
-//   -shared, -regions  shared_top_k, region_top_k: the same selection, their rounds as in the table above
+//   -shared, -regions  shared_top_k (each led chunk by laplace_bisect, warm and trimmed), region_top_k (its picks
+//                 and its cuts each in one call of select::chunked): their rounds as in the table above
 template <comm::communicator C>
 using diloco_engine =
     std::variant<diloco<C>, diloco<C, compress::fp16>, diloco<C, compress::bf16>, diloco<C, compress::int8>,
                  diloco<C, compress::e3m0>, diloco<C, compress::top_k_ef<select::chunked>>,
                  diloco<C, compress::shared_top_k<select::laplace_bisect>>,
-                 diloco<C, compress::region_top_k<select::laplace_bisect>>>;
+                 diloco<C, compress::region_top_k<select::chunked>>>;
 
 namespace detail {
 
@@ -272,15 +273,15 @@ inline select::laplace_bisect::options diloco_exact_warm() {
   return o;
 }
 
-// The factory of a flat-in-n top-k code (shared_top_k, region_top_k): the same options, the same selector.
-template <class X>
-auto diloco_flat_top_k(const diloco_code& code) {
-  return [code](std::size_t n) {
+// The factory of a flat-in-n top-k code (shared_top_k, region_top_k): the same options; `sel`, its selector.
+template <class X, class S>
+auto diloco_flat_top_k(const diloco_code& code, S sel) {
+  return [code, sel](std::size_t n) {
     return X(n,
              {.density = code.density,
               .chunk = static_cast<std::size_t>(code.chunk),
               .decay = static_cast<float>(code.decay)},
-             select::laplace_bisect(diloco_exact_warm()));
+             sel);
   };
 }
 
@@ -312,9 +313,11 @@ diloco_engine<C> make_diloco_engine(C& c, std::vector<std::size_t> layers, diloc
     });
   case diloco_format::top_k:
     if (code.shared)
-      return coded(detail::diloco_flat_top_k<compress::shared_top_k<select::laplace_bisect>>(code));
+      return coded(detail::diloco_flat_top_k<compress::shared_top_k<select::laplace_bisect>>(
+          code, select::laplace_bisect(detail::diloco_exact_warm())));
     if (code.regions)
-      return coded(detail::diloco_flat_top_k<compress::region_top_k<select::laplace_bisect>>(code));
+      return coded(
+          detail::diloco_flat_top_k<compress::region_top_k<select::chunked>>(code, select::chunked{}));
     return coded([code](std::size_t n) {
       return compress::top_k_ef<select::chunked>(n, {.density = code.density,
                                                      .two_bit = code.two_bit,
