@@ -49,14 +49,16 @@ concept wire_codec = requires(float f, std::uint16_t h) {
 
 // A codec may also convert in bulk (compress::fp16_format and bf16_format do, vectorised where the CPU allows):
 // encode_n and decode_n as encode and decode on every value, sum_n(partial, x, out, saturate) as
-// encode(decode(partial[i]) + x[i]) with the ring's saturation, each with exactly the bits of the one-value
-// form. The ring then takes them; otherwise it converts value by value.
+// encode(decode(partial[i]) + x[i]) with the ring's saturation, x float or (for narrow_ring_sum_wire) in the
+// wire format and decoded, each with exactly the bits of the one-value form. The ring then takes them;
+// otherwise it converts value by value.
 template <class F>
 concept bulk_wire_codec = wire_codec<F> &&
     requires(std::span<const float> f, std::span<const std::uint16_t> h, std::span<std::uint16_t> o,
              std::span<float> d, bool s) {
   F::encode_n(f, o, s);
   F::sum_n(h, f, o, s);
+  F::sum_n(h, h, o, s);
   F::decode_n(h, d);
 };
 
@@ -187,10 +189,7 @@ void narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool saturat
   if (c.size() == 1) return first(0, m);
   detail::narrow_ring_schedule(
       c, m, buf, first, [&](std::size_t a, std::size_t b, std::span<const std::uint16_t> in) {
-        if constexpr (requires {
-                        Codec::sum_n(in, own.subspan(a, b - a), std::span<std::uint16_t>(w + a, b - a),
-                                     saturate);
-                      })
+        if constexpr (bulk_wire_codec<Codec>)
           Codec::sum_n(in, own.subspan(a, b - a), std::span<std::uint16_t>(w + a, b - a), saturate);
         else
           for (std::size_t i = a; i < b; ++i)

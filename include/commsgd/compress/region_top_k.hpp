@@ -34,6 +34,7 @@
 #include <commsgd/comm/traffic.hpp>
 #include <commsgd/compress/agree.hpp>
 #include <commsgd/compress/bit_pack.hpp>
+#include <commsgd/compress/chunk_selection.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/compressor_round.hpp>
 #include <commsgd/compress/error_feedback.hpp>
@@ -76,8 +77,7 @@ public:
 
   explicit region_top_k(std::size_t length, region_top_k_options o = {}, S selector = {})
       : round_state(detail::checked_top_k_length(length), true), opt_(checked(o)),
-        chunks_(cost::top_k_chunks::of(length, o.chunk, o.density)), k_(chunks_.k()),
-        sel_(many_chunks ? 1 : static_cast<std::size_t>(chunks_.count), detail::exact_selector(selector)),
+        chunks_(cost::top_k_chunks::of(length, o.chunk, o.density)), k_(chunks_.k()), sel_(chunks_, selector),
         cut_(selector) {
     idx_.resize(k_);
     val_.resize(k_);
@@ -155,19 +155,7 @@ private:
 
   // This rank's k largest of each chunk, indices relative to the chunk, values rounded to bf16.
   void pick() {
-    if constexpr (many_chunks) {
-      sel_[0].select_chunks(
-          p_, static_cast<std::size_t>(chunks_.size),
-          [&](std::size_t ch) { return static_cast<std::size_t>(chunks_.k_of(ch)); }, idx_, val_);
-    } else {
-      for (std::uint64_t ch = 0; ch < chunks_.count; ++ch) {
-        const auto kj = static_cast<std::size_t>(chunks_.k_of(ch));
-        const auto x = std::span<const float>(p_).subspan(chunks_.first(ch), chunks_.length(ch));
-        const auto t = sel_[ch].select(x, kj);
-        select::compact<std::uint32_t>(x, t, std::span<std::uint32_t>(idx_).subspan(at(ch), kj),
-                                       std::span<float>(val_).subspan(at(ch), kj));
-      }
-    }
+    sel_.select(p_, chunks_, idx_, val_);
     for (auto& x : val_)
       x = format::decode(format::encode(x));
   }
@@ -254,7 +242,7 @@ private:
     });
     cut_idx_.resize(m);
     cut_val_.resize(m);
-    if constexpr (many_chunks) {
+    if constexpr (select::chunk_selector<S>) {
       // The owned chunks lie one after another in sum_, all full but perhaps the last: one call cuts them all.
       cut_.select_chunks(
           std::span<const float>(sum_).first(held), size,
@@ -284,9 +272,8 @@ private:
   region_top_k_options opt_;
   cost::top_k_chunks chunks_;
   std::size_t k_;
-  static constexpr bool many_chunks = select::chunk_selector<S>; // every chunk in one call (select::chunked)
-  std::vector<S> sel_; // one a chunk, each warm start following its own chunk; one for many_chunks
-  S cut_;              // the owner's cut of its chunks' sums
+  detail::chunk_selection<S> sel_; // this rank's picks
+  S cut_;                          // the owner's cut of its chunks' sums
   std::vector<std::uint32_t> idx_, cut_idx_, count_;
   std::vector<float> val_, sum_, cut_val_;
   mutable std::vector<std::uint32_t> rel_; // a block's indices while it is written or read

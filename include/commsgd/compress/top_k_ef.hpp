@@ -34,6 +34,7 @@
 #include <commsgd/comm/traffic.hpp>
 #include <commsgd/compress/agree.hpp>
 #include <commsgd/compress/bit_pack.hpp>
+#include <commsgd/compress/chunk_selection.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/compressor_round.hpp>
 #include <commsgd/compress/error_feedback.hpp>
@@ -114,8 +115,7 @@ public:
   explicit top_k_ef(std::size_t length, top_k_ef_options o = {}, S selector = {})
       : round_state(detail::checked_top_k_length(length), true, false), opt_(checked(o)),
         plan_(cost::top_k_plan::of(length, o.chunk, o.density, o.two_bit)), k_(plan_.k()),
-        sel_(many_chunks ? 1 : static_cast<std::size_t>(plan_.count),
-             detail::exact_selector(std::move(selector))) {
+        sel_(plan_, std::move(selector)) {
     msg_.resize(plan_.bytes);
     idx_.resize(k_);
     val_.resize(k_);
@@ -201,24 +201,10 @@ private:
 
   // Each chunk's selection into idx_ (relative to the chunk) and val_, then the message.
   void encode() {
-    std::size_t at = 0;
-    if constexpr (many_chunks) {
-      sel_[0].select_chunks(
-          p_, static_cast<std::size_t>(plan_.size),
-          [&](std::size_t j) { return static_cast<std::size_t>(plan_.k_of(j)); }, idx_, val_);
-    } else {
-      for (std::uint64_t j = 0; j < plan_.count; ++j) {
-        const auto kj = static_cast<std::size_t>(plan_.k_of(j));
-        const auto x = std::span<const float>(p_).subspan(plan_.first(j), plan_.length(j));
-        const auto t = sel_[j].select(x, kj);
-        select::compact<std::uint32_t>(x, t, std::span<std::uint32_t>(idx_).subspan(at, kj),
-                                       std::span<float>(val_).subspan(at, kj));
-        at += kj;
-      }
-    }
+    sel_.select(p_, plan_, idx_, val_);
     if (opt_.two_bit) {
       scale_.resize(plan_.count);
-      at = 0;
+      std::size_t at = 0;
       for (std::uint64_t j = 0; j < plan_.count; ++j) {
         const auto kj = static_cast<std::size_t>(plan_.k_of(j));
         double sum = 0.0;
@@ -339,9 +325,7 @@ private:
   top_k_ef_options opt_;
   cost::top_k_plan plan_;
   std::size_t k_;
-  // A selector that takes every chunk in one call (select::chunked) keeps each chunk's warm start itself.
-  static constexpr bool many_chunks = select::chunk_selector<S>;
-  std::vector<S> sel_; // one a chunk, each warm start following its own chunk; one for many_chunks
+  detail::chunk_selection<S> sel_;
   std::vector<std::uint32_t> idx_;
   std::vector<float> val_, scale_;
   mutable std::vector<std::uint32_t> rel_; // one chunk's indices while it is decoded

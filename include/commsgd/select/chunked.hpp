@@ -68,8 +68,6 @@ public:
                 static_cast<double>(std::numeric_limits<std::uint32_t>::max()), "[1, 2^32 - 1]");
   }
 
-  const options& opts() const noexcept { return opt_; }
-
   // Chunk j of x is x[j size, min((j + 1) size, x.size())), and k_of(j) <= its length values are taken from
   // it: their indices relative to the chunk, rising, into idx and x at them into val, chunk after chunk.
   // idx and val must hold the sum of every k_of(j). size 0 means one chunk of all x. x must be finite
@@ -161,11 +159,14 @@ private:
       write(x, t, idx, val);
       return t;
     }
-    if (k == 0 || k == x.size()) check_finite(all);
-    if (const auto trivial = detail::trivial_result(x, k)) {
+    if (k == 0 || k == x.size()) {
+      // The chunk is read for NaN and inf (the whole input only to name a bad one), then taken whole or not at
+      // all: detail::trivial_result would read the chunk a second time.
+      if (count_non_finite(x) != 0) check_finite(all);
       ++passes_;
-      write(x, *trivial, idx, val);
-      return *trivial;
+      const threshold t = k == 0 ? threshold{} : detail::all_result(x);
+      write(x, t, idx, val);
+      return t;
     }
     const bool warm = opt_.warm_start && s.threshold > 0.0f;
     const warm_tracker::plan p = warm ? s.track.next(s.threshold) : warm_tracker::plan{0.0, 0.0};
