@@ -12,7 +12,9 @@
 
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -189,6 +191,15 @@ TEST_CASE("sent + new residual == residual + input, exactly, on every rank and e
             if (total != static_cast<double>(p[i]) && bad[me].empty())
               bad[me] = "round " + std::to_string(t) + " index " + std::to_string(i) + ": sent + residual " +
                         std::to_string(total) + " != " + std::to_string(p[i]);
+            // The split's bits, as error_feedback::commit makes them: fl(p - d) and its rounding error, which
+            // is +0 for these codes (a code's value is zero or within a factor of two of p).
+            const float want_e = p[i] - d[i];
+            if ((std::bit_cast<std::uint32_t>(x.residual()[i]) != std::bit_cast<std::uint32_t>(want_e) ||
+                 std::bit_cast<std::uint32_t>(x.residual_low()[i]) != 0u) &&
+                bad[me].empty())
+              bad[me] = "round " + std::to_string(t) + " index " + std::to_string(i) + ": residual " +
+                        std::to_string(x.residual()[i]) + " (low " + std::to_string(x.residual_low()[i]) +
+                        ") != p - d " + std::to_string(want_e);
           }
         }
       });

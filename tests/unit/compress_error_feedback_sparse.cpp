@@ -144,3 +144,62 @@ TEST_CASE("commit_sparse leaves p holding scratch of the residual's length, and 
   CHECK(q[0] == 1.0f);
   CHECK(off.residual().empty());
 }
+
+TEST_CASE("accumulate_part and commit_split give accumulate's and commit's bits, part by part") {
+  // What int8 and e3m0 use: p formed in rising parts of random lengths (one cursor over the low word's
+  // positions), the residual split from p - d elsewhere and committed whole; through a dense commit (low
+  // words anywhere) and a loaded state in between.
+  for (const std::size_t d : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{64},
+                              std::size_t{65}, std::size_t{1000}, std::size_t{4099}}) {
+    for (unsigned seed = 0; seed < 6; ++seed) {
+      CAPTURE(d);
+      CAPTURE(seed);
+      std::mt19937 rng(seed * 104729u + static_cast<unsigned>(d));
+      compress::error_feedback fused(d, true), ref(d, true);
+      std::vector<float> p_fused(d), p_ref(d);
+      std::size_t lows = 0;
+      for (int round = 0; round < 12; ++round) {
+        CAPTURE(round);
+        const auto g = values(rng, d, false);
+        std::size_t cursor = 0;
+        for (std::size_t first = 0; first < d;) {
+          const std::size_t m = std::min(d - first, std::size_t{1} + rng() % 300);
+          fused.accumulate_part(std::span<const float>(g).subspan(first, m),
+                                std::span<float>(p_fused).subspan(first, m), first, cursor);
+          first += m;
+        }
+        ref.accumulate(g, p_ref);
+        REQUIRE(same_bits(p_fused, p_ref));
+        if (select::find_non_finite(p_ref).count > 0) continue;
+        std::vector<float> dense(d);
+        for (std::size_t i = 0; i < d; ++i)
+          dense[i] = rng() % 3 == 0 ? decoded(rng, p_ref[i]) : 0.0f;
+        if (round == 7) { // a dense commit in between: the next parts read the low word everywhere
+          fused.commit(p_fused, dense);
+        } else {
+          std::vector<std::size_t> low_at;
+          std::vector<float> low_val;
+          for (std::size_t i = 0; i < d; ++i) {
+            float e, r;
+            compress::split_difference(p_fused[i], dense[i], e, r);
+            p_fused[i] = e;
+            if (r != 0.0f) {
+              low_at.push_back(i);
+              low_val.push_back(r);
+            }
+          }
+          lows += low_at.size();
+          fused.commit_split(p_fused, low_at, low_val);
+          REQUIRE(p_fused.size() == d); // scratch of the residual's length
+        }
+        ref.commit(p_ref, dense);
+        REQUIRE(same_bits(fused.residual(), ref.residual()));
+        REQUIRE(same_bits(fused.residual_low(), ref.residual_low()));
+        if (round == 9)
+          fused.replace(std::vector<float>(ref.residual().begin(), ref.residual().end()),
+                        std::vector<float>(ref.residual_low().begin(), ref.residual_low().end()));
+      }
+      if (d >= 64) CHECK(lows > 0); // the low word's path was taken
+    }
+  }
+}

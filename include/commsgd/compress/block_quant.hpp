@@ -10,7 +10,9 @@
 // A block of zeros (s = 0) decodes to zeros. Message: the block scales (4 bytes each), then the codes
 // packed (compress/bit_pack.hpp); every rank's message is gathered, decoded and summed in float, in rank
 // order from +0, so every rank holds the same bits (compress/compressor_round.hpp). What a code does not carry stays
-// in the residual, exactly (compress/error_feedback.hpp), when error feedback is on (the default).
+// in the residual, exactly (compress/error_feedback.hpp), when error feedback is on (the default); then p,
+// the message and the new residual are made in one pass, a stretch of blocks at a time from cache
+// (detail::encode_and_split): g and e read once, the codes and e' written once.
 // Bytes a rank sends a round: the 40-byte verdict and its message to each of the n - 1 others.
 #pragma once
 
@@ -251,64 +253,83 @@ void block_codes(const float* p, std::size_t count, float s, std::uint8_t* out) 
   }
 }
 
-// The message of p's values, a scale per block of b values (the last block may be shorter): the scales (4
-// bytes each), then the codes packed (compress/bit_pack.hpp's layout); `scales` receives the scales. The
-// message is cost::block_quant_message_bytes(p.size(), b, Code::bits) bytes. One pass over p: a block's scale
-// and its finiteness, then its codes while it is in cache. Returns the NaN and infinities of p, as
-// select::find_non_finite counts them; where there is any, the message is not to be sent (its blocks that
-// hold one are not coded).
+// Blocks are coded a stretch of whole blocks at a time, about 4,096 values: int8 codes are the message's
+// bytes, written in place; 4-bit codes go into a buffer, then are packed. A stretch starts at an even value
+// (an odd block size takes its blocks in pairs), so its codes pack into whole bytes of their own.
+inline std::size_t stretch_blocks(std::size_t b) noexcept {
+  constexpr std::size_t values = 4096;
+  if (b >= values) return b % 2 == 0 ? 1 : 2;
+  return std::max<std::size_t>(2, values / b) & ~std::size_t{1};
+}
+
+// Blocks [k0, k1) of p's message (see encode_blocks): their scales and codes, each block's scale and
+// finiteness taken first and its codes while it is in cache. `c` holds the 4-bit codes of the stretch before
+// they are packed. Returns how many of the stretch's values are NaN or inf (blocks that hold one are not
+// coded).
 template <class Code>
-select::non_finite_scan encode_blocks(std::span<const float> p, std::size_t b, std::vector<float>& scales,
-                                      std::span<std::byte> msg) {
+std::size_t encode_stretch(std::span<const float> p, std::size_t b, std::size_t k0, std::size_t k1,
+                           std::vector<float>& scales, std::span<std::byte> msg,
+                           std::vector<std::uint8_t>& c) {
   static_assert(Code::bits == 8 || Code::bits == 4);
   const std::size_t d = p.size(), blocks = (d + b - 1) / b;
-  scales.resize(blocks);
   std::byte* const codes = msg.data() + 4 * blocks;
-  // int8 codes are the message's bytes, written in place. 4-bit codes go a chunk of whole blocks at a time
-  // into `c`, then are packed; a chunk starts at an even value (an odd block size takes blocks in pairs), so
-  // they pack into whole bytes of their own.
-  constexpr std::size_t chunk_values = 4096;
-  const std::size_t per_chunk =
-      b >= chunk_values ? 1 : std::max<std::size_t>(2, chunk_values / b) & ~std::size_t{1};
-  std::vector<std::uint8_t> c(Code::bits == 8 ? 0 : std::min(d, per_chunk * b));
+  const std::size_t first = k0 * b, last = std::min(d, k1 * b);
+  if (Code::bits != 8 && c.size() < last - first) c.resize(last - first);
   std::size_t bad = 0;
-  for (std::size_t k0 = 0; k0 < blocks; k0 += per_chunk) {
-    const std::size_t k1 = std::min(blocks, k0 + per_chunk), first = k0 * b, last = std::min(d, k1 * b);
-    if (Code::bits != 8 && c.size() < last - first) c.resize(last - first);
-    for (std::size_t k = k0; k < k1; ++k) {
-      const std::size_t at = k * b, count = std::min(d, at + b) - at;
-      std::uint8_t* const to =
-          Code::bits == 8 ? reinterpret_cast<std::uint8_t*>(codes) + at : c.data() + (at - first);
-      const auto scan = scan_block(p.data() + at, count);
-      scales[k] = scan.scale;
-      std::memcpy(msg.data() + 4 * k, &scan.scale, 4);
-      bad += scan.bad;
-      if (scan.bad == 0)
-        block_codes<Code>(p.data() + at, count, scan.scale, to);
-      else
-        std::fill_n(to, count, std::uint8_t{0});
-    }
-    const std::size_t m = last - first;
-    if constexpr (Code::bits == 4) {
-      std::byte* const o = codes + first / 2;
-      std::size_t j = 0;
-      for (; j + 2 * group <= m; j += 2 * group) {
-        std::uint8_t two[2 * group], packed[group];
-        std::memcpy(two, c.data() + j, 2 * group);
-        for (std::size_t q = 0; q < group; ++q)
-          packed[q] = static_cast<std::uint8_t>(two[2 * q] | (two[2 * q + 1] << 4));
-        std::memcpy(o + j / 2, packed, group);
-      }
-      for (; j + 1 < m; j += 2)
-        o[j / 2] = static_cast<std::byte>(c[j] | (c[j + 1] << 4));
-      if (m % 2) o[m / 2] = static_cast<std::byte>(c[m - 1]);
-    }
+  for (std::size_t k = k0; k < k1; ++k) {
+    const std::size_t at = k * b, count = std::min(d, at + b) - at;
+    std::uint8_t* const to =
+        Code::bits == 8 ? reinterpret_cast<std::uint8_t*>(codes) + at : c.data() + (at - first);
+    const auto scan = scan_block(p.data() + at, count);
+    scales[k] = scan.scale;
+    std::memcpy(msg.data() + 4 * k, &scan.scale, 4);
+    bad += scan.bad;
+    if (scan.bad == 0)
+      block_codes<Code>(p.data() + at, count, scan.scale, to);
+    else
+      std::fill_n(to, count, std::uint8_t{0});
   }
-  if (bad == 0) return {0, d};
+  const std::size_t m = last - first;
+  if constexpr (Code::bits == 4) {
+    std::byte* const o = codes + first / 2;
+    std::size_t j = 0;
+    for (; j + 2 * group <= m; j += 2 * group) {
+      std::uint8_t two[2 * group], packed[group];
+      std::memcpy(two, c.data() + j, 2 * group);
+      for (std::size_t q = 0; q < group; ++q)
+        packed[q] = static_cast<std::uint8_t>(two[2 * q] | (two[2 * q + 1] << 4));
+      std::memcpy(o + j / 2, packed, group);
+    }
+    for (; j + 1 < m; j += 2)
+      o[j / 2] = static_cast<std::byte>(c[j] | (c[j + 1] << 4));
+    if (m % 2) o[m / 2] = static_cast<std::byte>(c[m - 1]);
+  }
+  return bad;
+}
+
+inline select::non_finite_scan first_non_finite(std::span<const float> p, std::size_t bad) noexcept {
+  if (bad == 0) return {0, p.size()};
   std::size_t at = 0;
   while (std::fabs(p[at]) <= std::numeric_limits<float>::max())
     ++at;
   return {bad, at};
+}
+
+// The message of p's values, a scale per block of b values (the last block may be shorter): the scales (4
+// bytes each), then the codes packed (compress/bit_pack.hpp's layout); `scales` receives the scales. The
+// message is cost::block_quant_message_bytes(p.size(), b, Code::bits) bytes. One pass over p, a stretch of
+// blocks at a time. Returns the NaN and infinities of p, as select::find_non_finite counts them; where there
+// is any, the message is not to be sent (its blocks that hold one are not coded).
+template <class Code>
+select::non_finite_scan encode_blocks(std::span<const float> p, std::size_t b, std::vector<float>& scales,
+                                      std::span<std::byte> msg) {
+  const std::size_t d = p.size(), blocks = (d + b - 1) / b, per = stretch_blocks(b);
+  scales.resize(blocks);
+  std::vector<std::uint8_t> c;
+  std::size_t bad = 0;
+  for (std::size_t k0 = 0; k0 < blocks; k0 += per)
+    bad += encode_stretch<Code>(p, b, k0, std::min(blocks, k0 + per), scales, msg, c);
+  return first_non_finite(p, bad);
 }
 
 // Calls sink(i, x) for the values of blocks [k0, k1) of message m, which codes d values in blocks of b.
@@ -450,6 +471,86 @@ void decode_message(std::span<const std::byte> m, std::size_t d, std::size_t b, 
   }
 }
 
+// What encode_and_split works in, kept from round to round: the 4-bit codes of a stretch, its decode and
+// the low words of its split, and the new residual's nonzero low words (rising).
+struct split_scratch {
+  std::vector<std::uint8_t> codes;
+  std::vector<float> decoded, low;
+  std::vector<std::size_t> low_at;
+  std::vector<float> low_val;
+  void clear_low() noexcept {
+    low_at.clear();
+    low_val.clear();
+  }
+};
+
+// With error feedback, the round's own passes in one, a stretch of blocks at a time from cache: p = g + e
+// (+ r where it holds something: error_feedback::accumulate_part), the stretch's scales and codes
+// (encode_stretch), this rank's decode of them (decode_message's arithmetic) and the new residual p - decode
+// split exactly (split_difference). p's buffer ends holding the new residual's leading part e', and
+// s.low_at / s.low_val its nonzero low words, for error_feedback::commit_split once the round has succeeded.
+// The bits of accumulate, encode_blocks, decode_message and commit in turn. Returns the NaN and infinities
+// of p as encode_blocks does (then p holds e' before the first stretch that has one, and is not to be
+// committed).
+//
+// g, p and the message may be one part of a longer input, starting at value `offset` of the residual: parts
+// taken in rising order share one `cursor` (0 at the first part) and append their low words to s, which the
+// caller empties (s.clear_low()) when the round starts.
+template <class Code>
+select::non_finite_scan encode_and_split(std::span<const float> g, const error_feedback& ef,
+                                         std::size_t offset, std::size_t& cursor, std::size_t b,
+                                         std::vector<float>& scales, std::span<std::byte> msg,
+                                         std::span<float> p, split_scratch& s) {
+  const std::size_t d = g.size(), blocks = (d + b - 1) / b, per = stretch_blocks(b);
+  const std::byte* const codes = msg.data() + 4 * blocks;
+  scales.resize(blocks);
+  std::size_t bad = 0, bad_from = 0;
+  for (std::size_t k0 = 0; k0 < blocks; k0 += per) {
+    const std::size_t k1 = std::min(blocks, k0 + per), first = k0 * b, m = std::min(d, k1 * b) - first;
+    ef.accumulate_part(g.subspan(first, m), p.subspan(first, m), offset + first, cursor);
+    const std::size_t here = encode_stretch<Code>(p, b, k0, k1, scales, msg, s.codes);
+    if (here != 0 && bad == 0) bad_from = first;
+    bad += here;
+    if (bad != 0) continue; // the round is refused: nothing to split, only the bad values to count
+    if (s.decoded.size() < m) {
+      s.decoded.resize(m);
+      s.low.resize(m);
+    }
+    float* const dec = s.decoded.data();
+    if (Code::bits == 4 && b % 2 != 0) {
+      decode_blocks<Code>(msg, d, b, k0, k1, [&](std::size_t i, float x) { dec[i - first] = x; });
+    } else {
+      for (std::size_t k = k0; k < k1; ++k) {
+        const std::size_t at = k * b;
+        decode_block<Code, put_mode::assign>(codes + at * Code::bits / 8, std::min(d, at + b) - at, scales[k],
+                                             dec + (at - first));
+      }
+    }
+    float* const q = p.data() + first;
+    float* const low = s.low.data();
+    std::uint32_t any = 0;
+    std::size_t i = 0;
+    for (; i + 64 <= m; i += 64)
+      any |= split_group(q + i, dec + i, low + i);
+    for (; i < m; ++i) {
+      float e, r;
+      split_difference(q[i], dec[i], e, r);
+      q[i] = e;
+      low[i] = r;
+      any |= r != 0.0f ? 1u : 0u;
+    }
+    if (any != 0)
+      for (std::size_t i = 0; i < m; ++i)
+        if (low[i] != 0.0f) {
+          s.low_at.push_back(offset + first + i);
+          s.low_val.push_back(low[i]);
+        }
+  }
+  if (bad == 0) return {0, d};
+  const auto rest = first_non_finite(std::span<const float>(p).subspan(bad_from), bad);
+  return {bad, bad_from + rest.first};
+}
+
 } // namespace detail
 
 struct block_quant_options {
@@ -480,22 +581,24 @@ public:
   template <comm::communicator C>
   comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     // The message is coded before the verdicts are gathered: its pass is the finiteness test. Without error
-    // feedback p is g itself, read where it lies.
+    // feedback p is g itself, read where it lies; with it, p, the message and the new residual are made in
+    // one pass (detail::encode_and_split), the residual committed only once the round has succeeded.
     auto v = detail::check_sizes(g.size(), out.size(), length_);
     if (v.problem == detail::input_problem::none) {
-      std::span<const float> p = g;
-      if (ef_.on()) {
-        ef_.accumulate(g, p_);
-        p = p_;
-      }
-      const auto bad = detail::encode_blocks<Code>(p, opt_.block_size, scales_, msg_);
+      std::size_t cursor = 0;
+      split_.clear_low();
+      const auto bad = ef_.on() ? detail::encode_and_split<Code>(g, ef_, 0, cursor, opt_.block_size, scales_,
+                                                                 msg_, p_, split_)
+                                : detail::encode_blocks<Code>(g, opt_.block_size, scales_, msg_);
       if (bad.count > 0) v = {detail::input_problem::non_finite, bad.count, bad.first, 0};
     }
     detail::agree(c, what(), length_, config(), v, verdicts_);
     sum_gathered(c, out);
     wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
                 .bytes_sent;
-    return detail::finish_round(ef_, p_, d_, steps_, static_cast<std::size_t>(c.size()), length_, false);
+    ef_.commit_split(p_, split_.low_at, split_.low_val);
+    ++steps_;
+    return detail::round_report(static_cast<std::size_t>(c.size()), length_, false);
   }
 
   // The NaN and infinities of the sum the last successful reduce wrote into out (a sum of finite values can
@@ -518,8 +621,7 @@ private:
 
   // Every rank's message gathered and summed in rank order from +0, as compress/compressor_round.hpp's
   // gather_and_sum, but a block at a time across the ranks, so that each block of `out` is written once from
-  // cache rather than read and written again for every rank; this rank's own decoded message only when error
-  // feedback keeps the rest of it.
+  // cache rather than read and written again for every rank.
   template <comm::communicator C>
   void sum_gathered(C& c, std::span<float> out) {
     const auto n = static_cast<std::size_t>(c.size());
@@ -527,12 +629,12 @@ private:
     all_.resize(n * bytes);
     c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
     sum_scan_ = detail::sum_blocks<Code>(all_, bytes, n, length_, opt_.block_size, 0, blocks(), out);
-    if (ef_.on()) detail::decode_message<Code>(msg_, length_, opt_.block_size, d_);
   }
 
   block_quant_options opt_;
   std::vector<float> scales_;
   std::vector<std::byte> msg_, all_;
+  detail::split_scratch split_;
   select::non_finite_scan sum_scan_;
 };
 

@@ -10,7 +10,9 @@
 // codes and message); part j goes to rank j through an all-to-all (comm/all_to_all.hpp), and each rank
 // decodes the n parts it holds and sums them in float, in rank order from +0. This rank's own part is coded
 // too, so every part of the sum is what its n messages decode to, whoever holds it. What the codes do not
-// carry stays in the residual, exactly (compress/error_feedback.hpp): sent + new residual == p.
+// carry stays in the residual, exactly (compress/error_feedback.hpp): sent + new residual == p. With error
+// feedback, p, the parts' codes and the new residual are made in one pass over g and e, a stretch of blocks
+// at a time from cache (block_quant.hpp's detail::encode_and_split).
 // Before any payload moves, every rank's 40-byte verdict is gathered (compress/agree.hpp), so a wrong size, a
 // NaN or inf, or ranks built differently raise the same error on every rank.
 // Bytes a rank sends a round: cost::block_reduce_scatter_traffic, the verdict to each of the n - 1 others and
@@ -47,7 +49,7 @@ public:
 
   // `length`: the whole input, every rank's parts; it must divide into the ranks of the communicator.
   explicit block_reduce_scatter(std::size_t length, block_quant_options o = {})
-      : round_state(length, o.error_feedback), opt_(o) {
+      : round_state(length, o.error_feedback, false), opt_(o) {
     commsgd::check_range("block_size", opt_.block_size, std::size_t{1},
                          std::numeric_limits<std::size_t>::max(), "[1, inf)");
   }
@@ -61,26 +63,28 @@ public:
     const std::size_t part = length_ / n;
     detail::input_verdict v = detail::check_scatter_sizes(g.size(), out.size(), length_, n);
     if (v.problem == detail::input_problem::none) {
-      // Without error feedback p is g itself, read where it lies.
-      std::span<const float> p = g;
-      if (ef_.on()) {
-        ef_.accumulate(g, p_);
-        p = p_;
-      }
       if (length_ % n == 0) {
-        // The parts are coded now: their pass is the finiteness test.
+        // The parts are coded now: their pass is the finiteness test. Without error feedback p is g itself,
+        // read where it lies; with it, p, the parts' messages and the new residual are made in one pass
+        // (detail::encode_and_split), the residual committed only once the round has succeeded.
         msg_.resize(n * part_bytes(part));
         v = {};
+        std::size_t cursor = 0;
+        split_.clear_low();
         for (std::size_t j = 0; j < n; ++j) {
-          const auto bad = detail::encode_blocks<Code>(
-              p.subspan(j * part, part), opt_.block_size, scales_,
-              std::span<std::byte>(msg_).subspan(j * part_bytes(part), part_bytes(part)));
+          const auto m = std::span<std::byte>(msg_).subspan(j * part_bytes(part), part_bytes(part));
+          const auto gj = g.subspan(j * part, part);
+          const auto bad =
+              ef_.on()
+                  ? detail::encode_and_split<Code>(gj, ef_, j * part, cursor, opt_.block_size, scales_, m,
+                                                   std::span<float>(p_).subspan(j * part, part), split_)
+                  : detail::encode_blocks<Code>(gj, opt_.block_size, scales_, m);
           if (bad.count > 0 && v.problem == detail::input_problem::none)
             v = {detail::input_problem::non_finite, 0, j * part + bad.first, 0};
           v.count += bad.count;
         }
       } else {
-        v = detail::check_finite(p); // refused below whatever it holds
+        v = detail::check_finite(g); // refused below whatever it holds
       }
     }
     detail::agree(c, what(), length_, config(), v, verdicts_);
@@ -93,12 +97,10 @@ public:
 
     const std::size_t blocks = (part + opt_.block_size - 1) / opt_.block_size;
     detail::sum_blocks<Code>(inbox_, bytes, n, part, opt_.block_size, 0, blocks, out);
-    if (ef_.on())
-      for (std::size_t j = 0; j < n; ++j)
-        detail::decode_message<Code>(std::span<const std::byte>(msg_).subspan(j * bytes, bytes), part,
-                                     opt_.block_size, std::span<float>(d_).subspan(j * part, part));
     wire_ = cost::block_reduce_scatter_traffic(length_, c.size(), opt_.block_size, Code::bits).bytes_sent;
-    return detail::finish_round(ef_, p_, d_, steps_, n, part, false);
+    ef_.commit_split(p_, split_.low_at, split_.low_val);
+    ++steps_;
+    return detail::round_report(n, part, false);
   }
 
   // One part's message: its scales, then its codes.
@@ -125,6 +127,7 @@ private:
   block_quant_options opt_;
   std::vector<float> scales_;
   std::vector<std::byte> msg_, inbox_;
+  detail::split_scratch split_;
 };
 
 using int8_reduce_scatter = block_reduce_scatter<int8_code>;

@@ -77,6 +77,20 @@ inline std::uint32_t accumulate_group(const float* __restrict g, const float* __
   }
   return bad;
 }
+// 64 values of (e, r) <- p - d split exactly (split_difference), e over p and r into low; whether any r is
+// not zero. Restrict parameters and a known length, so that GCC vectorises it at -O2.
+inline std::uint32_t split_group(float* __restrict p, const float* __restrict d,
+                                 float* __restrict low) noexcept {
+  std::uint32_t any = 0;
+  for (std::size_t j = 0; j < 64; ++j) {
+    float e, r;
+    split_difference(p[j], d[j], e, r);
+    p[j] = e;
+    low[j] = r;
+    any |= r != 0.0f ? 1u : 0u;
+  }
+  return any;
+}
 } // namespace detail
 
 class error_feedback {
@@ -155,6 +169,56 @@ public:
     }
     if (bad == 0) return {0, n};
     return select::find_non_finite(p);
+  }
+
+  // accumulate(g, p) for the values [first, first + g.size()) alone (g and p that part): a compressor that forms
+  // p a stretch at a time, to code each stretch from cache. Parts taken in rising order with one `cursor`
+  // (0 at the first) read the low words' positions once in all; they must be rising, as commit_split and
+  // replace leave them.
+  void accumulate_part(std::span<const float> g, std::span<float> p, std::size_t first,
+                       std::size_t& cursor) const noexcept {
+    const std::size_t n = g.size();
+    if (!on_) {
+      std::copy(g.begin(), g.end(), p.begin());
+      return;
+    }
+    const float* const e = e_.data() + first;
+    if (!low_sparse_) {
+      const float* const r = r_.data() + first;
+      for (std::size_t i = 0; i < n; ++i) {
+        const float s = g[i] + e[i];
+        p[i] = r[i] == 0.0f ? s : s + r[i];
+      }
+      return;
+    }
+    std::size_t i = 0;
+    for (; i + 64 <= n; i += 64) // in groups the compiler vectorises (their counts unused)
+      detail::accumulate_group(g.data() + i, e + i, p.data() + i);
+    for (; i < n; ++i)
+      p[i] = g[i] + e[i];
+    for (; cursor < low_at_.size() && low_at_[cursor] < first + n; ++cursor) {
+      const std::size_t at = low_at_[cursor];
+      if (at >= first) p[at - first] = accumulate_value(g[at - first], e_[at], r_[at], 1.0f);
+    }
+  }
+
+  // (e, r) <- a residual split elsewhere with split_difference, once the round has succeeded: e_next (the
+  // full length) is swapped in whole and gets the old e back as scratch; r is low_val at the rising positions
+  // low_at and +0 everywhere else. What a compressor that splits p - d from cache as it codes commits.
+  void commit_split(std::vector<float>& e_next, std::span<const std::size_t> low_at,
+                    std::span<const float> low_val) {
+    if (!on_) return;
+    std::swap(e_, e_next);
+    if (low_sparse_) {
+      for (const std::size_t i : low_at_)
+        r_[i] = 0.0f;
+    } else {
+      std::fill(r_.begin(), r_.end(), 0.0f);
+    }
+    low_at_.assign(low_at.begin(), low_at.end());
+    for (std::size_t j = 0; j < low_at.size(); ++j)
+      r_[low_at[j]] = low_val[j];
+    low_sparse_ = true;
   }
 
   // (e, r) <- p - d split exactly, once the round has succeeded.
