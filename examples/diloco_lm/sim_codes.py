@@ -1,0 +1,159 @@
+"""A model of DiLoCo's top-k codes in one process, for trying a change to a code before building it.
+
+n replicas of train.py's model take their inner steps in turn (each its own AdamW, its own rows of the global
+batch, as train.py's ranks do); every H steps each forms its accumulator p = decay e + (theta_global -
+theta_local), keeps each chunk's k largest |p_i| (torch.topk: ties in any order, where the engine takes the
+lowest indices), 2-bit values against the chunk's mean |p| as compress::top_k_ef codes them, and the common
+model takes the senders' mean with plain SGD (or the dense mean with Nesterov, as float32 DiLoCo). Float
+arithmetic in torch's order, not the engine's: a model of the codes, checked against the engine's runs (the
+same arms land within 0.5 % of their loss), never a substitute for them. Variants tried with it:
+
+  --carry 1         the residual kept in each replica's local model (theta_local <- theta_global - decay e)
+                    instead of added to the next accumulator
+  --select rand     k random values a chunk (seeded per replica and round; --shared-mask 1: one mask for all)
+
+    python examples/diloco_lm/sim_codes.py --n 4 --steps 3000 --code topk --density 0.01 --tag base
+"""
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train as T  # noqa: E402
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=4, help="replicas")
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--H", type=int, default=30)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--code", choices=("dense", "topk"), default="dense")
+    p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--chunk", type=int, default=4096)
+    p.add_argument("--decay", type=float, default=0.95)
+    p.add_argument("--two-bit", type=int, choices=(0, 1), default=1)
+    p.add_argument("--senders", type=int, choices=(0, 1), default=1, help="the mean over the senders")
+    p.add_argument("--carry", type=int, choices=(0, 1), default=0)
+    p.add_argument("--select", choices=("top", "rand"), default="top")
+    p.add_argument("--shared-mask", type=int, choices=(0, 1), default=0)
+    p.add_argument("--outer-lr", type=float, default=1.0)
+    p.add_argument("--outer-momentum", type=float, default=0.0, help="Nesterov when not 0")
+    p.add_argument("--model", choices=("transformer", "mlp"), default="transformer")
+    p.add_argument("--corpus", choices=sorted(T.CORPORA), default="stdlib")
+    p.add_argument("--eval-every", type=int, default=300)
+    p.add_argument("--tag", default="")
+    return p.parse_args(argv)
+
+
+def main(argv):
+    a = parse(argv)
+    torch.set_num_threads(1)
+    margs = argparse.Namespace(model=a.model, layers=2, width=64 if a.model == "transformer" else 256, heads=4,
+                               context=64, span=16)
+    train, val = T.CORPORA[a.corpus]()
+    windows = T.val_windows(val, 64, 64)
+    torch.manual_seed(a.seed)
+    base = T.make_model(margs)
+    models = [copy.deepcopy(base) for _ in range(a.n)]
+    scratch = copy.deepcopy(base)
+
+    def lr_at(step):  # train.py's schedule
+        if step < 50:
+            return (step + 1) / 50
+        frac = (step - 50) / max(1, a.steps - 50)
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac)))
+    opts = [torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.1, betas=(0.9, 0.95)) for m in models]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lr_at) for o in opts]
+
+    def flat(m):
+        return torch.cat([q.detach().reshape(-1) for q in m.parameters()])
+
+    @torch.no_grad()
+    def load(m, v):
+        at = 0
+        for q in m.parameters():
+            q.copy_(v[at:at + q.numel()].view_as(q))
+            at += q.numel()
+
+    g = flat(base).clone()
+    d = g.numel()
+    res = [torch.zeros(d) for _ in range(a.n)]
+    momentum = torch.zeros(d)
+
+    def code(acc, rank, rnd):
+        """(what the message decodes to, as a dense vector; which values it holds)"""
+        sent, mask = torch.zeros(d), torch.zeros(d, dtype=torch.bool)
+        gen = torch.Generator().manual_seed(1_000_003 * rnd + (0 if a.shared_mask else rank + 1))
+        for c0 in range(0, d, a.chunk):
+            c = acc[c0:c0 + a.chunk]
+            k = math.ceil(a.density * c.numel())
+            if a.select == "rand":
+                idx = torch.randperm(c.numel(), generator=gen)[:k]
+            else:
+                idx = torch.topk(c.abs(), k, sorted=False).indices
+            v = c[idx]
+            if a.two_bit:
+                s = v.abs().mean()
+                v = torch.sign(v) * torch.where(v.abs() >= s, 1.5 * s, 0.5 * s)
+            sent[c0 + idx] = v
+            mask[c0 + idx] = True
+        return sent, mask
+
+    @torch.no_grad()
+    def evaluate(v):
+        load(scratch, v)
+        total, count = 0.0, 0
+        for i in range(0, windows.shape[0], 32):
+            w = windows[i:i + 32]
+            total += F.cross_entropy(scratch(w[:, :-1]).reshape(-1, 256), w[:, 1:].reshape(-1),
+                                     reduction="sum").item()
+            count += w[:, 1:].numel()
+        return total / count
+
+    t0 = time.time()
+    for step in range(1, a.steps + 1):
+        for i, m in enumerate(models):
+            x, y = T.batch_rows(train, step - 1, a.seed, 8 * a.n, 64, i, a.n)
+            opts[i].zero_grad()
+            T.lm_loss(m, x, y).backward()
+            opts[i].step()
+            scheds[i].step()
+        if step % a.H == 0 or step == a.steps:
+            total, senders = torch.zeros(d), torch.zeros(d)
+            for i, m in enumerate(models):
+                pg = g - flat(m)
+                if a.code == "dense":
+                    total += pg
+                    senders += 1
+                    continue
+                acc = pg if a.carry else a.decay * res[i] + pg
+                sent, mask = code(acc, i, step // a.H)
+                res[i] = acc - sent
+                total += sent
+                senders += mask
+            if a.code == "dense" or not a.senders:
+                mean = total / a.n
+            else:
+                mean = torch.where(senders > 0, total / senders.clamp(min=1), torch.zeros(d))
+            if a.outer_momentum:
+                momentum.mul_(a.outer_momentum).add_(mean)
+                g -= a.outer_lr * (mean + a.outer_momentum * momentum)
+            else:
+                g -= a.outer_lr * mean
+            for i, m in enumerate(models):
+                load(m, g - a.decay * res[i] if a.carry else g)
+        if step % a.eval_every == 0 or step == a.steps:
+            print(json.dumps({"tag": a.tag, "step": step, "val_loss": round(evaluate(g), 5),
+                              "wall_s": round(time.time() - t0, 1)}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
