@@ -84,6 +84,7 @@ def main(argv):
             at += q.numel()
 
     g = flat(base).clone()
+    start = g.clone()
     d = g.numel()
     res = [torch.zeros(d) for _ in range(a.n)]
     momentum = torch.zeros(d)
@@ -153,6 +154,7 @@ def main(argv):
         if step % a.eval_every == 0 or step == a.steps:
             print(json.dumps({"tag": a.tag, "step": step, "val_loss": round(evaluate(g), 5),
                               "wall_s": round(time.time() - t0, 1)}), flush=True)
+    return start, g
 
 
 if __name__ == "__main__":

@@ -72,6 +72,19 @@ def test_mlp_predicts_each_byte_from_the_span_before_it_alone():
         assert moved.tolist() == [at <= p < at + span for p in range(t)], (seed, t, at)
 
 
+def test_the_code_model_is_the_dense_average_at_density_1_and_moves_at_most_n_k_a_chunk():
+    import sim_codes
+    common = ["--n", "2", "--steps", "3", "--H", "3", "--eval-every", "3"]
+    start, dense = sim_codes.main(common)
+    _, whole = sim_codes.main(common + ["--code", "topk", "--density", "1", "--two-bit", "0", "--decay", "1"])
+    assert torch.equal(whole, dense)  # every value sent: the senders' mean is the plain mean, bit for bit
+    _, sparse = sim_codes.main(common + ["--code", "topk", "--density", "0.01", "--chunk", "4096"])
+    moved = (sparse != start).reshape(-1)
+    for c0 in range(0, moved.numel(), 4096):
+        k = math.ceil(0.01 * min(4096, moved.numel() - c0))
+        assert 0 < int(moved[c0:c0 + 4096].sum()) <= 2 * k  # the union of 2 replicas' k values, no more
+
+
 def test_the_two_corpora_split_apart_and_differ():
     for split in (train.stdlib_split, train.docs_split):
         tr, va = split()
