@@ -12,8 +12,12 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -243,4 +247,101 @@ TEST_CASE("clamp sends the largest finite value of the sign; error feedback keep
     }
     CHECK(x.residual()[0] + x.residual_low()[0] == 70000.0f - 65504.0f);
   });
+}
+
+namespace {
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return false;
+  return true;
+}
+
+// Rounds of an fp16 or bf16 compressor (the ring's, or the reduce-scatter's) with error feedback against the
+// passes its round fused, written out: p = g + e (+ r), d = p rounded to the format (saturated under clamp),
+// then error_feedback::commit(p, d). Values far beyond fp16's range make clamp's p - d inexact, so the low
+// word is exercised; a refused round (a NaN late in p) changes nothing; a checkpoint in between resumes on the
+// same bits. Returns how many low words were not zero.
+template <class X, class Format>
+std::size_t same_residual_as_the_passes(std::size_t d, std::uint64_t seed, bool clamp) {
+  std::size_t lows = 0;
+  std::vector<std::string> bad(2);
+  local_group(2).run([&](local& c) {
+    const auto me = static_cast<std::size_t>(c.rank());
+    const compress::half_options o{.error_feedback = true,
+                                   .overflow = clamp ? compress::half_overflow::clamp
+                                                     : compress::half_overflow::refuse};
+    X x(d, o);
+    compress::error_feedback ref(d, true);
+    std::vector<float> out(d), p(d), dec(d);
+    const auto call = [&](X& y, std::span<const float> g) {
+      if constexpr (requires { y.reduce_scatter(c, g, std::span<float>(out).first(d / 2)); })
+        y.reduce_scatter(c, g, std::span<float>(out).first(d / 2));
+      else
+        y.reduce(c, g, out);
+    };
+    for (int round = 0; round < 6; ++round) {
+      auto g = input(d, seed + 97 * static_cast<std::uint64_t>(round) + me);
+      if (clamp)
+        for (std::size_t i = 3; i < d; i += 17)
+          g[i] = (i % 2 ? 1.0f : -1.0f) *
+                 std::ldexp(1.0f + static_cast<float>(i % 5) / 8.0f, 20 + static_cast<int>(i % 13));
+      if (round == 2 && d > 0) {
+        auto nan = g;
+        nan[d - 1 - (seed % ((d + 1) / 2))] = std::numeric_limits<float>::quiet_NaN();
+        try {
+          call(x, nan);
+          bad[me] = "a NaN was not refused";
+        } catch (const non_finite&) {
+        }
+        if (!same_bits(x.residual(), ref.residual()) || !same_bits(x.residual_low(), ref.residual_low()))
+          bad[me] = "a refused round moved the residual";
+      }
+      if (round == 4) {
+        std::stringstream ss;
+        x.save(ss);
+        X y(d, o);
+        y.load(ss);
+        x = std::move(y);
+      }
+      ref.accumulate(g, p);
+      for (std::size_t i = 0; i < d; ++i) {
+        const float v = clamp ? std::clamp(p[i], -Format::max_finite, Format::max_finite) : p[i];
+        dec[i] = Format::decode(Format::encode(v));
+      }
+      ref.commit(p, dec);
+      call(x, g);
+      if (!same_bits(x.residual(), ref.residual()) || !same_bits(x.residual_low(), ref.residual_low()))
+        if (bad[me].empty()) bad[me] = "round " + std::to_string(round) + ": the residual differs";
+      if (me == 0)
+        for (float r : ref.residual_low())
+          lows += r != 0.0f ? 1u : 0u;
+    }
+  });
+  for (const auto& s : bad)
+    CHECK_MESSAGE(s.empty(), s);
+  return lows;
+}
+
+} // namespace
+
+TEST_CASE("with error feedback, the one-pass round keeps the residual of the passes it fused, bit for bit") {
+  // Lengths across the 4,096-value stretches, even (the reduce-scatter's 2 parts).
+  std::size_t lows = 0;
+  for (std::size_t d : {std::size_t{0}, std::size_t{2}, std::size_t{64}, std::size_t{130}, std::size_t{4096},
+                        std::size_t{4098}, std::size_t{12290}})
+    for (std::uint64_t seed : {1u, 2u, 3u})
+      for (bool clamp : {false, true}) {
+        CAPTURE(d);
+        CAPTURE(seed);
+        CAPTURE(clamp);
+        lows +=
+            same_residual_as_the_passes<compress::fp16_reduce_scatter, compress::fp16_format>(d, seed, clamp);
+        lows +=
+            same_residual_as_the_passes<compress::bf16_reduce_scatter, compress::bf16_format>(d, seed, clamp);
+        lows += same_residual_as_the_passes<compress::fp16, compress::fp16_format>(d, seed, clamp);
+        lows += same_residual_as_the_passes<compress::bf16, compress::bf16_format>(d, seed, clamp);
+      }
+  CHECK(lows > 0); // clamped values left low words, so their path was taken
 }

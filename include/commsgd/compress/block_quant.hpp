@@ -471,17 +471,10 @@ void decode_message(std::span<const std::byte> m, std::size_t d, std::size_t b, 
   }
 }
 
-// What encode_and_split works in, kept from round to round: the 4-bit codes of a stretch, its decode and
-// the low words of its split, and the new residual's nonzero low words (rising).
-struct split_scratch {
+// What encode_and_split works in, kept from round to round: the 4-bit codes of a stretch, and the split's
+// buffers (error_feedback.hpp).
+struct split_scratch : residual_split {
   std::vector<std::uint8_t> codes;
-  std::vector<float> decoded, low;
-  std::vector<std::size_t> low_at;
-  std::vector<float> low_val;
-  void clear_low() noexcept {
-    low_at.clear();
-    low_val.clear();
-  }
 };
 
 // With error feedback, the round's own passes in one, a stretch of blocks at a time from cache: p = g + e
@@ -512,11 +505,7 @@ select::non_finite_scan encode_and_split(std::span<const float> g, const error_f
     if (here != 0 && bad == 0) bad_from = first;
     bad += here;
     if (bad != 0) continue; // the round is refused: nothing to split, only the bad values to count
-    if (s.decoded.size() < m) {
-      s.decoded.resize(m);
-      s.low.resize(m);
-    }
-    float* const dec = s.decoded.data();
+    float* const dec = s.stretch(m);
     if (Code::bits == 4 && b % 2 != 0) {
       decode_blocks<Code>(msg, d, b, k0, k1, [&](std::size_t i, float x) { dec[i - first] = x; });
     } else {
@@ -526,25 +515,7 @@ select::non_finite_scan encode_and_split(std::span<const float> g, const error_f
                                              dec + (at - first));
       }
     }
-    float* const q = p.data() + first;
-    float* const low = s.low.data();
-    std::uint32_t any = 0;
-    std::size_t i = 0;
-    for (; i + 64 <= m; i += 64)
-      any |= split_group(q + i, dec + i, low + i);
-    for (; i < m; ++i) {
-      float e, r;
-      split_difference(q[i], dec[i], e, r);
-      q[i] = e;
-      low[i] = r;
-      any |= r != 0.0f ? 1u : 0u;
-    }
-    if (any != 0)
-      for (std::size_t i = 0; i < m; ++i)
-        if (low[i] != 0.0f) {
-          s.low_at.push_back(offset + first + i);
-          s.low_val.push_back(low[i]);
-        }
+    s.split(p.data() + first, m, offset + first);
   }
   if (bad == 0) return {0, d};
   const auto rest = first_non_finite(std::span<const float>(p).subspan(bad_from), bad);

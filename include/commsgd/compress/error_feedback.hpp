@@ -91,6 +91,51 @@ inline std::uint32_t split_group(float* __restrict p, const float* __restrict d,
   }
   return any;
 }
+// A compressor that splits p - d itself, a stretch at a time from cache, for error_feedback::commit_split:
+// the stretch's decode (filled by the caller through stretch()), the low words of its split, and the round's
+// nonzero low words with their positions (rising when the stretches are).
+struct residual_split {
+  std::vector<float> decoded, low;
+  std::vector<std::size_t> low_at;
+  std::vector<float> low_val;
+
+  // Empties the round's low words: when a round starts.
+  void clear_low() noexcept {
+    low_at.clear();
+    low_val.clear();
+  }
+  // Room for a stretch of m decoded values.
+  float* stretch(std::size_t m) {
+    if (decoded.size() < m) {
+      decoded.resize(m);
+      low.resize(m);
+    }
+    return decoded.data();
+  }
+  // (e, r) <- p - d over the stretch's m values (d: stretch()'s), split exactly: e over p, a nonzero r kept
+  // with its position, `first` being the stretch's first value in the residual.
+  void split(float* p, std::size_t m, std::size_t first) {
+    const float* const d = decoded.data();
+    float* const r = low.data();
+    std::uint32_t any = 0;
+    std::size_t i = 0;
+    for (; i + 64 <= m; i += 64)
+      any |= split_group(p + i, d + i, r + i);
+    for (; i < m; ++i) {
+      float e, t;
+      split_difference(p[i], d[i], e, t);
+      p[i] = e;
+      r[i] = t;
+      any |= t != 0.0f ? 1u : 0u;
+    }
+    if (any != 0)
+      for (i = 0; i < m; ++i)
+        if (r[i] != 0.0f) {
+          low_at.push_back(first + i);
+          low_val.push_back(r[i]);
+        }
+  }
+};
 } // namespace detail
 
 class error_feedback {

@@ -8,7 +8,8 @@
 // The compressors refuse NaN and inf in p = g + e, and what would overflow: by default with
 // commsgd::invalid_argument naming the value, its index and the finite range; with
 // half_overflow::clamp, it is sent as the largest finite value of its sign (and, with error feedback, the
-// excess stays in the residual).
+// excess stays in the residual). With error feedback, p, its verdict, its message and the new residual are
+// made in one pass, 4,096 values at a time from cache (detail::half_encode_and_split).
 //
 // Exchange: a ring all-reduce with the 16-bit values on the wire and float sums (comm/narrow_ring.hpp, from the
 // 16-bit messages themselves: no float copy of the whole vector is made): each
@@ -123,6 +124,45 @@ struct half_options {
   bool verify_first_round = true;
 };
 
+namespace detail {
+
+// With error feedback, p = g + e (+ r), its verdict, its 16-bit message and the new residual p - decode split
+// exactly, a stretch of 4,096 values at a time from cache: the bits of error_feedback::accumulate, of testing
+// p and then encoding it (a NaN or inf anywhere outranks an overflow; the first overflow is named),
+// Format::decode_n and error_feedback::commit in turn. p's buffer ends holding e' and s the nonzero low
+// words (a clamped value's), for error_feedback::commit_split once the round has succeeded; a round with a
+// verdict commits nothing.
+template <class Format>
+input_verdict half_encode_and_split(std::span<const float> g, const error_feedback& ef, bool clamp,
+                                    std::span<std::uint16_t> msg, std::span<float> p, residual_split& s) {
+  constexpr std::size_t stretch = 4096;
+  const std::size_t d = g.size();
+  std::size_t bad = 0, first_bad = 0, cursor = 0;
+  input_verdict overflow;
+  s.clear_low();
+  for (std::size_t i = 0; i < d; i += stretch) {
+    const std::size_t m = std::min(stretch, d - i);
+    ef.accumulate_part(g.subspan(i, m), p.subspan(i, m), i, cursor);
+    const auto part = std::span<const float>(p).subspan(i, m);
+    const auto scan = select::find_non_finite(part);
+    if (scan.count > 0 && bad == 0) first_bad = i + scan.first;
+    bad += scan.count;
+    if (bad > 0 || overflow.problem != input_problem::none) continue; // refused: only NaN and inf to count
+    const auto to = msg.subspan(i, m);
+    // The stretch is finite, so a +-inf result is an overflow.
+    if (const std::size_t over = Format::encode_n(part, to, clamp); !clamp && over < m) {
+      overflow = {input_problem::overflow, 1, i + over, static_cast<double>(part[over])};
+      continue;
+    }
+    Format::decode_n(to, std::span<float>(s.stretch(m), m));
+    s.split(p.data() + i, m, i);
+  }
+  if (bad > 0) return {input_problem::non_finite, bad, first_bad, 0};
+  return overflow;
+}
+
+} // namespace detail
+
 template <class Format>
 class half_compressor : public detail::round_state {
 public:
@@ -130,23 +170,20 @@ public:
   using format = Format;
 
   explicit half_compressor(std::size_t length, half_options o = {})
-      : round_state(length, o.error_feedback), opt_(o), msg_(length), agreed_(!o.verify_first_round) {}
+      : round_state(length, o.error_feedback, false), opt_(o), msg_(length), agreed_(!o.verify_first_round) {}
 
   const half_options& options() const noexcept { return opt_; }
 
   template <comm::communicator C>
   comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     // Without error feedback p is g itself: encoding straight from g saves copying it (out may be g: it is
-    // written only after g has been read).
-    std::span<const float> p = g;
+    // written only after g has been read). With it, p, the message and the new residual are made in one pass
+    // (detail::half_encode_and_split), the residual committed only once the round has succeeded.
     detail::input_verdict v = detail::check_sizes(g.size(), out.size(), length_);
-    if (v.problem == detail::input_problem::none) {
-      if (ef_.on()) {
-        ef_.accumulate(g, p_);
-        p = p_;
-      }
-      v = check_and_encode(p);
-    }
+    if (v.problem == detail::input_problem::none)
+      v = ef_.on() ? detail::half_encode_and_split<Format>(g, ef_, opt_.overflow == half_overflow::clamp,
+                                                           msg_, p_, split_)
+                   : check_and_encode(g);
     const bool first = !agreed_;
     if (first) {
       detail::agree(c, what(), length_, detail::fingerprint(config()), v, verdicts_, range());
@@ -154,13 +191,10 @@ public:
     }
     // This rank's contribution: its message, or NaN to make every rank refuse the round. The ring sums the
     // 16-bit values as they are (each hop decodes, adds in float and rounds), so no float copy of the whole
-    // message is made; d (what the residual keeps the rest of) is read by error feedback only.
-    if (v.problem == detail::input_problem::none) {
-      if (ef_.on()) Format::decode_n(msg_, d_);
-    } else {
+    // message is made.
+    if (v.problem != detail::input_problem::none)
       std::fill(msg_.begin(), msg_.end(),
                 static_cast<std::uint16_t>(Format::inf_bits | (Format::inf_bits >> 1)));
-    }
     comm::narrow_ring_sum_wire<Format>(c, msg_, opt_.overflow == half_overflow::clamp, ring_);
     if (v.problem != detail::input_problem::none) {
       const auto mine = detail::verdict_fields(length_, v, 0);
@@ -175,7 +209,9 @@ public:
                        bad.count, bad.first);
     Format::decode_n(ring_.wire, out);
     wire_ = cost::half_traffic(length_, c.size(), c.rank(), first).bytes_sent;
-    return detail::finish_round(ef_, p, d_, steps_, static_cast<std::size_t>(c.size()), length_, true);
+    ef_.commit_split(p_, split_.low_at, split_.low_val);
+    ++steps_;
+    return detail::round_report(static_cast<std::size_t>(c.size()), length_, true);
   }
 
   // The NaN and infinities of the sum the last successful reduce wrote into out: none, as reduce tests the
@@ -252,6 +288,7 @@ private:
   half_options opt_;
   std::vector<std::uint16_t> msg_;
   comm::narrow_ring_buffers ring_;
+  detail::residual_split split_;
   bool agreed_ = false; // the first round's verdict (sizes and parameters alike on every rank) is behind us
 };
 

@@ -13,7 +13,8 @@
 // first (compress/agree.hpp): a wrong size, a NaN or inf, a value beyond the format's range (unless
 // half_overflow::clamp, which sends the largest finite value of its sign) or ranks built differently raise
 // the same error on every rank before any payload moves. With error feedback, what rounding left out stays
-// in the residual exactly (compress/error_feedback.hpp).
+// in the residual exactly (compress/error_feedback.hpp); p, the message and the new residual are then made
+// in one pass, 4,096 values at a time from cache (half.hpp's detail::half_encode_and_split).
 // Bytes a rank sends a round: cost::half_reduce_scatter_traffic.
 #pragma once
 
@@ -47,7 +48,7 @@ public:
   // `length`: the whole input, every rank's parts; it must divide into the ranks of the communicator.
   // half_options::verify_first_round does not apply: every round's verdicts are gathered.
   explicit half_reduce_scatter(std::size_t length, half_options o = {})
-      : round_state(length, o.error_feedback), opt_(o) {}
+      : round_state(length, o.error_feedback, false), opt_(o) {}
 
   const half_options& options() const noexcept { return opt_; }
 
@@ -56,16 +57,19 @@ public:
   comm::exchange_report reduce_scatter(C& c, std::span<const float> g, std::span<float> out) {
     const auto n = static_cast<std::size_t>(c.size());
     const std::size_t part = length_ / n;
-    // Without error feedback p is g itself, encoded straight from it.
-    std::span<const float> p = g;
+    // Without error feedback p is g itself, encoded straight from it; with it, p, the message and the new
+    // residual are made in one pass (detail::half_encode_and_split), the residual committed only once the
+    // round has succeeded.
     detail::input_verdict v = detail::check_scatter_sizes(g.size(), out.size(), length_, n);
     if (v.problem == detail::input_problem::none) {
       if (ef_.on()) {
-        ef_.accumulate(g, p_, 1.0f);
-        p = p_;
+        msg_.resize(length_);
+        v = detail::half_encode_and_split<Format>(g, ef_, opt_.overflow == half_overflow::clamp, msg_, p_,
+                                                  split_);
+      } else {
+        v = detail::check_finite(g);
+        if (v.problem == detail::input_problem::none) v = encode(g);
       }
-      v = detail::check_finite(p);
-      if (v.problem == detail::input_problem::none) v = encode(p);
     }
     detail::agree(c, what(), length_, config(), v, verdicts_, range());
     detail::require_parts(what(), length_, n);
@@ -83,9 +87,10 @@ public:
       for (std::size_t i = 0; i < part; ++i)
         out[i] += part_[i];
     }
-    if (ef_.on()) Format::decode_n(msg_, d_);
     wire_ = cost::half_reduce_scatter_traffic(length_, c.size()).bytes_sent;
-    return detail::finish_round(ef_, p, d_, steps_, n, part, false);
+    ef_.commit_split(p_, split_.low_at, split_.low_val);
+    ++steps_;
+    return detail::round_report(n, part, false);
   }
 
   void save(std::ostream& os) const { detail::save_state(os, what(), params(), steps_, ef_); }
@@ -124,6 +129,7 @@ private:
   half_options opt_;
   std::vector<std::uint16_t> msg_, inbox_;
   std::vector<float> part_;
+  detail::residual_split split_;
 };
 
 using fp16_reduce_scatter = half_reduce_scatter<fp16_format>;
