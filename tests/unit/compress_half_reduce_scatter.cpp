@@ -251,12 +251,7 @@ TEST_CASE("clamp sends the largest finite value of the sign; error feedback keep
 
 namespace {
 
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return false;
-  return true;
-}
+using harness::same_bits;
 
 // Rounds of an fp16 or bf16 compressor (the ring's, or the reduce-scatter's) with error feedback against the
 // passes its round fused, written out: p = g + e (+ r), d = p rounded to the format (saturated under clamp),
