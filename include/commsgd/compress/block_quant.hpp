@@ -567,9 +567,8 @@ public:
     sum_gathered(c, out);
     wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
                 .bytes_sent;
-    ef_.commit_split(p_, split_.low_at, split_.low_val);
-    ++steps_;
-    return detail::round_report(static_cast<std::size_t>(c.size()), length_, false);
+    return detail::finish_split_round(ef_, p_, split_, steps_, static_cast<std::size_t>(c.size()), length_,
+                                      false);
   }
 
   // The NaN and infinities of the sum the last successful reduce wrote into out (a sum of finite values can

@@ -98,9 +98,7 @@ public:
     const std::size_t blocks = (part + opt_.block_size - 1) / opt_.block_size;
     detail::sum_blocks<Code>(inbox_, bytes, n, part, opt_.block_size, 0, blocks, out);
     wire_ = cost::block_reduce_scatter_traffic(length_, c.size(), opt_.block_size, Code::bits).bytes_sent;
-    ef_.commit_split(p_, split_.low_at, split_.low_val);
-    ++steps_;
-    return detail::round_report(n, part, false);
+    return detail::finish_split_round(ef_, p_, split_, steps_, n, part, false);
   }
 
   // One part's message: its scales, then its codes.

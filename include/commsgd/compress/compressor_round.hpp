@@ -4,7 +4,8 @@
 //   take_input      p = g + e, and the verdict on sizes and values that compress/agree.hpp gathers
 //   gather_and_sum  every rank's message gathered, decoded and summed in rank order from +0
 //   finish_round    the residual committed, the step counted, the report (finish_sparse_round: a code whose
-//                   own message holds few values commits only those)
+//                   own message holds few values commits only those; finish_split_round: a code that split
+//                   its new residual itself as it coded, compress/error_feedback.hpp's residual_split)
 // A round that throws before finish_round leaves the compressor's state as it was.
 #pragma once
 
@@ -122,6 +123,16 @@ inline comm::exchange_report finish_round(error_feedback& ef, std::span<const fl
 // sparse code): the residual takes p's buffer (error_feedback::commit_sparse; p then holds scratch), and the
 // values' indices are all the commit touches. The report is built first, so that nothing after the commit
 // can throw.
+// The round of a compressor that split its new residual itself as it coded (residual_split): committed
+// whole, e_next getting the old residual back as scratch.
+inline comm::exchange_report finish_split_round(error_feedback& ef, std::vector<float>& e_next,
+                                                const residual_split& s, std::uint64_t& steps, std::size_t n,
+                                                std::uint64_t each, bool dense) {
+  ef.commit_split(e_next, s.low_at, s.low_val);
+  ++steps;
+  return round_report(n, each, dense);
+}
+
 inline comm::exchange_report finish_sparse_round(error_feedback& ef, std::vector<float>& p,
                                                  std::span<const std::size_t> at, std::span<const float> d_at,
                                                  std::uint64_t& steps, std::size_t n, std::uint64_t each) {

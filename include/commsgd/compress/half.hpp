@@ -209,9 +209,8 @@ public:
                        bad.count, bad.first);
     Format::decode_n(ring_.wire, out);
     wire_ = cost::half_traffic(length_, c.size(), c.rank(), first).bytes_sent;
-    ef_.commit_split(p_, split_.low_at, split_.low_val);
-    ++steps_;
-    return detail::round_report(static_cast<std::size_t>(c.size()), length_, true);
+    return detail::finish_split_round(ef_, p_, split_, steps_, static_cast<std::size_t>(c.size()), length_,
+                                      true);
   }
 
   // The NaN and infinities of the sum the last successful reduce wrote into out: none, as reduce tests the

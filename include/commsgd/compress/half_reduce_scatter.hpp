@@ -88,9 +88,7 @@ public:
         out[i] += part_[i];
     }
     wire_ = cost::half_reduce_scatter_traffic(length_, c.size()).bytes_sent;
-    ef_.commit_split(p_, split_.low_at, split_.low_val);
-    ++steps_;
-    return detail::round_report(n, part, false);
+    return detail::finish_split_round(ef_, p_, split_, steps_, n, part, false);
   }
 
   void save(std::ostream& os) const { detail::save_state(os, what(), params(), steps_, ef_); }
