@@ -73,9 +73,6 @@ def main(argv):
     opts = [torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.1, betas=(0.9, 0.95)) for m in models]
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lr_at) for o in opts]
 
-    def flat(m):
-        return torch.cat([q.detach().reshape(-1) for q in m.parameters()])
-
     @torch.no_grad()
     def load(m, v):
         at = 0
@@ -83,7 +80,7 @@ def main(argv):
             q.copy_(v[at:at + q.numel()].view_as(q))
             at += q.numel()
 
-    g = flat(base).clone()
+    g = T.flat(base.parameters()).clone()
     start = g.clone()
     d = g.numel()
     res = [torch.zeros(d) for _ in range(a.n)]
@@ -130,7 +127,7 @@ def main(argv):
         if step % a.H == 0 or step == a.steps:
             total, senders = torch.zeros(d), torch.zeros(d)
             for i, m in enumerate(models):
-                pg = g - flat(m)
+                pg = g - T.flat(m.parameters())
                 if a.code == "dense":
                     total += pg
                     senders += 1

@@ -254,12 +254,7 @@ public:
                     std::span<const float> low_val) {
     if (!on_) return;
     std::swap(e_, e_next);
-    if (low_sparse_) {
-      for (const std::size_t i : low_at_)
-        r_[i] = 0.0f;
-    } else {
-      std::fill(r_.begin(), r_.end(), 0.0f);
-    }
+    zero_low();
     low_at_.assign(low_at.begin(), low_at.end());
     for (std::size_t j = 0; j < low_at.size(); ++j)
       r_[low_at[j]] = low_val[j];
@@ -284,12 +279,7 @@ public:
     low_next_.clear();
     low_next_.reserve(at.size());
     std::swap(e_, p);
-    if (low_sparse_) {
-      for (const std::size_t i : low_at_)
-        r_[i] = 0.0f;
-    } else {
-      std::fill(r_.begin(), r_.end(), 0.0f);
-    }
+    zero_low();
     for (std::size_t j = 0; j < at.size(); ++j) {
       const std::size_t i = at[j];
       split_difference(e_[i], d_at[j], e_[i], r_[i]);
@@ -311,6 +301,16 @@ public:
   }
 
 private:
+  // r <- +0 everywhere, writing only where it may hold something.
+  void zero_low() noexcept {
+    if (low_sparse_) {
+      for (const std::size_t i : low_at_)
+        r_[i] = 0.0f;
+    } else {
+      std::fill(r_.begin(), r_.end(), 0.0f);
+    }
+  }
+
   bool on_ = false;
   std::vector<float> e_, r_;
   // The indices where r may not be zero, when low_sparse_; otherwise r may be anywhere (a dense commit).

@@ -126,39 +126,54 @@ struct half_options {
 
 namespace detail {
 
-// With error feedback, p = g + e (+ r), its verdict, its 16-bit message and the new residual p - decode split
-// exactly, a stretch of 4,096 values at a time from cache: the bits of error_feedback::accumulate, of testing
-// p and then encoding it (a NaN or inf anywhere outranks an overflow; the first overflow is named),
-// Format::decode_n and error_feedback::commit in turn. p's buffer ends holding e' and s the nonzero low
-// words (a clamped value's), for error_feedback::commit_split once the round has succeeded; a round with a
-// verdict commits nothing.
-template <class Format>
-input_verdict half_encode_and_split(std::span<const float> g, const error_feedback& ef, bool clamp,
-                                    std::span<std::uint16_t> msg, std::span<float> p, residual_split& s) {
+// p tested and encoded a stretch of 4,096 values at a time, each while it is in cache: form(i, m) returns
+// p's values [i, i + m) (formed then, or read where they lie) and coded(i, m) runs once a stretch is encoded
+// whole. The verdict of testing all of p first: a NaN or inf anywhere outranks an overflow, and the first
+// overflow is named; once there is either, the stretches left are only tested for NaN and inf.
+template <class Format, class Form, class Coded>
+input_verdict encode_stretches(std::size_t d, bool clamp, std::span<std::uint16_t> msg, Form&& form,
+                               Coded&& coded) {
   constexpr std::size_t stretch = 4096;
-  const std::size_t d = g.size();
-  std::size_t bad = 0, first_bad = 0, cursor = 0;
+  std::size_t bad = 0, first_bad = 0;
   input_verdict overflow;
-  s.clear_low();
   for (std::size_t i = 0; i < d; i += stretch) {
     const std::size_t m = std::min(stretch, d - i);
-    ef.accumulate_part(g.subspan(i, m), p.subspan(i, m), i, cursor);
-    const auto part = std::span<const float>(p).subspan(i, m);
+    const std::span<const float> part = form(i, m);
     const auto scan = select::find_non_finite(part);
     if (scan.count > 0 && bad == 0) first_bad = i + scan.first;
     bad += scan.count;
-    if (bad > 0 || overflow.problem != input_problem::none) continue; // refused: only NaN and inf to count
-    const auto to = msg.subspan(i, m);
+    if (bad > 0 || overflow.problem != input_problem::none) continue;
     // The stretch is finite, so a +-inf result is an overflow.
-    if (const std::size_t over = Format::encode_n(part, to, clamp); !clamp && over < m) {
+    if (const std::size_t over = Format::encode_n(part, msg.subspan(i, m), clamp); !clamp && over < m) {
       overflow = {input_problem::overflow, 1, i + over, static_cast<double>(part[over])};
       continue;
     }
-    Format::decode_n(to, std::span<float>(s.stretch(m), m));
-    s.split(p.data() + i, m, i);
+    coded(i, m);
   }
   if (bad > 0) return {input_problem::non_finite, bad, first_bad, 0};
   return overflow;
+}
+
+// With error feedback, p = g + e (+ r), its verdict, its 16-bit message and the new residual p - decode split
+// exactly, in encode_stretches' stretches: the bits of error_feedback::accumulate, of testing p and then
+// encoding it, Format::decode_n and error_feedback::commit in turn. p's buffer ends holding e' and s the
+// nonzero low words (a clamped value's), for error_feedback::commit_split once the round has succeeded; a
+// round with a verdict commits nothing.
+template <class Format>
+input_verdict half_encode_and_split(std::span<const float> g, const error_feedback& ef, bool clamp,
+                                    std::span<std::uint16_t> msg, std::span<float> p, residual_split& s) {
+  std::size_t cursor = 0;
+  s.clear_low();
+  return encode_stretches<Format>(
+      g.size(), clamp, msg,
+      [&](std::size_t i, std::size_t m) {
+        ef.accumulate_part(g.subspan(i, m), p.subspan(i, m), i, cursor);
+        return std::span<const float>(p).subspan(i, m);
+      },
+      [&](std::size_t i, std::size_t m) {
+        Format::decode_n(msg.subspan(i, m), std::span<float>(s.stretch(m), m));
+        s.split(p.data() + i, m, i);
+      });
 }
 
 } // namespace detail
@@ -237,28 +252,12 @@ private:
     return {length_, static_cast<std::uint64_t>(opt_.overflow), ef_.on() ? 1u : 0u};
   }
 
-  // The message of p, or the verdict on p: its NaN and inf (detail::check_finite's verdict), else the first
-  // value beyond the format's range; changes no state. A chunk at a time, tested and then encoded while it is
-  // in cache: the verdict of testing all of p first, since a NaN or inf anywhere outranks an overflow.
+  // The message of p, or the verdict on p (detail::encode_stretches): its NaN and inf, else the first value
+  // beyond the format's range; changes no state.
   detail::input_verdict check_and_encode(std::span<const float> p) {
-    const bool clamp = opt_.overflow == half_overflow::clamp;
-    constexpr std::size_t chunk = 4096;
-    std::size_t bad = 0, first_bad = 0;
-    detail::input_verdict overflow;
-    for (std::size_t i = 0; i < p.size(); i += chunk) {
-      const auto part = p.subspan(i, std::min(chunk, p.size() - i));
-      const auto scan = select::find_non_finite(part);
-      if (scan.count > 0 && bad == 0) first_bad = i + scan.first;
-      bad += scan.count;
-      if (bad > 0 || overflow.problem != detail::input_problem::none) continue;
-      // The chunk is finite, so a +-inf result is an overflow.
-      const std::size_t first =
-          Format::encode_n(part, std::span<std::uint16_t>(msg_).subspan(i, part.size()), clamp);
-      if (!clamp && first < part.size())
-        overflow = {detail::input_problem::overflow, 1, i + first, static_cast<double>(part[first])};
-    }
-    if (bad > 0) return {detail::input_problem::non_finite, bad, first_bad, 0};
-    return overflow;
+    return detail::encode_stretches<Format>(
+        p.size(), opt_.overflow == half_overflow::clamp, msg_,
+        [&](std::size_t i, std::size_t m) { return p.subspan(i, m); }, [](std::size_t, std::size_t) {});
   }
 
   struct wire_scan {

@@ -62,14 +62,12 @@ public:
     // round has succeeded.
     detail::input_verdict v = detail::check_scatter_sizes(g.size(), out.size(), length_, n);
     if (v.problem == detail::input_problem::none) {
-      if (ef_.on()) {
-        msg_.resize(length_);
-        v = detail::half_encode_and_split<Format>(g, ef_, opt_.overflow == half_overflow::clamp, msg_, p_,
-                                                  split_);
-      } else {
-        v = detail::check_finite(g);
-        if (v.problem == detail::input_problem::none) v = encode(g);
-      }
+      msg_.resize(length_);
+      const bool clamp = opt_.overflow == half_overflow::clamp;
+      v = ef_.on() ? detail::half_encode_and_split<Format>(g, ef_, clamp, msg_, p_, split_)
+                   : detail::encode_stretches<Format>(
+                         length_, clamp, msg_, [&](std::size_t i, std::size_t m) { return g.subspan(i, m); },
+                         [](std::size_t, std::size_t) {});
     }
     detail::agree(c, what(), length_, config(), v, verdicts_, range());
     detail::require_parts(what(), length_, n);
@@ -112,16 +110,6 @@ private:
                                          ef_.on() ? 1u : 0u,
                                          Format::name[0] == 'f' ? 0x46313652u : 0x42313652u};
     return detail::fingerprint(p);
-  }
-
-  // msg_ <- p in the format (p finite), or the verdict on a value beyond its range.
-  detail::input_verdict encode(std::span<const float> p) {
-    msg_.resize(length_);
-    const bool clamp = opt_.overflow == half_overflow::clamp;
-    const std::size_t first = Format::encode_n(p, msg_, clamp);
-    if (!clamp && first < length_)
-      return {detail::input_problem::overflow, 1, first, static_cast<double>(p[first])};
-    return {};
   }
 
   half_options opt_;
