@@ -262,16 +262,16 @@ inline std::size_t stretch_blocks(std::size_t b) noexcept {
   return std::max<std::size_t>(2, values / b) & ~std::size_t{1};
 }
 
-// Blocks [k0, k1) of p's message (see encode_blocks): their scales and codes, each block's scale and
-// finiteness taken first and its codes while it is in cache. `c` holds the 4-bit codes of the stretch before
-// they are packed. Returns how many of the stretch's values are NaN or inf (blocks that hold one are not
-// coded).
+// Blocks [k0, k1) of the message of d values p (see encode_blocks): their scales and codes, each block's
+// scale and finiteness taken first and its codes while it is in cache. `here` points at p's value k0 b (the
+// stretch's first). `c` holds the 4-bit codes of the stretch before they are packed. Returns how many of the
+// stretch's values are NaN or inf (blocks that hold one are not coded).
 template <class Code>
-std::size_t encode_stretch(std::span<const float> p, std::size_t b, std::size_t k0, std::size_t k1,
+std::size_t encode_stretch(const float* here, std::size_t d, std::size_t b, std::size_t k0, std::size_t k1,
                            std::vector<float>& scales, std::span<std::byte> msg,
                            std::vector<std::uint8_t>& c) {
   static_assert(Code::bits == 8 || Code::bits == 4);
-  const std::size_t d = p.size(), blocks = (d + b - 1) / b;
+  const std::size_t blocks = (d + b - 1) / b;
   std::byte* const codes = msg.data() + 4 * blocks;
   const std::size_t first = k0 * b, last = std::min(d, k1 * b);
   if (Code::bits != 8 && c.size() < last - first) c.resize(last - first);
@@ -280,12 +280,12 @@ std::size_t encode_stretch(std::span<const float> p, std::size_t b, std::size_t 
     const std::size_t at = k * b, count = std::min(d, at + b) - at;
     std::uint8_t* const to =
         Code::bits == 8 ? reinterpret_cast<std::uint8_t*>(codes) + at : c.data() + (at - first);
-    const auto scan = scan_block(p.data() + at, count);
+    const auto scan = scan_block(here + (at - first), count);
     scales[k] = scan.scale;
     std::memcpy(msg.data() + 4 * k, &scan.scale, 4);
     bad += scan.bad;
     if (scan.bad == 0)
-      block_codes<Code>(p.data() + at, count, scan.scale, to);
+      block_codes<Code>(here + (at - first), count, scan.scale, to);
     else
       std::fill_n(to, count, std::uint8_t{0});
   }
@@ -320,16 +320,30 @@ inline select::non_finite_scan first_non_finite(std::span<const float> p, std::s
 // message is cost::block_quant_message_bytes(p.size(), b, Code::bits) bytes. One pass over p, a stretch of
 // blocks at a time. Returns the NaN and infinities of p, as select::find_non_finite counts them; where there
 // is any, the message is not to be sent (its blocks that hold one are not coded).
+//
+// encode_blocks_from takes p a stretch at a time: in(first, m) returns p's values [first, first + m) (formed
+// then, or read where they lie), called for adjacent stretches in rising order.
+template <class Code, class In>
+select::non_finite_scan encode_blocks_from(std::size_t d, std::size_t b, std::vector<float>& scales,
+                                           std::span<std::byte> msg, std::vector<std::uint8_t>& c, In&& in) {
+  const std::size_t blocks = (d + b - 1) / b, per = stretch_blocks(b);
+  scales.resize(blocks);
+  std::size_t bad = 0, bad_at = d;
+  for (std::size_t k0 = 0; k0 < blocks; k0 += per) {
+    const std::size_t k1 = std::min(blocks, k0 + per), first = k0 * b, m = std::min(d, k1 * b) - first;
+    const std::span<const float> p = in(first, m);
+    const std::size_t here = encode_stretch<Code>(p.data(), d, b, k0, k1, scales, msg, c);
+    if (here != 0 && bad == 0) bad_at = first + first_non_finite(p, here).first;
+    bad += here;
+  }
+  return {bad, bad == 0 ? d : bad_at};
+}
 template <class Code>
 select::non_finite_scan encode_blocks(std::span<const float> p, std::size_t b, std::vector<float>& scales,
                                       std::span<std::byte> msg) {
-  const std::size_t d = p.size(), blocks = (d + b - 1) / b, per = stretch_blocks(b);
-  scales.resize(blocks);
   std::vector<std::uint8_t> c;
-  std::size_t bad = 0;
-  for (std::size_t k0 = 0; k0 < blocks; k0 += per)
-    bad += encode_stretch<Code>(p, b, k0, std::min(blocks, k0 + per), scales, msg, c);
-  return first_non_finite(p, bad);
+  return encode_blocks_from<Code>(p.size(), b, scales, msg, c,
+                                  [&](std::size_t first, std::size_t m) { return p.subspan(first, m); });
 }
 
 // Calls sink(i, x) for the values of blocks [k0, k1) of message m, which codes d values in blocks of b.
@@ -415,43 +429,78 @@ void decode_block(const std::byte* codes, std::size_t count, float s, float* out
   }
 }
 
-// out <- the sum of the n messages at all[r * bytes ...] over blocks [k0, k1), each value summed in rank
-// order from +0 (out[i] = 0.0f + x_0, then + x_1, ...): a block of every message at a time, so each block of
-// out is written from cache, and tested for NaN and inf there. The messages code d values in blocks of b.
-// Returns the NaN and infinities of out over those blocks (a sum of finite values can overflow), as
-// select::find_non_finite counts them, the first index counted from out's start.
-template <class Code>
-select::non_finite_scan sum_blocks(std::span<const std::byte> all, std::size_t bytes, std::size_t n,
-                                   std::size_t d, std::size_t b, std::size_t k0, std::size_t k1,
-                                   std::span<float> out) {
+// The sums of blocks [k0, k1) of the n messages at all[r * bytes ...], each value summed in rank order from
+// +0 (0.0f + x_0, then + x_1, ...), written to at[0 ...] (at[0] the sum at value k0 b): a block of every
+// message at a time, so each block of the sum is written from cache. The messages code d values in blocks of
+// b. With Count, returns how many of the sums are NaN or inf, counted from cache as each block is written.
+template <class Code, bool Count>
+std::size_t sum_stretch(std::span<const std::byte> all, std::size_t bytes, std::size_t n, std::size_t d,
+                        std::size_t b, std::size_t k0, std::size_t k1, float* at) {
   const std::size_t blocks = (d + b - 1) / b;
   const std::size_t lo = std::min(d, k0 * b), hi = std::min(d, k1 * b);
-  const auto whole = std::span<const float>(out).subspan(lo, hi - lo);
   if (Code::bits == 4 && b % 2 != 0) {
     // Blocks that start inside a byte: value by value.
     for (std::size_t r = 0; r < n; ++r)
-      decode_blocks<Code>(all.subspan(r * bytes, bytes), d, b, k0, k1,
-                          [&](std::size_t i, float x) { out[i] = r == 0 ? 0.0f + x : out[i] + x; });
-    const auto bad = select::find_non_finite(whole);
-    return {bad.count, lo + bad.first};
+      decode_blocks<Code>(all.subspan(r * bytes, bytes), d, b, k0, k1, [&](std::size_t i, float x) {
+        float& o = at[i - lo];
+        o = r == 0 ? 0.0f + x : o + x;
+      });
+    return Count ? select::count_non_finite(std::span<const float>(at, hi - lo)) : 0;
   }
   std::size_t bad = 0;
   for (std::size_t k = k0; k < k1; ++k) {
     const std::size_t first = k * b, count = std::min(d, first + b) - first;
+    float* const o = at + (first - lo);
     for (std::size_t r = 0; r < n; ++r) {
       const std::byte* m = all.data() + r * bytes;
       float s;
       std::memcpy(&s, m + 4 * k, 4);
       const std::byte* codes = m + 4 * blocks + first * Code::bits / 8;
       if (r == 0)
-        decode_block<Code, put_mode::first>(codes, count, s, out.data() + first);
+        decode_block<Code, put_mode::first>(codes, count, s, o);
       else
-        decode_block<Code, put_mode::add>(codes, count, s, out.data() + first);
+        decode_block<Code, put_mode::add>(codes, count, s, o);
     }
-    bad += select::count_non_finite(std::span<const float>(out).subspan(first, count));
+    if constexpr (Count) bad += select::count_non_finite(std::span<const float>(o, count));
   }
+  return bad;
+}
+
+// out <- the sum of the n messages over blocks [k0, k1) (sum_stretch), out indexed from the first value.
+// Returns the NaN and infinities of out over those blocks (a sum of finite values can overflow), as
+// select::find_non_finite counts them, the first index counted from out's start.
+template <class Code>
+select::non_finite_scan sum_blocks(std::span<const std::byte> all, std::size_t bytes, std::size_t n,
+                                   std::size_t d, std::size_t b, std::size_t k0, std::size_t k1,
+                                   std::span<float> out) {
+  const std::size_t lo = std::min(d, k0 * b), hi = std::min(d, k1 * b);
+  const std::size_t bad = sum_stretch<Code, true>(all, bytes, n, d, b, k0, k1, out.data() + lo);
   if (bad == 0) return {0, hi};
-  return {bad, lo + select::find_non_finite(whole).first};
+  return {bad, lo + select::find_non_finite(std::span<const float>(out).subspan(lo, hi - lo)).first};
+}
+
+// Whether every sum of the n messages is surely finite, known from their scales alone: a value decodes to
+// at most its block's |scale| (int8: |c| s / 127 with |c| <= 127; e3m0: s 2^(k - 7) with k <= 7), and n
+// float additions round up by at most (1 + 2^-24)^n, so a bound of sum_r max_k |scale_r,k| times that
+// factor below the largest float leaves no sum to overflow. A NaN or inf scale (a corrupt peer) fails it.
+// False says only that the sums must be tested.
+inline bool sums_bounded(std::span<const std::byte> all, std::size_t bytes, std::size_t n,
+                         std::size_t blocks) {
+  double bound = 0.0;
+  for (std::size_t r = 0; r < n; ++r) {
+    float top = 0.0f;
+    bool finite = true;
+    for (std::size_t k = 0; k < blocks; ++k) {
+      float s;
+      std::memcpy(&s, all.data() + r * bytes + 4 * k, 4);
+      finite &= std::fabs(s) <= std::numeric_limits<float>::max();
+      top = std::max(top, std::fabs(s));
+    }
+    if (!finite) return false;
+    bound += static_cast<double>(top);
+  }
+  bound *= std::exp(static_cast<double>(n) * 0x1p-24);
+  return bound < static_cast<double>(std::numeric_limits<float>::max());
 }
 
 // out <- what message m decodes to (d values in blocks of b), bit for bit as decode_blocks.
@@ -489,19 +538,20 @@ struct split_scratch : residual_split {
 // g, p and the message may be one part of a longer input, starting at value `offset` of the residual: parts
 // taken in rising order share one `cursor` (0 at the first part) and append their low words to s, which the
 // caller empties (s.clear_low()) when the round starts.
-template <class Code>
-select::non_finite_scan encode_and_split(std::span<const float> g, const error_feedback& ef,
-                                         std::size_t offset, std::size_t& cursor, std::size_t b,
-                                         std::vector<float>& scales, std::span<std::byte> msg,
-                                         std::span<float> p, split_scratch& s) {
-  const std::size_t d = g.size(), blocks = (d + b - 1) / b, per = stretch_blocks(b);
+//
+// The input g of d values may also come a stretch at a time, from in(first, m) as encode_blocks_from takes it.
+template <class Code, class In>
+select::non_finite_scan encode_and_split(std::size_t d, In&& in, const error_feedback& ef, std::size_t offset,
+                                         std::size_t& cursor, std::size_t b, std::vector<float>& scales,
+                                         std::span<std::byte> msg, std::span<float> p, split_scratch& s) {
+  const std::size_t blocks = (d + b - 1) / b, per = stretch_blocks(b);
   const std::byte* const codes = msg.data() + 4 * blocks;
   scales.resize(blocks);
   std::size_t bad = 0, bad_from = 0;
   for (std::size_t k0 = 0; k0 < blocks; k0 += per) {
     const std::size_t k1 = std::min(blocks, k0 + per), first = k0 * b, m = std::min(d, k1 * b) - first;
-    ef.accumulate_part(g.subspan(first, m), p.subspan(first, m), offset + first, cursor);
-    const std::size_t here = encode_stretch<Code>(p, b, k0, k1, scales, msg, s.codes);
+    ef.accumulate_part(in(first, m), p.subspan(first, m), offset + first, cursor);
+    const std::size_t here = encode_stretch<Code>(p.data() + first, d, b, k0, k1, scales, msg, s.codes);
     if (here != 0 && bad == 0) bad_from = first;
     bad += here;
     if (bad != 0) continue; // the round is refused: nothing to split, only the bad values to count
@@ -520,6 +570,15 @@ select::non_finite_scan encode_and_split(std::span<const float> g, const error_f
   if (bad == 0) return {0, d};
   const auto rest = first_non_finite(std::span<const float>(p).subspan(bad_from), bad);
   return {bad, bad_from + rest.first};
+}
+template <class Code>
+select::non_finite_scan encode_and_split(std::span<const float> g, const error_feedback& ef,
+                                         std::size_t offset, std::size_t& cursor, std::size_t b,
+                                         std::vector<float>& scales, std::span<std::byte> msg,
+                                         std::span<float> p, split_scratch& s) {
+  return encode_and_split<Code>(
+      g.size(), [&](std::size_t first, std::size_t m) { return g.subspan(first, m); }, ef, offset, cursor, b,
+      scales, msg, p, s);
 }
 
 } // namespace detail
@@ -551,24 +610,56 @@ public:
 
   template <comm::communicator C>
   comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
-    // The message is coded before the verdicts are gathered: its pass is the finiteness test. Without error
-    // feedback p is g itself, read where it lies; with it, p, the message and the new residual are made in
-    // one pass (detail::encode_and_split), the residual committed only once the round has succeeded.
-    auto v = detail::check_sizes(g.size(), out.size(), length_);
-    if (v.problem == detail::input_problem::none) {
-      std::size_t cursor = 0;
-      split_.clear_low();
-      const auto bad = ef_.on() ? detail::encode_and_split<Code>(g, ef_, 0, cursor, opt_.block_size, scales_,
-                                                                 msg_, p_, split_)
-                                : detail::encode_blocks<Code>(g, opt_.block_size, scales_, msg_);
-      if (bad.count > 0) v = {detail::input_problem::non_finite, bad.count, bad.first, 0};
+    verdict_ = detail::check_sizes(g.size(), out.size(), length_);
+    if (verdict_.problem == detail::input_problem::none) code(read_from(g));
+    return round(c, [&] { sum_scan_ = sum_to(out); });
+  }
+
+  // reduce() in two halves, its sum not written (compress::summed_in_parts). code(in) codes this rank's
+  // input of length() values, which in(first, m) gives a stretch at a time (a span of the values [first,
+  // first + m), formed then or read where they lie; called for adjacent stretches in rising order), and keeps
+  // the verdict; no communication, so a caller may take the input from memory that changes once code()
+  // returns. reduce_coded(c) is the collective rest; for_each_sum_part() then reads the sum a part at a time
+  // (until the next round), for a caller that uses each part once while it is in cache (sync::diloco).
+  template <class In>
+  void code(In&& in) {
+    // The pass that codes is the finiteness test. Without error feedback p is the input itself; with it, p,
+    // the message and the new residual are made in one pass (detail::encode_and_split), the residual
+    // committed only once the round has succeeded.
+    std::size_t cursor = 0;
+    split_.clear_low();
+    const auto bad = ef_.on() ? detail::encode_and_split<Code>(length_, in, ef_, 0, cursor, opt_.block_size,
+                                                               scales_, msg_, p_, split_)
+                              : detail::encode_blocks_from<Code>(length_, opt_.block_size, scales_, msg_,
+                                                                 split_.codes, in);
+    verdict_ = {};
+    if (bad.count > 0) verdict_ = {detail::input_problem::non_finite, bad.count, bad.first, 0};
+  }
+  template <comm::communicator C>
+  comm::exchange_report reduce_coded(C& c) {
+    return round(c, [&] {
+      bounded_ = detail::sums_bounded(all_, msg_.size(), ranks_, blocks());
+      sum_scan_ = {0, length_};
+    });
+  }
+  // After reduce_coded: whether every value of the sum is surely finite (sums_bounded). False only near
+  // the largest float: a caller that must refuse a sum with NaN or inf then writes it whole and tests it.
+  bool sum_surely_finite() const noexcept { return bounded_; }
+  // After reduce_coded: calls f(first, part) for parts of the sum that cover [0, length()) in rising
+  // order, part[j] the sum at first + j (reduce()'s bits), each made in `scratch` from the gathered messages.
+  // Parts of whole blocks, about part_values values: the part and what the caller reads beside it stay in
+  // the core's cache.
+  static constexpr std::size_t part_values = 8192;
+  template <class F>
+  void for_each_sum_part(std::vector<float>& scratch, F&& f) const {
+    const std::size_t b = opt_.block_size, blocks = this->blocks(),
+                      per = std::max<std::size_t>(1, part_values / b);
+    for (std::size_t k0 = 0; k0 < blocks; k0 += per) {
+      const std::size_t k1 = std::min(blocks, k0 + per), lo = k0 * b, hi = std::min(length_, k1 * b);
+      scratch.resize(std::max(scratch.size(), hi - lo));
+      detail::sum_stretch<Code, false>(all_, msg_.size(), ranks_, length_, b, k0, k1, scratch.data());
+      f(lo, std::span<const float>(scratch.data(), hi - lo));
     }
-    detail::agree(c, what(), length_, config(), v, verdicts_);
-    sum_gathered(c, out);
-    wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
-                .bytes_sent;
-    return detail::finish_split_round(ef_, p_, split_, steps_, static_cast<std::size_t>(c.size()), length_,
-                                      false);
   }
 
   // The NaN and infinities of the sum the last successful reduce wrote into out (a sum of finite values can
@@ -589,16 +680,29 @@ private:
     return detail::fingerprint(p);
   }
 
-  // Every rank's message gathered and summed in rank order from +0, as compress/compressor_round.hpp's
+  static auto read_from(std::span<const float> g) {
+    return [g](std::size_t first, std::size_t m) { return g.subspan(first, m); };
+  }
+
+  // The round once coded: the verdicts agreed on, every rank's message gathered, `sum` run on them, the
+  // residual committed.
+  template <comm::communicator C, class Sum>
+  comm::exchange_report round(C& c, Sum&& sum) {
+    detail::agree(c, what(), length_, config(), verdict_, verdicts_);
+    ranks_ = static_cast<std::size_t>(c.size());
+    all_.resize(ranks_ * msg_.size());
+    c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
+    sum();
+    wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
+                .bytes_sent;
+    return detail::finish_split_round(ef_, p_, split_, steps_, ranks_, length_, false);
+  }
+
+  // Every rank's gathered message summed in rank order from +0, as compress/compressor_round.hpp's
   // gather_and_sum, but a block at a time across the ranks, so that each block of `out` is written once from
   // cache rather than read and written again for every rank.
-  template <comm::communicator C>
-  void sum_gathered(C& c, std::span<float> out) {
-    const auto n = static_cast<std::size_t>(c.size());
-    const std::size_t bytes = msg_.size();
-    all_.resize(n * bytes);
-    c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
-    sum_scan_ = detail::sum_blocks<Code>(all_, bytes, n, length_, opt_.block_size, 0, blocks(), out);
+  select::non_finite_scan sum_to(std::span<float> out) const {
+    return detail::sum_blocks<Code>(all_, msg_.size(), ranks_, length_, opt_.block_size, 0, blocks(), out);
   }
 
   block_quant_options opt_;
@@ -606,6 +710,9 @@ private:
   std::vector<std::byte> msg_, all_;
   detail::split_scratch split_;
   select::non_finite_scan sum_scan_;
+  detail::input_verdict verdict_; // code()'s
+  std::size_t ranks_ = 0;         // of the last round
+  bool bounded_ = false;          // reduce_coded: the gathered sums are surely finite
 };
 
 using int8 = block_quantizer<int8_code>;

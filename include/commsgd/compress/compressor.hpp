@@ -28,6 +28,7 @@
 #include <istream>
 #include <ostream>
 #include <span>
+#include <vector>
 
 namespace commsgd::inline v1::compress {
 
@@ -42,6 +43,24 @@ concept compressor = std::movable<X> && comm::communicator<C> &&
   { x.reduce(c, g, out) } -> std::same_as<comm::exchange_report>;
   cx.save(os);
   x.load(is);
+};
+
+// A compressor whose round comes in two halves and leaves its sum unwritten. x.code(in) codes this rank's
+// input of length() values with no communication, taking it a stretch at a time: in(first, m) returns a
+// span of the input's values [first, first + m), called for adjacent stretches in rising order (so a caller
+// can form the input as it is read, and change the memory it came from once code() returns). Then
+// x.reduce_coded(c) is the collective rest of reduce() (the verdicts, the exchange, the residual committed),
+// and x.for_each_sum_part(scratch, f) calls f(first, part) for parts that cover [0, length()) in rising
+// order, part[j] the value reduce() would have written at first + j, each made in `scratch`; valid until the
+// next round. x.sum_surely_finite() says that no value of that sum is NaN or inf (false: they must be
+// tested). For a caller that forms the input and reads the sum once each (sync::diloco's pseudo-gradient and
+// outer step): neither goes to memory and back.
+template <class X, class C>
+concept summed_in_parts = compressor<X, C> && requires(X& x, const X& cx, C& c, std::vector<float>& scratch) {
+  x.code([](std::size_t, std::size_t) { return std::span<const float>(); });
+  { x.reduce_coded(c) } -> std::same_as<comm::exchange_report>;
+  { cx.sum_surely_finite() } -> std::same_as<bool>;
+  cx.for_each_sum_part(scratch, [](std::size_t, std::span<const float>) {});
 };
 
 namespace detail {

@@ -159,21 +159,29 @@ input_verdict encode_stretches(std::size_t d, bool clamp, std::span<std::uint16_
 // encoding it, Format::decode_n and error_feedback::commit in turn. p's buffer ends holding e' and s the
 // nonzero low words (a clamped value's), for error_feedback::commit_split once the round has succeeded; a
 // round with a verdict commits nothing.
-template <class Format>
-input_verdict half_encode_and_split(std::span<const float> g, const error_feedback& ef, bool clamp,
+// The input g of d values may come a stretch at a time, from in(i, m) (g's values [i, i + m), called for
+// adjacent stretches in rising order).
+template <class Format, class In>
+input_verdict half_encode_and_split(std::size_t d, In&& in, const error_feedback& ef, bool clamp,
                                     std::span<std::uint16_t> msg, std::span<float> p, residual_split& s) {
   std::size_t cursor = 0;
   s.clear_low();
   return encode_stretches<Format>(
-      g.size(), clamp, msg,
+      d, clamp, msg,
       [&](std::size_t i, std::size_t m) {
-        ef.accumulate_part(g.subspan(i, m), p.subspan(i, m), i, cursor);
+        ef.accumulate_part(in(i, m), p.subspan(i, m), i, cursor);
         return std::span<const float>(p).subspan(i, m);
       },
       [&](std::size_t i, std::size_t m) {
         Format::decode_n(msg.subspan(i, m), std::span<float>(s.stretch(m), m));
         s.split(p.data() + i, m, i);
       });
+}
+template <class Format>
+input_verdict half_encode_and_split(std::span<const float> g, const error_feedback& ef, bool clamp,
+                                    std::span<std::uint16_t> msg, std::span<float> p, residual_split& s) {
+  return half_encode_and_split<Format>(
+      g.size(), [&](std::size_t i, std::size_t m) { return g.subspan(i, m); }, ef, clamp, msg, p, s);
 }
 
 } // namespace detail
@@ -191,14 +199,65 @@ public:
 
   template <comm::communicator C>
   comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
-    // Without error feedback p is g itself: encoding straight from g saves copying it (out may be g: it is
-    // written only after g has been read). With it, p, the message and the new residual are made in one pass
-    // (detail::half_encode_and_split), the residual committed only once the round has succeeded.
-    detail::input_verdict v = detail::check_sizes(g.size(), out.size(), length_);
-    if (v.problem == detail::input_problem::none)
-      v = ef_.on() ? detail::half_encode_and_split<Format>(g, ef_, opt_.overflow == half_overflow::clamp,
-                                                           msg_, p_, split_)
-                   : check_and_encode(g);
+    verdict_ = detail::check_sizes(g.size(), out.size(), length_);
+    if (verdict_.problem == detail::input_problem::none)
+      code([g](std::size_t i, std::size_t m) { return g.subspan(i, m); });
+    // out may be g: it is written only after g has been read.
+    return round(c, [&] { Format::decode_n(ring_.wire, out); });
+  }
+
+  // reduce() in two halves, its sum not written (compress::summed_in_parts). code(in) codes this rank's
+  // input of length() values, which in(i, m) gives a stretch at a time (a span of the values [i, i + m),
+  // formed then or read where they lie; called for adjacent stretches in rising order), and keeps the
+  // verdict; no communication. reduce_coded(c) is the collective rest; for_each_sum_part() then decodes the
+  // 16-bit sum a part at a time (until the next round), for a caller that uses each part once while it is in
+  // cache (sync::diloco).
+  template <class In>
+  void code(In&& in) {
+    // Without error feedback p is the input itself, encoded where it lies. With it, p, the message and the
+    // new residual are made in one pass (detail::half_encode_and_split), the residual committed only once the
+    // round has succeeded.
+    const bool clamp = opt_.overflow == half_overflow::clamp;
+    verdict_ = ef_.on() ? detail::half_encode_and_split<Format>(length_, in, ef_, clamp, msg_, p_, split_)
+                        : detail::encode_stretches<Format>(length_, clamp, msg_, in,
+                                                           [](std::size_t, std::size_t) {});
+  }
+  template <comm::communicator C>
+  comm::exchange_report reduce_coded(C& c) {
+    return round(c, [] {});
+  }
+  // Always: the round refuses a 16-bit sum with NaN or inf.
+  bool sum_surely_finite() const noexcept { return true; }
+  // After reduce_coded: calls f(first, part) for parts of the sum that cover [0, length()) in rising
+  // order, part[j] the sum at first + j (reduce()'s bits), each decoded into `scratch`.
+  static constexpr std::size_t part_values = 8192;
+  template <class F>
+  void for_each_sum_part(std::vector<float>& scratch, F&& f) const {
+    const std::span<const std::uint16_t> w(ring_.wire);
+    for (std::size_t lo = 0; lo < length_; lo += part_values) {
+      const std::size_t m = std::min(part_values, length_ - lo);
+      scratch.resize(std::max(scratch.size(), m));
+      Format::decode_n(w.subspan(lo, m), std::span<float>(scratch.data(), m));
+      f(lo, std::span<const float>(scratch.data(), m));
+    }
+  }
+
+  // The NaN and infinities of the sum the last successful reduce wrote into out: none, as reduce tests the
+  // sum while copying it out and refuses it otherwise; a caller that must refuse such a sum need not read it
+  // again.
+  select::non_finite_scan sum_non_finite() const noexcept { return {0, length_}; }
+
+  void save(std::ostream& os) const { detail::save_state(os, kind(), params(), steps_, ef_); }
+  void load(std::istream& is) {
+    static constexpr const char* names[] = {"length", "overflow policy (0 refuse, 1 clamp)"};
+    detail::load_state(is, kind(), params(), names, length_, steps_, ef_);
+  }
+
+private:
+  // The round; `decode` writes the checked 16-bit sum (ring_.wire) wherever the caller wants it.
+  template <comm::communicator C, class Decode>
+  comm::exchange_report round(C& c, Decode&& decode) {
+    const detail::input_verdict v = verdict_;
     const bool first = !agreed_;
     if (first) {
       detail::agree(c, what(), length_, detail::fingerprint(config()), v, verdicts_, range());
@@ -215,31 +274,19 @@ public:
       const auto mine = detail::verdict_fields(length_, v, 0);
       detail::throw_verdict(what(), "this rank's", mine.data(), range());
     }
-    // The sum is checked in its 16 bits (half the bytes of the floats), then decoded once, into out.
+    // The sum is checked in its 16 bits (half the bytes of the floats), then decoded once.
     if (const auto bad = wire_non_finite(ring_.wire); bad.count > 0)
       throw non_finite(commsgd::concat(what(),
                                        ": the 16-bit sum (another rank refused its input, or "
                                        "a partial sum left the range ",
                                        range(), "; overflow clamp saturates instead)"),
                        bad.count, bad.first);
-    Format::decode_n(ring_.wire, out);
+    decode();
     wire_ = cost::half_traffic(length_, c.size(), c.rank(), first).bytes_sent;
     return detail::finish_split_round(ef_, p_, split_, steps_, static_cast<std::size_t>(c.size()), length_,
                                       true);
   }
 
-  // The NaN and infinities of the sum the last successful reduce wrote into out: none, as reduce tests the
-  // sum while copying it out and refuses it otherwise; a caller that must refuse such a sum need not read it
-  // again.
-  select::non_finite_scan sum_non_finite() const noexcept { return {0, length_}; }
-
-  void save(std::ostream& os) const { detail::save_state(os, kind(), params(), steps_, ef_); }
-  void load(std::istream& is) {
-    static constexpr const char* names[] = {"length", "overflow policy (0 refuse, 1 clamp)"};
-    detail::load_state(is, kind(), params(), names, length_, steps_, ef_);
-  }
-
-private:
   static const char* what() noexcept { return Format::name[0] == 'f' ? "compress::fp16" : "compress::bf16"; }
   static const char* kind() noexcept { return what(); }
   static const char* range() noexcept {
@@ -250,14 +297,6 @@ private:
   }
   std::array<std::uint64_t, 3> config() const noexcept {
     return {length_, static_cast<std::uint64_t>(opt_.overflow), ef_.on() ? 1u : 0u};
-  }
-
-  // The message of p, or the verdict on p (detail::encode_stretches): its NaN and inf, else the first value
-  // beyond the format's range; changes no state.
-  detail::input_verdict check_and_encode(std::span<const float> p) {
-    return detail::encode_stretches<Format>(
-        p.size(), opt_.overflow == half_overflow::clamp, msg_,
-        [&](std::size_t i, std::size_t m) { return p.subspan(i, m); }, [](std::size_t, std::size_t) {});
   }
 
   struct wire_scan {
@@ -287,6 +326,7 @@ private:
   std::vector<std::uint16_t> msg_;
   comm::narrow_ring_buffers ring_;
   detail::residual_split split_;
+  detail::input_verdict verdict_; // code()'s
   bool agreed_ = false; // the first round's verdict (sizes and parameters alike on every rank) is behind us
 };
 

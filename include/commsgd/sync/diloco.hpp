@@ -111,6 +111,14 @@ class diloco : public state::checkpointed<diloco<C, X>> {
 public:
   using options = diloco_options;
   static constexpr bool compressed = !std::same_as<X, uncompressed>;
+  // Whether the outer step reads the compressor's sum a part at a time from cache rather than whole from
+  // memory.
+  static constexpr bool in_parts = [] {
+    if constexpr (compressed)
+      return compress::summed_in_parts<X, C>;
+    else
+      return false;
+  }();
   // Makes fragment p's compressor for its length (compressed only).
   using compressor_factory = std::function<X(std::size_t length)>;
 
@@ -319,6 +327,9 @@ private:
     // The sum's NaN and inf as the compressor counted them while writing it, where it does (then apply does
     // not read the sum again to test it).
     std::optional<select::non_finite_scan> sum_scan;
+    // The sum left in the fragment's compressor (compress::summed_in_parts), read a part at a time by the
+    // outer step: `sum` is not written unless the sum must be tested or saved (settle_sum).
+    bool in_parts = false;
     exchange_thread::ticket done; // invalid once waited for (and for a loaded one)
     std::exception_ptr error;     // what the exchange threw, kept until it is applied
   };
@@ -402,21 +413,34 @@ private:
     ex->wire = 0;
     ex->own_finite = true;
     ex->sum_scan.reset();
+    ex->in_parts = false;
     ex->started = t;
     ex->due = t + opt_.delay;
     if (opt_.keep_delay_steps) gather(p, params, ex->start);
     exchange* e = ex.get();
     C* c = comm_;
     if constexpr (compressed) {
-      // delta <- global - local, gathered from the fragment's runs in one pass.
-      pseudo_gradient_of(p, params, ex->delta);
-      ex->sum.resize(ex->delta.size());
       X* x = &x_[p];
-      ex->done = thread_->submit([e, c, x] {
-        x->reduce(*c, std::span<const float>(e->delta), std::span<float>(e->sum));
-        e->wire = x->wire_bytes();
-        if constexpr (requires { x->sum_non_finite(); }) e->sum_scan = x->sum_non_finite();
-      });
+      if constexpr (in_parts) {
+        // The pseudo-gradient formed a stretch at a time as the code reads it, here on the trainer's thread
+        // (params change once launch returns); the collective half on the exchange thread.
+        code_pseudo_gradient(p, params);
+        ex->delta.clear();
+        ex->in_parts = true;
+        ex->done = thread_->submit([e, c, x] {
+          x->reduce_coded(*c);
+          e->wire = x->wire_bytes();
+        });
+      } else {
+        // delta <- global - local, gathered from the fragment's runs in one pass.
+        pseudo_gradient_of(p, params, ex->delta);
+        ex->sum.resize(ex->delta.size());
+        ex->done = thread_->submit([e, c, x] {
+          x->reduce(*c, std::span<const float>(e->delta), std::span<float>(e->sum));
+          e->wire = x->wire_bytes();
+          if constexpr (requires { x->sum_non_finite(); }) e->sum_scan = x->sum_non_finite();
+        });
+      }
     } else {
       // Summed in place: the pseudo-gradient itself is not kept, only whether it was finite (for the
       // refusal's wording).
@@ -454,8 +478,86 @@ private:
     return bad;
   }
 
+  // Fragment p's pseudo-gradient (pseudo_gradient_of's values) coded by its compressor, formed a stretch at a
+  // time into part_ across the fragment's runs.
+  void code_pseudo_gradient(std::size_t p, std::span<const float> params) {
+    if constexpr (in_parts) {
+      const auto& runs = frags_[p].runs;
+      const auto& g = global_[p];
+      std::size_t ri = 0, run_at = 0; // the run that holds value i, and where it starts in the fragment
+      x_[p].code([&](std::size_t first, std::size_t m) {
+        part_.resize(std::max(part_.size(), m));
+        for (std::size_t i = first; i < first + m;) {
+          while (run_at + runs[ri].second <= i)
+            run_at += runs[ri++].second;
+          const std::size_t count = std::min(first + m, run_at + runs[ri].second) - i;
+          pseudo_gradient_counted(std::span<const float>(g).subspan(i, count),
+                                  params.subspan(runs[ri].first + (i - run_at), count),
+                                  std::span<float>(part_).subspan(i - first, count));
+          i += count;
+        }
+        if (weight_ != 1.0f)
+          for (std::size_t j = 0; j < m; ++j)
+            part_[j] = math::mul_rn(part_[j], weight_);
+        return std::span<const float>(part_.data(), m);
+      });
+    }
+  }
+
   static void wait(exchange& e) noexcept {
     if (e.done.valid()) e.error = e.done.wait();
+  }
+
+  // Writes a succeeded exchange's sum, left in fragment p's compressor, into e.sum: for a sum that must be
+  // tested for NaN and inf before anything moves, or saved.
+  void settle_sum(std::size_t p, exchange& e) const {
+    if constexpr (in_parts) {
+      if (!e.in_parts) return;
+      e.sum.resize(frags_[p].length);
+      x_[p].for_each_sum_part(part_, [&](std::size_t first, std::span<const float> part) {
+        std::copy(part.begin(), part.end(), e.sum.begin() + static_cast<std::ptrdiff_t>(first));
+      });
+      e.in_parts = false;
+      e.sum_scan.reset();
+    }
+  }
+
+  // The outer step and the merge on fragment p from e.sum, run by run.
+  void step_from_sum(std::size_t p, exchange& e, std::span<float> params) {
+    auto& g = global_[p];
+    const float n = static_cast<float>(ranks_), a = opt_.alpha;
+    std::size_t at = 0;
+    for (const auto& [off, len] : frags_[p].runs) {
+      if (opt_.keep_delay_steps)
+        outer_[p].step_and_carry(g, e.sum, n, at, len, params.data() + off, e.start.data() + at);
+      else
+        outer_[p].step_and_merge(g, e.sum, n, at, len, params.data() + off, a);
+      at += len;
+    }
+  }
+
+  // The outer step and the merge on fragment p from the sum its compressor holds, a part at a time: each part
+  // walked across the fragment's runs in the model.
+  void step_from_parts(std::size_t p, exchange& e, std::span<float> params) {
+    if constexpr (in_parts) {
+      const auto& runs = frags_[p].runs;
+      auto& g = global_[p];
+      const float n = static_cast<float>(ranks_), a = opt_.alpha;
+      std::size_t ri = 0, run_at = 0; // the run that holds value i, and where it starts in the fragment
+      x_[p].for_each_sum_part(part_, [&](std::size_t lo, std::span<const float> part) {
+        for (std::size_t i = lo, hi = lo + part.size(); i < hi;) {
+          while (run_at + runs[ri].second <= i)
+            run_at += runs[ri++].second;
+          const std::size_t count = std::min(hi, run_at + runs[ri].second) - i;
+          float* const x = params.data() + runs[ri].first + (i - run_at);
+          if (opt_.keep_delay_steps)
+            outer_[p].step_and_carry_part(g, part.data() + (i - lo), n, i, count, x, e.start.data() + i);
+          else
+            outer_[p].step_and_merge_part(g, part.data() + (i - lo), n, i, count, x, a);
+          i += count;
+        }
+      });
+    }
   }
 
   // Waits for fragment p's exchange and applies it; a refused or failed exchange is dropped, and throws.
@@ -471,10 +573,17 @@ private:
                                        ") compressed by ", compressor_name(), " (", e.what(), ")"),
                        e.count(), e.first_index());
     }
-    const auto bad = ex->sum_scan ? *ex->sum_scan : select::find_non_finite(std::span<const float>(ex->sum));
+    if constexpr (in_parts)
+      if (ex->in_parts && !x_[p].sum_surely_finite()) settle_sum(p, *ex);
+    const auto bad = ex->in_parts   ? select::non_finite_scan{0, ex->sum.size()}
+                     : ex->sum_scan ? *ex->sum_scan
+                                    : select::find_non_finite(std::span<const float>(ex->sum));
     if (bad.count > 0) {
-      const bool mine_bad =
-          compressed ? select::find_non_finite(std::span<const float>(ex->delta)).count > 0 : !ex->own_finite;
+      // A compressor refuses non-finite input before any sum, so a code whose pseudo-gradient was not kept
+      // (in_parts) had a finite one.
+      const bool mine_bad = compressed && !ex->delta.empty()
+                                ? select::find_non_finite(std::span<const float>(ex->delta)).count > 0
+                                : !ex->own_finite;
       throw non_finite(
           commsgd::concat("sync::diloco: the sum of the ranks' pseudo-gradients "
                           "of fragment ",
@@ -482,18 +591,11 @@ private:
                           mine_bad ? "this rank's own holds NaN or inf" : "this rank's own is finite", ")"),
           bad.count, bad.first);
     }
-    // The outer step on the mean and the merge, run by run in one pass (outer_sgd::step's arithmetic).
-    auto& g = global_[p];
-    const float a = opt_.alpha;
-    std::size_t at = 0;
-    for (const auto& [off, len] : frags_[p].runs) {
-      if (opt_.keep_delay_steps)
-        outer_[p].step_and_carry(g, ex->sum, static_cast<float>(ranks_), at, len, params.data() + off,
-                                 ex->start.data() + at);
-      else
-        outer_[p].step_and_merge(g, ex->sum, static_cast<float>(ranks_), at, len, params.data() + off, a);
-      at += len;
-    }
+    // The outer step on the mean and the merge, in one pass (outer_sgd::step's arithmetic).
+    if (ex->in_parts)
+      step_from_parts(p, *ex, params);
+    else
+      step_from_sum(p, *ex, params);
     applied_at_[p] = step_;
     ++applied_;
     spare_[p] = std::move(ex);
@@ -509,10 +611,11 @@ private:
   void save_section(state::writer& w, state::part which) const {
     // An exchange in flight is waited for and saved with its sum; one that failed is reported now (and again
     // when it is due).
-    for (auto& ex : pending_)
-      if (ex) {
+    for (std::size_t p = 0; p < pending_.size(); ++p)
+      if (auto& ex = pending_[p]) {
         wait(*ex);
         if (ex->error) std::rethrow_exception(ex->error);
+        settle_sum(p, *ex);
       }
     if (which == state::part::local) {
       if constexpr (compressed)
@@ -624,8 +727,10 @@ private:
         ex->delta = r.get_vector<float>();
         ex->own_finite = r.get<std::uint32_t>() == 1u;
         ex->sum = r.get_vector<float>();
-        if (!has_global || ex->delta.size() != (compressed ? len : 0) || ex->sum.size() != len ||
-            ex->started < 1 || ex->due < t.step || !starts_after(p, ex->started))
+        // A compressed exchange keeps its pseudo-gradient, or none where its code formed it as it read it.
+        const bool delta_fits = ex->delta.size() == (compressed ? len : 0) || ex->delta.empty();
+        if (!has_global || !delta_fits || ex->sum.size() != len || ex->started < 1 || ex->due < t.step ||
+            !starts_after(p, ex->started))
           throw corrupt_data(commsgd::concat("saved state: fragment ", p,
                                              "'s exchange in flight "
                                              "(started after step ",
@@ -661,7 +766,8 @@ private:
   std::vector<fragment> frags_;
   std::vector<std::vector<float>> global_; // per fragment; empty before start()
   std::vector<outer_sgd> outer_;
-  std::vector<X> x_; // compressed: one per fragment
+  std::vector<X> x_;                // compressed: one per fragment
+  mutable std::vector<float> part_; // in_parts: a part of a sum
   std::vector<std::unique_ptr<exchange>> pending_;
   std::vector<std::unique_ptr<exchange>> spare_; // per fragment: the buffers of its last applied exchange
   std::vector<std::int64_t> applied_at_; // per fragment: the step its last exchange was applied after, or -1

@@ -143,17 +143,27 @@ public:
   // possible overlap), the momentum and alpha = 0 chosen outside them.
   void step_and_merge(std::span<float> global, std::span<const float> sum, float n, std::size_t first,
                       std::size_t count, float* x, float alpha) {
+    step_and_merge_part(global, sum.data() + first, n, first, count, x, alpha);
+  }
+  // The same, the sums of [first, first + count) read from `part` (part[0] the sum at first): for a caller
+  // that holds the sum a part at a time (a compressor's compress::summed_in_parts).
+  void step_and_merge_part(std::span<float> global, const float* part, float n, std::size_t first,
+                           std::size_t count, float* x, float alpha) {
     if (alpha == 0.0f)
-      run<merge_kind::restart>(global, sum, n, first, count, x, nullptr, alpha);
+      run<merge_kind::restart>(global, part, n, first, count, x, nullptr, alpha);
     else
-      run<merge_kind::mix>(global, sum, n, first, count, x, nullptr, alpha);
+      run<merge_kind::mix>(global, part, n, first, count, x, nullptr, alpha);
   }
 
   // The same step, the merge math::carry: x[i - first] <- global[i] + (x[i - first] - start[i - first]),
   // start being x when the exchange started (the steps taken since kept whole).
   void step_and_carry(std::span<float> global, std::span<const float> sum, float n, std::size_t first,
                       std::size_t count, float* x, const float* start) {
-    run<merge_kind::carry>(global, sum, n, first, count, x, start, 0.0f);
+    step_and_carry_part(global, sum.data() + first, n, first, count, x, start);
+  }
+  void step_and_carry_part(std::span<float> global, const float* part, float n, std::size_t first,
+                           std::size_t count, float* x, const float* start) {
+    run<merge_kind::carry>(global, part, n, first, count, x, start, 0.0f);
   }
 
   // For a loaded state: the caller has checked the length (0, or the model's with momentum).
@@ -190,22 +200,22 @@ private:
     merge_values<Momentum, M>(g, s, v, x, start, 64, n, lr, mu, alpha);
   }
   template <merge_kind M>
-  void run(std::span<float> global, std::span<const float> sum, float n, std::size_t first, std::size_t count,
-           float* x, const float* start, float alpha) {
+  void run(std::span<float> global, const float* s, float n, std::size_t first, std::size_t count, float* x,
+           const float* start, float alpha) {
     if (has_momentum()) {
       if (v_.empty()) v_.assign(global.size(), 0.0f);
-      merge_run<true, M>(global, sum, n, first, count, x, start, alpha);
+      merge_run<true, M>(global, s, n, first, count, x, start, alpha);
     } else {
-      merge_run<false, M>(global, sum, n, first, count, x, start, alpha);
+      merge_run<false, M>(global, s, n, first, count, x, start, alpha);
     }
   }
+  // s: the sums of [first, first + count).
   template <bool Momentum, merge_kind M>
-  void merge_run(std::span<float> global, std::span<const float> sum, float n, std::size_t first,
-                 std::size_t count, float* x, const float* start, float alpha) {
+  void merge_run(std::span<float> global, const float* s, float n, std::size_t first, std::size_t count,
+                 float* x, const float* start, float alpha) {
     const float lr = opt_.lr, mu = opt_.momentum;
     float* const v = Momentum ? v_.data() + first : nullptr;
     float* const g = global.data() + first;
-    const float* const s = sum.data() + first;
     std::size_t i = 0;
     const auto at = [&](std::size_t k) { return start ? start + k : nullptr; };
     for (; i + 64 <= count; i += 64)
