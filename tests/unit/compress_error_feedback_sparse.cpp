@@ -1,9 +1,9 @@
-// error_feedback's fused passes (accumulate_counted, commit_sparse, what top_k_ef's round uses) against the
-// passes they stand for (accumulate then select::find_non_finite; commit with a dense d that is +0 but at
-// the sent indices): the same p, count and first bad index, the same residual and low word bit for bit, over
-// many rounds of random values with the awkward ones mixed in (+0 and -0, subnormals, the largest floats,
-// sums that round, NaN and inf in some rounds' inputs), with and without a decay, through a loaded state and
-// a dense commit in between.
+// error_feedback's fused passes (accumulate_counted, whole or in parts, commit_sparse: what top_k_ef's round
+// uses) against the passes they stand for (accumulate then select::find_non_finite; commit with a dense d
+// that is +0 but at the sent indices): the same p, count and first bad index, the same residual and low
+// word bit for bit, over many rounds of random values with the awkward ones mixed in (+0 and -0,
+// subnormals, the largest floats, sums that round, NaN and inf in some rounds' inputs), with and without a
+// decay, through a loaded state and a dense commit in between.
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/select/validate.hpp>
 
@@ -88,8 +88,8 @@ TEST_CASE("accumulate_counted and commit_sparse give the dense passes' bits, rou
         CAPTURE(d);
         CAPTURE(seed);
         std::mt19937 rng(seed * 7919u + static_cast<unsigned>(d));
-        compress::error_feedback fused(d, true), ref(d, true);
-        std::vector<float> p_fused(d), p_ref(d);
+        compress::error_feedback fused(d, true), ref(d, true), parted(d, true);
+        std::vector<float> p_fused(d), p_ref(d), p_parted(d);
         for (int round = 0; round < 12; ++round) {
           CAPTURE(round);
           const bool with_bad = round % 5 == 4;
@@ -100,6 +100,17 @@ TEST_CASE("accumulate_counted and commit_sparse give the dense passes' bits, rou
           REQUIRE(same_bits(p_fused, p_ref));
           REQUIRE(scan.count == want.count);
           REQUIRE(scan.first == want.first);
+          // accumulate_counted_part in rising parts of random lengths, one cursor: the same p and count.
+          std::size_t cursor = 0, parted_bad = 0;
+          for (std::size_t first = 0; first < d;) {
+            const std::size_t m = std::min(d - first, std::size_t{1} + rng() % 300);
+            parted_bad += parted.accumulate_counted_part(std::span<const float>(g).subspan(first, m),
+                                                         std::span<float>(p_parted).subspan(first, m), first,
+                                                         cursor, decay);
+            first += m;
+          }
+          REQUIRE(same_bits(p_parted, p_ref));
+          REQUIRE(parted_bad == want.count);
           if (want.count > 0) continue; // a refused round commits nothing
           // The sent indices: a random few, in random order, each once.
           std::vector<std::size_t> order(d);
@@ -113,15 +124,23 @@ TEST_CASE("accumulate_counted and commit_sparse give the dense passes' bits, rou
           }
           if (round == 7) { // a dense commit in between: the low word may then be anywhere
             fused.commit(p_fused, dense);
+            parted.commit(p_parted, dense);
           } else {
+            // The indices in random order: commit_sparse keeps the low word's positions rising all the same,
+            // as the parts' cursor reads them.
             fused.commit_sparse(p_fused, order, at_val);
+            parted.commit_sparse(p_parted, order, at_val);
           }
           ref.commit(p_ref, dense);
           REQUIRE(same_bits(fused.residual(), ref.residual()));
           REQUIRE(same_bits(fused.residual_low(), ref.residual_low()));
+          REQUIRE(same_bits(parted.residual(), ref.residual()));
+          REQUIRE(same_bits(parted.residual_low(), ref.residual_low()));
           if (round == 9) { // a loaded state: its low word's non-zeros found again
             fused.replace(std::vector<float>(ref.residual().begin(), ref.residual().end()),
                           std::vector<float>(ref.residual_low().begin(), ref.residual_low().end()));
+            parted.replace(std::vector<float>(ref.residual().begin(), ref.residual().end()),
+                           std::vector<float>(ref.residual_low().begin(), ref.residual_low().end()));
           }
         }
       }

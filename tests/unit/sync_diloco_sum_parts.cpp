@@ -1,4 +1,5 @@
-// The outer step from a sum held a part at a time (compress::summed_in_parts: int8, e3m0, fp16, bf16).
+// The outer step from a sum held a part at a time (compress::summed_in_parts: int8, e3m0, fp16, bf16,
+// top_k_ef).
 // The compressors' parts are reduce()'s sum bit for bit, rising and covering the length once, the round's
 // residual, bytes and steps as reduce() leaves them; a sum said surely finite holds no NaN or inf, and one
 // that overflows is never said to be. The engine over such a compressor gives the bits of the engine that
@@ -8,7 +9,9 @@
 #include <commsgd/comm/local.hpp>
 #include <commsgd/compress/block_quant.hpp>
 #include <commsgd/compress/half.hpp>
+#include <commsgd/compress/top_k_ef.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/select/chunked.hpp>
 #include <commsgd/sync/diloco.hpp>
 
 #include <doctest/doctest.h>
@@ -42,6 +45,7 @@ static_assert(compress::summed_in_parts<compress::int8, comm::local>);
 static_assert(compress::summed_in_parts<compress::e3m0, comm::local>);
 static_assert(compress::summed_in_parts<compress::fp16, comm::local>);
 static_assert(compress::summed_in_parts<compress::bf16, comm::local>);
+static_assert(compress::summed_in_parts<compress::top_k_ef<select::chunked>, comm::local>);
 static_assert(!compress::summed_in_parts<whole_sum<compress::int8>, comm::local>);
 static_assert(compress::compressor<whole_sum<compress::int8>, comm::local>);
 
@@ -155,6 +159,16 @@ TEST_CASE("a compressor's sum in parts is reduce()'s sum, its round's state the 
                                               [&](std::size_t m) { return compress::e3m0(m, o); });
           }
           CAPTURE(ef);
+          for (const compress::top_k_ef_options& o :
+               {compress::top_k_ef_options{.density = 0.05},
+                compress::top_k_ef_options{.density = 0.3, .two_bit = true, .chunk = 64, .decay = 0.95f},
+                compress::top_k_ef_options{.density = 0.01, .chunk = 4096, .sender_mean = true},
+                compress::top_k_ef_options{.density = 1.0, .chunk = 7, .decay = 0.0f, .sender_mean = ef}}) {
+            CAPTURE(o.density);
+            parts_are_the_sum<compress::top_k_ef<select::chunked>>("top-k", d, n, huge, [&](std::size_t m) {
+              return compress::top_k_ef<select::chunked>(m, o);
+            });
+          }
           parts_are_the_sum<compress::fp16>(
               "fp16", d, n, huge, [&](std::size_t m) { return compress::fp16(m, {.error_feedback = ef}); });
           parts_are_the_sum<compress::bf16>(
@@ -275,4 +289,10 @@ TEST_CASE("the engine's outer step from a sum in parts is the outer step from th
   });
   engine_alike<compress::fp16>("fp16", [](std::size_t m) { return compress::fp16(m); });
   engine_alike<compress::bf16>("bf16", [](std::size_t m) { return compress::bf16(m); });
+  using top_k = compress::top_k_ef<select::chunked>;
+  engine_alike<top_k>("top-k", [](std::size_t m) { return top_k(m, {.density = 0.01, .chunk = 4096}); });
+  engine_alike<top_k>("top-k 2-bit senders", [](std::size_t m) {
+    return top_k(m, {.density = 0.03, .two_bit = true, .chunk = 4096, .decay = 0.95f, .sender_mean = true});
+  });
+  engine_alike<top_k>("top-k one chunk", [](std::size_t m) { return top_k(m, {.density = 0.2}); });
 }

@@ -719,6 +719,8 @@ using int8 = block_quantizer<int8_code>;
 using e3m0 = block_quantizer<e3m0_code>;
 
 static_assert(compressor<int8, comm::archetype>);
+static_assert(summed_in_parts<int8, comm::archetype>);
 static_assert(compressor<e3m0, comm::archetype>);
+static_assert(summed_in_parts<e3m0, comm::archetype>);
 
 } // namespace commsgd::inline v1::compress

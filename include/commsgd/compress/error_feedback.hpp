@@ -216,6 +216,55 @@ public:
     return select::find_non_finite(p);
   }
 
+  // accumulate_counted(g, p, decay) for the values [first, first + g.size()) alone (g and p that part),
+  // returning how many of that part of p are NaN or inf: a compressor that takes its input a stretch at a
+  // time. Parts in rising order with one `cursor`, as accumulate_part.
+  std::size_t accumulate_counted_part(std::span<const float> g, std::span<float> p, std::size_t first,
+                                      std::size_t& cursor, float decay = 1.0f) const noexcept {
+    const std::size_t n = g.size();
+    if (!on_ || !low_sparse_) {
+      if (!on_)
+        std::copy(g.begin(), g.end(), p.begin());
+      else if (decay == 1.0f)
+        for (std::size_t i = 0; i < n; ++i) {
+          const float s = g[i] + e_[first + i];
+          p[i] = r_[first + i] == 0.0f ? s : s + r_[first + i];
+        }
+      else
+        for (std::size_t i = 0; i < n; ++i)
+          p[i] = accumulate_value(g[i], e_[first + i], r_[first + i], decay);
+      return select::count_non_finite(std::span<const float>(p));
+    }
+    const auto bad_of = [](float x) -> std::size_t {
+      return std::fabs(x) <= std::numeric_limits<float>::max() ? 0u : 1u;
+    };
+    const float* const e = e_.data() + first;
+    std::size_t bad = 0, i = 0;
+    if (decay == 1.0f) {
+      for (; i + 64 <= n; i += 64)
+        bad += detail::accumulate_group(g.data() + i, e + i, p.data() + i);
+      for (; i < n; ++i) {
+        p[i] = g[i] + e[i];
+        bad += bad_of(p[i]);
+      }
+    } else {
+      for (; i + 64 <= n; i += 64)
+        bad += detail::accumulate_group(g.data() + i, e + i, p.data() + i, decay);
+      for (; i < n; ++i) {
+        p[i] = commsgd::detail::add_rn(g[i], commsgd::detail::mul_rn(decay, e[i]));
+        bad += bad_of(p[i]);
+      }
+    }
+    for (; cursor < low_at_.size() && low_at_[cursor] < first + n; ++cursor) {
+      const std::size_t at = low_at_[cursor];
+      if (at < first) continue;
+      const float v = accumulate_value(g[at - first], e_[at], r_[at], decay);
+      bad = bad - bad_of(p[at - first]) + bad_of(v);
+      p[at - first] = v;
+    }
+    return bad;
+  }
+
   // accumulate(g, p) for the values [first, first + g.size()) alone (g and p that part): a compressor that forms
   // p a stretch at a time, to code each stretch from cache. Parts taken in rising order with one `cursor`
   // (0 at the first) read the low words' positions once in all; they must be rising, as commit_split and
@@ -285,6 +334,8 @@ public:
       split_difference(e_[i], d_at[j], e_[i], r_[i]);
       if (r_[i] != 0.0f) low_next_.push_back(i);
     }
+    // Rising, as the parts' cursor reads them (a top-k code's indices already are).
+    if (!std::is_sorted(low_next_.begin(), low_next_.end())) std::sort(low_next_.begin(), low_next_.end());
     std::swap(low_at_, low_next_);
     low_sparse_ = true;
   }

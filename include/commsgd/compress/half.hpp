@@ -337,5 +337,7 @@ using bf16 = half_compressor<bf16_format>;
 
 namespace commsgd::inline v1::compress {
 static_assert(compressor<fp16, comm::archetype>);
+static_assert(summed_in_parts<fp16, comm::archetype>);
 static_assert(compressor<bf16, comm::archetype>);
+static_assert(summed_in_parts<bf16, comm::archetype>);
 } // namespace commsgd::inline v1::compress

@@ -138,39 +138,54 @@ public:
   comm::exchange_report reduce(C& c, std::span<const float> g, std::span<float> out) {
     // p = decay e + g and its finiteness in one pass (the residual's low word is read only where it holds
     // something: at most the last round's k values).
-    auto v = detail::check_sizes(g.size(), out.size(), length_);
-    if (v.problem == detail::input_problem::none) {
+    verdict_ = detail::check_sizes(g.size(), out.size(), length_);
+    if (verdict_.problem == detail::input_problem::none) {
       const auto bad = ef_.accumulate_counted(g, p_, opt_.decay);
-      if (bad.count > 0) v = {detail::input_problem::non_finite, bad.count, bad.first, 0};
+      if (bad.count > 0) verdict_ = {detail::input_problem::non_finite, bad.count, bad.first, 0};
     }
-    detail::agree(c, what(), length_, config(), v, verdicts_);
-    encode();
-    const auto n = static_cast<std::size_t>(c.size());
-    all_.resize(n * msg_.size());
-    c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
-    // Every message decoded, and so checked, before out is written: k indices (absolute, rising) and values
-    // a rank, then summed a block of out at a time.
-    at_.resize(n * k_);
-    sent_val_.resize(n * k_);
-    for (std::size_t r = 0; r < n; ++r) {
-      std::size_t j = r * k_;
-      decode(std::span<const std::byte>(all_).subspan(r * msg_.size(), msg_.size()),
-             [&](std::size_t i, float x) {
-               at_[j] = static_cast<std::uint32_t>(i);
-               sent_val_[j++] = x;
-             });
+    return round(c, [&] { sum_scan_ = sum_blocks(out); });
+  }
+
+  // reduce() in two halves, its sum not written (compress::summed_in_parts). code(in) forms p = decay e + g
+  // from the input g of length() values, which in(first, m) gives a stretch at a time (a span of the values
+  // [first, first + m), formed then or read where they lie; called for adjacent stretches in rising order),
+  // and keeps the verdict; no communication. reduce_coded(c) is the collective rest (the selection, the
+  // exchange, the residual committed); for_each_sum_part() then reads the sum a part at a time (until the
+  // next round), for a caller that uses each part once while it is in cache (sync::diloco).
+  template <class In>
+  void code(In&& in) {
+    constexpr std::size_t stretch = 4096;
+    std::size_t cursor = 0, bad = 0, first_bad = length_;
+    for (std::size_t first = 0; first < length_; first += stretch) {
+      const std::size_t m = std::min(stretch, length_ - first);
+      const auto p = std::span<float>(p_).subspan(first, m);
+      const std::size_t here = ef_.accumulate_counted_part(in(first, m), p, first, cursor, opt_.decay);
+      if (here != 0 && bad == 0) first_bad = first + select::find_non_finite(std::span<const float>(p)).first;
+      bad += here;
     }
-    sum_scan_ = sum_blocks(out, n);
-    // What this rank's message decodes to: +0 but at its k indices, where the residual keeps p's rest.
-    own_at_.clear();
-    own_val_.clear();
-    decode(msg_, [&](std::size_t i, float x) {
-      own_at_.push_back(i);
-      own_val_.push_back(x);
+    verdict_ = {};
+    if (bad > 0) verdict_ = {detail::input_problem::non_finite, bad, first_bad, 0};
+  }
+  template <comm::communicator C>
+  comm::exchange_report reduce_coded(C& c) {
+    return round(c, [&] {
+      bounded_ = sums_bounded();
+      sum_scan_ = {0, length_};
     });
-    wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
-                .bytes_sent;
-    return detail::finish_sparse_round(ef_, p_, own_at_, own_val_, steps_, n, k_);
+  }
+  // After reduce_coded: whether every value of the sum is surely finite, known from the sent values alone
+  // (a sum is at most the sum over the ranks of each one's largest |value|, times n with sender_mean, and
+  // its n float additions round up by at most (1 + 2^-24)^n). False only near the largest float: a caller
+  // that must refuse a sum with NaN or inf then writes it whole and tests it.
+  bool sum_surely_finite() const noexcept { return bounded_; }
+  // After reduce_coded: calls f(first, part) for parts of the sum that cover [0, length()) in rising order,
+  // part[j] the sum at first + j (reduce()'s bits), each made in `scratch` from the decoded messages.
+  template <class F>
+  void for_each_sum_part(std::vector<float>& scratch, F&& f) const {
+    scratch.resize(std::max(scratch.size(), std::min(block, length_)));
+    sum_each_block(
+        [&](std::size_t) { return scratch.data(); },
+        [&](std::size_t b0, std::size_t b1, const float* o) { f(b0, std::span<const float>(o, b1 - b0)); });
   }
 
   // The NaN and infinities of the sum the last successful reduce wrote into out, as select::find_non_finite
@@ -227,15 +242,52 @@ private:
                       [&](std::size_t i) { return idx_[i]; });
   }
 
-  // out <- the sum of the n decoded messages (at_, sent_val_: k entries a rank, rising), each value summed in
-  // rank order from +0 as the engine's other codes sum theirs. A block of out at a time: zeroed, then every
-  // rank's entries that fall in it added, so out is written once, in order, from cache, instead of zeroed
-  // whole and then touched at random once a rank. With sender_mean, each value some rank sent is then scaled
-  // by n / its senders (those none sent stay +0; s = n leaves the bits as they were). Returns the sum's NaN
-  // and inf, as select::find_non_finite counts them: only a value some rank sent can be one, and once one, it
-  // stays one through the later additions, so each is tested as it is written.
-  select::non_finite_scan sum_blocks(std::span<float> out, std::size_t n) {
-    constexpr std::size_t block = 4096;
+  // The round once p is formed: the verdicts agreed on, the selection and the message, every rank's message
+  // gathered and decoded (and so checked) into at_ and sent_val_ (k indices, absolute and rising, and values
+  // a rank), `sum` run on them, the residual committed.
+  template <comm::communicator C, class Sum>
+  comm::exchange_report round(C& c, Sum&& sum) {
+    detail::agree(c, what(), length_, config(), verdict_, verdicts_);
+    encode();
+    ranks_ = static_cast<std::size_t>(c.size());
+    const std::size_t n = ranks_;
+    all_.resize(n * msg_.size());
+    c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
+    at_.resize(n * k_);
+    sent_val_.resize(n * k_);
+    for (std::size_t r = 0; r < n; ++r) {
+      std::size_t j = r * k_;
+      decode(std::span<const std::byte>(all_).subspan(r * msg_.size(), msg_.size()),
+             [&](std::size_t i, float x) {
+               at_[j] = static_cast<std::uint32_t>(i);
+               sent_val_[j++] = x;
+             });
+    }
+    sum();
+    // What this rank's message decodes to: +0 but at its k indices, where the residual keeps p's rest.
+    own_at_.clear();
+    own_val_.clear();
+    decode(msg_, [&](std::size_t i, float x) {
+      own_at_.push_back(i);
+      own_val_.push_back(x);
+    });
+    wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
+                .bytes_sent;
+    return detail::finish_sparse_round(ef_, p_, own_at_, own_val_, steps_, n, k_);
+  }
+
+  // The sum of the n decoded messages (at_, sent_val_), each value summed in rank order from +0 as the
+  // engine's other codes sum theirs, a block of `block` values at a time: the block's sums o = where(b0)
+  // (o[i - b0] the sum at i) zeroed, then every rank's entries that fall in it added, so o is written once,
+  // in order, from cache, instead of zeroed whole and then touched at random once a rank; then done(b0, b1,
+  // o). With sender_mean, each value some rank sent is then scaled by n / its senders (those none sent stay
+  // +0; s = n leaves the bits as they were). Returns whether any sum is NaN or inf: only a value some rank
+  // sent can be one, and once one, it stays one through the later additions, so each is tested as it is
+  // written.
+  static constexpr std::size_t block = 4096;
+  template <class Where, class Done>
+  bool sum_each_block(Where&& where, Done&& done) const {
+    const std::size_t n = ranks_;
     cursor_.resize(n);
     from_.resize(n);
     for (std::size_t r = 0; r < n; ++r)
@@ -245,35 +297,61 @@ private:
     unsigned bad = 0;
     for (std::size_t b0 = 0; b0 < length_; b0 += block) {
       const std::size_t b1 = std::min(length_, b0 + block);
-      std::fill(out.begin() + static_cast<std::ptrdiff_t>(b0), out.begin() + static_cast<std::ptrdiff_t>(b1),
-                0.0f);
+      float* const o = where(b0);
+      std::fill(o, o + (b1 - b0), 0.0f);
       for (std::size_t r = 0; r < n; ++r) {
         const std::size_t end = (r + 1) * k_;
         std::size_t j = cursor_[r];
         from_[r] = j;
         for (; j < end && at_[j] < b1; ++j) {
-          float& o = out[at_[j]];
-          o += sent_val_[j];
-          bad |= bad_of(o);
+          float& v = o[at_[j] - b0];
+          v += sent_val_[j];
+          bad |= bad_of(v);
         }
         if (opt_.sender_mean)
           for (std::size_t q = from_[r]; q < j; ++q)
             ++senders_[at_[q] - b0];
         cursor_[r] = j;
       }
-      if (!opt_.sender_mean) continue;
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t q = from_[r]; q < cursor_[r]; ++q) {
-          std::uint32_t& s = senders_[at_[q] - b0];
-          if (s == 0) continue; // scaled already, from an earlier rank's entry
-          float& o = out[at_[q]];
-          o = over_senders_value(o, s, static_cast<std::uint32_t>(n));
-          bad |= bad_of(o);
-          s = 0;
-        }
+      if (opt_.sender_mean)
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t q = from_[r]; q < cursor_[r]; ++q) {
+            std::uint32_t& s = senders_[at_[q] - b0];
+            if (s == 0) continue; // scaled already, from an earlier rank's entry
+            float& v = o[at_[q] - b0];
+            v = over_senders_value(v, s, static_cast<std::uint32_t>(n));
+            bad |= bad_of(v);
+            s = 0;
+          }
+      done(b0, b1, static_cast<const float*>(o));
     }
-    if (bad == 0) return {0, out.size()};
+    return bad != 0;
+  }
+
+  // out <- the sum (sum_each_block); its NaN and inf as select::find_non_finite counts them.
+  select::non_finite_scan sum_blocks(std::span<float> out) const {
+    const bool bad = sum_each_block([&](std::size_t b0) { return out.data() + b0; },
+                                    [](std::size_t, std::size_t, const float*) {});
+    if (!bad) return {0, out.size()};
     return select::find_non_finite(std::span<const float>(out));
+  }
+
+  // sum_surely_finite's bound.
+  bool sums_bounded() const noexcept {
+    double bound = 0.0;
+    for (std::size_t r = 0; r < ranks_; ++r) {
+      float top = 0.0f;
+      bool finite = true;
+      for (std::size_t j = r * k_; j < (r + 1) * k_; ++j) {
+        finite &= std::fabs(sent_val_[j]) <= std::numeric_limits<float>::max();
+        top = std::max(top, std::fabs(sent_val_[j]));
+      }
+      if (!finite) return false;
+      bound += static_cast<double>(top);
+    }
+    if (opt_.sender_mean) bound *= static_cast<double>(ranks_);
+    bound *= std::exp(static_cast<double>(ranks_) * 0x1p-24);
+    return bound < static_cast<double>(std::numeric_limits<float>::max());
   }
 
   // Every rank decodes every message, so an index out of its chunk or out of order (a corrupt peer) is
@@ -330,15 +408,19 @@ private:
   std::vector<float> val_, scale_;
   mutable std::vector<std::uint32_t> rel_; // one chunk's indices while it is decoded
   std::vector<std::byte> msg_, all_;
-  std::vector<std::uint32_t> at_;          // every rank's message decoded: its indices (k a rank) ...
-  std::vector<float> sent_val_;            // ... and values
-  std::vector<std::size_t> cursor_, from_; // sum_blocks: where each rank's entries stand
-  std::vector<std::uint32_t> senders_;     // sender_mean: the ranks that sent each value of a block
-  std::vector<std::size_t> own_at_;        // this rank's message decoded: its indices and values
+  std::vector<std::uint32_t> at_;                  // every rank's message decoded: its indices (k a rank) ...
+  std::vector<float> sent_val_;                    // ... and values
+  mutable std::vector<std::size_t> cursor_, from_; // sum_each_block: where each rank's entries stand
+  mutable std::vector<std::uint32_t> senders_;     // sender_mean: the ranks that sent each value of a block
+  std::vector<std::size_t> own_at_;                // this rank's message decoded: its indices and values
   std::vector<float> own_val_;
   select::non_finite_scan sum_scan_;
+  detail::input_verdict verdict_; // of p, formed by reduce() or code()
+  std::size_t ranks_ = 0;         // of the last round
+  bool bounded_ = false;          // reduce_coded: the sums are surely finite
 };
 
 static_assert(compressor<top_k_ef<>, comm::archetype>);
+static_assert(summed_in_parts<top_k_ef<>, comm::archetype>);
 
 } // namespace commsgd::inline v1::compress
