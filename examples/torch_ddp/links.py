@@ -6,6 +6,7 @@ with pays.py's modelled time for the same cell beside each measured one.
     sudo python3 examples/torch_ddp/links.py run --out DIR --rates 100mbit,1gbit --models wide \\
         --schemes ddp,topk-laplace-1e-3 [--ranks 4] [--python PY] [--repeat TAG]
     python3 examples/torch_ddp/links.py report --out DIR [--accuracy KEPT]
+    python3 examples/torch_ddp/links.py steps --out DIR [--pairs fp16:commsgd-fp16,bf16:commsgd-bf16]
 
 `profile` measures pays.py's profile of each model (one process, one thread: run it with nothing else
 running) into DIR/profile.json. `run` starts one cluster per (rate, model, scheme) with `netcluster exec`
@@ -14,6 +15,10 @@ beside DIR/runs.csv (the command, its wall time, the load average before and aft
 ranks on plain loopback: no shaping, the compute floor. Runs stop at the first evaluation (every half epoch)
 whose mean with the two before it reaches the target (`--stop-at`, default: the target `report` uses), so a
 scheme is charged every step up to it; one that never gets there trains the whole 1,000 steps.
+
+`steps` prints, for each pair of schemes (PyTorch's hook, commsgd's) in every folder of DIR, the mean step
+time of each (training seconds over steps, evaluations left out) at the last evaluation both runs reached, their
+ratio and the bytes a step each sent: hooks compared at equal steps rather than to a target.
 
 `report` writes DIR/grid.csv, DIR/grid.md and DIR/grid.png. Target per model and world: DDP allreduce's final
 accuracy (the mean of its last three evaluations after 1,000 steps) minus 1 point, from a full DDP run kept in
@@ -38,9 +43,9 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "netcluster"))
 import launch  # noqa: E402
 from launch import rate_bits  # noqa: E402
 KEPT = os.path.join(ROOT, "bench", "results", "where-compression-pays-2026-11-24")
-SCHEMES = ["ddp", "fp16", "powersgd-r1", "powersgd-r4", "topk-laplace-1e-3", "topk-laplace-1e-2", "commsgd-fp16",
-           "auto"]
-PYTORCH = ("ddp", "fp16", "powersgd-r1", "powersgd-r4")
+SCHEMES = ["ddp", "fp16", "bf16", "powersgd-r1", "powersgd-r4", "topk-laplace-1e-3", "topk-laplace-1e-2",
+           "commsgd-fp16", "commsgd-bf16", "auto"]
+PYTORCH = ("ddp", "fp16", "bf16", "powersgd-r1", "powersgd-r4")
 LATENCY = 50e-6  # pays.py's TCP latency
 STEPS, EVALS_PER_EPOCH, GAP = 1000, 2, 0.01
 
@@ -241,6 +246,29 @@ def report(args):
     heatmap(args.out, by_cell)
 
 
+def steps(args):
+    pairs = [p.split(":") for p in args.pairs.split(",")]
+    for wdir in sorted(d for d in os.listdir(args.out) if d.startswith("w") and d[1:].isdigit()):
+        for rdir in sorted(os.listdir(os.path.join(args.out, wdir))):
+            folder = os.path.join(args.out, wdir, rdir)
+            models = sorted({n[:-len(".json")].split("-", 1)[0] for n in os.listdir(folder) if n.endswith(".json")})
+            for model in models:
+                for ref, ours in pairs:
+                    paths = [os.path.join(folder, f"{model}-{s}.json") for s in (ref, ours)]
+                    if not all(os.path.exists(x) for x in paths):
+                        continue
+                    runs = [compact(load(x)) for x in paths]
+                    timed = [{r["step"]: r["train_s"] for r in run["records"] if "train_s" in r} for run in runs]
+                    common = sorted(set(timed[0]) & set(timed[1]))
+                    if not common:
+                        continue
+                    s = common[-1]
+                    ms = [t[s] / s * 1e3 for t in timed]
+                    per = [run["bytes_sent_total"] / run["steps"] for run in runs]
+                    print(f"{wdir} {rdir} {model} {ref} {ms[0]:.2f} ms, {ours} {ms[1]:.2f} ms a step at step {s}: "
+                          f"{ms[1] / ms[0]:.2f}x; bytes a step {per[0]:.0f}, {per[1]:.0f}")
+
+
 def fmt(v, unit=""):
     return "not reached" if v is None else f"{v:.1f}{unit}"
 
@@ -369,8 +397,11 @@ def main():
     g = sub.add_parser("report")
     g.add_argument("--out", required=True)
     g.add_argument("--accuracy", default=KEPT)
+    h = sub.add_parser("steps")
+    h.add_argument("--out", required=True)
+    h.add_argument("--pairs", default="fp16:commsgd-fp16,bf16:commsgd-bf16")
     args = p.parse_args()
-    {"rank": rank_main, "run": run, "profile": profile, "report": report}[args.cmd](args)
+    {"rank": rank_main, "run": run, "profile": profile, "report": report, "steps": steps}[args.cmd](args)
 
 
 if __name__ == "__main__":

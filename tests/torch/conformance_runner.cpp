@@ -4,8 +4,11 @@
 // failed, timed out or died.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "conformance/cases.hpp"
+#include "support/narrow_ring_cases.hpp"
 
+#include <commsgd/comm/metered.hpp>
 #include <commsgd/comm/process_group.hpp>
+#include <commsgd/comm/send_recv.hpp>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -15,12 +18,12 @@
 
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -30,6 +33,10 @@
 // the metered wrapper the metered_counts case builds around it.
 static_assert(commsgd::comm::communicator<commsgd::comm::process_group>);
 static_assert(commsgd::comm::communicator<commsgd::comm::metered<commsgd::comm::process_group>>);
+// The ring's hops go through send_recv_sized, plain and metered (the hooks' communicator).
+static_assert(commsgd::comm::sized_exchange<commsgd::comm::process_group, std::uint16_t>);
+static_assert(
+    commsgd::comm::sized_exchange<commsgd::comm::metered<commsgd::comm::process_group>, std::uint16_t>);
 
 namespace {
 std::optional<commsgd::comm::process_group> world;
@@ -83,6 +90,47 @@ TEST_CASE("torch/process_group: receives on one channel complete in posting orde
     CHECK(ina == a);
   }
   c.barrier();
+}
+
+TEST_CASE("torch/process_group: the 16-bit ring over sized exchanges gives the reference's bits") {
+  auto& c = *world;
+  narrow_ring_cases::check_all<commsgd::compress::fp16_format>(c);
+  narrow_ring_cases::check_all<commsgd::compress::bf16_format>(c);
+}
+
+TEST_CASE(
+    "torch/process_group: sized exchanges around the ring, empty ones and framed traffic between them") {
+  auto& c = *world;
+  if (c.size() < 2) return;
+  const int next = (c.rank() + 1) % c.size(), prev = (c.rank() + c.size() - 1) % c.size();
+  for (std::size_t m :
+       {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{100000}, std::size_t{5}}) {
+    CAPTURE(m);
+    std::vector<std::int32_t> out(m), in(m, -1);
+    for (std::size_t i = 0; i < m; ++i)
+      out[i] = static_cast<std::int32_t>(1000003 * c.rank() + i);
+    c.send_recv_sized(std::span<const std::int32_t>(out), next, std::span<std::int32_t>(in), prev, 77);
+    bool same = true;
+    for (std::size_t i = 0; i < m; ++i)
+      same = same && in[i] == static_cast<std::int32_t>(1000003 * prev + i);
+    CHECK(same);
+    // Framed messages on another tag are untouched by the sized ones.
+    std::vector<float> f{static_cast<float>(c.rank())}, g(1);
+    auto r = c.irecv(std::span<float>(g), prev, 78);
+    c.send(std::span<const float>(f), next, 78);
+    r.wait();
+    CHECK(g[0] == static_cast<float>(prev));
+  }
+  // The metered communicator counts them as a send and a receive.
+  commsgd::comm::metered<commsgd::comm::process_group> m(std::move(c));
+  std::vector<std::uint16_t> out(9, 1), in(9);
+  commsgd::comm::send_recv(m, std::span<const std::uint16_t>(out), next, std::span<std::uint16_t>(in), prev,
+                           79);
+  const auto& p2p = m.counters()[commsgd::comm::op_kind::point_to_point];
+  CHECK(p2p.bytes_sent == 18);
+  CHECK(p2p.bytes_received == 18);
+  CHECK(in == out);
+  c = std::move(m.inner());
 }
 
 TEST_CASE("torch/process_group: ranks that disagree on a size all raise instead of hanging") {

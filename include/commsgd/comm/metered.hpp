@@ -15,6 +15,7 @@
 
 #include <commsgd/comm/archetype.hpp>
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/send_recv.hpp>
 #include <commsgd/comm/traffic.hpp>
 
 #include <array>
@@ -103,6 +104,15 @@ public:
   void recv(std::span<T> data, int source, int tag) {
     inner_.recv(data, source, tag);
     charge(op_kind::point_to_point, 0, 1, 0, data.size_bytes());
+  }
+
+  // Present where the inner communicator has it (comm/send_recv.hpp), charged as an isend and an irecv.
+  template <transferable T>
+  void send_recv_sized(std::span<const T> send, int dest, std::span<T> recv, int source,
+                       int tag) requires sized_exchange<C, T> {
+    inner_.send_recv_sized(send, dest, recv, source, tag);
+    charge(op_kind::point_to_point, 1, 0, send.size_bytes(), 0);
+    charge(op_kind::point_to_point, 0, 1, 0, recv.size_bytes());
   }
 
   // Non-blocking traffic is charged when posted: the sizes are known then, and a posted operation either

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <commsgd/comm/communicator.hpp>
+#include <commsgd/comm/send_recv.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
 
@@ -88,11 +89,8 @@ void narrow_ring_schedule(C& c, std::size_t m, narrow_ring_buffers& buf, Start&&
   std::uint16_t* w = buf.wire.data();
   // Exchanges one chunk with the neighbours: sends wire[send], receives into `into`.
   auto step = [&](std::pair<std::size_t, std::size_t> send, std::uint16_t* into, std::size_t count) {
-    auto rr = c.irecv(std::span<std::uint16_t>(into, count), left, narrow_ring_tag);
-    auto rs = c.isend(std::span<const std::uint16_t>(w + send.first, send.second - send.first), right,
-                      narrow_ring_tag);
-    rs.wait();
-    rr.wait();
+    send_recv(c, std::span<const std::uint16_t>(w + send.first, send.second - send.first), right,
+              std::span<std::uint16_t>(into, count), left, narrow_ring_tag);
   };
   // Reduce-scatter: at step s this rank sends chunk me - s and adds its values to chunk me - 1 - s.
   {

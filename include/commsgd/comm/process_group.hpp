@@ -253,6 +253,51 @@ public:
     return req;
   }
 
+  // A send and a receive whose sizes both ends know (comm/send_recv.hpp): the payloads alone, without the
+  // header, posted together and waited for on this thread. Both ends of `tag` must send this way. The backend
+  // reads and writes buffers of this communicator's own (one copy each way), so that a failed operation,
+  // which gloo may still complete later, never touches the caller's memory: after a failure those buffers are
+  // kept for the life of the process. A sender of another size than the receive is a broken promise that
+  // the backend reports as a failed operation.
+  template <transferable T>
+  void send_recv_sized(std::span<const T> send, int dest, std::span<T> recv, int source, int tag) {
+    check_p2p("dest", dest, tag);
+    check_p2p("source", source, tag);
+    auto& b = channels_->sized;
+    const auto room = [](at::Tensor& t, std::size_t bytes) {
+      if (!t.defined() || static_cast<std::size_t>(t.numel()) < bytes)
+        t = at::empty({static_cast<std::int64_t>(std::max<std::size_t>(bytes, 64))},
+                      at::TensorOptions().dtype(at::kByte));
+      return t.narrow(0, 0, static_cast<std::int64_t>(bytes));
+    };
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    if (!recv.empty()) {
+      std::vector<at::Tensor> t{room(b.in, recv.size_bytes())};
+      works.push_back(detail::pg_call("recv", [&] { return group().recv(t, source, tag); }));
+    }
+    if (!send.empty()) {
+      std::vector<at::Tensor> t{room(b.out, send.size_bytes())};
+      std::memcpy(t[0].data_ptr(), send.data(), send.size_bytes());
+      works.push_back(detail::pg_call("send", [&] { return group().send(t, dest, tag); }));
+    }
+    std::exception_ptr failed;
+    for (auto& w : works) {
+      try {
+        detail::pg_wait(w, "send_recv", timeout_);
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    if (failed) {
+      b.kept.push_back(std::move(b.in));
+      b.kept.push_back(std::move(b.out));
+      b.in = at::Tensor();
+      b.out = at::Tensor();
+      std::rethrow_exception(failed);
+    }
+    if (!recv.empty()) std::memcpy(recv.data(), b.in.data_ptr(), recv.size_bytes());
+  }
+
   // Collective; the new communicator inherits this one's store, factory and size checking.
   process_group split(int color, int key) {
     std::array<std::int32_t, 2> mine{color, key};
@@ -407,6 +452,10 @@ private:
     group_ptr group;
     std::map<std::pair<int, int>, std::shared_future<void>> last; // (peer, tag) -> last receive posted
     std::vector<std::future<void>> buffered;                      // blocking sends still in flight
+    struct {
+      at::Tensor in, out;           // send_recv_sized's buffers
+      std::vector<at::Tensor> kept; // those of failed operations, which the backend may still use
+    } sized;
   };
   std::shared_ptr<channels> channels_;
   store_ptr store_;

@@ -32,11 +32,14 @@
 //
 // Exchanges: X, any compress::compressor, carries each fragment's pseudo-gradient (one compressor per
 // fragment, made by `make_compressor(length)`, its residual the fragment's own); uncompressed, the floats are
-// summed by all_reduce_sum. sync/diloco_codes.hpp names the codes and makes the engine of each;
-// sync/coded_diloco.hpp runs one chosen at run time. Exchanges run on one thread (sync/exchange_thread.hpp) in the order they start, the same on every
-// rank; the trainer must not use the communicator between calls while one is in flight. With comm::mpi, MPI
-// must allow calls from that thread (boost::mpi::threading::serialized). bytes_sent() counts what this rank
-// put on the wire, by comm/traffic.hpp's rules (the compressors' wire_bytes()).
+// summed by all_reduce_sum. A compressor that models compress::summed_in_parts codes the pseudo-gradient as
+// the engine forms it, a stretch at a time, and hands the sum back a part at a time to the outer step, so
+// neither is written whole (unless the sum may hold NaN or inf, or is saved with its exchange in flight).
+// sync/diloco_codes.hpp names the codes and makes the engine of each; sync/coded_diloco.hpp runs one chosen
+// at run time. Exchanges run on one thread (sync/exchange_thread.hpp) in the order they start, the same on
+// every rank; the trainer must not use the communicator between calls while one is in flight. With
+// comm::mpi, MPI must allow calls from that thread (boost::mpi::threading::serialized). bytes_sent() counts
+// what this rank put on the wire, by comm/traffic.hpp's rules (the compressors' wire_bytes()).
 //
 // Refusal: a pseudo-gradient with NaN or inf is refused on every rank when its exchange is applied
 // (commsgd::non_finite): uncompressed, the bad values reach the sum on every rank; compressed, the
@@ -478,24 +481,37 @@ private:
     return bad;
   }
 
-  // Fragment p's pseudo-gradient (pseudo_gradient_of's values) coded by its compressor, formed a stretch at a
-  // time into part_ across the fragment's runs.
+  // Where a walk over a fragment's runs stands: the run that holds the next value, and the fragment index
+  // where that run starts.
+  struct run_cursor {
+    std::size_t run = 0, at = 0;
+  };
+  // Calls f(i, count, off) for the pieces of fragment p's values [lo, hi) that lie in one run each, off the
+  // index of value i in the flat model; calls over rising ranges share one cursor.
+  template <class F>
+  void walk_runs(std::size_t p, std::size_t lo, std::size_t hi, run_cursor& c, F&& f) const {
+    const auto& runs = frags_[p].runs;
+    for (std::size_t i = lo; i < hi;) {
+      while (c.at + runs[c.run].second <= i)
+        c.at += runs[c.run++].second;
+      const std::size_t count = std::min(hi, c.at + runs[c.run].second) - i;
+      f(i, count, runs[c.run].first + (i - c.at));
+      i += count;
+    }
+  }
+
+  // Fragment p's pseudo-gradient (pseudo_gradient_of's values) coded by its compressor, each stretch the code
+  // asks for formed into part_ as it is read.
   void code_pseudo_gradient(std::size_t p, std::span<const float> params) {
     if constexpr (in_parts) {
-      const auto& runs = frags_[p].runs;
       const auto& g = global_[p];
-      std::size_t ri = 0, run_at = 0; // the run that holds value i, and where it starts in the fragment
+      run_cursor c;
       x_[p].code([&](std::size_t first, std::size_t m) {
         part_.resize(std::max(part_.size(), m));
-        for (std::size_t i = first; i < first + m;) {
-          while (run_at + runs[ri].second <= i)
-            run_at += runs[ri++].second;
-          const std::size_t count = std::min(first + m, run_at + runs[ri].second) - i;
-          pseudo_gradient_counted(std::span<const float>(g).subspan(i, count),
-                                  params.subspan(runs[ri].first + (i - run_at), count),
+        walk_runs(p, first, first + m, c, [&](std::size_t i, std::size_t count, std::size_t off) {
+          pseudo_gradient_counted(std::span<const float>(g).subspan(i, count), params.subspan(off, count),
                                   std::span<float>(part_).subspan(i - first, count));
-          i += count;
-        }
+        });
         if (weight_ != 1.0f)
           for (std::size_t j = 0; j < m; ++j)
             part_[j] = math::mul_rn(part_[j], weight_);
@@ -536,26 +552,20 @@ private:
     }
   }
 
-  // The outer step and the merge on fragment p from the sum its compressor holds, a part at a time: each part
-  // walked across the fragment's runs in the model.
+  // The outer step and the merge on fragment p from the sum its compressor holds, each part as it is decoded.
   void step_from_parts(std::size_t p, exchange& e, std::span<float> params) {
     if constexpr (in_parts) {
-      const auto& runs = frags_[p].runs;
       auto& g = global_[p];
       const float n = static_cast<float>(ranks_), a = opt_.alpha;
-      std::size_t ri = 0, run_at = 0; // the run that holds value i, and where it starts in the fragment
+      run_cursor c;
       x_[p].for_each_sum_part(part_, [&](std::size_t lo, std::span<const float> part) {
-        for (std::size_t i = lo, hi = lo + part.size(); i < hi;) {
-          while (run_at + runs[ri].second <= i)
-            run_at += runs[ri++].second;
-          const std::size_t count = std::min(hi, run_at + runs[ri].second) - i;
-          float* const x = params.data() + runs[ri].first + (i - run_at);
+        walk_runs(p, lo, lo + part.size(), c, [&](std::size_t i, std::size_t count, std::size_t off) {
+          const float* const s = part.data() + (i - lo);
           if (opt_.keep_delay_steps)
-            outer_[p].step_and_carry_part(g, part.data() + (i - lo), n, i, count, x, e.start.data() + i);
+            outer_[p].step_and_carry_part(g, s, n, i, count, params.data() + off, e.start.data() + i);
           else
-            outer_[p].step_and_merge_part(g, part.data() + (i - lo), n, i, count, x, a);
-          i += count;
-        }
+            outer_[p].step_and_merge_part(g, s, n, i, count, params.data() + off, a);
+        });
       });
     }
   }
@@ -767,7 +777,7 @@ private:
   std::vector<std::vector<float>> global_; // per fragment; empty before start()
   std::vector<outer_sgd> outer_;
   std::vector<X> x_;                // compressed: one per fragment
-  mutable std::vector<float> part_; // in_parts: a part of a sum
+  mutable std::vector<float> part_; // in_parts: a stretch of a pseudo-gradient, or a part of a sum
   std::vector<std::unique_ptr<exchange>> pending_;
   std::vector<std::unique_ptr<exchange>> spare_; // per fragment: the buffers of its last applied exchange
   std::vector<std::int64_t> applied_at_; // per fragment: the step its last exchange was applied after, or -1
