@@ -55,12 +55,24 @@ concept compressor = std::movable<X> && comm::communicator<C> &&
 // next round. x.sum_surely_finite() says that no value of that sum is NaN or inf (false: they must be
 // tested). For a caller that forms the input and reads the sum once each (sync::diloco's pseudo-gradient and
 // outer step): neither goes to memory and back.
+namespace detail {
+// The callables summed_in_parts is checked with (named types: nvcc takes no lambda in a requires-expression).
+struct input_stretch_archetype {
+  std::span<const float> operator()(std::size_t, std::size_t) const { return {}; }
+};
+struct sum_part_archetype {
+  void operator()(std::size_t, std::span<const float>) const {}
+};
+} // namespace detail
+
 template <class X, class C>
-concept summed_in_parts = compressor<X, C> && requires(X& x, const X& cx, C& c, std::vector<float>& scratch) {
-  x.code([](std::size_t, std::size_t) { return std::span<const float>(); });
+concept summed_in_parts = compressor<X, C> &&
+    requires(X& x, const X& cx, C& c, std::vector<float>& scratch, detail::input_stretch_archetype in,
+             detail::sum_part_archetype f) {
+  x.code(in);
   { x.reduce_coded(c) } -> std::same_as<comm::exchange_report>;
   { cx.sum_surely_finite() } -> std::same_as<bool>;
-  cx.for_each_sum_part(scratch, [](std::size_t, std::span<const float>) {});
+  cx.for_each_sum_part(scratch, f);
 };
 
 namespace detail {
