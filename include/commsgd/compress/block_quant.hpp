@@ -479,28 +479,15 @@ select::non_finite_scan sum_blocks(std::span<const std::byte> all, std::size_t b
   return {bad, lo + select::find_non_finite(std::span<const float>(out).subspan(lo, hi - lo)).first};
 }
 
-// Whether every sum of the n messages is surely finite, known from their scales alone: a value decodes to
-// at most its block's |scale| (int8: |c| s / 127 with |c| <= 127; e3m0: s 2^(k - 7) with k <= 7), and n
-// float additions round up by at most (1 + 2^-24)^n, so a bound of sum_r max_k |scale_r,k| times that
-// factor below the largest float leaves no sum to overflow. A NaN or inf scale (a corrupt peer) fails it.
-// False says only that the sums must be tested.
+// Whether every sum of the n messages is surely finite, known from their scales alone (a value decodes to at
+// most its block's |scale|: int8 |c| s / 127 with |c| <= 127, e3m0 s 2^(k - 7) with k <= 7). False says only
+// that the sums must be tested.
 inline bool sums_bounded(std::span<const std::byte> all, std::size_t bytes, std::size_t n,
                          std::size_t blocks) {
-  double bound = 0.0;
-  for (std::size_t r = 0; r < n; ++r) {
-    float top = 0.0f;
-    bool finite = true;
-    for (std::size_t k = 0; k < blocks; ++k) {
-      float s;
-      std::memcpy(&s, all.data() + r * bytes + 4 * k, 4);
-      finite &= std::fabs(s) <= std::numeric_limits<float>::max();
-      top = std::max(top, std::fabs(s));
-    }
-    if (!finite) return false;
-    bound += static_cast<double>(top);
-  }
-  bound *= std::exp(static_cast<double>(n) * 0x1p-24);
-  return bound < static_cast<double>(std::numeric_limits<float>::max());
+  sum_bound bound;
+  for (std::size_t r = 0; r < n; ++r)
+    bound.add(all.data() + r * bytes, blocks);
+  return bound.holds(n);
 }
 
 // out <- what message m decodes to (d values in blocks of b), bit for bit as decode_blocks.

@@ -3,6 +3,7 @@
 // and closes a round the same way:
 //   take_input      p = g + e, and the verdict on sizes and values that compress/agree.hpp gathers
 //   gather_and_sum  every rank's message gathered, decoded and summed in rank order from +0
+//   sum_bound       whether the sums surely stay finite, from each rank's largest value
 //   finish_round    the residual committed, the step counted, the report (finish_sparse_round: a code whose
 //                   own message holds few values commits only those; finish_split_round: a code that split
 //                   its new residual itself as it coded, compress/error_feedback.hpp's residual_split)
@@ -17,8 +18,11 @@
 #include <commsgd/error.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -101,6 +105,35 @@ void gather_and_sum(C& c, std::span<const std::byte> msg, std::vector<std::byte>
   }
   decode(msg, [&](std::size_t i, float x) { d[i] = x; });
 }
+
+// Whether sums over n ranks surely stay finite, known from a bound on each rank's values: a sum of n floats,
+// each at most its rank's largest magnitude (times `scale`, where the sum is then scaled), rounds up by at
+// most (1 + 2^-24)^n, so the ranks' largest magnitudes summed, times that, below the largest float leave no
+// sum to overflow. A NaN or inf among the values fails it. False says only that the sums must be tested.
+class sum_bound {
+public:
+  // One rank's `count` floats from p (any alignment: read through memcpy).
+  void add(const std::byte* p, std::size_t count) noexcept {
+    float top = 0.0f;
+    bool finite = true;
+    for (std::size_t j = 0; j < count; ++j) {
+      float v;
+      std::memcpy(&v, p + 4 * j, 4);
+      finite &= std::fabs(v) <= std::numeric_limits<float>::max();
+      top = std::max(top, std::fabs(v));
+    }
+    finite_ = finite_ && finite;
+    total_ += static_cast<double>(top);
+  }
+  bool holds(std::size_t n, double scale = 1.0) const noexcept {
+    return finite_ && total_ * scale * std::exp(static_cast<double>(n) * 0x1p-24) <
+                          static_cast<double>(std::numeric_limits<float>::max());
+  }
+
+private:
+  double total_ = 0.0;
+  bool finite_ = true;
+};
 
 // Closes a round that has succeeded on every rank: (e, r) <- p - d, one more step, and the comm::exchange_report of n
 // ranks that each put `each` values on the wire (`dense`: summed by an all-reduce rather than gathered).

@@ -336,22 +336,12 @@ private:
     return select::find_non_finite(std::span<const float>(out));
   }
 
-  // sum_surely_finite's bound.
+  // sum_surely_finite's bound: on each rank's sent values (a scaled sum, sender_mean, at most n times them).
   bool sums_bounded() const noexcept {
-    double bound = 0.0;
-    for (std::size_t r = 0; r < ranks_; ++r) {
-      float top = 0.0f;
-      bool finite = true;
-      for (std::size_t j = r * k_; j < (r + 1) * k_; ++j) {
-        finite &= std::fabs(sent_val_[j]) <= std::numeric_limits<float>::max();
-        top = std::max(top, std::fabs(sent_val_[j]));
-      }
-      if (!finite) return false;
-      bound += static_cast<double>(top);
-    }
-    if (opt_.sender_mean) bound *= static_cast<double>(ranks_);
-    bound *= std::exp(static_cast<double>(ranks_) * 0x1p-24);
-    return bound < static_cast<double>(std::numeric_limits<float>::max());
+    detail::sum_bound bound;
+    for (std::size_t r = 0; r < ranks_; ++r)
+      bound.add(reinterpret_cast<const std::byte*>(sent_val_.data() + r * k_), k_);
+    return bound.holds(ranks_, opt_.sender_mean ? static_cast<double>(ranks_) : 1.0);
   }
 
   // Every rank decodes every message, so an index out of its chunk or out of order (a corrupt peer) is
