@@ -23,7 +23,8 @@
 // times the true threshold before every call: how the warm start copes with a threshold that moved by 20 %.
 // laplace_bisect_trim and _trim_cold select exactly k (options.trim): what an exact code may use.
 // Sequence mode also has what a chunked top-k code runs, the pairs written: laplace_bisect_trim_compact (a
-// selector and select::compact a chunk) and chunked (select::chunked, one call over all the chunks a step).
+// selector and select::compact a chunk) and chunked (select::chunked, one call over all the chunks a step;
+// held_over_k: the candidates its warm start collected a step over the step's k).
 #include "../tests/unit/select_data.hpp"
 
 #include <commsgd/select/select.hpp>
@@ -303,6 +304,9 @@ double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Candidates select::chunked collected in its last call (what its warm start kept it to).
+std::size_t last_held = 0;
+
 void run_sequence(benchmark::State& state, std::string method, std::size_t which) {
   const sequence& s = sequences()[which];
   const std::size_t n = s.steps[0].size();
@@ -324,6 +328,7 @@ void run_sequence(benchmark::State& state, std::string method, std::size_t which
         many_val);
     benchmark::DoNotOptimize(many_idx.data());
     last_passes = many.last_passes();
+    last_held = many.last_held();
     return static_cast<double>(got) / static_cast<double>(k);
   };
   // One step: every chunk selected by its own object; the count over k of the whole step.
@@ -341,7 +346,7 @@ void run_sequence(benchmark::State& state, std::string method, std::size_t which
     return count / static_cast<double>(k);
   };
   std::vector<double> sweep_cpu, sweep_wall;
-  double count_sum = 0, count_max = 0, passes = 0, calls = 0;
+  double count_sum = 0, count_max = 0, passes = 0, calls = 0, held = 0;
   for (auto _ : state) {
     run(s.steps[0], k); // primes a warm start with the true previous step
     double cpu = 0, wall = 0;
@@ -354,6 +359,7 @@ void run_sequence(benchmark::State& state, std::string method, std::size_t which
       count_sum += ratio;
       count_max = std::max(count_max, ratio);
       passes += last_passes;
+      held += static_cast<double>(last_held);
       calls += 1;
     }
     sweep_cpu.push_back(cpu / static_cast<double>(s.steps.size() - 1));
@@ -369,6 +375,7 @@ void run_sequence(benchmark::State& state, std::string method, std::size_t which
   state.counters["count_over_k"] = count_sum / calls;
   state.counters["max_count_over_k"] = count_max;
   state.counters["passes_per_call"] = passes / calls / static_cast<double>((n + c - 1) / c);
+  if (method == "chunked") state.counters["held_over_k"] = held / calls / static_cast<double>(k);
   state.counters["n"] = static_cast<double>(n);
   state.counters["chunk"] = static_cast<double>(c);
   state.counters["k"] = static_cast<double>(k);
