@@ -446,7 +446,8 @@ inline std::size_t float_to_bf16_bits(std::span<const float> in, std::span<std::
 }
 
 // One hop of a 16-bit ring: out[i] = float_to_fp16_bits(fp16_bits_to_float(partial[i]) + x[i]), saturated as
-// asked (the sum in float, the decoded partial sum as the first operand). out may be partial.
+// asked (the sum in float). out may be partial. A sum that is NaN is a NaN of either sign and payload (which
+// operand's NaN an add keeps is the compiler's choice, and differs between builds); the ring refuses it.
 inline std::size_t fp16_sum_bits(std::span<const std::uint16_t> partial, std::span<const float> x,
                                  std::span<std::uint16_t> out, bool saturate = false,
                                  [[maybe_unused]] half_path path = half_path::best) {
