@@ -156,7 +156,10 @@ int run(int argc, char** argv) {
     return 2;
   }
   cudaDeviceProp prop{};
-  cu::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  if (!has_device(prop)) {
+    std::printf("skipped: no CUDA device\n");
+    return 77;
+  }
   const double rate = streaming_rate();
   std::vector<row> rows;
   for (int log_n : log_ns) {

@@ -133,13 +133,11 @@ int run(int argc, char** argv) {
       return 2;
     }
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+  cudaDeviceProp prop{};
+  if (!bench::has_device(prop)) {
     std::printf("skipped: no CUDA device\n");
     return 77;
   }
-  cudaDeviceProp prop{};
-  cu::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   std::printf("device: %s\n", prop.name);
 
   const double densities[] = {1e-4, 1e-3, 1e-2};
