@@ -18,7 +18,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from helpers import SIZES, Dot, no_errors, reap, run_ranks
+from helpers import SIZES, Dot, fresh_context, no_errors, reap, run_ranks
 
 import commsgd_torch  # noqa: E402
 
@@ -186,9 +186,10 @@ def _run(n, steps, code="dense", min_replicas=1, kill=None, restart=None, late=N
     server = LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
                               quorum_tick_ms=50,
                               heartbeat_timeout_ms=1000)
-    # Spawned: this process runs the lighthouse (threads of torchft's runtime), which a forked child must not
-    # inherit.
-    ctx = mp.get_context("spawn")
+    # Started clean: this process runs the lighthouse (threads of torchft's runtime), which a forked child must
+    # not inherit. A run with a restart spawns its replicas: the restart's timing is what the restart tests
+    # were written for (a replica from the preloaded server is back within a round and joins at another step).
+    ctx = mp.get_context("spawn") if restart is not None else fresh_context()
     queue = ctx.Queue()
     procs = {}
     rejoin = (ctx.Event(), ctx.Value("i", 0)) if restart is not None else None

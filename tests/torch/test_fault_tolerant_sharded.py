@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import SIZES, Dot, no_errors, reap, run_ranks
+from helpers import SIZES, Dot, fresh_context, no_errors, reap, run_ranks
 
 import commsgd_torch  # noqa: E402
 
@@ -133,7 +133,9 @@ def _run(n, steps, code, kill=None, restart=False, timeout=150):
     from torchft.coordination import LighthouseServer
     server = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=5000, quorum_tick_ms=50,
                               heartbeat_timeout_ms=1000)
-    ctx = mp.get_context("spawn")
+    # Clean children (this process runs the lighthouse's threads); spawned with a restart, whose timing the
+    # restart test was written for.
+    ctx = mp.get_context("spawn") if restart else fresh_context()
     queue = ctx.Queue()
     procs = {}
     until = (ctx.Event(), ctx.Value("i", 0)) if restart else None
