@@ -335,10 +335,21 @@ def main(argv=None):
     # The first start: every replica's Manager up (heartbeating) before any asks for a quorum, so that the
     # lighthouse's first quorum holds them all. A rank killed before it came counts when its restart comes
     # (each incarnation counts once), and after 120 s the others go on without it; a restart after the start
-    # passes at once. Rank 0 holds the count (it is not the one killed).
-    start_line = None if rank == 0 and restarts else torch.distributed.TCPStore(
-        os.environ.get("MASTER_ADDR", "127.0.0.1"), 29590, world_size=None, is_master=rank == 0,
-        wait_for_workers=False, timeout=datetime.timedelta(seconds=120))
+    # passes at once. Rank 0 holds the count (it is not the one killed). A restart that finds no count within
+    # 10 s (rank 0 has finished, its store gone) goes on: nobody is waiting for it.
+    def open_start_line():
+        if rank == 0 and restarts:
+            return None
+        try:
+            return torch.distributed.TCPStore(
+                os.environ.get("MASTER_ADDR", "127.0.0.1"), 29590, world_size=None, is_master=rank == 0,
+                wait_for_workers=False, timeout=datetime.timedelta(seconds=10 if restarts else 120))
+        except RuntimeError:  # torch's DistStoreError
+            if not restarts:
+                raise
+            return None
+
+    start_line = open_start_line()
 
     def everyone_ready():
         if start_line is not None:
