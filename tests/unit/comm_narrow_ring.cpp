@@ -53,3 +53,32 @@ TEST_CASE("the 16-bit ring moves half a float ring's bytes, in 2 (n - 1) message
       }
     }
 }
+
+TEST_CASE("the 16-bit ring from wire values refuses values that lie in its own buffers, and a copy of them "
+          "gives the ring's bits") {
+  comm::local_group(1).run([](comm::local& c) {
+    comm::narrow_ring_buffers buf;
+    const std::vector<float> x = narrow_ring_cases::input<compress::fp16_format>(0, 300, 7, false);
+    const auto own = narrow_ring_cases::wire_of<compress::fp16_format>(x);
+    comm::narrow_ring_sum_wire<compress::fp16_format>(c, own, false, buf);
+    const std::vector<std::uint16_t> sum = buf.wire;
+    CHECK(sum == own); // one rank: the values themselves
+    // All of buf.wire, a part of it, and the inbox's room: each refused, naming the argument; buf untouched.
+    for (const std::span<const std::uint16_t> inside :
+         {std::span<const std::uint16_t>(buf.wire), std::span<const std::uint16_t>(buf.wire).subspan(100, 7)}) {
+      CHECK_THROWS_WITH_AS(comm::narrow_ring_sum_wire<compress::fp16_format>(c, inside, false, buf),
+                           doctest::Contains("argument 'own'"), commsgd::invalid_argument);
+      CHECK(buf.wire == sum);
+    }
+    buf.inbox.assign(16, 0);
+    CHECK_THROWS_AS(comm::narrow_ring_sum_wire<compress::fp16_format>(
+                        c, std::span<const std::uint16_t>(buf.inbox).subspan(3, 4), false, buf),
+                    commsgd::invalid_argument);
+    // Empty, or beside the buffers: taken.
+    comm::narrow_ring_sum_wire<compress::fp16_format>(c, std::span<const std::uint16_t>(), false, buf);
+    CHECK(buf.wire.empty());
+    const std::vector<std::uint16_t> copy = sum;
+    comm::narrow_ring_sum_wire<compress::fp16_format>(c, copy, false, buf);
+    CHECK(buf.wire == sum);
+  });
+}
