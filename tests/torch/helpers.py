@@ -45,7 +45,8 @@ def _worker(fn, rank, world, backend, cuda_device, store, queue, args):
 def fresh_context():
     """A multiprocessing context whose children start clean, as spawned ones do (no threads or CUDA state of
     this process inherited), but forked from a server that has imported torch and commsgd_torch once: a
-    spawned child pays those imports itself, seconds of a core each on a small machine."""
+    spawned child pays those imports itself, seconds of a core each on a small machine. Its children see the
+    environment the server started with (the first use in a session), not the caller's at the time."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "commsgd_torch"])
     return ctx
@@ -53,7 +54,8 @@ def fresh_context():
 
 def run_ranks(fn, world=2, args=(), timeout=240, backend="gloo", spawn=False, cuda_device=None):
     """Runs fn(rank, world, *args) on `world` processes; returns their results by rank. Forked, unless
-    `spawn` (a process that has touched CUDA cannot fork a child that uses it); `cuda_device` is made each
+    `spawn` (a process that has touched CUDA cannot fork a child that uses it): then started clean
+    (fresh_context); `cuda_device` is made each
     rank's current device before the group starts.
 
     A rank that raises, dies or outlives `timeout` fails the caller with that rank's traceback."""

@@ -120,7 +120,7 @@ std::uint16_t narrow(float v, bool saturate) {
 
 // dst <- src for one block of wire values; whether any of them is inf or NaN. A fixed count and no aliasing,
 // so that the copy and the test are one vectorised pass at -O2 too (a block of a variable count was not, and
-// the copy then the test read the block twice: that test was a third of a one-rank ring's time).
+// a copy then a test read each block twice).
 inline constexpr std::size_t wire_block = 64;
 template <wire_codec Codec>
 bool copy_wire_block(const std::uint16_t* __restrict src, std::uint16_t* __restrict dst) noexcept {
