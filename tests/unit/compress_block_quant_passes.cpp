@@ -153,20 +153,27 @@ std::vector<float> mixed(std::mt19937& rng, std::size_t d, std::size_t b) {
 
 const std::size_t lengths[] = {0,   1,   2,   3,   15,  16,   17,   31,   255,
                                256, 257, 511, 512, 513, 4095, 4096, 4097, 12289};
-const std::size_t block_sizes[] = {1, 2, 3, 7, 16, 17, 255, 256, 257, 4096, 4097, 5000};
+const std::size_t block_sizes[] = {1, 2, 3, 7, 8, 16, 17, 32, 40, 64, 255, 256, 257, 4096, 4097, 5000};
+
+// Both ways through the passes: the portable loops, and the AVX2 kernels where this CPU has them
+// (compress/block_quant_x86.hpp; elsewhere both are the portable loops).
+const compress::half_path paths[] = {compress::half_path::best, compress::half_path::scalar};
 
 // Encodes p with the passes and the reference, compares the messages and what each decodes to.
 template <class Code>
 void same_message(const std::vector<float>& p, std::size_t b) {
   const auto want = reference_message<Code>(p, b);
-  std::vector<std::byte> got(want.size(), std::byte{0x5a});
-  std::vector<float> scales;
-  const auto bad = compress::detail::encode_blocks<Code>(p, b, scales, got);
-  REQUIRE(bad.count == 0);
-  REQUIRE(first_difference(got, want) == -1);
-  std::vector<float> mine(p.size(), 1.0f);
-  compress::detail::decode_message<Code>(want, p.size(), b, mine);
-  REQUIRE(first_difference(mine, reference_decode<Code>(want, p.size(), b)) == -1);
+  for (const auto path : paths) {
+    CAPTURE(static_cast<int>(path));
+    std::vector<std::byte> got(want.size(), std::byte{0x5a});
+    std::vector<float> scales;
+    const auto bad = compress::detail::encode_blocks<Code>(p, b, scales, got, path);
+    REQUIRE(bad.count == 0);
+    REQUIRE(first_difference(got, want) == -1);
+    std::vector<float> mine(p.size(), 1.0f);
+    compress::detail::decode_message<Code>(want, p.size(), b, mine, path);
+    REQUIRE(first_difference(mine, reference_decode<Code>(want, p.size(), b)) == -1);
+  }
 }
 
 template <class Code>
@@ -187,42 +194,44 @@ void same_sums() {
   int overflowed = 0;
   for (int seed = 0; seed < 6; ++seed)
     for (std::size_t d : lengths)
-      for (std::size_t b :
-           {std::size_t{1}, std::size_t{3}, std::size_t{16}, std::size_t{256}, std::size_t{257}})
-        for (std::size_t n : {1, 2, 4, 5}) {
-          CAPTURE(seed);
-          CAPTURE(d);
-          CAPTURE(b);
-          CAPTURE(n);
-          std::mt19937 rng(static_cast<unsigned>(seed * 104729 + static_cast<int>(d * 17 + b * 3 + n)));
-          std::vector<std::vector<std::byte>> msgs;
-          std::vector<std::byte> all;
-          for (std::size_t r = 0; r < n; ++r) {
-            msgs.push_back(reference_message<Code>(mixed(rng, d, b), b));
-            all.insert(all.end(), msgs.back().begin(), msgs.back().end());
+      for (std::size_t b : {std::size_t{1}, std::size_t{3}, std::size_t{16}, std::size_t{32}, std::size_t{44},
+                            std::size_t{256}, std::size_t{257}})
+        for (std::size_t n : {1, 2, 4, 5})
+          for (const auto path : paths) {
+            CAPTURE(static_cast<int>(path));
+            CAPTURE(seed);
+            CAPTURE(d);
+            CAPTURE(b);
+            CAPTURE(n);
+            std::mt19937 rng(static_cast<unsigned>(seed * 104729 + static_cast<int>(d * 17 + b * 3 + n)));
+            std::vector<std::vector<std::byte>> msgs;
+            std::vector<std::byte> all;
+            for (std::size_t r = 0; r < n; ++r) {
+              msgs.push_back(reference_message<Code>(mixed(rng, d, b), b));
+              all.insert(all.end(), msgs.back().begin(), msgs.back().end());
+            }
+            const std::size_t bytes = msgs[0].size(), blocks = (d + b - 1) / b;
+            std::vector<float> got(d, 1.0f);
+            const auto scan = compress::detail::sum_blocks<Code>(all, bytes, n, d, b, 0, blocks, got, path);
+            const auto want = reference_sum<Code>(msgs, d, b);
+            REQUIRE(first_difference(got, want) == -1);
+            // Values near the largest float overflow some sums: counted as find_non_finite counts them.
+            const auto bad = select::find_non_finite(want);
+            REQUIRE(scan.count == bad.count);
+            REQUIRE(scan.first == bad.first);
+            overflowed += bad.count > 0 ? 1 : 0;
+            // Blocks [k0, k1) alone: the same values there, the count of that range, the index from out's start.
+            if (blocks > 2) {
+              const std::size_t k0 = 1, k1 = blocks - 1, lo = k0 * b, hi = std::min(d, k1 * b);
+              std::vector<float> part(d, 1.0f);
+              const auto some = compress::detail::sum_blocks<Code>(all, bytes, n, d, b, k0, k1, part, path);
+              REQUIRE(first_difference(std::span<const float>(part).subspan(lo, hi - lo),
+                                       std::span<const float>(want).subspan(lo, hi - lo)) == -1);
+              const auto in = select::find_non_finite(std::span<const float>(want).subspan(lo, hi - lo));
+              REQUIRE(some.count == in.count);
+              REQUIRE(some.first == lo + in.first);
+            }
           }
-          const std::size_t bytes = msgs[0].size(), blocks = (d + b - 1) / b;
-          std::vector<float> got(d, 1.0f);
-          const auto scan = compress::detail::sum_blocks<Code>(all, bytes, n, d, b, 0, blocks, got);
-          const auto want = reference_sum<Code>(msgs, d, b);
-          REQUIRE(first_difference(got, want) == -1);
-          // Values near the largest float overflow some sums: counted as find_non_finite counts them.
-          const auto bad = select::find_non_finite(want);
-          REQUIRE(scan.count == bad.count);
-          REQUIRE(scan.first == bad.first);
-          overflowed += bad.count > 0 ? 1 : 0;
-          // Blocks [k0, k1) alone: the same values there, the count of that range, the index from out's start.
-          if (blocks > 2) {
-            const std::size_t k0 = 1, k1 = blocks - 1, lo = k0 * b, hi = std::min(d, k1 * b);
-            std::vector<float> part(d, 1.0f);
-            const auto some = compress::detail::sum_blocks<Code>(all, bytes, n, d, b, k0, k1, part);
-            REQUIRE(first_difference(std::span<const float>(part).subspan(lo, hi - lo),
-                                     std::span<const float>(want).subspan(lo, hi - lo)) == -1);
-            const auto in = select::find_non_finite(std::span<const float>(want).subspan(lo, hi - lo));
-            REQUIRE(some.count == in.count);
-            REQUIRE(some.first == lo + in.first);
-          }
-        }
   CHECK(overflowed > 0); // the count was tested on sums that hold infinities too
 }
 
@@ -260,15 +269,89 @@ TEST_CASE("int8: every code decodes as the double formula does, over scales of e
   for (std::uint32_t c = 0; c < 255; ++c)
     msg[4 + c] = static_cast<std::byte>(c);
   std::vector<float> got(255);
-  for (float s : scales) {
-    CAPTURE(s);
-    std::memcpy(msg.data(), &s, 4);
-    compress::detail::decode_message<compress::int8_code>(msg, 255, 255, got);
-    for (std::uint32_t c = 0; c < 255; ++c) {
-      const float want = compress::int8_code::decode(c, s);
-      REQUIRE(std::bit_cast<std::uint32_t>(got[c]) == std::bit_cast<std::uint32_t>(want));
+  for (const auto path : paths)
+    for (float s : scales) {
+      CAPTURE(static_cast<int>(path));
+      CAPTURE(s);
+      std::memcpy(msg.data(), &s, 4);
+      compress::detail::decode_message<compress::int8_code>(msg, 255, 255, got, path);
+      for (std::uint32_t c = 0; c < 255; ++c) {
+        const float want = compress::int8_code::decode(c, s);
+        REQUIRE(std::bit_cast<std::uint32_t>(got[c]) == std::bit_cast<std::uint32_t>(want));
+      }
     }
-  }
+}
+
+TEST_CASE(
+    "int8 and e3m0: messages of any bytes decode and sum alike both ways, as the per-value formulas do") {
+  // A peer's message need not come from our encoder: every code byte (int8's 255, which no encoder writes,
+  // included) and scales of any sign and binade, subnormal, zero, the largest, inf. The sums both ways
+  // against the per-value reference, bit for bit; a NaN sum against a NaN (two NaN operands may meet in
+  // either order, and the result keeps the first one's payload).
+  const auto same = [](float a, float b) {
+    return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b) ||
+           (std::isnan(a) && std::isnan(b));
+  };
+  const auto run = [&]<class Code>(Code) {
+    for (int seed = 0; seed < 40; ++seed) {
+      std::mt19937 rng(static_cast<unsigned>(seed + 1000 * Code::bits));
+      const std::size_t d = 1 + rng() % 3000, b = std::size_t{1} << (rng() % 10), n = 1 + rng() % 6;
+      CAPTURE(seed);
+      CAPTURE(d);
+      CAPTURE(b);
+      CAPTURE(n);
+      const std::size_t blocks = (d + b - 1) / b,
+                        bytes = static_cast<std::size_t>(cost::block_quant_message_bytes(d, b, Code::bits));
+      std::vector<std::vector<std::byte>> msgs(n, std::vector<std::byte>(bytes));
+      std::vector<std::byte> all;
+      for (auto& m : msgs) {
+        for (auto& x : m)
+          x = static_cast<std::byte>(rng());
+        for (std::size_t k = 0; k < blocks; ++k) {
+          const std::uint32_t pick = rng() % 8;
+          const float s = pick == 0 ? 0.0f
+                          : pick == 1
+                              ? std::numeric_limits<float>::denorm_min() * static_cast<float>(rng() % 9)
+                          : pick == 2 ? std::numeric_limits<float>::max()
+                          : pick == 3 ? std::numeric_limits<float>::infinity()
+                          : pick == 4 ? -std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30)
+                                      : std::bit_cast<float>(static_cast<std::uint32_t>(rng()) & 0x7f7fffffu);
+          std::memcpy(m.data() + 4 * k, &s, 4);
+        }
+        all.insert(all.end(), m.begin(), m.end());
+      }
+      const auto want = reference_sum<Code>(msgs, d, b);
+      for (const auto path : paths) {
+        CAPTURE(static_cast<int>(path));
+        std::vector<float> got(d, 1.0f);
+        compress::detail::sum_blocks<Code>(all, bytes, n, d, b, 0, blocks, got, path);
+        for (std::size_t i = 0; i < d; ++i) {
+          CAPTURE(i);
+          CAPTURE(got[i]);
+          CAPTURE(want[i]);
+          REQUIRE(same(got[i], want[i]));
+        }
+        std::vector<float> one(d, 1.0f);
+        compress::detail::decode_message<Code>(msgs[0], d, b, one, path);
+        const auto one_want = reference_decode<Code>(msgs[0], d, b);
+        for (std::size_t i = 0; i < d; ++i) {
+          CAPTURE(i);
+          REQUIRE(same(one[i], one_want[i]));
+        }
+      }
+    }
+  };
+  run(compress::int8_code{});
+  run(compress::e3m0_code{});
+}
+
+TEST_CASE("int8 and e3m0: the AVX2 kernels are taken exactly where the CPU has them") {
+  // Else the comparisons above compare the portable loops with themselves: say which ran.
+  CHECK(compress::detail::block_vector_path(compress::half_path::best) == compress::half_vector_path());
+  CHECK_FALSE(compress::detail::block_vector_path(compress::half_path::scalar));
+  const std::string which = compress::half_vector_path() ? "AVX2 kernels and portable loops compared"
+                                                         : "portable loops only (no AVX2 here)";
+  MESSAGE("block decoders: " << which);
 }
 
 TEST_CASE("int8 and e3m0: NaN and inf are counted as find_non_finite counts them, and refused as before") {

@@ -20,6 +20,7 @@
 #include <commsgd/comm/traffic.hpp>
 #include <commsgd/compress/agree.hpp>
 #include <commsgd/compress/bit_pack.hpp>
+#include <commsgd/compress/block_quant_x86.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/compressor_round.hpp>
 #include <commsgd/compress/error_feedback.hpp>
@@ -122,17 +123,22 @@ struct block_scan {
   float scale = 0.0f;
   std::size_t bad = 0;
 };
-inline block_scan scan_block(const float* p, std::size_t count) noexcept {
+// With `vector`, the whole groups of 8 by the AVX2 kernel (block_quant_x86.hpp).
+inline block_scan scan_block(const float* p, std::size_t count,
+                             [[maybe_unused]] bool vector = false) noexcept {
   float m[group] = {};
   std::uint32_t bad[group] = {};
   std::size_t i = 0;
+  block_scan r;
+#if COMMSGD_HALF_X86
+  if (vector) i = scan_avx2(p, count, r.scale, r.bad);
+#endif
   for (; i + group <= count; i += group)
     for (std::size_t j = 0; j < group; ++j) {
       const float a = std::fabs(p[i + j]);
       m[j] = m[j] < a ? a : m[j];
       bad[j] += a <= std::numeric_limits<float>::max() ? 0u : 1u;
     }
-  block_scan r;
   for (; i < count; ++i) {
     const float a = std::fabs(p[i]);
     r.scale = r.scale < a ? a : r.scale;
@@ -152,7 +158,9 @@ inline block_scan scan_block(const float* p, std::size_t count) noexcept {
 // as int8_code::encode finds it in double, unless the float quotient lies within 2^-14 of a half: those few
 // values (ties among them) are coded again by int8_code::encode. A tiny s, whose 127 / s is near overflow,
 // takes int8_code::encode throughout.
-inline void int8_codes(const float* p, std::size_t count, float s, std::uint8_t* out) noexcept {
+// With `vector`, the whole groups of 32 by the AVX2 kernel (block_quant_x86.hpp), the same shortcut.
+inline void int8_codes(const float* p, std::size_t count, float s, std::uint8_t* out,
+                       [[maybe_unused]] bool vector = false) noexcept {
   if (!(s >= 0x1p-100f)) {
     for (std::size_t i = 0; i < count; ++i)
       out[i] = static_cast<std::uint8_t>(int8_code::encode(p[i], s));
@@ -161,6 +169,9 @@ inline void int8_codes(const float* p, std::size_t count, float s, std::uint8_t*
   const float inv = 127.0f / s, shift = 0x1.8p23f, near_half = 0.5f - 0x1p-14f;
   std::uint32_t near[group] = {};
   std::size_t i = 0;
+#if COMMSGD_HALF_X86
+  if (vector) i = int8_codes_avx2(p, count, inv, out, [s](float v) { return int8_code::encode(v, s); });
+#endif
   for (; i + group <= count; i += group) {
     std::uint8_t c[group];
     for (std::size_t j = 0; j < group; ++j) {
@@ -204,7 +215,9 @@ inline float float_above(double t) noexcept {
 // one, so each comparison is |p| against the exact product t s, and a float |p| exceeds a real t s exactly
 // when it exceeds the largest float <= t s (and is below it exactly when below the smallest float >= t s).
 // So the per-value work is seven comparisons against thresholds made once per block.
-inline void e3m0_codes(const float* p, std::size_t count, float s, std::uint8_t* out) noexcept {
+// With `vector`, the whole groups of 32 by the AVX2 kernel (block_quant_x86.hpp), the same comparisons.
+inline void e3m0_codes(const float* p, std::size_t count, float s, std::uint8_t* out,
+                       [[maybe_unused]] bool vector = false) noexcept {
   // t s exactly in double: s times a power of two and 1.5 stays within double's range and precision.
   const double sd = static_cast<double>(s), h = 1.5 * sd;
   const float zero_below = float_above(sd * 0x1p-7);
@@ -227,6 +240,9 @@ inline void e3m0_codes(const float* p, std::size_t count, float s, std::uint8_t*
     return ((bits >> 28) & 8u) | static_cast<std::uint32_t>(k);
   };
   std::size_t i = 0;
+#if COMMSGD_HALF_X86
+  if (vector) i = e3m0_codes_avx2(p, count, {b0, b1, b2, b3, b4, b5, z}, out);
+#endif
   for (; i + group <= count; i += group) {
     std::uint32_t wide[group];
     for (std::size_t j = 0; j < group; ++j)
@@ -242,14 +258,15 @@ inline void e3m0_codes(const float* p, std::size_t count, float s, std::uint8_t*
 
 // The codes of a block of scale s (a block of zeros, s = 0, codes every value as block_code does).
 template <class Code>
-void block_codes(const float* p, std::size_t count, float s, std::uint8_t* out) noexcept {
+void block_codes(const float* p, std::size_t count, float s, std::uint8_t* out,
+                 bool vector = false) noexcept {
   if (s == 0.0f) {
     for (std::size_t i = 0; i < count; ++i)
       out[i] = static_cast<std::uint8_t>(block_code<Code>(p[i], s));
   } else if constexpr (Code::bits == 8) {
-    int8_codes(p, count, s, out);
+    int8_codes(p, count, s, out, vector);
   } else {
-    e3m0_codes(p, count, s, out);
+    e3m0_codes(p, count, s, out, vector);
   }
 }
 
@@ -265,12 +282,14 @@ inline std::size_t stretch_blocks(std::size_t b) noexcept {
 // Blocks [k0, k1) of the message of d values p (see encode_blocks): their scales and codes, each block's
 // scale and finiteness taken first and its codes while it is in cache. `here` points at p's value k0 b (the
 // stretch's first). `c` holds the 4-bit codes of the stretch before they are packed. Returns how many of the
-// stretch's values are NaN or inf (blocks that hold one are not coded).
+// stretch's values are NaN or inf (blocks that hold one are not coded). `path` scalar keeps to the portable
+// loops (tests compare both).
 template <class Code>
 std::size_t encode_stretch(const float* here, std::size_t d, std::size_t b, std::size_t k0, std::size_t k1,
-                           std::vector<float>& scales, std::span<std::byte> msg,
-                           std::vector<std::uint8_t>& c) {
+                           std::vector<float>& scales, std::span<std::byte> msg, std::vector<std::uint8_t>& c,
+                           half_path path = half_path::best) {
   static_assert(Code::bits == 8 || Code::bits == 4);
+  const bool vector = block_vector_path(path);
   const std::size_t blocks = (d + b - 1) / b;
   std::byte* const codes = msg.data() + 4 * blocks;
   const std::size_t first = k0 * b, last = std::min(d, k1 * b);
@@ -280,12 +299,12 @@ std::size_t encode_stretch(const float* here, std::size_t d, std::size_t b, std:
     const std::size_t at = k * b, count = std::min(d, at + b) - at;
     std::uint8_t* const to =
         Code::bits == 8 ? reinterpret_cast<std::uint8_t*>(codes) + at : c.data() + (at - first);
-    const auto scan = scan_block(here + (at - first), count);
+    const auto scan = scan_block(here + (at - first), count, vector);
     scales[k] = scan.scale;
     std::memcpy(msg.data() + 4 * k, &scan.scale, 4);
     bad += scan.bad;
     if (scan.bad == 0)
-      block_codes<Code>(here + (at - first), count, scan.scale, to);
+      block_codes<Code>(here + (at - first), count, scan.scale, to, vector);
     else
       std::fill_n(to, count, std::uint8_t{0});
   }
@@ -325,14 +344,15 @@ inline select::non_finite_scan first_non_finite(std::span<const float> p, std::s
 // then, or read where they lie), called for adjacent stretches in rising order.
 template <class Code, class In>
 select::non_finite_scan encode_blocks_from(std::size_t d, std::size_t b, std::vector<float>& scales,
-                                           std::span<std::byte> msg, std::vector<std::uint8_t>& c, In&& in) {
+                                           std::span<std::byte> msg, std::vector<std::uint8_t>& c, In&& in,
+                                           half_path path = half_path::best) {
   const std::size_t blocks = (d + b - 1) / b, per = stretch_blocks(b);
   scales.resize(blocks);
   std::size_t bad = 0, bad_at = d;
   for (std::size_t k0 = 0; k0 < blocks; k0 += per) {
     const std::size_t k1 = std::min(blocks, k0 + per), first = k0 * b, m = std::min(d, k1 * b) - first;
     const std::span<const float> p = in(first, m);
-    const std::size_t here = encode_stretch<Code>(p.data(), d, b, k0, k1, scales, msg, c);
+    const std::size_t here = encode_stretch<Code>(p.data(), d, b, k0, k1, scales, msg, c, path);
     if (here != 0 && bad == 0) bad_at = first + first_non_finite(p, here).first;
     bad += here;
   }
@@ -340,10 +360,11 @@ select::non_finite_scan encode_blocks_from(std::size_t d, std::size_t b, std::ve
 }
 template <class Code>
 select::non_finite_scan encode_blocks(std::span<const float> p, std::size_t b, std::vector<float>& scales,
-                                      std::span<std::byte> msg) {
+                                      std::span<std::byte> msg, half_path path = half_path::best) {
   std::vector<std::uint8_t> c;
-  return encode_blocks_from<Code>(p.size(), b, scales, msg, c,
-                                  [&](std::size_t first, std::size_t m) { return p.subspan(first, m); });
+  return encode_blocks_from<Code>(
+      p.size(), b, scales, msg, c, [&](std::size_t first, std::size_t m) { return p.subspan(first, m); },
+      path);
 }
 
 // Calls sink(i, x) for the values of blocks [k0, k1) of message m, which codes d values in blocks of b.
@@ -366,9 +387,16 @@ void decode_blocks(std::span<const std::byte> m, std::size_t d, std::size_t b, s
   }
 }
 
-// How a decoded value x lands in out[i]: out[i] = x, out[i] = 0.0f + x (the first term of a sum from +0,
-// +0 for a zero) or out[i] += x.
-enum class put_mode { assign, first, add };
+// The e3m0 value of code c (its low 4 bits) in a block of scale s, branch-free, as e3m0_code::decode makes
+// it for every s: s times a power of two built from the exponent's bits, rounded once (only where it falls
+// below the normal floats) as ldexp rounds it, negated (its sign bit flipped, as for a scale below zero,
+// which only a foreign message carries) where the code's sign bit is set.
+inline float e3m0_value(std::uint32_t c, float s) noexcept {
+  const std::uint32_t k = c & 7u, sign = (c & 8u) << 28;
+  const float mag = s * std::bit_cast<float>((k + 120u) << 23);
+  const std::uint32_t keep = 0u - static_cast<std::uint32_t>(k != 0);
+  return std::bit_cast<float>((std::bit_cast<std::uint32_t>(mag) & keep) ^ sign);
+}
 
 // Puts the values x of one block of scale s whose codes start at byte `codes` (int8: one a byte; e3m0: two a
 // byte, the block starting at a byte's low half).
@@ -376,10 +404,11 @@ enum class put_mode { assign, first, add };
 //         lies at least 2^-40 of itself away from every one (c s and 127 m are multiples of one grid), so
 //         rounding it to double first moves no float rounding, and neither does c times s / 127 rounded to
 //         double (within 2^-52): x is c times s / 127 in double, rounded to float, a multiply a value.
-//   e3m0  +-2^(k-7) s: s times a power of two built from its exponent's bits, rounded once (only where it
-//         falls below the normal floats) as ldexp rounds it, its sign bit set from the code's.
+//   e3m0  +-2^(k-7) s: e3m0_value.
+// With `vector` (block_vector_path), the whole groups go through the AVX2 kernels (block_quant_x86.hpp).
 template <class Code, put_mode Mode>
-void decode_block(const std::byte* codes, std::size_t count, float s, float* out) noexcept {
+void decode_block(const std::byte* codes, std::size_t count, float s, float* out,
+                  [[maybe_unused]] bool vector) noexcept {
   const auto put = [](float& o, float x) {
     if constexpr (Mode == put_mode::assign)
       o = x;
@@ -391,6 +420,9 @@ void decode_block(const std::byte* codes, std::size_t count, float s, float* out
   std::size_t i = 0;
   if constexpr (Code::bits == 8) {
     const double v = static_cast<double>(s) / 127.0;
+#if COMMSGD_HALF_X86
+    if (vector) i = int8_put_avx2<Mode>(codes, count, v, out);
+#endif
     for (; i + group <= count; i += group) {
       std::uint8_t c[group];
       std::memcpy(c, codes + i, group);
@@ -406,12 +438,15 @@ void decode_block(const std::byte* codes, std::size_t count, float s, float* out
     const auto code_at = [&](std::size_t j) {
       return (std::to_integer<std::uint32_t>(codes[j / 2]) >> (4 * (j % 2))) & 15u;
     };
-    const auto value = [s](std::uint32_t c) {
-      const std::uint32_t k = c & 7u, sign = (c & 8u) << 28;
-      const float mag = s * std::bit_cast<float>((k + 120u) << 23);
-      const std::uint32_t keep = 0u - static_cast<std::uint32_t>(k != 0);
-      return std::bit_cast<float>((std::bit_cast<std::uint32_t>(mag) & keep) | sign);
-    };
+    const auto value = [s](std::uint32_t c) { return e3m0_value(c, s); };
+#if COMMSGD_HALF_X86
+    if (vector && count >= 32) {
+      float mag[8];
+      for (std::uint32_t k = 0; k < 8; ++k)
+        mag[k] = value(k);
+      i = e3m0_put_avx2<Mode>(codes, count, mag, out);
+    }
+#endif
     // A byte's two values side by side: GCC vectorises the low and the high halves and interleaves them.
     for (; i + 2 * group <= count; i += 2 * group) {
       std::uint8_t c[group];
@@ -433,10 +468,13 @@ void decode_block(const std::byte* codes, std::size_t count, float s, float* out
 // +0 (0.0f + x_0, then + x_1, ...), written to at[0 ...] (at[0] the sum at value k0 b): a block of every
 // message at a time, so each block of the sum is written from cache. The messages code d values in blocks of
 // b. With Count, returns how many of the sums are NaN or inf, counted from cache as each block is written.
+// `path` scalar keeps to the portable loops (tests compare both).
 template <class Code, bool Count>
 std::size_t sum_stretch(std::span<const std::byte> all, std::size_t bytes, std::size_t n, std::size_t d,
-                        std::size_t b, std::size_t k0, std::size_t k1, float* at) {
+                        std::size_t b, std::size_t k0, std::size_t k1, float* at,
+                        half_path path = half_path::best) {
   const std::size_t blocks = (d + b - 1) / b;
+  const bool vector = block_vector_path(path);
   const std::size_t lo = std::min(d, k0 * b), hi = std::min(d, k1 * b);
   if (Code::bits == 4 && b % 2 != 0) {
     // Blocks that start inside a byte: value by value.
@@ -457,9 +495,9 @@ std::size_t sum_stretch(std::span<const std::byte> all, std::size_t bytes, std::
       std::memcpy(&s, m + 4 * k, 4);
       const std::byte* codes = m + 4 * blocks + first * Code::bits / 8;
       if (r == 0)
-        decode_block<Code, put_mode::first>(codes, count, s, o);
+        decode_block<Code, put_mode::first>(codes, count, s, o, vector);
       else
-        decode_block<Code, put_mode::add>(codes, count, s, o);
+        decode_block<Code, put_mode::add>(codes, count, s, o, vector);
     }
     if constexpr (Count) bad += select::count_non_finite(std::span<const float>(o, count));
   }
@@ -472,9 +510,9 @@ std::size_t sum_stretch(std::span<const std::byte> all, std::size_t bytes, std::
 template <class Code>
 select::non_finite_scan sum_blocks(std::span<const std::byte> all, std::size_t bytes, std::size_t n,
                                    std::size_t d, std::size_t b, std::size_t k0, std::size_t k1,
-                                   std::span<float> out) {
+                                   std::span<float> out, half_path path = half_path::best) {
   const std::size_t lo = std::min(d, k0 * b), hi = std::min(d, k1 * b);
-  const std::size_t bad = sum_stretch<Code, true>(all, bytes, n, d, b, k0, k1, out.data() + lo);
+  const std::size_t bad = sum_stretch<Code, true>(all, bytes, n, d, b, k0, k1, out.data() + lo, path);
   if (bad == 0) return {0, hi};
   return {bad, lo + select::find_non_finite(std::span<const float>(out).subspan(lo, hi - lo)).first};
 }
@@ -492,7 +530,8 @@ inline bool sums_bounded(std::span<const std::byte> all, std::size_t bytes, std:
 
 // out <- what message m decodes to (d values in blocks of b), bit for bit as decode_blocks.
 template <class Code>
-void decode_message(std::span<const std::byte> m, std::size_t d, std::size_t b, std::span<float> out) {
+void decode_message(std::span<const std::byte> m, std::size_t d, std::size_t b, std::span<float> out,
+                    half_path path = half_path::best) {
   if (Code::bits == 4 && b % 2 != 0) {
     decode_blocks<Code>(m, d, b, 0, (d + b - 1) / b, [&](std::size_t i, float x) { out[i] = x; });
     return;
@@ -503,7 +542,7 @@ void decode_message(std::span<const std::byte> m, std::size_t d, std::size_t b, 
     float s;
     std::memcpy(&s, m.data() + 4 * k, 4);
     decode_block<Code, put_mode::assign>(m.data() + 4 * blocks + first * Code::bits / 8, count, s,
-                                         out.data() + first);
+                                         out.data() + first, block_vector_path(path));
   }
 }
 
@@ -533,6 +572,7 @@ select::non_finite_scan encode_and_split(std::size_t d, In&& in, const error_fee
                                          std::span<std::byte> msg, std::span<float> p, split_scratch& s) {
   const std::size_t blocks = (d + b - 1) / b, per = stretch_blocks(b);
   const std::byte* const codes = msg.data() + 4 * blocks;
+  const bool vector = block_vector_path(half_path::best);
   scales.resize(blocks);
   std::size_t bad = 0, bad_from = 0;
   for (std::size_t k0 = 0; k0 < blocks; k0 += per) {
@@ -549,7 +589,7 @@ select::non_finite_scan encode_and_split(std::size_t d, In&& in, const error_fee
       for (std::size_t k = k0; k < k1; ++k) {
         const std::size_t at = k * b;
         decode_block<Code, put_mode::assign>(codes + at * Code::bits / 8, std::min(d, at + b) - at, scales[k],
-                                             dec + (at - first));
+                                             dec + (at - first), vector);
       }
     }
     s.split(p.data() + first, m, offset + first);
