@@ -264,13 +264,13 @@ private:
              });
     }
     sum();
-    // What this rank's message decodes to: +0 but at its k indices, where the residual keeps p's rest.
-    own_at_.clear();
-    own_val_.clear();
-    decode(msg_, [&](std::size_t i, float x) {
-      own_at_.push_back(i);
-      own_val_.push_back(x);
-    });
+    // What this rank's message decodes to: +0 but at its k indices, where the residual keeps p's rest. Its
+    // slot of the gathered messages holds the same bytes, decoded above.
+    const auto own = static_cast<std::size_t>(c.rank()) * k_;
+    own_at_.assign(at_.begin() + static_cast<std::ptrdiff_t>(own),
+                   at_.begin() + static_cast<std::ptrdiff_t>(own + k_));
+    own_val_.assign(sent_val_.begin() + static_cast<std::ptrdiff_t>(own),
+                    sent_val_.begin() + static_cast<std::ptrdiff_t>(own + k_));
     wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
                 .bytes_sent;
     return detail::finish_sparse_round(ef_, p_, own_at_, own_val_, steps_, n, k_);
@@ -356,23 +356,21 @@ private:
     for (std::uint64_t j = 0; j < plan_.count; ++j) {
       const auto kj = static_cast<std::size_t>(plan_.k_of(j));
       const auto first = static_cast<std::size_t>(plan_.first(j)), len = plan_.length(j);
-      detail::unpack_bits(idx, at, kj, plan_.index_bits, [&](std::size_t i, std::uint32_t rel) {
-        if (rel >= len)
-          throw corrupt_data(commsgd::concat(what(), ": a message holds index ", rel, " in chunk ", j,
-                                             ", outside [0, its length = ", len, ")"));
-        // The encoder writes a chunk's indices rising: one that does not is a corrupt peer's.
-        if (i > at && rel <= rel_[i - at - 1])
-          throw corrupt_data(commsgd::concat(what(), ": a message holds index ", rel, " in chunk ", j,
-                                             " after ", rel_[i - at - 1], "; a chunk's indices rise"));
-        rel_[i - at] = rel;
-      });
+      detail::unpack_bits(idx, at, kj, plan_.index_bits,
+                          [&](std::size_t i, std::uint32_t rel) { rel_[i - at] = rel; });
+      check_chunk(j, kj, len);
       if (opt_.two_bit) {
+        // A chunk's values take four values, decoded once: each is then a lookup by its code (value i's two
+        // bits at bit 2 i of the codes).
         float s;
         std::memcpy(&s, m.data() + 4 * j, 4);
-        detail::unpack_bits(part(plan_.code_offset, plan_.index_offset), at, kj, 2,
-                            [&](std::size_t i, std::uint32_t code) {
-                              sink(first + rel_[i - at], two_bit_code::decode(code, s));
-                            });
+        const float t[4] = {two_bit_code::decode(0, s), two_bit_code::decode(1, s),
+                            two_bit_code::decode(2, s), two_bit_code::decode(3, s)};
+        const auto codes = part(plan_.code_offset, plan_.index_offset);
+        for (std::size_t i = at; i < at + kj; ++i) {
+          const auto code = (std::to_integer<unsigned>(codes[i / 4]) >> (2 * (i % 4))) & 3u;
+          sink(first + rel_[i - at], t[code]);
+        }
       } else {
         for (std::size_t i = at; i < at + kj; ++i) {
           float x;
@@ -381,6 +379,25 @@ private:
         }
       }
       at += kj;
+    }
+  }
+
+  // A chunk's kj indices in rel_, each inside the chunk (len values) and rising, as the encoder writes them:
+  // tested in one branch-free pass, and only where that fails, the first offence found in order and refused.
+  void check_chunk(std::uint64_t j, std::size_t kj, std::size_t len) const {
+    if (kj == 0) return;
+    const std::uint32_t* const rel = rel_.data();
+    std::uint32_t bad = rel[0] >= len ? 1u : 0u;
+    for (std::size_t q = 1; q < kj; ++q)
+      bad |= (rel[q] >= len ? 1u : 0u) | (rel[q] <= rel[q - 1] ? 1u : 0u);
+    if (bad == 0) return;
+    for (std::size_t q = 0; q < kj; ++q) {
+      if (rel[q] >= len)
+        throw corrupt_data(commsgd::concat(what(), ": a message holds index ", rel[q], " in chunk ", j,
+                                           ", outside [0, its length = ", len, ")"));
+      if (q > 0 && rel[q] <= rel[q - 1])
+        throw corrupt_data(commsgd::concat(what(), ": a message holds index ", rel[q], " in chunk ", j,
+                                           " after ", rel[q - 1], "; a chunk's indices rise"));
     }
   }
 
