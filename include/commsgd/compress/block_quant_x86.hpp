@@ -17,7 +17,6 @@
 #include <commsgd/compress/half_convert.hpp>
 
 #include <bit>
-
 #include <cstddef>
 #include <cstdint>
 #include <limits>
