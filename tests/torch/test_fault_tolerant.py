@@ -46,8 +46,9 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
     longest step's seconds. `rejoin` = (event, end step) shared with a replica that restarts: the others
     train on until it has joined (at most 120 s), then every replica stops at the end step it set, four
     round boundaries past the one it joined at, so that a slow restart never finds the others gone. `start`: a
-    barrier the first replicas pass once each one's Manager heartbeats, so that the first quorum holds them all
-    (with a minimum below n, a replica slow to start on a loaded machine would miss it). `nan_at`: a NaN in
+    barrier the first replicas pass once each one's Manager heartbeats and again as each asks for its first
+    quorum, so that the first quorum holds them all (with a minimum below n, a replica slow to start on a
+    loaded machine would miss it). `nan_at`: a NaN in
     this replica's gradient at that step; every replica catches the round's NonFinite, this one mends its
     model from the common one, and all go on. Reports also hold the calls of step() (`calls`), the steps at
     which NonFinite was caught, and each weighted round's inputs and result (`weighted`). `finish`: calls
@@ -75,6 +76,15 @@ def _replica(idx, lighthouse, steps, code, min_replicas, kill_at_round, queue, p
                           checkpoint_transport=Transport(timeout=timeout, num_chunks=0), init_sync=True)
         if start is not None:
             start.wait(timeout=60)
+            # And again at the first quorum request (made in the constructor): between the two, a replica
+            # descheduled on two loaded cores can fall behind the others by more than the join timeout.
+            first_quorum = manager.start_quorum
+
+            def start_together(*a, **k):
+                manager.start_quorum = first_quorum
+                start.wait(timeout=60)
+                return first_quorum(*a, **k)
+            manager.start_quorum = start_together
         torch.manual_seed(idx)  # every replica a different start: init_sync gives them one replica's
         model = Dot(SIZES)
         for p in model.parameters():
