@@ -55,8 +55,7 @@ def fresh_context():
 def run_ranks(fn, world=2, args=(), timeout=240, backend="gloo", spawn=False, cuda_device=None):
     """Runs fn(rank, world, *args) on `world` processes; returns their results by rank. Forked, unless
     `spawn` (a process that has touched CUDA cannot fork a child that uses it): then started clean
-    (fresh_context); `cuda_device` is made each
-    rank's current device before the group starts.
+    (fresh_context); `cuda_device` is made each rank's current device before the group starts.
 
     A rank that raises, dies or outlives `timeout` fails the caller with that rank's traceback."""
     ctx = fresh_context() if spawn else mp.get_context("fork")

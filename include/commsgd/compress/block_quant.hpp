@@ -456,11 +456,8 @@ void decode_block(const std::byte* codes, std::size_t count, float s, float* out
         put(out[i + 2 * j + 1], value(c[j] >> 4));
       }
     }
-    for (; i < count; ++i) {
-      const std::uint32_t code = code_at(i), k = code & 7u;
-      const float mag = k == 0 ? 0.0f : s * std::bit_cast<float>((k + 120u) << 23);
-      put(out[i], (code & 8u) ? -mag : mag);
-    }
+    for (; i < count; ++i)
+      put(out[i], value(code_at(i)));
   }
 }
 

@@ -121,7 +121,6 @@ public:
     val_.resize(k_);
     rel_.resize(plan_.k_full);
     own_at_.reserve(k_);
-    own_val_.reserve(k_);
   }
 
   const top_k_ef_options& options() const noexcept { return opt_; }
@@ -265,15 +264,14 @@ private:
     }
     sum();
     // What this rank's message decodes to: +0 but at its k indices, where the residual keeps p's rest. Its
-    // slot of the gathered messages holds the same bytes, decoded above.
+    // slot of the gathered messages holds the same bytes, decoded above (its indices widened for the commit).
     const auto own = static_cast<std::size_t>(c.rank()) * k_;
     own_at_.assign(at_.begin() + static_cast<std::ptrdiff_t>(own),
                    at_.begin() + static_cast<std::ptrdiff_t>(own + k_));
-    own_val_.assign(sent_val_.begin() + static_cast<std::ptrdiff_t>(own),
-                    sent_val_.begin() + static_cast<std::ptrdiff_t>(own + k_));
     wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
                 .bytes_sent;
-    return detail::finish_sparse_round(ef_, p_, own_at_, own_val_, steps_, n, k_);
+    return detail::finish_sparse_round(ef_, p_, own_at_, std::span<const float>(sent_val_).subspan(own, k_),
+                                       steps_, n, k_);
   }
 
   // The sum of the n decoded messages (at_, sent_val_), each value summed in rank order from +0 as the
@@ -419,8 +417,7 @@ private:
   std::vector<float> sent_val_;                    // ... and values
   mutable std::vector<std::size_t> cursor_, from_; // sum_each_block: where each rank's entries stand
   mutable std::vector<std::uint32_t> senders_;     // sender_mean: the ranks that sent each value of a block
-  std::vector<std::size_t> own_at_;                // this rank's message decoded: its indices and values
-  std::vector<float> own_val_;
+  std::vector<std::size_t> own_at_;                // this rank's indices, from at_, as the commit takes them
   select::non_finite_scan sum_scan_;
   detail::input_verdict verdict_; // of p, formed by reduce() or code()
   std::size_t ranks_ = 0;         // of the last round
