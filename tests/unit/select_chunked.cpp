@@ -1,4 +1,4 @@
-// select::chunked's many-chunk call against each chunk's sorted reference, over rounds of error-feedback
+// select::chunked's many-chunk call (whole, and in runs of chunks) against each chunk's sorted reference, over rounds of error-feedback
 // accumulators whose thresholds drift, jump and collapse (so warm starts hit, miss and restart), chunk
 // lengths that do and do not divide the input, ties, signed zeros, subnormals, and refusals.
 #include "select_data.hpp"
@@ -65,6 +65,29 @@ picks run(sel::chunked& s, std::span<const float> x, std::size_t size, double de
   return p;
 }
 
+// run() in runs of chunks (select_chunk_range), of 1, 2 or 3 chunks by turns from `first_run`: what a code
+// that selects each chunk as it is formed gets.
+picks run_in_ranges(sel::chunked& s, std::span<const float> x, std::size_t size, double density,
+                    std::size_t first_run) {
+  const std::size_t chunk = size == 0 ? std::max<std::size_t>(x.size(), 1) : size;
+  const std::size_t count = (x.size() + chunk - 1) / chunk;
+  auto k_of = [&](std::size_t j) { return k_for(std::min(chunk, x.size() - j * chunk), density); };
+  picks p;
+  for (std::size_t j0 = 0, turn = first_run; j0 < count; ++turn) {
+    const std::size_t j1 = std::min(count, j0 + 1 + turn % 3);
+    std::size_t k = 0;
+    for (std::size_t j = j0; j < j1; ++j)
+      k += k_of(j);
+    std::vector<std::uint32_t> idx(k, 0xffffffffu);
+    std::vector<float> val(k, std::numeric_limits<float>::quiet_NaN());
+    CHECK(s.select_chunk_range(x, size, k_of, j0, j1, idx, val) == k);
+    p.idx.insert(p.idx.end(), idx.begin(), idx.end());
+    p.val.insert(p.val.end(), val.begin(), val.end());
+    j0 = j1;
+  }
+  return p;
+}
+
 bool same_bits(const picks& a, const picks& b) {
   if (a.idx != b.idx || a.val.size() != b.val.size()) return false;
   for (std::size_t i = 0; i < a.val.size(); ++i)
@@ -99,7 +122,10 @@ TEST_CASE(
             std::vector<float> p = select_data::make(shape, n, rng(), scale * 1e-3f);
             for (std::size_t i = 0; i < n; ++i)
               p[i] += round == 6 ? 0.0f : residual[i];
-            const picks got = run(s, p, size, density);
+            // Odd rounds in runs of chunks: the warm starts carry over from either way of calling.
+            const picks got = round % 2 == 0
+                                  ? run(s, p, size, density)
+                                  : run_in_ranges(s, p, size, density, static_cast<std::size_t>(round));
             const picks want = reference(p, size, density);
             REQUIRE(same_bits(got, want));
             residual = p;
@@ -224,6 +250,17 @@ TEST_CASE("chunked: bad arguments name themselves") {
   CHECK_THROWS_WITH_AS(s.select_chunks(
                            x, 4, [](std::size_t) { return std::size_t{1}; }, idx, val),
                        doctest::Contains("must both equal the chunks' total k 3"), commsgd::size_mismatch);
+  CHECK_THROWS_WITH_AS(
+      s.select_chunk_range(
+          x, 4, [](std::size_t) { return std::size_t{1}; }, 2, 4, idx, val),
+      doctest::Contains("the chunk range [2, 4) is outside the allowed range: within [0, 3]"),
+      commsgd::invalid_argument);
+  CHECK_THROWS_WITH_AS(s.select_chunk_range(
+                           x, 4, [](std::size_t) { return std::size_t{1}; }, 2, 1, idx, val),
+                       doctest::Contains("the chunk range [2, 1)"), commsgd::invalid_argument);
+  CHECK_THROWS_WITH_AS(s.select_chunk_range(
+                           x, 4, [](std::size_t) { return std::size_t{1}; }, 1, 3, idx, val),
+                       doctest::Contains("must both equal the chunks' total k 2"), commsgd::size_mismatch);
   CHECK_THROWS_AS(sel::chunked(sel::chunked::options{.small = 0}), commsgd::invalid_argument);
   std::vector<std::uint32_t> none;
   std::vector<float> none_v;

@@ -30,24 +30,48 @@ public:
   // idx and val hold c.k() entries: chunk j's k_of(j) at the sum of the k of the chunks before it.
   void select(std::span<const float> p, const cost::top_k_chunks& c, std::span<std::uint32_t> idx,
               std::span<float> val) {
+    begin();
+    formed(p, c, p.size(), idx, val);
+  }
+
+  // The same result a stretch at a time, for a caller that forms p in rising stretches: begin(), then
+  // formed(end) after each stretch (p[0, end) formed) selects every chunk that lies whole in [0, end) and
+  // was not selected yet, while its values are likely still in cache.
+  void begin() noexcept {
+    next_ = 0;
+    at_ = 0;
+  }
+  void formed(std::span<const float> p, const cost::top_k_chunks& c, std::size_t end,
+              std::span<std::uint32_t> idx, std::span<float> val) {
+    std::size_t j1 = next_;
+    std::size_t k = 0;
+    while (j1 < c.count && c.first(j1) + c.length(j1) <= end)
+      k += static_cast<std::size_t>(c.k_of(j1++));
+    if (j1 == next_) return;
     if constexpr (many) {
-      sel_[0].select_chunks(
+      sel_[0].select_chunk_range(
           p, static_cast<std::size_t>(c.size),
-          [&](std::size_t j) { return static_cast<std::size_t>(c.k_of(j)); }, idx, val);
+          [&](std::size_t j) { return static_cast<std::size_t>(c.k_of(j)); }, next_, j1, idx.subspan(at_, k),
+          val.subspan(at_, k));
     } else {
-      std::size_t at = 0;
-      for (std::uint64_t j = 0; j < c.count; ++j) {
+      std::size_t at = at_;
+      for (std::size_t j = next_; j < j1; ++j) {
         const auto kj = static_cast<std::size_t>(c.k_of(j));
         const auto x = p.subspan(c.first(j), c.length(j));
         select::compact<std::uint32_t>(x, sel_[j].select(x, kj), idx.subspan(at, kj), val.subspan(at, kj));
         at += kj;
       }
     }
+    next_ = j1;
+    at_ += k;
   }
+  // Chunks selected since begin(): [0, selected()).
+  std::size_t selected() const noexcept { return next_; }
 
 private:
   static constexpr bool many = select::chunk_selector<S>;
-  std::vector<S> sel_; // one a chunk, or one for every chunk
+  std::vector<S> sel_;            // one a chunk, or one for every chunk
+  std::size_t next_ = 0, at_ = 0; // formed(): the next chunk to select, where its entries go
 };
 
 } // namespace commsgd::inline v1::compress::detail

@@ -112,6 +112,16 @@ struct residual_split {
     }
     return decoded.data();
   }
+  // (e, r) <- p - d for one value at position `at` of the residual, split exactly: e over p, a nonzero r kept.
+  // For a sparse code's sent values, called in rising `at`.
+  void split_one(float& p, float d, std::size_t at) {
+    float r;
+    split_difference(p, d, p, r);
+    if (r != 0.0f) {
+      low_at.push_back(at);
+      low_val.push_back(r);
+    }
+  }
   // (e, r) <- p - d over the stretch's m values (d: stretch()'s), split exactly: e over p, a nonzero r kept
   // with its position, `first` being the stretch's first value in the residual.
   void split(float* p, std::size_t m, std::size_t first) {

@@ -25,8 +25,9 @@
 // the sum is then scaled by n / the ranks whose message holds it (the engine's mean over n becomes a mean
 // over the senders). The residual keeps p - sent exactly (a pair of floats; without two_bit the subtraction
 // is always exact: p - p or p - 0), so sent + new residual == p, bit for bit. A round's own passes over all d
-// values are p's (with its finiteness), the selection's and the sum's: the residual takes p's buffer and only
-// the k sent values are split again (compress/error_feedback.hpp, commit_sparse).
+// values are p's (with its finiteness) and the sum's: formed a stretch at a time (code()), each chunk is
+// selected and its k sent values split in place as soon as it is whole, from cache, and the residual then
+// takes p's buffer whole (compress/error_feedback.hpp, commit_split).
 // Bytes a rank sends a round: (n - 1) (40 + message_bytes), 40 the verdict of compress/agree.hpp.
 #pragma once
 
@@ -120,7 +121,7 @@ public:
     idx_.resize(k_);
     val_.resize(k_);
     rel_.resize(plan_.k_full);
-    own_at_.reserve(k_);
+    scale_.resize(opt_.two_bit ? plan_.count : 0);
   }
 
   const top_k_ef_options& options() const noexcept { return opt_; }
@@ -142,6 +143,7 @@ public:
       const auto bad = ef_.accumulate_counted(g, p_, opt_.decay);
       if (bad.count > 0) verdict_ = {detail::input_problem::non_finite, bad.count, bad.first, 0};
     }
+    begin_coding(); // nothing selected yet: encode() selects from the whole p
     return round(c, [&] { sum_scan_ = sum_blocks(out); });
   }
 
@@ -155,12 +157,20 @@ public:
   void code(In&& in) {
     constexpr std::size_t stretch = 4096;
     std::size_t cursor = 0, bad = 0, first_bad = length_;
+    begin_coding();
     for (std::size_t first = 0; first < length_; first += stretch) {
       const std::size_t m = std::min(stretch, length_ - first);
       const auto p = std::span<float>(p_).subspan(first, m);
       const std::size_t here = ef_.accumulate_counted_part(in(first, m), p, first, cursor, opt_.decay);
       if (here != 0 && bad == 0) first_bad = first + select::find_non_finite(std::span<const float>(p)).first;
       bad += here;
+      // Each chunk selected and its new residual split as soon as it is whole, from cache, rather than in a
+      // read of p of its own and a commit that misses the cache at every sent value; a round that will be
+      // refused selects no more (a selector refuses NaN and inf).
+      if (bad == 0) {
+        sel_.formed(p_, plan_, first + m, idx_, val_);
+        code_chunks(sel_.selected());
+      }
     }
     verdict_ = {};
     if (bad > 0) verdict_ = {detail::input_problem::non_finite, bad, first_bad, 0};
@@ -213,20 +223,50 @@ private:
     return detail::fingerprint(std::array<std::uint64_t, 6>{p[0], p[1], p[2], p[3], p[4], opt_.sender_mean});
   }
 
-  // Each chunk's selection into idx_ (relative to the chunk) and val_, then the message.
-  void encode() {
-    sel_.select(p_, plan_, idx_, val_);
-    if (opt_.two_bit) {
-      scale_.resize(plan_.count);
-      std::size_t at = 0;
-      for (std::uint64_t j = 0; j < plan_.count; ++j) {
-        const auto kj = static_cast<std::size_t>(plan_.k_of(j));
+  // A round's coding starts: nothing selected, scaled or split.
+  void begin_coding() noexcept {
+    sel_.begin();
+    coded_ = 0;
+    coded_at_ = 0;
+    split_.clear_low();
+  }
+
+  // Chunks [coded_, j1), once selected: each one's 2-bit scale (the mean |value| it sends) and the new
+  // residual at its sent values, split from p_ where they lie (p - the value the message decodes to, its
+  // rounding error kept aside in split_), which the round commits whole once it succeeds.
+  void code_chunks(std::size_t j1) {
+    for (; coded_ < j1; ++coded_) {
+      const std::size_t j = coded_, at = coded_at_;
+      const auto kj = static_cast<std::size_t>(plan_.k_of(j));
+      const auto first = static_cast<std::size_t>(plan_.first(j));
+      if (opt_.two_bit) {
         double sum = 0.0;
         for (std::size_t i = at; i < at + kj; ++i)
           sum += std::fabs(static_cast<double>(val_[i]));
-        scale_[j] = kj == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(kj));
-        at += kj;
+        const float sc = kj == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(kj));
+        scale_[j] = sc;
+        const float t[4] = {two_bit_code::decode(0, sc), two_bit_code::decode(1, sc),
+                            two_bit_code::decode(2, sc), two_bit_code::decode(3, sc)};
+        for (std::size_t i = at; i < at + kj; ++i) {
+          const std::size_t x = first + idx_[i];
+          split_.split_one(p_[x], t[two_bit_code::encode(val_[i], sc)], x);
+        }
+      } else {
+        for (std::size_t i = at; i < at + kj; ++i) {
+          const std::size_t x = first + idx_[i];
+          split_.split_one(p_[x], val_[i], x);
+        }
       }
+      coded_at_ += kj;
+    }
+  }
+
+  // The chunks code() did not select (all of them after reduce()'s pass) selected, scaled and split, then the
+  // message: the values (floats, or scales and 2-bit codes), then the indices.
+  void encode() {
+    sel_.formed(p_, plan_, length_, idx_, val_);
+    code_chunks(plan_.count);
+    if (opt_.two_bit) {
       if (plan_.count != 0) std::memcpy(msg_.data(), scale_.data(), 4 * plan_.count);
       std::uint64_t j = 0, end = plan_.count ? plan_.k_of(0) : 0;
       detail::pack_bits(message_part(plan_.code_offset, plan_.index_offset), k_, 2, [&](std::size_t i) {
@@ -263,15 +303,11 @@ private:
              });
     }
     sum();
-    // What this rank's message decodes to: +0 but at its k indices, where the residual keeps p's rest. Its
-    // slot of the gathered messages holds the same bytes, decoded above (its indices widened for the commit).
-    const auto own = static_cast<std::size_t>(c.rank()) * k_;
-    own_at_.assign(at_.begin() + static_cast<std::ptrdiff_t>(own),
-                   at_.begin() + static_cast<std::ptrdiff_t>(own + k_));
     wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
                 .bytes_sent;
-    return detail::finish_sparse_round(ef_, p_, own_at_, std::span<const float>(sent_val_).subspan(own, k_),
-                                       steps_, n, k_);
+    // The new residual: p - what this rank's message decodes to, which is +0 but at its k indices, split
+    // there by encode() (p stays whole elsewhere, so p_ becomes the residual as it is).
+    return detail::finish_split_round(ef_, p_, split_, steps_, n, k_, false);
   }
 
   // The sum of the n decoded messages (at_, sent_val_), each value summed in rank order from +0 as the
@@ -417,7 +453,8 @@ private:
   std::vector<float> sent_val_;                    // ... and values
   mutable std::vector<std::size_t> cursor_, from_; // sum_each_block: where each rank's entries stand
   mutable std::vector<std::uint32_t> senders_;     // sender_mean: the ranks that sent each value of a block
-  std::vector<std::size_t> own_at_;                // this rank's indices, from at_, as the commit takes them
+  detail::residual_split split_;                   // the new residual's low words at the sent values
+  std::size_t coded_ = 0, coded_at_ = 0;           // code_chunks: the next chunk, where its entries start
   select::non_finite_scan sum_scan_;
   detail::input_verdict verdict_; // of p, formed by reduce() or code()
   std::size_t ranks_ = 0;         // of the last round

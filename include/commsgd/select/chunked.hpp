@@ -76,22 +76,35 @@ public:
   template <class K>
   std::size_t select_chunks(std::span<const float> x, std::size_t size, K&& k_of,
                             std::span<std::uint32_t> idx, std::span<float> val) {
+    const std::size_t count = chunk_count(x.size(), size);
+    return select_chunk_range(x, size, std::forward<K>(k_of), 0, count, idx, val);
+  }
+
+  // select_chunks for chunks [j0, j1) of x alone, their selections into idx and val (which hold those chunks'
+  // k). A caller that forms x a stretch at a time selects each chunk once it is whole, while it is still in
+  // cache, and gets select_chunks' result over its calls. last_passes() and last_held() count from the last
+  // call that started at chunk 0.
+  template <class K>
+  std::size_t select_chunk_range(std::span<const float> x, std::size_t size, K&& k_of, std::size_t j0,
+                                 std::size_t j1, std::span<std::uint32_t> idx, std::span<float> val) {
+    const std::size_t count = chunk_count(x.size(), size);
     if (size == 0) size = std::max<std::size_t>(x.size(), 1);
-    if (size > std::numeric_limits<std::uint32_t>::max())
-      throw invalid_argument(commsgd::concat("chunked: argument 'size' = ", size,
-                                             " is outside the allowed range [0, 2^32 - 1]"));
-    const std::size_t count = (x.size() + size - 1) / size;
+    if (j0 > j1 || j1 > count)
+      throw invalid_argument(commsgd::concat("chunked: the chunk range [", j0, ", ", j1,
+                                             ") is outside the allowed range: within [0, ", count, "]"));
     std::size_t total = 0;
-    for (std::size_t j = 0; j < count; ++j)
+    for (std::size_t j = j0; j < j1; ++j)
       total += checked_k(std::invoke(k_of, j), std::min(size, x.size() - j * size), j);
     if (idx.size() != total || val.size() != total)
       throw size_mismatch(commsgd::concat("chunked: idx.size() = ", idx.size(), " and val.size() = ",
                                           val.size(), " must both equal the chunks' total k ", total));
     if (chunks_.size() < count) chunks_.resize(count);
-    passes_ = 0;
-    held_total_ = 0;
+    if (j0 == 0) {
+      passes_ = 0;
+      held_total_ = 0;
+    }
     std::size_t at = 0;
-    for (std::size_t j = 0; j < count; ++j) {
+    for (std::size_t j = j0; j < j1; ++j) {
       const std::size_t b = j * size, len = std::min(size, x.size() - b);
       const std::size_t k = std::invoke(k_of, j);
       one(x.subspan(b, len), k, chunks_[j], idx.data() + at, val.data() + at, x);
@@ -122,6 +135,15 @@ private:
     warm_tracker track{};
     std::optional<laplace_bisect> large; // a chunk longer than options.small
   };
+
+  // Chunks of `size` values (0: one chunk of all) in a vector of n; refuses a size an index cannot hold.
+  static std::size_t chunk_count(std::size_t n, std::size_t size) {
+    if (size == 0) size = std::max<std::size_t>(n, 1);
+    if (size > std::numeric_limits<std::uint32_t>::max())
+      throw invalid_argument(commsgd::concat("chunked: argument 'size' = ", size,
+                                             " is outside the allowed range [0, 2^32 - 1]"));
+    return (n + size - 1) / size;
+  }
 
   static std::size_t checked_k(std::size_t k, std::size_t len, std::size_t j) {
     if (k > len)

@@ -62,12 +62,15 @@ concept selector = requires(S& s, std::span<const float> x, std::size_t k) {
 
 // A selector that also takes every chunk of a vector in one call (select/chunked.hpp): chunk j of x is
 // x[j size, min((j + 1) size, x.size())), k_of(j) of its values go to idx (relative to the chunk, rising) and
-// val, chunk after chunk. The top-k codes call it once a round instead of once a chunk.
+// val, chunk after chunk. The top-k codes call it once a round instead of once a chunk, or once for each run
+// of chunks as their values are formed (select_chunk_range: chunks [j0, j1) alone).
 template <class S>
 concept chunk_selector = selector<S> &&
     requires(S& s, std::span<const float> x, std::span<std::uint32_t> i, std::span<float> v) {
   {s.select_chunks(
       x, std::size_t{}, [](std::size_t) { return std::size_t{}; }, i, v)};
+  {s.select_chunk_range(
+      x, std::size_t{}, [](std::size_t) { return std::size_t{}; }, std::size_t{}, std::size_t{}, i, v)};
 };
 
 // Whether this selector object selects exactly k (see the contract above); host and device selectors alike.
