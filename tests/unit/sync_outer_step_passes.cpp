@@ -268,3 +268,37 @@ TEST_CASE("the outer step and merge in groups give step_on_sum's bits with math:
           }
         }
 }
+
+// From outer_sgd::streamed_length on, alpha = 0 writes the local model by streaming stores: the same bits
+// as the per-value form, wherever the local model starts against a 16-byte boundary and wherever a run
+// starts, and the values beside the run untouched.
+TEST_CASE("the outer step and merge on a model past streamed_length give step_on_sum's bits") {
+  const std::size_t d = sync::outer_sgd::streamed_length + 333;
+  for (const sync::outer_sgd_options o : {sync::outer_sgd_options{}, sync::outer_sgd_options{1.0f, 0.0f}})
+    for (std::size_t shift : {0, 1, 2, 3}) {
+      CAPTURE(o.momentum);
+      CAPTURE(shift);
+      std::mt19937 rng(static_cast<unsigned>(shift + 11));
+      sync::outer_sgd a(o), b(o);
+      auto ga = values(rng, d), gb = ga;
+      // x at `shift` floats past the vector's start, a guard value on each side.
+      std::vector<float> xa(d + shift + 1), xb;
+      const auto x0 = values(rng, d);
+      std::copy(x0.begin(), x0.end(), xa.begin() + static_cast<std::ptrdiff_t>(shift));
+      xb = xa;
+      for (int round = 0; round < 2; ++round) {
+        const auto sum = values(rng, d);
+        const std::size_t cut = round == 0 ? 4097 : 0;
+        for (const auto [first, count] : {std::pair{std::size_t{0}, cut}, std::pair{cut, d - cut}}) {
+          float* x = xa.data() + shift + first;
+          a.step_on_sum(ga, sum, 3.0f, first, count, [&](std::size_t i, float gi) {
+            x[i - first] = sync::math::merge(gi, x[i - first], 0.0f);
+          });
+          b.step_and_merge(gb, sum, 3.0f, first, count, xb.data() + shift + first, 0.0f);
+        }
+        REQUIRE(same_bits(ga, gb));
+        REQUIRE(same_bits(xa, xb));
+        REQUIRE(same_bits(a.velocity(), b.velocity()));
+      }
+    }
+}

@@ -18,6 +18,7 @@
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/sync/diloco_math.hpp>
+#include <commsgd/sync/streaming_store.hpp>
 
 #include <cmath>
 #include <concepts>
@@ -166,11 +167,15 @@ public:
     run<merge_kind::carry>(global, part, n, first, count, x, start, 0.0f);
   }
 
+  // The common model's length from which step_and_merge at alpha = 0 writes the local model by streaming
+  // stores (sync/streaming_store.hpp): 8 MiB of floats, past what a core's share of a cache keeps.
+  static constexpr std::size_t streamed_length = std::size_t{1} << 21;
+
   // For a loaded state: the caller has checked the length (0, or the model's with momentum).
   void replace_velocity(std::vector<float> v) noexcept { v_ = std::move(v); }
 
 private:
-  enum class merge_kind { restart, mix, carry };
+  enum class merge_kind { restart, mix, carry, none }; // none: global and v alone
 
   // math::outer_step and the merge on `count` values, the choices they make per value made here once.
   template <bool Momentum, merge_kind M>
@@ -189,7 +194,7 @@ private:
         x[j] = gj;
       else if constexpr (M == merge_kind::mix)
         x[j] = math::add_rn(gj, math::mul_rn(alpha, math::sub_rn(x[j], gj)));
-      else
+      else if constexpr (M == merge_kind::carry)
         x[j] = math::carry(gj, x[j], start[j]);
     }
   }
@@ -218,6 +223,19 @@ private:
     float* const g = global.data() + first;
     std::size_t i = 0;
     const auto at = [&](std::size_t k) { return start ? start + k : nullptr; };
+    // alpha = 0 on a large model: each group's new common values copied to x by streaming stores (x is the
+    // new values alone, so its old lines need not be read into the cache first).
+    if constexpr (M == merge_kind::restart)
+      if (global.size() >= streamed_length && count >= 64 + 3 && detail::can_stream(x, i)) {
+        // i: the values before x's first 16-byte boundary, merged as they are.
+        merge_values<Momentum, M>(g, s, v, x, nullptr, i, n, lr, mu, alpha);
+        for (; i + 64 <= count; i += 64) {
+          merge_group<Momentum, merge_kind::none>(g + i, s + i, Momentum ? v + i : nullptr, nullptr, nullptr,
+                                                  n, lr, mu, alpha);
+          detail::stream_64(x + i, g + i);
+        }
+        detail::stream_fence();
+      }
     for (; i + 64 <= count; i += 64)
       merge_group<Momentum, M>(g + i, s + i, Momentum ? v + i : nullptr, x + i, at(i), n, lr, mu, alpha);
     merge_values<Momentum, M>(g + i, s + i, Momentum ? v + i : nullptr, x + i, at(i), count - i, n, lr, mu,
