@@ -4,9 +4,8 @@
 //   take_input      p = g + e, and the verdict on sizes and values that compress/agree.hpp gathers
 //   gather_and_sum  every rank's message gathered, decoded and summed in rank order from +0
 //   sum_bound       whether the sums surely stay finite, from each rank's largest value
-//   finish_round    the residual committed, the step counted, the report (finish_sparse_round: a code whose
-//                   own message holds few values commits only those; finish_split_round: a code that split
-//                   its new residual itself as it coded, compress/error_feedback.hpp's residual_split)
+//   finish_round    the residual committed, the step counted, the report (finish_split_round: a code that
+//                   split its new residual itself as it coded, compress/error_feedback.hpp's residual_split)
 // A round that throws before finish_round leaves the compressor's state as it was.
 #pragma once
 
@@ -40,8 +39,8 @@ public:
   std::span<const float> residual_low() const noexcept { return ef_.residual_low(); }
 
 protected:
-  // `decoded`: whether the model keeps its own message decoded in d (a dense commit); a sparse one
-  // (finish_sparse_round) does not.
+  // `decoded`: whether the model keeps its own message decoded in d (a dense commit); one that splits its
+  // residual as it codes (finish_split_round) does not.
   round_state(std::size_t length, bool error_feedback, bool decoded = true)
       : length_(length), ef_(length, error_feedback), p_(length), d_(decoded ? length : 0) {}
 
@@ -152,25 +151,14 @@ inline comm::exchange_report finish_round(error_feedback& ef, std::span<const fl
   return round_report(n, each, dense);
 }
 
-// finish_round for a model whose own message decodes to +0 but at the indices `at`, where it is d_at (a
-// sparse code): the residual takes p's buffer (error_feedback::commit_sparse; p then holds scratch), and the
-// values' indices are all the commit touches. The report is built first, so that nothing after the commit
-// can throw.
 // The round of a compressor that split its new residual itself as it coded (residual_split): committed
-// whole, e_next getting the old residual back as scratch.
+// whole, e_next getting the old residual back as scratch. The report is built first, so that nothing after
+// the commit can throw.
 inline comm::exchange_report finish_split_round(error_feedback& ef, std::vector<float>& e_next,
                                                 const residual_split& s, std::uint64_t& steps, std::size_t n,
                                                 std::uint64_t each, bool dense) {
+  auto rep = round_report(n, each, dense);
   ef.commit_split(e_next, s.low_at, s.low_val);
-  ++steps;
-  return round_report(n, each, dense);
-}
-
-inline comm::exchange_report finish_sparse_round(error_feedback& ef, std::vector<float>& p,
-                                                 std::span<const std::size_t> at, std::span<const float> d_at,
-                                                 std::uint64_t& steps, std::size_t n, std::uint64_t each) {
-  auto rep = round_report(n, each, false);
-  ef.commit_sparse(p, at, d_at);
   ++steps;
   return rep;
 }

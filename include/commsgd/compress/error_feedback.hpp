@@ -308,10 +308,12 @@ public:
 
   // (e, r) <- a residual split elsewhere with split_difference, once the round has succeeded: e_next (the
   // full length) is swapped in whole and gets the old e back as scratch; r is low_val at the rising positions
-  // low_at and +0 everywhere else. What a compressor that splits p - d from cache as it codes commits.
+  // low_at and +0 everywhere else. What a compressor that splits p - d from cache as it codes commits. Throws
+  // only std::bad_alloc, before anything has changed.
   void commit_split(std::vector<float>& e_next, std::span<const std::size_t> low_at,
                     std::span<const float> low_val) {
     if (!on_) return;
+    low_at_.reserve(low_at.size());
     std::swap(e_, e_next);
     zero_low();
     low_at_.assign(low_at.begin(), low_at.end());
