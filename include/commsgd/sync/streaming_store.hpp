@@ -2,11 +2,9 @@
 // rank's local model when the model is larger than a cache could keep (outer_sgd's merge at alpha = 0).
 //
 // Why: a plain store first reads the line it writes into the cache, so writing a model that is not in cache
-// costs a read and a write of it; a streaming store writes the line whole (what memcpy does for large copies).
-// On DiLoCo's round at 16 M values on one core the dense round is 1.56x to 1.59x faster for it, the 16-bit
-// and int8 codes 1.07x to 1.34x (bench/results/diloco-round-split-stream-2026-11-30.md). Below a few MiB the
-// model stays in cache for the next inner step, which a streaming store would evict: hence
-// outer_sgd::streamed_length.
+// costs a read and a write of it; a streaming store writes the line whole (what memcpy does for large copies;
+// docs/diloco.md has what it saves a round). Below a few MiB the model stays in cache for the next inner
+// step, which a streaming store would evict: hence outer_sgd::streamed_length.
 //
 // Streaming stores are weakly ordered: stream_fence() after the last one, before another thread may read them.
 // SSE2 (every x86-64); elsewhere plain copies, and the fence does nothing.
