@@ -1,6 +1,7 @@
 // select::chunked's many-chunk call (whole, and in runs of chunks) against each chunk's sorted reference, over rounds of error-feedback
 // accumulators whose thresholds drift, jump and collapse (so warm starts hit, miss and restart), chunk
-// lengths that do and do not divide the input, ties, signed zeros, subnormals, and refusals.
+// lengths that do and do not divide the input, ties, signed zeros, subnormals, and refusals; the AVX2 passes
+// (where this CPU has them) and the portable loops alike.
 #include "select_data.hpp"
 
 #include <commsgd/select/chunked.hpp>
@@ -100,65 +101,69 @@ bool same_bits(const picks& a, const picks& b) {
 TEST_CASE(
     "chunked: every chunk's exact top-k over rounds of error feedback whose thresholds drift and jump") {
   std::uint64_t seed = 11;
-  for (std::size_t n : {0u, 1u, 16u, 17u, 1000u, 12289u})
-    for (std::size_t size :
-         {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}, std::size_t{4096}})
-      for (double density : {0.01, 0.3, 1.0})
-        for (auto shape : select_data::shapes) {
-          if (size < 64 && n > 1000) continue; // tiny chunks: the same path many times
-          CAPTURE(n);
-          CAPTURE(size);
-          CAPTURE(density);
-          CAPTURE(select_data::shape_name(shape));
-          sel::chunked s;
-          std::vector<float> residual(n, 0.0f);
-          std::mt19937_64 rng(seed++);
-          for (int round = 0; round < 8; ++round) {
-            CAPTURE(round);
-            // Steady drift, then a jump up (every floor too low) and a collapse (every floor too high).
-            const float scale = round == 5   ? 30.0f
-                                : round == 6 ? 0.002f
-                                             : 1.0f + 0.05f * static_cast<float>(round);
-            std::vector<float> p = select_data::make(shape, n, rng(), scale * 1e-3f);
-            for (std::size_t i = 0; i < n; ++i)
-              p[i] += round == 6 ? 0.0f : residual[i];
-            // Odd rounds in runs of chunks: the warm starts carry over from either way of calling.
-            const picks got = round % 2 == 0
-                                  ? run(s, p, size, density)
-                                  : run_in_ranges(s, p, size, density, static_cast<std::size_t>(round));
-            const picks want = reference(p, size, density);
-            REQUIRE(same_bits(got, want));
-            residual = p;
-            const std::size_t chunk = size == 0 ? std::max<std::size_t>(n, 1) : size;
-            std::size_t at = 0;
-            for (std::size_t b = 0; b < n; b += chunk) {
-              const std::size_t kj = k_for(std::min(chunk, n - b), density);
-              for (std::size_t q = at; q < at + kj; ++q)
-                residual[b + got.idx[q]] = 0.0f;
-              at += kj;
+  for (bool vector : {true, false}) // the AVX2 passes (where this CPU has them) and the portable loops
+    for (std::size_t n : {0u, 1u, 16u, 17u, 1000u, 12289u})
+      for (std::size_t size :
+           {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}, std::size_t{4096}})
+        for (double density : {0.01, 0.3, 1.0})
+          for (auto shape : select_data::shapes) {
+            if (size < 64 && n > 1000) continue; // tiny chunks: the same path many times
+            CAPTURE(n);
+            CAPTURE(size);
+            CAPTURE(density);
+            CAPTURE(select_data::shape_name(shape));
+            CAPTURE(vector);
+            sel::chunked s(sel::chunked::options{.vector = vector});
+            std::vector<float> residual(n, 0.0f);
+            std::mt19937_64 rng(seed++);
+            for (int round = 0; round < 8; ++round) {
+              CAPTURE(round);
+              // Steady drift, then a jump up (every floor too low) and a collapse (every floor too high).
+              const float scale = round == 5   ? 30.0f
+                                  : round == 6 ? 0.002f
+                                               : 1.0f + 0.05f * static_cast<float>(round);
+              std::vector<float> p = select_data::make(shape, n, rng(), scale * 1e-3f);
+              for (std::size_t i = 0; i < n; ++i)
+                p[i] += round == 6 ? 0.0f : residual[i];
+              // Odd rounds in runs of chunks: the warm starts carry over from either way of calling.
+              const picks got = round % 2 == 0
+                                    ? run(s, p, size, density)
+                                    : run_in_ranges(s, p, size, density, static_cast<std::size_t>(round));
+              const picks want = reference(p, size, density);
+              REQUIRE(same_bits(got, want));
+              residual = p;
+              const std::size_t chunk = size == 0 ? std::max<std::size_t>(n, 1) : size;
+              std::size_t at = 0;
+              for (std::size_t b = 0; b < n; b += chunk) {
+                const std::size_t kj = k_for(std::min(chunk, n - b), density);
+                for (std::size_t q = at; q < at + kj; ++q)
+                  residual[b + got.idx[q]] = 0.0f;
+                at += kj;
+              }
             }
           }
-        }
 }
 
 TEST_CASE("chunked: ties, signed zeros and subnormals go to the lowest index in every chunk") {
   std::mt19937_64 rng(5);
   const float tiny = std::numeric_limits<float>::denorm_min();
   const std::vector<float> few{0.0f, -0.0f, 1.0f, -1.0f, 2.0f, -2.0f, 0.5f, tiny, -tiny, 3 * tiny};
-  for (std::size_t n : {33u, 3001u, 9000u})
-    for (std::size_t size : {std::size_t{16}, std::size_t{100}, std::size_t{4096}})
-      for (double density : {0.01, 0.1, 0.5}) {
-        CAPTURE(n);
-        CAPTURE(size);
-        CAPTURE(density);
-        sel::chunked s;
-        for (int round = 0; round < 3; ++round) {
-          std::vector<float> x(n);
-          for (auto& v : x)
-            v = few[rng() % (round == 2 ? 3 : few.size())]; // the last round: zeros and ones only
-          CHECK(same_bits(run(s, x, size, density), reference(x, size, density)));
+  for (bool vector : {true, false})
+    for (std::size_t n : {33u, 3001u, 9000u})
+      for (std::size_t size : {std::size_t{16}, std::size_t{100}, std::size_t{4096}})
+        for (double density : {0.01, 0.1, 0.5}) {
+          CAPTURE(n);
+          CAPTURE(size);
+          CAPTURE(density);
+          CAPTURE(vector);
+          sel::chunked s(sel::chunked::options{.vector = vector});
+          for (int round = 0; round < 3; ++round) {
+            std::vector<float> x(n);
+            for (auto& v : x)
+              v = few[rng() % (round == 2 ? 3 : few.size())]; // the last round: zeros and ones only
+            CHECK(same_bits(run(s, x, size, density), reference(x, size, density)));
+          }
         }
-      }
 }
 
 TEST_CASE("chunked: chunks longer than options.small go to laplace_bisect and give the same set") {

@@ -61,6 +61,12 @@ struct chunked_small {
   sel::threshold select(std::span<const float> x, std::size_t k) { return s.select(x, k); }
 };
 
+// The many-chunk selector's portable loops, where the CPU would take its AVX2 passes.
+struct chunked_portable {
+  sel::chunked s{sel::chunked::options{.vector = false}};
+  sel::threshold select(std::span<const float> x, std::size_t k) { return s.select(x, k); }
+};
+
 template <class S>
 void check_all_k(S& s, const std::vector<float>& x) {
   const std::size_t n = x.size();
@@ -80,7 +86,7 @@ void check_all_k(S& s, const std::vector<float>& x) {
 
 TEST_CASE_TEMPLATE("exact-answer selectors equal the sorted reference", S, sel::exact, sel::radix,
                    sel::hierarchical, hierarchical_small, radix_threads, laplace_trimmed, laplace_threads,
-                   sampled_trimmed, sel::chunked, chunked_small) {
+                   sampled_trimmed, sel::chunked, chunked_small, chunked_portable) {
   S s;
   SUBCASE("random inputs over many seeds and odd sizes") {
     std::uint64_t seed = 1;

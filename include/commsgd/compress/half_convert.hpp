@@ -28,10 +28,10 @@
 #include <span>
 #include <string>
 
-#if !defined(COMMSGD_FORCE_SCALAR_HALF) && !defined(__CUDACC__) &&                                           \
-    (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <commsgd/cpu.hpp>
+
+#if !defined(COMMSGD_FORCE_SCALAR_HALF) && COMMSGD_X86_DISPATCH
 #define COMMSGD_HALF_X86 1
-#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define COMMSGD_HALF_X86 0
@@ -98,15 +98,7 @@ enum class half_path : std::uint8_t { best, scalar };
 inline bool half_vector_path() noexcept {
 #if COMMSGD_HALF_X86
   static const bool on = [] {
-    // CPUID rather than __builtin_cpu_supports, which some Clang versions refuse "f16c" in: F16C, AVX and
-    // OSXSAVE in leaf 1, the OS saving the YMM state in XCR0, AVX2 in leaf 7.
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
-    if ((c & (1u << 29)) == 0 || (c & (1u << 28)) == 0 || (c & (1u << 27)) == 0) return false;
-    unsigned xcr0 = 0, xcr0_hi = 0;
-    __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_hi) : "c"(0));
-    if ((xcr0 & 6u) != 6u) return false;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0 || (b & (1u << 5)) == 0) return false;
+    if (!cpu().avx2 || !cpu().f16c) return false;
     const char* force = std::getenv("COMMSGD_FORCE_SCALAR_HALF");
     return force == nullptr || force[0] == '\0' || std::string(force) == "0";
   }();

@@ -26,6 +26,7 @@
 
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/select/collect_x86.hpp>
 #include <commsgd/select/compact.hpp>
 #include <commsgd/select/key.hpp>
 #include <commsgd/select/laplace_bisect.hpp>
@@ -60,6 +61,8 @@ public:
     // Chunks of at most this many values are selected here; longer ones by laplace_bisect (trim, warm).
     std::size_t small = std::size_t{1} << 16;
     bool warm_start = true;
+    // The AVX2 passes where the CPU has them (the same result; false: the portable loops, which tests compare).
+    bool vector = true;
   };
 
   chunked() = default;
@@ -248,8 +251,14 @@ private:
     std::uint32_t* kq = key_.data();
     std::uint32_t* iq = at_.data();
     std::size_t c = 0;
-    std::size_t i = 0;
     std::uint32_t top = lo;
+#if COMMSGD_X86_DISPATCH
+    if (opt_.vector && cpu().avx2 && cpu().popcnt) {
+      const std::size_t whole = n / 8 * 8;
+      c = detail::collect_avx2(x.data(), whole, lo, kq, iq, top);
+      return collect_tail(x, lo, whole, c, top);
+    }
+#endif
     // First a mask of the entries of each 64 that reach lo, for the whole chunk: a streaming read with no
     // branch, which the hardware keeps ahead of; then, from cache, one write a set bit. Done in one loop, each
     // group's mispredicted exit stalled the read.
@@ -276,7 +285,15 @@ private:
         ++c;
       }
     }
-    i = blocks * detail::block;
+    return collect_tail(x, lo, blocks * detail::block, c, top);
+  }
+
+  // collect's last values from i, after c candidates with the largest key top.
+  std::size_t collect_tail(std::span<const float> x, std::uint32_t lo, std::size_t i, std::size_t c,
+                           std::uint32_t top) {
+    const std::size_t n = x.size();
+    std::uint32_t* kq = key_.data();
+    std::uint32_t* iq = at_.data();
     for (; i < n; ++i) {
       const std::uint32_t key = detail::key_at(x.data() + i);
       kq[c] = key;
@@ -294,8 +311,19 @@ private:
 
   // The k-th largest of the held keys (k <= held), and the selection written from them in index order.
   threshold finish(std::size_t k, std::uint32_t* idx, float* val, const float* x) {
-    const auto [tk, above] = kth_largest(k);
+    const auto [tk, above, tied] = kth_largest(k);
     const threshold t{key_magnitude(tk), above, k - above};
+#if COMMSGD_X86_DISPATCH
+    // Every held tie taken (the usual case: one): the selection is every held key >= tk.
+    if (idx != nullptr && tied == t.at && opt_.vector && cpu().avx2 && cpu().popcnt) {
+      detail::keep_from_avx2(key_.data(), at_.data(), held_, tk);
+      for (std::size_t q = 0; q < k; ++q) {
+        idx[q] = at_[q];
+        val[q] = x[at_[q]];
+      }
+      return t;
+    }
+#endif
     if (idx != nullptr) {
       // Branch-free (which held key is taken is data, not a pattern): each one written over the next slot, the
       // count moved only for those taken; at_ is overwritten in place, never ahead of what it reads.
@@ -317,12 +345,36 @@ private:
     return t;
   }
 
-  // The k-th largest held key, 1 <= k <= held, and how many held keys lie above it: a histogram of 256
+  // The k-th largest held key, 1 <= k <= held, how many held keys lie above it and how many equal it: a histogram of 256
   // buckets over [floor_, top_] finds the bucket it lies in, and nth_element the key among that bucket's few
   // (a sort's branches, mispredicted about half the time, cost more than two plain passes over the hundreds of
   // keys a chunk holds). Counting the buckets while collecting was slower: the increments wait on each other.
-  std::pair<std::uint32_t, std::size_t> kth_largest(std::size_t k) {
+  struct kth {
+    std::uint32_t key;
+    std::size_t above, tied;
+  };
+  kth kth_largest(std::size_t k) {
     const std::size_t c = held_;
+#if COMMSGD_X86_DISPATCH
+    if (opt_.vector && cpu().avx2 && cpu().popcnt) {
+      // The largest t in [floor_, top_] that k held keys reach, by bisection: each probe a count of the
+      // held keys in 8 lanes, no scatter into a histogram whose increments wait on each other.
+      std::fill_n(key_.data() + c, 16, 0u);
+      const auto count_from = [&](std::uint32_t t) {
+        return t == 0 ? c : detail::count_from_avx2(key_.data(), c, t);
+      };
+      std::uint32_t a = floor_, b = top_;
+      while (a < b) {
+        const std::uint32_t mid = a + (b - a + 1) / 2;
+        if (count_from(mid) >= k)
+          a = mid;
+        else
+          b = mid - 1;
+      }
+      const std::size_t above = a == top_ ? 0 : count_from(a + 1);
+      return {a, above, count_from(a) - above};
+    }
+#endif
     const std::uint32_t lo = floor_, span = top_ - floor_;
     unsigned shift = 0;
     while ((span >> shift) >= 256u)
@@ -333,7 +385,7 @@ private:
     std::size_t b = span >> shift, above = 0;
     while (above + hist[b] < k)
       above += hist[b--];
-    if (shift == 0) return {lo + static_cast<std::uint32_t>(b), above};
+    if (shift == 0) return {lo + static_cast<std::uint32_t>(b), above, hist[b]};
     sort_.resize(hist[b] + 1);
     std::size_t m = 0;
     for (std::size_t i = 0; i < c; ++i) {
@@ -343,9 +395,12 @@ private:
     const auto nth = sort_.begin() + static_cast<std::ptrdiff_t>(k - above - 1);
     std::nth_element(sort_.begin(), nth, sort_.begin() + static_cast<std::ptrdiff_t>(m), std::greater<>());
     const std::uint32_t tk = *nth;
-    for (auto q = sort_.begin(); q != nth; ++q) // nth_element left the larger ones before nth
-      above += *q > tk;
-    return {tk, above};
+    std::size_t tied = 0;
+    for (std::size_t q = 0; q < m; ++q) {
+      above += sort_[q] > tk; // only those nth_element left before nth can be
+      tied += sort_[q] == tk;
+    }
+    return {tk, above, tied};
   }
 
   options opt_{};
