@@ -358,21 +358,38 @@ private:
 #if COMMSGD_X86_DISPATCH
     if (opt_.vector && cpu().avx2 && cpu().popcnt) {
       // The largest t in [floor_, top_] that k held keys reach, by bisection: each probe a count of the
-      // held keys in 8 lanes, no scatter into a histogram whose increments wait on each other.
+      // held keys in 8 lanes, no scatter into a histogram whose increments wait on each other. It stops
+      // once at most 8 held keys lie in [a, b] (ca of them reach a, cb reach b + 1): those are then taken
+      // out and the k-th found among them.
       std::fill_n(key_.data() + c, 16, 0u);
-      const auto count_from = [&](std::uint32_t t) {
-        return t == 0 ? c : detail::count_from_avx2(key_.data(), c, t);
-      };
       std::uint32_t a = floor_, b = top_;
-      while (a < b) {
+      std::size_t ca = c, cb = 0;
+      while (a < b && ca - cb > 8) {
         const std::uint32_t mid = a + (b - a + 1) / 2;
-        if (count_from(mid) >= k)
+        const std::size_t cm = detail::count_from_avx2(key_.data(), c, mid); // mid > a >= 0
+        if (cm >= k) {
           a = mid;
-        else
+          ca = cm;
+        } else {
           b = mid - 1;
+          cb = cm;
+        }
       }
-      const std::size_t above = a == top_ ? 0 : count_from(a + 1);
-      return {a, above, count_from(a) - above};
+      if (a == b) return {a, cb, ca - cb};
+      std::uint32_t few[9];
+      std::size_t m = 0;
+      for (std::size_t i = 0; i < c; ++i) { // branch-free: at most 8 are kept, each over the next slot
+        few[m] = key_[i];
+        m += key_[i] - a <= b - a;
+      }
+      std::sort(few, few + m, std::greater<>());
+      const std::uint32_t tk = few[k - cb - 1];
+      std::size_t above = cb, tied = 0;
+      for (std::size_t q = 0; q < m; ++q) {
+        above += few[q] > tk;
+        tied += few[q] == tk;
+      }
+      return {tk, above, tied};
     }
 #endif
     const std::uint32_t lo = floor_, span = top_ - floor_;
