@@ -6,13 +6,15 @@
 // and the caller then reads the chunk again to compact the selection. Here one pass over a chunk does both:
 //   floor     the chunk's own warm start (select/laplace_math.hpp's warm_tracker, the rule laplace_bisect
 //             uses): its last threshold, or the last move repeated, lowered by a margin from the recent errors
-//   collect   one pass writes (key, index) of every entry whose |x| reaches the floor, in index order: a mask
-//             of 64 entries at a time from vectorised compares (SSE2's movemask on x86-64, a plain loop
-//             elsewhere), then one write a set bit, so the pass is a read of the chunk plus work for the few
-//             entries near the top
-//   finish    the k-th largest key among those (a histogram of 256 buckets over their range, then nth_element
-//             in the one bucket that holds it), and the selection written from the candidates in index order,
-//             branch-free: every key above it and the first ties, lowest index first
+//   collect   one pass writes (key, index) of every entry whose |x| reaches the floor, in index order: with
+//             AVX2 (select/collect_x86.hpp, chosen at run time) 8 compares and a table-driven compaction at a
+//             time; else a mask of 64 entries from vectorised compares (SSE2's movemask on x86-64, a plain
+//             loop elsewhere), then one write a set bit. The pass is a read of the chunk plus work for the
+//             few entries near the top
+//   finish    the k-th largest key among those (AVX2: a bisection over counts of the held keys, 8 a probe,
+//             until at most 8 remain in its bracket; else a histogram of 256 buckets over their range, then
+//             nth_element in the one bucket that holds it), and the selection written from the candidates in
+//             index order, branch-free: every key above it and the first ties, lowest index first
 //   miss      fewer than k reached the floor (the threshold fell past the margin): the floor is lowered to 4,
 //             16, then 64 margins below the guess, then to 0, and the chunk (in cache) read again; a cold chunk
 //             (no threshold yet, or 0 last time) collects everything once

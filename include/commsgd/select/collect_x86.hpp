@@ -1,13 +1,14 @@
-// select::chunked's two per-candidate passes 8 values an instruction where the CPU has AVX2 (checked once, at
-// run time; commsgd/cpu.hpp): the SSE2 build's loops take a branch a set bit, mispredicted about once a
-// group of 64 at the candidate counts a warm start leaves (a few in a group), and that was a third of a chunk's
-// time at 3 % (issue 60).
-//   collect    the (key, index) of every value whose key reaches a floor, in index order: a compare of 8 keys,
-//              their mask's 8 bits looked up as the permutation that moves the hits to the front (a table of
-//              256 words of 8 byte-sized lanes), and both rows stored whole at the count, which then moves by
-//              the mask's population. Branch-free; the stores past the count are overwritten or never read.
-//   compact    the held indices whose key reaches the k-th (every tie taken), in place, the same way.
-// Both give what the portable loops give: the same entries in the same order.
+// select::chunked's per-candidate passes 8 values an instruction where the CPU has AVX2 (checked once, at run
+// time; commsgd/cpu.hpp). The portable loops write a candidate a set bit behind a branch, mispredicted about
+// once a group of 64 at the few hits a warm floor leaves, and find the k-th through a histogram whose
+// increments wait on each other; those were half of a chunk's time at 3 %.
+//   collect     the (key, index) of every value whose key reaches a floor, in index order: a compare of 8 keys,
+//               their mask's 8 bits looked up as the permutation that moves the hits to the front (a table
+//               of 256 words of 8 byte-sized lanes), and both rows stored whole at the count, which then moves
+//               by the mask's population. Branch-free; the stores past the count are overwritten or never read.
+//   count_from  how many held keys reach a value: the probe of chunked's bisection for the k-th.
+//   keep_from   the held indices whose key reaches the k-th (every tie taken), in place, as collect does.
+// collect and keep_from give what the portable loops give: the same entries in the same order.
 #pragma once
 
 #include <commsgd/cpu.hpp>
