@@ -347,10 +347,11 @@ private:
     return t;
   }
 
-  // The k-th largest held key, 1 <= k <= held, how many held keys lie above it and how many equal it: a histogram of 256
-  // buckets over [floor_, top_] finds the bucket it lies in, and nth_element the key among that bucket's few
-  // (a sort's branches, mispredicted about half the time, cost more than two plain passes over the hundreds of
-  // keys a chunk holds). Counting the buckets while collecting was slower: the increments wait on each other.
+  // The k-th largest held key, 1 <= k <= held, how many held keys lie above it and how many equal it. The
+  // portable loops: a histogram of 256 buckets over [floor_, top_] finds the bucket it lies in, and
+  // nth_element the key among that bucket's few (a sort's branches, mispredicted about half the time, cost
+  // more than two plain passes over the hundreds of keys a chunk holds). Counting the buckets while
+  // collecting was slower: the increments wait on each other.
   struct kth {
     std::uint32_t key;
     std::size_t above, tied;
