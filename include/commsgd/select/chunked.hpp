@@ -68,7 +68,7 @@ public:
   };
 
   chunked() = default;
-  explicit chunked(options o) : opt_(o) {
+  explicit chunked(options o) : opt_(o), avx2_(takes_avx2(o)) {
     check_range("options.small", static_cast<double>(o.small), 1.0,
                 static_cast<double>(std::numeric_limits<std::uint32_t>::max()), "[1, 2^32 - 1]");
   }
@@ -255,7 +255,7 @@ private:
     std::size_t c = 0;
     std::uint32_t top = lo;
 #if COMMSGD_X86_DISPATCH
-    if (opt_.vector && cpu().avx2 && cpu().popcnt) {
+    if (avx2_) {
       const std::size_t whole = n / 8 * 8;
       c = detail::collect_avx2(x.data(), whole, lo, kq, iq, top);
       return collect_tail(x, lo, whole, c, top);
@@ -317,7 +317,7 @@ private:
     const threshold t{key_magnitude(tk), above, k - above};
 #if COMMSGD_X86_DISPATCH
     // Every held tie taken (the usual case: one): the selection is every held key >= tk.
-    if (idx != nullptr && tied == t.at && opt_.vector && cpu().avx2 && cpu().popcnt) {
+    if (idx != nullptr && tied == t.at && avx2_) {
       detail::keep_from_avx2(key_.data(), at_.data(), held_, tk);
       for (std::size_t q = 0; q < k; ++q) {
         idx[q] = at_[q];
@@ -359,7 +359,7 @@ private:
   kth kth_largest(std::size_t k) {
     const std::size_t c = held_;
 #if COMMSGD_X86_DISPATCH
-    if (opt_.vector && cpu().avx2 && cpu().popcnt) {
+    if (avx2_) {
       // The largest t in [floor_, top_] that k held keys reach, by bisection: each probe a count of the
       // held keys in 8 lanes, no scatter into a histogram whose increments wait on each other. It stops
       // once at most 8 held keys lie in [a, b] (ca of them reach a, cb reach b + 1): those are then taken
@@ -423,7 +423,13 @@ private:
     return {tk, above, tied};
   }
 
+  // Whether this object takes the AVX2 passes: asked once, not on every chunk.
+  static bool takes_avx2(const options& o) noexcept {
+    return o.vector && cpu().avx2 && cpu().popcnt;
+  }
+
   options opt_{};
+  bool avx2_ = takes_avx2(opt_);
   std::vector<chunk_state> chunks_;
   std::vector<std::uint32_t> key_, at_, sort_; // the held candidates of one chunk
   std::vector<std::uint64_t> masks_;           // which of each 64 values of a chunk reach the floor
