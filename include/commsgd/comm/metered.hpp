@@ -87,11 +87,7 @@ public:
   template <transferable T>
   void broadcast(std::span<T> data, int root) {
     inner_.broadcast(data, root);
-    const auto peers = static_cast<std::uint64_t>(size() - 1);
-    if (rank() == root)
-      charge(op_kind::broadcast, peers, 0, peers * data.size_bytes(), 0);
-    else
-      charge(op_kind::broadcast, 0, 1, 0, data.size_bytes());
+    charge(op_kind::broadcast, broadcast_traffic(data.size_bytes(), size(), rank(), root));
   }
 
   template <transferable T>

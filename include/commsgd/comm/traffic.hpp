@@ -83,6 +83,14 @@ constexpr traffic all_gather_v_traffic(std::uint64_t my_bytes, std::uint64_t oth
 }
 
 // An all-to-all of `bytes` a block: its block to each of the n-1 others, theirs back (comm/all_to_all.hpp).
+// A broadcast of `bytes` from `root`: the root sends the buffer to the n - 1 others, each other rank receives it
+// once.
+constexpr traffic broadcast_traffic(std::uint64_t bytes, int n, int rank, int root) noexcept {
+  const auto peers = static_cast<std::uint64_t>(n > 1 ? n - 1 : 0);
+  if (rank == root) return {peers, peers * bytes, 0, 0};
+  return {0, 0, 1, bytes};
+}
+
 constexpr traffic all_to_all_traffic(std::uint64_t bytes, int n) noexcept { return all_gather_traffic(bytes, n); }
 
 } // namespace commsgd::inline v1::comm

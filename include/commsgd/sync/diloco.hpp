@@ -97,6 +97,29 @@ namespace commsgd::inline v1::sync {
 
 enum class fragment_layout { strided, contiguous };
 
+// The P fragments' (offset, length) runs in the flat model of `layers` (their sizes, in flat order): layer l
+// goes to fragment l mod P (strided), or to the run that holds it when the layers are cut into P runs as evenly
+// as whole layers allow (contiguous); adjacent layers of one fragment make one run. A layer may hold no
+// values (a rank's shard of a small sharded layer): it keeps its place, and a fragment of no values its turns,
+// so that every shard of a model syncs fragment p on the same steps. A device trainer cuts its model with it
+// too, so that its fragments are the engine's.
+inline std::vector<std::vector<std::pair<std::size_t, std::size_t>>>
+fragment_runs_of(std::span<const std::size_t> layers, std::size_t P, fragment_layout layout) {
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> out(P);
+  const std::size_t nl = layers.size();
+  std::size_t begin = 0;
+  for (std::size_t l = 0; l < nl; ++l) {
+    const std::size_t p = layout == fragment_layout::strided ? l % P : l * P / nl;
+    auto& runs = out[p];
+    if (!runs.empty() && runs.back().first + runs.back().second == begin)
+      runs.back().second += layers[l];
+    else
+      runs.emplace_back(begin, layers[l]);
+    begin += layers[l];
+  }
+  return out;
+}
+
 struct diloco_options {
   float lr = 0.01f;              // the inner SGD step of step(params, grad): (0, inf); advance() takes none
   int sync_every = 100;          // H, inner steps a round: [1, inf)
@@ -368,25 +391,15 @@ private:
   }
 
   void cut() {
-    const std::size_t nl = layers_.size(), P = static_cast<std::size_t>(opt_.fragments);
-    std::vector<std::size_t> begin(nl + 1, 0);
-    // A layer may hold no values: a rank's shard of a small sharded layer can be empty. It keeps its place in
-    // the fragments' layout, and a fragment of no values keeps its turns, so that every shard of a model syncs
-    // fragment p on the same steps.
-    for (std::size_t l = 0; l < nl; ++l)
-      begin[l + 1] = begin[l] + layers_[l];
-    total_ = begin[nl];
-    frags_.assign(P, {});
-    for (std::size_t l = 0; l < nl; ++l) {
-      // Contiguous: layer l goes to the run that holds it when nl layers are cut into P runs as evenly as
-      // whole layers allow.
-      const std::size_t p = opt_.layout == fragment_layout::strided ? l % P : l * P / nl;
-      auto& f = frags_[p];
-      if (!f.runs.empty() && f.runs.back().first + f.runs.back().second == begin[l])
-        f.runs.back().second += layers_[l];
-      else
-        f.runs.emplace_back(begin[l], layers_[l]);
-      f.length += layers_[l];
+    const auto runs = fragment_runs_of(layers_, static_cast<std::size_t>(opt_.fragments), opt_.layout);
+    total_ = 0;
+    for (auto l : layers_)
+      total_ += l;
+    frags_.assign(runs.size(), {});
+    for (std::size_t p = 0; p < runs.size(); ++p) {
+      frags_[p].runs = runs[p];
+      for (const auto& r : runs[p])
+        frags_[p].length += r.second;
     }
   }
 

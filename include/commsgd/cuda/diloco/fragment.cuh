@@ -248,8 +248,9 @@ public:
             a, layout_, in, message_bytes(), n, mean, verdict_.data() + corrupt_slot);
       }
     } else {
-      detail::diloco::block_check_kernel<Code><<<static_cast<unsigned>(blocks()), 256, 0, stream>>>(
-          length_, opt_.block_size, blocks(), in, message_bytes(), n, a.verdict);
+      detail::diloco::block_check_kernel<Code>
+          <<<static_cast<unsigned>((blocks() + 255) / 256), 256, 0, stream>>>(
+              length_, opt_.block_size, blocks(), in, message_bytes(), n, a.verdict);
       check_launch("cuda::diloco_fragment::apply (check)");
       detail::diloco::block_step_kernel<Code>
           <<<grid(256), 256, 0, stream>>>(a, opt_.block_size, blocks(), in, message_bytes(), n);
@@ -304,6 +305,22 @@ public:
     }
   }
 
+  // The same from device memory (the fragment's values each, in fragment order), stream-ordered: a device
+  // trainer's checkpoint never passes through the host twice. A null velocity or residual is zeros.
+  void load_device(const float* global, const float* velocity, const float* residual,
+                   const float* residual_low, cudaStream_t stream) {
+    if (global == nullptr)
+      throw invalid_argument("argument 'global' is null; the allowed value is the fragment's common model");
+    if (opt_.momentum == 0.0f && velocity != nullptr)
+      throw invalid_argument("argument 'velocity' is given; without momentum the allowed value is none");
+    put_device(global_, global, stream);
+    if (opt_.momentum != 0.0f) put_device(velocity_, velocity, stream);
+    if constexpr (top_k) {
+      put_device(e_, residual, stream);
+      put_device(r_, residual_low, stream);
+    }
+  }
+
 private:
   static constexpr int own_slot = 0, sum_slot = 1, fresh_slot = 2, corrupt_slot = 3, slots = 4;
   static constexpr std::uint64_t max_grid = 0x7fffffffu; // CUDA's limit on blocks in x
@@ -335,6 +352,14 @@ private:
       check(cudaMemset(d.data(), 0, length_ * 4), "cudaMemset");
     else
       check(cudaMemcpy(d.data(), h.data(), length_ * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+
+  void put_device(device_buffer<float>& d, const float* from, cudaStream_t stream) {
+    if (from == nullptr)
+      check(cudaMemsetAsync(d.data(), 0, length_ * 4, stream), "cudaMemsetAsync");
+    else
+      check(cudaMemcpyAsync(d.data(), from, length_ * 4, cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync");
   }
 
   unsigned grid(unsigned block) const noexcept {

@@ -135,17 +135,18 @@ __device__ inline float decode_value(const std::byte* msg, std::uint64_t blocks,
 // block whose scales add up (in double, exactly enough) well below FLT_MAX sums finitely in float. Only the
 // other blocks (none, but for pseudo-gradients near FLT_MAX) are summed here, as the step kernel would, and
 // their non-finite sums counted: the step runs only when there are none, as the host engine refuses a sum
-// before it changes anything.
+// before it changes anything. One thread a code block: the scales are all it reads in the usual case, and a
+// CUDA block a code block would launch a quarter of a million blocks at 2^26 values that do nothing else.
 template <class Code>
 __global__ void block_check_kernel(std::uint64_t length, std::uint64_t block_size, std::uint64_t blocks,
                                    const std::byte* all, std::uint64_t bytes, int n, device_verdict* v) {
-  const std::uint64_t k = blockIdx.x;
+  const std::uint64_t k = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+  if (k >= blocks) return;
   double bound = 0.0;
   for (int r = 0; r < n; ++r)
     bound += fabs(static_cast<double>(load_scale(all + r * bytes, k))); // a corrupt peer's negative scale too
   if (bound <= 0.5 * FLT_MAX) return;
-  for (std::uint64_t i = k * block_size + threadIdx.x; i < min(length, (k + 1) * block_size);
-       i += blockDim.x) {
+  for (std::uint64_t i = k * block_size; i < min(length, (k + 1) * block_size); ++i) {
     float sum = 0.0f;
     for (int r = 0; r < n; ++r)
       sum = sync::math::add_rn(sum, decode_value<Code>(all + r * bytes, blocks, k, i));
