@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from . import _C, _replica
+from . import _C, _device_round, _replica
 from ._C import InvalidArgument, NonFinite
 from ._state import gloo_group_like, gloo_subgroup
 
@@ -132,11 +132,18 @@ class DiLoCo:
     and counted.
 
     **Devices.** float32 parameters on the CPU are used in place: at construction they move into one flat
-    tensor and each parameter becomes a view of it. Other parameters (CUDA, or another dtype) stay where they
-    are; the engine works on a float32 host copy (pinned when CUDA is present), and after each inner step the
-    fragments the engine touches then are copied to it and back, so a step without an exchange copies
-    nothing. The engine exchanges over a gloo group of the same ranks, made at construction, so that its
-    thread and the trainer's own collectives never share a group.
+    tensor and each parameter becomes a view of it. float32 parameters on one CUDA device take the device
+    round (:attr:`device_round`) where the package has its CUDA part and the code has one (``dense``,
+    ``int8``, ``e3m0``, the gathered top-k codes with chunks of at most 4096 values; not ``keep_delay_steps``):
+    they become views of one flat device tensor, the common model, outer momentum and residuals stay on the
+    device, the round's kernels encode and apply there (the host engine's bits), and only the messages move:
+    over an NCCL group where ``process_group`` is NCCL, else over gloo through page-locked host buffers of the
+    message's size. Its state_dict is saved between exchanges (after :meth:`finish`, or with ``delay=0``).
+    Other parameters (another dtype, the 16-bit and flat-in-n codes, ``device_round=False``) stay where they
+    are; the host engine works on a float32 host copy (pinned when CUDA is present), and after each inner step
+    the fragments it touches then are copied to it and back, so a step without an exchange copies nothing.
+    The engine exchanges over a group of the same ranks of its own, made at construction, so that its
+    collectives and the trainer's never share a group.
 
     Args:
         model (torch.nn.Module): the local model; its parameters that require gradients are synchronised
@@ -165,6 +172,9 @@ class DiLoCo:
             whole model (DDP inside): they split every outer round, each exchanging 1/L of every fragment with
             its counterparts in ``process_group``, and gather the result. FSDP2 parameters (DTensors) need
             none: each rank exchanges its shards. docs/diloco.md, "Replicas of many ranks".
+        device_round (bool, optional): CUDA parameters' outer round on their device (see Devices): ``None``
+            where it can, ``True`` to insist (``ValueError`` saying why it cannot), ``False`` for the host
+            engine.
 
     Example::
         >>> # xdoctest: +SKIP
@@ -189,7 +199,8 @@ class DiLoCo:
                  outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  fragments: Union[int, Sequence[Union[torch.nn.Module, Iterable[torch.nn.Parameter]]]] = 1,
                  delay: int = 0, alpha: float = 0.0, compression: str = "dense",
-                 replica_group: Optional[dist.ProcessGroup] = None, keep_delay_steps: bool = False) -> None:
+                 replica_group: Optional[dist.ProcessGroup] = None, keep_delay_steps: bool = False,
+                 device_round: Optional[bool] = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise _bad("model", type(model).__name__, "a torch.nn.Module")
         if not isinstance(inner_optimizer, torch.optim.Optimizer):
@@ -208,6 +219,8 @@ class DiLoCo:
             raise _bad("keep_delay_steps", keep_delay_steps, "True or False")
         if keep_delay_steps and alpha != 0:
             raise _bad("alpha", alpha, "0 with keep_delay_steps=True (the two are two merges)")
+        if device_round is not None and not isinstance(device_round, bool):
+            raise _bad("device_round", device_round, "True, False or None")
         code = _code_name(compression)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
@@ -248,10 +261,16 @@ class DiLoCo:
             self._init_replica(process_group, replica_group)
             return
         total = sum(p.numel() for p in self._order)
-        self._in_place = DiLoCo._IN_PLACE and all(p.device.type == "cpu" and p.dtype == torch.float32
-                                                  for p in self._order)
-        pin = not self._in_place and torch.cuda.is_available()
-        self._flat = torch.empty(total, dtype=torch.float32, pin_memory=pin)
+        layer_sizes = [sum(p.numel() for p in layer) for layer in layers]
+        self._device = self._device_of(layer_sizes, num_fragments, layout, device_round)
+        if self._device is not None:
+            self._in_place = True
+            self._flat = torch.empty(total, dtype=torch.float32, device=self._device)
+        else:
+            self._in_place = DiLoCo._IN_PLACE and all(p.device.type == "cpu" and p.dtype == torch.float32
+                                                      for p in self._order)
+            pin = not self._in_place and torch.cuda.is_available()
+            self._flat = torch.empty(total, dtype=torch.float32, pin_memory=pin)
         self._views = []
         off = 0
         for p in self._order:
@@ -262,8 +281,40 @@ class DiLoCo:
                 v.copy_(p.detach())
                 if self._in_place:
                     p.data = v
-        self._attach([sum(p.numel() for p in layer) for layer in layers], num_fragments, layout)
+        self._attach(layer_sizes, num_fragments, layout)
         self._copy_out(range(len(self._order)))
+
+    #: Whether this class may take the device round (a membership engine's subclass rebuilds groups and saves
+    #: parts, which the host engine does).
+    _DEVICE_ROUND = True
+
+    def _device_of(self, layer_sizes: List[int], num_fragments: int, layout: str,
+                   wanted: Optional[bool]) -> Optional[torch.device]:
+        """The CUDA device whose round this DiLoCo runs (_device_round.py), or None for the host engine."""
+        if wanted is False:
+            return None
+        devices = {p.device for p in self._order}
+        why = None
+        if len(devices) != 1 or next(iter(devices)).type != "cuda" or \
+                any(p.dtype != torch.float32 for p in self._order):
+            why = "its parameters are not all float32 CUDA tensors of one device"
+        elif not type(self)._DEVICE_ROUND:
+            why = f"{type(self).__name__} runs the host engine"
+        elif self.keep_delay_steps:
+            why = "keep_delay_steps runs on the host engine"
+        else:
+            runs = _C.diloco_fragment_runs(layer_sizes, num_fragments, layout)
+            why = _device_round.refusal(self.compression, [sum(n for _, n in r) for r in runs])
+        if why is None:
+            return next(iter(devices))
+        if wanted:
+            raise _bad("device_round", True, f"False or None here: {why}")
+        return None
+
+    @property
+    def device_round(self) -> bool:
+        """Whether the outer round runs on the parameters' CUDA device (else on the host engine)."""
+        return getattr(self, "_device", None) is not None
 
     #: Whether the counterparts of a sharded rank come from its mesh or the process group given (False: from
     #: elsewhere, a membership engine's group; no group is checked at construction).
@@ -310,9 +361,19 @@ class DiLoCo:
         self._rank = dist.get_rank(self.process_group)
         # The engine's own group: its thread's collectives never interleave with the trainer's. Counterparts
         # make theirs alone (each shard's or part's group at the same time as the others').
-        make = gloo_group_like if self._plan is None else gloo_subgroup
-        self._engine_group = make(self.process_group, _group_ranks(self.process_group))
-        self._engine = self._make_engine(self._engine_group, layer_sizes, num_fragments, layout)
+        ranks = _group_ranks(self.process_group)
+        if self.device_round:
+            # NCCL moves the device's messages where the trainer's group is NCCL; gloo through host buffers.
+            nccl = dist.get_backend(self.process_group) == "nccl"
+            self._engine_group = dist.new_group(ranks=ranks, backend="nccl") if nccl else \
+                gloo_group_like(self.process_group, ranks)
+            self._engine = _device_round.DeviceEngine(
+                self._engine_group, layer_sizes, self.sync_every, num_fragments, self.delay, self.alpha, layout,
+                self.outer_lr, self.outer_momentum, self.compression, self._device)
+        else:
+            make = gloo_group_like if self._plan is None else gloo_subgroup
+            self._engine_group = make(self.process_group, ranks)
+            self._engine = self._make_engine(self._engine_group, layer_sizes, num_fragments, layout)
         self._engine.start(self._flat)
         self._broadcast_bytes = self._engine.traffic()["bytes_sent"]
 

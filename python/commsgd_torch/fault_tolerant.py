@@ -132,6 +132,9 @@ class FaultTolerantDiLoCo(DiLoCo):
             is the last round's, ``stats()["failed_exchange_ms"]`` how long the last failed exchange took.
     """
 
+    #: The host engine: it rebuilds its group when the membership changes and saves shared and local parts.
+    _DEVICE_ROUND = False
+
     # A sharded rank's counterparts are the Manager's group of this rank in every replica, rebuilt with the
     # membership: none is looked for at construction.
     _COUNTERPARTS_AT_CONSTRUCTION = False

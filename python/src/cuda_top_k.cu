@@ -1,5 +1,5 @@
 // commsgd_torch._cuda: commsgd::cuda::batched_top_k behind one Python class, for CUDA buckets of TopKState
-// (python/commsgd_torch/cuda_topk.py).
+// (python/commsgd_torch/cuda_topk.py); the module also holds DiLoCo's device round (cuda_diloco.cu).
 //
 // No torch header reaches this file: tensors come in as data pointers and streams as handles, so the module
 // builds wherever nvcc and pybind11 are, whatever torch (CPU-only included) the package is built against,
@@ -178,8 +178,10 @@ void translate(std::exception_ptr p) {
 
 } // namespace
 
+void bind_diloco_fragment(py::module_& m); // cuda_diloco.cu
+
 PYBIND11_MODULE(_cuda, m) {
-  m.doc() = "commsgd's batched top-k step on CUDA, for TopKState's CUDA buckets";
+  m.doc() = "commsgd on CUDA: the batched top-k step of TopKState's CUDA buckets, DiLoCo's device round";
   py::register_local_exception_translator(translate);
 
   using release = py::call_guard<py::gil_scoped_release>;
@@ -207,4 +209,5 @@ PYBIND11_MODULE(_cuda, m) {
       .def("report", &top_k::report, py::arg("stream") = 0)
       .def("save", &top_k::save, py::arg("stream") = 0)
       .def("load", &top_k::load, py::arg("blob"), py::arg("stream") = 0);
+  bind_diloco_fragment(m);
 }

@@ -19,6 +19,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <sstream>
@@ -332,6 +333,21 @@ void bind_diloco(py::module_& m) {
         return traffic_as_dict(sync::diloco_code::parse(code).round_traffic(d, n, rank, first_round));
       },
       py::arg("compression"), py::arg("values"), py::arg("ranks"), py::arg("rank"), py::arg("first_round"));
+  m.def(
+      "diloco_fragment_runs",
+      [](const std::vector<std::size_t>& layer_sizes, std::size_t fragments, const std::string& layout) {
+        commsgd::check_range("fragments", fragments, std::size_t{1},
+                             std::max<std::size_t>(1, layer_sizes.size()),
+                             commsgd::concat("[1, number of layers = ", layer_sizes.size(), "]"));
+        return sync::fragment_runs_of(layer_sizes, fragments, layout_of(layout));
+      },
+      py::arg("layer_sizes"), py::arg("fragments"), py::arg("layout"));
+  m.def(
+      "broadcast_traffic",
+      [](std::uint64_t bytes, int n, int rank, int root) {
+        return traffic_as_dict(comm::broadcast_traffic(bytes, n, rank, root));
+      },
+      py::arg("bytes"), py::arg("ranks"), py::arg("rank"), py::arg("root") = 0);
   m.def(
       "ring_all_reduce_traffic",
       [](std::uint64_t elements, std::size_t element_size, int n, int rank) {

@@ -1,9 +1,11 @@
 """Shared by the commsgd_torch tests: run a function on N ranks of a process group (forked, or spawned where
 CUDA is in use), the Dot model whose gradients are its inputs, load Fashion-MNIST."""
+import faulthandler
 import gzip
 import os
 import struct
 import tempfile
+import time
 import traceback
 import multiprocessing as mp
 
@@ -28,6 +30,8 @@ def needs_fsdp2():
 
 
 def _worker(fn, rank, world, backend, cuda_device, store, queue, args):
+    # A rank that hangs prints where, every minute, into the output the test shows when it fails.
+    faulthandler.dump_traceback_later(60, repeat=True)
     try:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
         torch.set_num_threads(1)
@@ -36,8 +40,10 @@ def _worker(fn, rank, world, backend, cuda_device, store, queue, args):
         dist.init_process_group(backend, init_method="file://" + store, rank=rank, world_size=world,
                                 timeout=__import__("datetime").timedelta(seconds=60))
         out = fn(rank, world, *args)
-        dist.destroy_process_group()
+        # The result first, then the teardown, reported apart: a rank that hangs in it is named as such.
         queue.put((rank, "ok", out))
+        dist.destroy_process_group()
+        queue.put((rank, "closed", None))
     except BaseException:  # report everything, the parent decides
         queue.put((rank, "error", traceback.format_exc()))
 
@@ -62,20 +68,29 @@ def run_ranks(fn, world=2, args=(), timeout=240, backend="gloo", spawn=False, cu
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker,
-                              args=(fn, r, world, backend, cuda_device, store, queue, args)) for r in range(world)]
+        procs = [ctx.Process(target=_worker, args=(fn, r, world, backend, cuda_device, store, queue, args))
+                 for r in range(world)]
         for p in procs:
             p.start()
-        results, errors = {}, []
+        results, closed, errors = {}, set(), []
+        deadline = time.monotonic() + timeout
         try:
-            for _ in range(world):
-                rank, status, out = queue.get(timeout=timeout)
+            while len(closed) < world:
+                rank, status, out = queue.get(timeout=max(0.0, deadline - time.monotonic()))
                 if status == "ok":
                     results[rank] = out
-                else:
+                    continue
+                if status == "error":
                     errors.append(f"rank {rank}:\n{out}")
+                closed.add(rank)
         except Exception as e:  # queue.Empty: some rank hung or died without reporting
-            errors.append(f"ranks {sorted(set(range(world)) - set(results))} did not report: {e!r}")
+            silent = sorted(set(range(world)) - set(results) - closed)
+            if silent:
+                errors.append(f"ranks {silent} did not report within {timeout} s: {e!r}")
+            stuck = sorted(set(results) - closed)
+            if stuck:
+                errors.append(f"ranks {stuck} reported, then did not end dist.destroy_process_group() within "
+                              f"{timeout} s")
         finally:
             reap(procs)
         if errors:

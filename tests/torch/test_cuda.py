@@ -341,22 +341,164 @@ def test_cuda_bucket_without_the_cuda_part_says_what_to_do():
     run_ranks(_no_device, 1)
 
 
-# --- DiLoCo on CUDA parameters: the host-copy path, against the engine on threads ---------------------------
+# --- DiLoCo on CUDA parameters: the device round and the host-copy path, against the engine on threads ----------
 
-@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (DiLoCo needs no _cuda part: the engine works on a host copy)")
-@pytest.mark.parametrize("code", ["dense", "fp16", "e3m0", "topk-0.1"])
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+device_round = pytest.mark.skipif(not HAS_CUDA or cuda_topk._cuda is None or
+                                  not hasattr(cuda_topk._cuda, "DiLoCoFragment"),
+                                  reason="no CUDA device" if not HAS_CUDA else "commsgd_torch built without _cuda")
+
+
+def _on_device(code):
+    """Whether a code runs on the device round (on these small models, whose fragments fit one top-k chunk of
+    4096): dense, int8, e3m0 and the gathered top-k codes; fp16, bf16, -shared and -regions stay on the host."""
+    if code in ("dense", "int8", "e3m0"):
+        return True
+    return code.startswith("topk-") and "-shared" not in code and "-regions" not in code
+
+
+def _codes():
+    import test_diloco_conformance as conf
+    return list(dict.fromkeys(conf.CODES + ["topk-0.1"]))
+
+
+def _check_codes(by_rank, codes, fragments, delay, alpha, where):
+    import test_diloco_conformance as conf
+    failed = []
+    for i, code in enumerate(codes):
+        runs = [torch.load(io.BytesIO(r[i])) for r in by_rank]
+        try:
+            assert all(r["device_round"] == (where == "cuda" and _on_device(code)) for r in runs), \
+                f"device_round is {runs[0]['device_round']}"
+            conf.check_agreement(runs, code, fragments, delay, alpha)
+        except AssertionError as e:
+            failed.append(f"{code}: {e}")
+    assert not failed, "\n".join(failed)
+
+
+@cuda_only
+@pytest.mark.parametrize("where", ["cuda", "cuda-copy"])
 @pytest.mark.parametrize("fragments,delay,alpha", [(1, 0, 0.0), (2, 2, 0.5)])
-def test_diloco_on_cuda_parameters_agrees_with_the_engine_bit_for_bit(code, fragments, delay, alpha):
+def test_diloco_on_cuda_parameters_agrees_with_the_engine_bit_for_bit(fragments, delay, alpha, where):
+    """Every code on CUDA parameters, the device round where the code has one ("cuda") and the host engine
+    ("cuda-copy"): the global model after every step and the bytes, bit for bit the engine on threads'."""
+    if where == "cuda" and (cuda_topk._cuda is None or not hasattr(cuda_topk._cuda, "DiLoCoFragment")):
+        pytest.skip("commsgd_torch built without _cuda: no device round")
     import test_diloco_conformance as conf
-    runs = [torch.load(io.BytesIO(b)) for b in run_ranks(conf._run, 2, (code, fragments, delay, alpha, "cuda"))]
-    conf.check_agreement(runs, code, fragments, delay, alpha)
+    codes = _codes()
+    by_rank = run_ranks(conf._run_codes, 2, (codes, fragments, delay, alpha, where, False))
+    _check_codes(by_rank, codes, fragments, delay, alpha, where)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (DiLoCo needs no _cuda part: the engine works on a host copy)")
+@device_round
 @pytest.mark.skipif(not dist.is_nccl_available(), reason="torch has no NCCL")
-@pytest.mark.parametrize("code", ["dense", "int8", "topk-0.1-c64-2bit-b0.95-senders"])
-def test_diloco_under_an_nccl_process_group_agrees_with_the_engine(code):
-    """The trainer's group is NCCL (one rank): DiLoCo runs its engine on a gloo group beside it."""
+def test_diloco_under_an_nccl_process_group_agrees_with_the_engine():
+    """The trainer's group is NCCL (one rank): the device round's messages travel over NCCL from the device."""
     import test_diloco_conformance as conf
-    runs = [torch.load(io.BytesIO(b)) for b in run_ranks(conf._run, 1, (code, 2, 1, 0.0, "cuda"), backend="nccl")]
-    conf.check_agreement(runs, code, 2, 1, 0.0)
+    codes = ["dense", "int8", "topk-0.1-c64-2bit-b0.95-senders", "fp16"]
+    by_rank = run_ranks(conf._run_codes, 1, (codes, 2, 1, 0.0, "cuda", False), backend="nccl")
+    _check_codes(by_rank, codes, 2, 1, 0.0, "cuda")
+
+
+def _refusal(rank, world, code):
+    """A NaN on rank 1 before an exchange: every rank refuses it with NonFinite and keeps its outer state;
+    the next exchange, finite again, is taken."""
+    import test_diloco_conformance as conf
+    torch.manual_seed(5)
+    model = conf._Net().cuda()
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = commsgd_torch.DiLoCo(model, inner, sync_every=3, compression=code, device_round=True)
+    g = torch.Generator().manual_seed(3 + rank)
+
+    def step():
+        x = torch.randn(8, 7, generator=g).cuda()
+        opt.zero_grad()
+        ((model(x) - 1.0) ** 2).mean().backward()
+        opt.step()
+
+    for _ in range(3):  # one exchange taken
+        step()
+    before = [t.clone() for t in opt.global_parameters()]
+    residual = opt.residual(0)
+    residual = None if residual is None else residual.clone()
+    step()
+    step()
+    if rank == 1:
+        with torch.no_grad():
+            model.a.weight[1, 2] = float("nan")
+    refused = False
+    try:
+        step()
+    except commsgd_torch.NonFinite as e:
+        refused = "rank 1" in str(e) or "sum" in str(e)
+    after = opt.global_parameters()
+    kept = all(torch.equal(_bits(a), _bits(b)) for a, b in zip(before, after))
+    if residual is not None:
+        kept = kept and torch.equal(_bits(residual), _bits(opt.residual(0)))
+    with torch.no_grad():  # finite again: the next round is taken on every rank
+        for p, q in zip(model.parameters(), opt.global_parameters()):
+            p.copy_(q)
+    for _ in range(3):
+        step()
+    moved = not all(torch.equal(_bits(a), _bits(b)) for a, b in zip(before, opt.global_parameters()))
+    return refused, kept, moved, opt.stats()["outer_steps"]
+
+
+@device_round
+@pytest.mark.parametrize("code", ["dense", "int8", "topk-0.2-c16-2bit-b0.95-senders"])
+def test_device_round_refuses_a_nan_on_every_rank_and_keeps_its_state(code):
+    for refused, kept, moved, outer_steps in run_ranks(_refusal, 2, (code,)):
+        assert refused and kept and moved
+        assert outer_steps == 2
+
+
+def _resume(rank, world, code):
+    """A device round's state_dict, saved between exchanges, resumes the same bits; one saved with an
+    exchange in flight is refused."""
+    import test_diloco_conformance as conf
+
+    def build(seed):
+        torch.manual_seed(seed)
+        model = conf._Net().cuda()
+        inner = torch.optim.AdamW(model.parameters(), lr=0.01)
+        return model, inner, commsgd_torch.DiLoCo(model, inner, sync_every=3, fragments=2, delay=1,
+                                                  compression=code, device_round=True)
+
+    def run(model, opt, steps, seed):
+        g = torch.Generator().manual_seed(seed + rank)
+        out = []
+        for _ in range(steps):
+            x = torch.randn(8, 7, generator=g).cuda()
+            opt.zero_grad()
+            ((model(x) - 1.0) ** 2).mean().backward()
+            opt.step()
+            out.append(torch.cat([t.reshape(-1).cpu() for t in opt.global_parameters()]))
+        return out
+
+    model, inner, opt = build(1)
+    run(model, opt, 6, 10)
+    in_flight = any(opt._engine.in_flight(p) for p in range(opt.num_fragments))
+    refused = False
+    if in_flight:
+        try:
+            opt.state_dict()
+        except commsgd_torch.Unsupported:
+            refused = True
+    run(model, opt, 2, 20)  # steps 7, 8: the exchanges of steps 6 and 7 applied, none started
+    assert not any(opt._engine.in_flight(p) for p in range(opt.num_fragments))
+    saved = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "opt": opt.state_dict()}
+    want = run(model, opt, 9, 30)
+    model2, inner2, opt2 = build(2)
+    model2.load_state_dict(saved["model"])
+    opt2.load_state_dict(saved["opt"])
+    got = run(model2, opt2, 9, 30)
+    same = all(torch.equal(_bits(a), _bits(b)) for a, b in zip(want, got))
+    return in_flight and refused, same
+
+
+@device_round
+@pytest.mark.parametrize("code", ["e3m0", "topk-0.2-c16-2bit-b0.95"])
+def test_device_round_state_dict_resumes_the_same_bits(code):
+    for refused_in_flight, same in run_ranks(_resume, 2, (code,)):
+        assert refused_in_flight
+        assert same

@@ -66,6 +66,7 @@ BAD = [
     ("compression", "topk:0.1"), ("compression", "topk-0"),
     ("compression", "topk-1.5"),
     ("compression", "topk-"), ("compression", "topk-abc"), ("compression", 8),
+    ("device_round", 1), ("device_round", "yes"),
 ]
 
 
@@ -88,6 +89,23 @@ def test_keep_delay_steps_refuses_a_second_merge():
     with pytest.raises(commsgd_torch.InvalidArgument, match="'alpha' is 0.5.*keep_delay_steps"):
         commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=1), sync_every=4, delay=1,
                              alpha=0.5, keep_delay_steps=True)
+
+
+@pytest.mark.parametrize("code", ["dense", "fp16"])
+def test_device_round_insisted_on_says_why_it_cannot(code):
+    """Parameters on the CPU have no device round: device_round=True is refused before any collective, with
+    the reason; for a code the device round lacks, the code is named where a GPU and the CUDA part are."""
+    model = torch.nn.Linear(3, 3)
+    with pytest.raises(commsgd_torch.InvalidArgument, match="'device_round' is True.*not all float32 CUDA"):
+        commsgd_torch.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=1), compression=code,
+                             device_round=True)
+    from commsgd_torch import _device_round
+    why = _device_round.refusal(code, [12])
+    if _device_round._cuda is None:
+        assert why is not None and "CUDA part" in why
+    else:
+        assert (why is None) == (code == "dense")
+        assert code == "dense" or "16-bit" in why
 
 
 def test_bad_model_optimizer_and_fragments():

@@ -51,15 +51,16 @@ class _Recording(torch.optim.AdamW):
 
 def _run(rank, world, code, fragments, delay, alpha, where="cpu", keep=False):
     """One rank of DiLoCo; `where`: "cpu" (parameters in place), "cpu-copy" (the host-copy path CUDA
-    parameters take) or "cuda"."""
+    parameters take), "cuda" (the device round where the code has one) or "cuda-copy" (the host engine)."""
     if where == "cpu-copy":
         commsgd_torch.DiLoCo._IN_PLACE = False
-    device = "cuda" if where == "cuda" else "cpu"
+    device = "cuda" if where.startswith("cuda") else "cpu"
     torch.manual_seed(100 + rank)  # different starts: construction must broadcast rank 0's
     model = _Net().to(device)
     inner = _Recording(model.parameters(), lr=0.05)
     opt = commsgd_torch.DiLoCo(model, inner, sync_every=4, fragments=fragments, delay=delay, alpha=alpha,
-                               compression=code, keep_delay_steps=keep)
+                               compression=code, keep_delay_steps=keep,
+                               device_round=False if where == "cuda-copy" else None)
     flat = lambda: torch.cat([p.detach().reshape(-1) for p in opt._order]).cpu()  # noqa: E731 (engine's order)
     snaps = [flat().clone()]
     inner.after = lambda: snaps.append(flat().clone())
@@ -70,15 +71,19 @@ def _run(rank, world, code, fragments, delay, alpha, where="cpu", keep=False):
         opt.zero_grad()
         ((model(x) - x.sum(1, keepdim=True)) ** 2).mean().backward()
         opt.step()
-        globals_.append(torch.cat([g_.reshape(-1) for g_ in opt.global_parameters()]))
+        globals_.append(torch.cat([g_.reshape(-1).cpu() for g_ in opt.global_parameters()]))
         sent.append(opt.bytes_sent)
     layers = [sum(p.numel() for p in m.parameters(recurse=False)) for m in (model.a, model.b, model.c)]
     stats = opt.stats()
     opt.finish()  # every exchange completed: the engine has counted all it sent
     measured = (opt._engine.traffic()["bytes_sent"] - opt.stats()["broadcast_bytes"], opt.bytes_sent)
+    device_round = opt.device_round
+    inner.after = None  # the snapshot's closure holds opt: without it opt ends here, before the group does
+    opt.close()
+    del opt
     buf = io.BytesIO()
     torch.save({"snaps": torch.stack(snaps), "globals": torch.stack(globals_), "sent": torch.tensor(sent),
-                "layers": layers, "measured": measured, "stats": stats}, buf)
+                "layers": layers, "measured": measured, "stats": stats, "device_round": device_round}, buf)
     return buf.getvalue()
 
 
