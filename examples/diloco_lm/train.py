@@ -158,7 +158,9 @@ class ByteLM(nn.Module):
                     nn.init.zeros_(m.bias)
 
     def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        if self._mask.device != idx.device:  # a plain attribute: module.to() does not move it
+            self._mask = self._mask.to(idx.device)
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for blk in self.blocks:
             x = blk(x, self._mask)
         return self.ln(x) @ self.tok.weight.t()
