@@ -58,7 +58,10 @@ class DeviceEngine:
 
     def __init__(self, group: dist.ProcessGroup, layer_sizes: List[int], sync_every: int, fragments: int,
                  delay: int, alpha: float, layout: str, outer_lr: float, outer_momentum: float, code: str,
-                 device: torch.device) -> None:
+                 device: torch.device, make_fragment: Any = None) -> None:
+        """make_fragment(runs, code, outer_lr, outer_momentum, alpha): the fragments' round, ``_cuda``'s by default;
+        the tests give a stand-in that runs on CPU tensors, to hold the schedule and the exchanges to the host
+        engine's without a GPU."""
         self._group = group
         self._nccl = dist.get_backend(group) == "nccl"
         self._world = dist.get_world_size(group)
@@ -67,8 +70,9 @@ class DeviceEngine:
         self._device = device
         self._runs = _C.diloco_fragment_runs(layer_sizes, fragments, layout)
         self._total = sum(layer_sizes)
-        self._frags = [_cuda.DiLoCoFragment(r, code, outer_lr, outer_momentum, alpha) for r in self._runs]
-        n, pinned = self._world, not self._nccl
+        make = make_fragment or _cuda.DiLoCoFragment
+        self._frags = [make(r, code, outer_lr, outer_momentum, alpha) for r in self._runs]
+        n, pinned = self._world, not self._nccl and device.type == "cuda"
         self._send, self._in, self._host_send, self._host_in = [], [], [], []
         for f in self._frags:
             # The gathered messages lie back to back, message_bytes apart, as apply() reads them, with a few
@@ -76,9 +80,9 @@ class DeviceEngine:
             b = f.message_bytes
             self._send.append(torch.zeros(b, dtype=torch.uint8, device=device))
             self._in.append(torch.zeros(b if f.summed else n * b + 8, dtype=torch.uint8, device=device))
-            if pinned:
-                self._host_send.append(torch.zeros(b, dtype=torch.uint8, pin_memory=True))
-                self._host_in.append(torch.zeros(b if f.summed else n * b, dtype=torch.uint8, pin_memory=True))
+            if not self._nccl:
+                self._host_send.append(torch.zeros(b, dtype=torch.uint8, pin_memory=pinned))
+                self._host_in.append(torch.zeros(b if f.summed else n * b, dtype=torch.uint8, pin_memory=pinned))
         # The verdict of every gathered round: 5 u64 a rank (cost::compress_header_fields).
         where = device if self._nccl else "cpu"
         self._header = [torch.zeros(5, dtype=torch.int64, device=where) for _ in self._frags]
@@ -98,7 +102,11 @@ class DeviceEngine:
     # --- the schedule ----------------------------------------------------------------------------------------
 
     def _stream(self) -> int:
-        return torch.cuda.current_stream(self._device).cuda_stream
+        return torch.cuda.current_stream(self._device).cuda_stream if self._device.type == "cuda" else 0
+
+    def _synchronize(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.current_stream(self._device).synchronize()
 
     def offset(self, p: int) -> int:
         return p * self._H // len(self._frags)
@@ -411,7 +419,7 @@ class DeviceEngine:
                                       f"{f.length} values")
             keep.append(on)
             f.load(*[0 if t is None else t.data_ptr() for t in on], stream)
-        torch.cuda.current_stream(self._device).synchronize()  # `keep` outlives the copies
+        self._synchronize()  # `keep` outlives the copies
         self._step, self._started, self._applied = state["step"], state["started"], state["applied"]
         self._bytes_sent, self._applied_at = state["bytes_sent"], list(state["applied_at"])
         self._begun = True

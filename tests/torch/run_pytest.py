@@ -27,9 +27,10 @@ import time
 # nothing, roughly how many seconds it takes beside CI's dev tests on two cores). --jobs starts the long ones
 # first, so that the last to start is a short one.
 SUITES = {"fault_tolerant": (17, 390), "auto": (19, 150), "hooks": (19, 150), "fault_tolerant_links": (1, 65),
-          "fault_tolerant_sharded": (3, 60), "diloco_lm": (24, 90), "async": (5, 40), "diloco": (57, 40),
+          "fault_tolerant_sharded": (3, 60), "diloco_lm": (24, 90), "async": (5, 40), "diloco": (61, 40),
           "diloco_replicas": (7, 30), "fsdp_codes": (6, 35), "hsdp_hooks": (9, 30), "endings": (4, 30), "ddp_links": (4, 25), "compressors": (14, 25),
-          "diloco_conformance": (7, 30), "powersgd": (9, 15), "train": (1, 15), "cuda": (1, 5), "run_pytest": (3, 2)}
+          "diloco_conformance": (7, 30), "powersgd": (9, 15), "train": (1, 15), "cuda": (1, 5), "device_round": (23, 10),
+          "run_pytest": (3, 2)}
 
 # The only reasons a test may skip and its suite still pass: what this machine lacks, not what was not
 # installed. A skip reason must start with one of these.
