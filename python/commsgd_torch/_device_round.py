@@ -10,8 +10,10 @@ message's size.
 The schedule is the host engine's (sync/diloco.hpp): fragment p starts an exchange after inner step s when
 s >= p H / P and s - p H / P is a multiple of H, applied ``delay`` steps later (at once when 0) before the
 fragments whose turn it is start; finish() applies what is in flight and exchanges once more every fragment
-that has moved since. A round's arithmetic is the host engine's bit for bit (tests/cuda/diloco_round_test.cu),
-so the device gives the bits the host path gives, and counts the same bytes: each gathered code's round
+that has moved since. A round's arithmetic is the host engine's bit for bit (tests/cuda/diloco_round_test.cu,
+passed on an H200), so the device is to give the bits the host path gives (tests/torch/test_cuda.py holds this
+class to it on a GPU; tests/torch/test_device_round.py its schedule and bytes anywhere), and it counts the same
+bytes: each gathered code's round
 gathers a 40-byte verdict from every rank (length, this rank's non-finite count and the first of them, the
 message's size, the code), as the host compressors' headers do, so that a non-finite pseudo-gradient or ranks
 set up differently are refused on every rank before anything changes.
