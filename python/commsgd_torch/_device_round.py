@@ -52,7 +52,6 @@ class _Exchange:
     def __init__(self, started: int, due: int) -> None:
         self.started, self.due = started, due
         self.works: List[Any] = []
-        self.own = (0, 0)  # this rank's non-finite values in its pseudo-gradient, and the first's index
 
 
 class DeviceEngine:
@@ -185,7 +184,6 @@ class DeviceEngine:
                                                 async_op=True))
         else:
             own, first = f.verdict(stream)[:2]  # waits for the encode
-            ex.own = (own, first)
             self._header[p].copy_(torch.tensor([f.length, own, first, f.message_bytes, self._fingerprint],
                                                dtype=torch.int64))
             ex.works.append(dist.all_gather(list(self._headers[p].view(self._world, 5).unbind(0)),
@@ -226,7 +224,7 @@ class DeviceEngine:
             raise CorruptData(f"DiLoCo's device round: fragment {p}'s gathered messages hold {corrupt} index(es) "
                               f"outside their chunk ({self._code}, started after step {ex.started})")
         if bad:
-            mine = "this rank's own holds NaN or inf" if (own or ex.own[0]) else "this rank's own is finite"
+            mine = "this rank's own holds NaN or inf" if own else "this rank's own is finite"
             raise NonFinite(f"sync::diloco: the sum of the ranks' pseudo-gradients of fragment {p} (started after "
                             f"step {ex.started}; {mine}): {bad} value(s) not finite, the first at index {first_bad}")
         f.commit()
@@ -338,13 +336,15 @@ class DeviceEngine:
 
     def residual(self, p: int) -> Optional[torch.Tensor]:
         """A copy of fragment p's top-k residual on the device (what has not been sent); None without top-k."""
+        return self._residuals(p)[0] if self._frags[p].has_residual else None
+
+    def _residuals(self, p: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Copies of fragment p's residual, e and its low word r (e + r exactly), on the device."""
         f = self._frags[p]
-        if not f.has_residual:
-            return None
         e = torch.empty(f.length, dtype=torch.float32, device=self._device)
         low = torch.empty_like(e)
         f.residual_into(e.data_ptr(), low.data_ptr(), self._stream())
-        return e
+        return e, low
 
     def traffic(self) -> Dict[str, int]:
         return dict(self._traffic)
@@ -388,10 +388,7 @@ class DeviceEngine:
             if f.has_velocity:
                 state["velocity"] = self._copy(p, "velocity").cpu()
             if f.has_residual:
-                e = torch.empty(f.length, dtype=torch.float32, device=self._device)
-                low = torch.empty_like(e)
-                f.residual_into(e.data_ptr(), low.data_ptr(), self._stream())
-                state["residual"], state["residual_low"] = e.cpu(), low.cpu()
+                state["residual"], state["residual_low"] = (t.cpu() for t in self._residuals(p))
             frags.append(state)
         buf = io.BytesIO()
         torch.save({"kind": "commsgd.diloco.device", "code": self._code, "step": self._step,
