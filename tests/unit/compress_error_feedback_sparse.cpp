@@ -222,3 +222,101 @@ TEST_CASE("accumulate_part and commit_split give accumulate's and commit's bits,
     }
   }
 }
+
+TEST_CASE("accumulate_part and accumulate_counted_part take g as a difference a - b with g's bits") {
+  // What sync::diloco gives its codes: theta_global - theta_local, taken in the pass that forms p. Against
+  // the same parts given the difference as a span (the pass it replaces), for decays 1 and not, through
+  // sparse commits (low words at a few places), a dense commit (low words anywhere) and off; NaN and inf in
+  // either operand in some rounds, and the awkward values (+-0, subnormals, sums that round) in both.
+  for (const float decay : {1.0f, 0.95f}) {
+    for (const std::size_t d : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{64},
+                                std::size_t{65}, std::size_t{1000}, std::size_t{4099}}) {
+      for (unsigned seed = 0; seed < 4; ++seed) {
+        CAPTURE(decay);
+        CAPTURE(d);
+        CAPTURE(seed);
+        std::mt19937 rng(seed * 15485863u + static_cast<unsigned>(d));
+        const bool on = seed != 3;
+        compress::error_feedback counted(d, on), plain(d, on), counted_ref(d, on), plain_ref(d, on);
+        std::vector<float> pc(d), pp(d), pc_ref(d), pp_ref(d);
+        for (int round = 0; round < 10; ++round) {
+          CAPTURE(round);
+          const auto a = values(rng, d, round % 4 == 3);
+          const auto b = values(rng, d, round % 4 == 1);
+          std::vector<float> g(d);
+          for (std::size_t i = 0; i < d; ++i)
+            g[i] = a[i] - b[i];
+          std::size_t cc = 0, pc_cursor = 0, cr = 0, pr = 0, bad = 0, bad_ref = 0;
+          for (std::size_t first = 0; first < d;) {
+            const std::size_t m = std::min(d - first, std::size_t{1} + rng() % 300);
+            const compress::difference diff(std::span<const float>(a).subspan(first, m), b.data() + first);
+            const auto gs = std::span<const float>(g).subspan(first, m);
+            bad += counted.accumulate_counted_part(diff, std::span<float>(pc).subspan(first, m), first, cc,
+                                                   decay);
+            bad_ref += counted_ref.accumulate_counted_part(gs, std::span<float>(pc_ref).subspan(first, m),
+                                                           first, cr, decay);
+            plain.accumulate_part(diff, std::span<float>(pp).subspan(first, m), first, pc_cursor);
+            plain_ref.accumulate_part(gs, std::span<float>(pp_ref).subspan(first, m), first, pr);
+            first += m;
+          }
+          REQUIRE(same_bits(pc, pc_ref));
+          REQUIRE(same_bits(pp, pp_ref));
+          REQUIRE(bad == bad_ref);
+          REQUIRE(bad == select::find_non_finite(pc_ref).count);
+          if (bad > 0 || select::find_non_finite(pp_ref).count > 0) continue;
+          // The same commit on both pairs: +0 but at a few sent values, or dense every fourth round.
+          std::vector<std::size_t> order(d);
+          std::iota(order.begin(), order.end(), std::size_t{0});
+          std::shuffle(order.begin(), order.end(), rng);
+          order.resize(d == 0 ? 0 : rng() % (d / 8 + 2) % (d + 1));
+          std::vector<float> at_val_c, at_val_p, dense_c(d, 0.0f), dense_p(d, 0.0f);
+          for (const std::size_t i : order) {
+            const unsigned how = rng();
+            std::mt19937 r1(how), r2(how);
+            at_val_c.push_back(decoded(r1, pc_ref[i]));
+            at_val_p.push_back(decoded(r2, pp_ref[i]));
+            dense_c[i] = at_val_c.back();
+            dense_p[i] = at_val_p.back();
+          }
+          if (round % 4 == 2) {
+            counted.commit(pc, dense_c);
+            counted_ref.commit(pc_ref, dense_c);
+            plain.commit(pp, dense_p);
+            plain_ref.commit(pp_ref, dense_p);
+          } else {
+            counted.commit_sparse(pc, order, at_val_c);
+            counted_ref.commit_sparse(pc_ref, order, at_val_c);
+            plain.commit_sparse(pp, order, at_val_p);
+            plain_ref.commit_sparse(pp_ref, order, at_val_p);
+          }
+          REQUIRE(same_bits(counted.residual(), counted_ref.residual()));
+          REQUIRE(same_bits(counted.residual_low(), counted_ref.residual_low()));
+          REQUIRE(same_bits(plain.residual(), plain_ref.residual()));
+          REQUIRE(same_bits(plain.residual_low(), plain_ref.residual_low()));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("stretch_of asks an input for a difference where it gives one, else wraps its span") {
+  const std::vector<float> a{1.0f, 2.0f, -0.0f}, b{0.5f, 2.0f, 0.0f};
+  const auto span_only = [&](std::size_t first, std::size_t m) {
+    return std::span<const float>(a).subspan(first, m);
+  };
+  const auto both = compress::difference_input{
+      span_only, [&](std::size_t first, std::size_t m, compress::as_difference_t) {
+        return compress::difference(std::span<const float>(a).subspan(first, m), b.data() + first);
+      }};
+  const auto s = compress::stretch_of(span_only, 1, 2);
+  CHECK(s.b == nullptr);
+  CHECK(s.size() == 2);
+  CHECK(s[0] == 2.0f);
+  const auto t = compress::stretch_of(both, 0, 3);
+  REQUIRE(t.b == b.data());
+  CHECK(t[0] == 0.5f);
+  CHECK(t[1] == 0.0f);
+  CHECK_FALSE(std::signbit(t[1]));
+  CHECK(std::signbit(t[2])); // -0 - +0 is -0
+  CHECK(t.subspan(1, 2)[1] == t[2]);
+}

@@ -22,18 +22,28 @@ constexpr std::size_t packed_bytes(std::size_t count, unsigned width) noexcept {
 template <class Field>
 void pack_bits(std::span<std::byte> out, std::size_t count, unsigned width, Field&& field) {
   std::uint64_t acc = 0;
-  unsigned have = 0;
+  unsigned have = 0; // bits in acc, fewer than 32 between fields, so a field of up to 32 always fits
   std::size_t o = 0;
   for (std::size_t i = 0; i < count; ++i) {
     acc |= static_cast<std::uint64_t>(field(i)) << have;
     have += width;
-    while (have >= 8) {
-      out[o++] = static_cast<std::byte>(acc & 0xff);
-      acc >>= 8;
-      have -= 8;
+    if (have >= 32) { // a whole 32-bit word of the stream: its four bytes at once
+      const auto word = static_cast<std::uint32_t>(acc);
+      if constexpr (std::endian::native == std::endian::little) {
+        std::memcpy(out.data() + o, &word, 4);
+      } else {
+        for (unsigned j = 0; j < 4; ++j)
+          out[o + j] = static_cast<std::byte>((word >> (8 * j)) & 0xffu);
+      }
+      o += 4;
+      acc >>= 32;
+      have -= 32;
     }
   }
-  if (have > 0) out[o++] = static_cast<std::byte>(acc & 0xff);
+  for (; have > 0; have = have > 8 ? have - 8 : 0) {
+    out[o++] = static_cast<std::byte>(acc & 0xff);
+    acc >>= 8;
+  }
 }
 
 // Calls sink(i, value) for fields first .. first + count - 1 of `width` bits (1..32) in `in`, in order.

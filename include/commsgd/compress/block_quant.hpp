@@ -23,6 +23,7 @@
 #include <commsgd/compress/block_quant_x86.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/compressor_round.hpp>
+#include <commsgd/compress/difference.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
@@ -574,7 +575,7 @@ select::non_finite_scan encode_and_split(std::size_t d, In&& in, const error_fee
   std::size_t bad = 0, bad_from = 0;
   for (std::size_t k0 = 0; k0 < blocks; k0 += per) {
     const std::size_t k1 = std::min(blocks, k0 + per), first = k0 * b, m = std::min(d, k1 * b) - first;
-    ef.accumulate_part(in(first, m), p.subspan(first, m), offset + first, cursor);
+    ef.accumulate_part(stretch_of(in, first, m), p.subspan(first, m), offset + first, cursor);
     const std::size_t here = encode_stretch<Code>(p.data() + first, d, b, k0, k1, scales, msg, s.codes);
     if (here != 0 && bad == 0) bad_from = first;
     bad += here;

@@ -15,6 +15,7 @@
 // A round that throws (bad input on any rank) leaves the residual untouched.
 #pragma once
 
+#include <commsgd/compress/difference.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/rounded.hpp>
@@ -73,6 +74,25 @@ inline std::uint32_t accumulate_group(const float* __restrict g, const float* __
   std::uint32_t bad = 0;
   for (std::size_t j = 0; j < 64; ++j) {
     p[j] = commsgd::detail::add_rn(g[j], commsgd::detail::mul_rn(decay, e[j]));
+    bad += std::fabs(p[j]) <= std::numeric_limits<float>::max() ? 0u : 1u;
+  }
+  return bad;
+}
+// The same with g given as a - b (compress/difference.hpp), the difference taken in the same pass.
+inline std::uint32_t accumulate_group(const float* __restrict a, const float* __restrict b,
+                                      const float* __restrict e, float* __restrict p) noexcept {
+  std::uint32_t bad = 0;
+  for (std::size_t j = 0; j < 64; ++j) {
+    p[j] = (a[j] - b[j]) + e[j];
+    bad += std::fabs(p[j]) <= std::numeric_limits<float>::max() ? 0u : 1u;
+  }
+  return bad;
+}
+inline std::uint32_t accumulate_group(const float* __restrict a, const float* __restrict b,
+                                      const float* __restrict e, float* __restrict p, float decay) noexcept {
+  std::uint32_t bad = 0;
+  for (std::size_t j = 0; j < 64; ++j) {
+    p[j] = commsgd::detail::add_rn(commsgd::detail::sub_rn(a[j], b[j]), commsgd::detail::mul_rn(decay, e[j]));
     bad += std::fabs(p[j]) <= std::numeric_limits<float>::max() ? 0u : 1u;
   }
   return bad;
@@ -228,18 +248,15 @@ public:
 
   // accumulate_counted(g, p, decay) for the values [first, first + g.size()) alone (g and p that part),
   // returning how many of that part of p are NaN or inf: a compressor that takes its input a stretch at a
-  // time. Parts in rising order with one `cursor`, as accumulate_part.
-  std::size_t accumulate_counted_part(std::span<const float> g, std::span<float> p, std::size_t first,
+  // time. Parts in rising order with one `cursor`, as accumulate_part. g may be a difference a - b
+  // (compress/difference.hpp), taken in the same pass.
+  std::size_t accumulate_counted_part(difference g, std::span<float> p, std::size_t first,
                                       std::size_t& cursor, float decay = 1.0f) const noexcept {
     const std::size_t n = g.size();
     if (!on_ || !low_sparse_) {
       if (!on_)
-        std::copy(g.begin(), g.end(), p.begin());
-      else if (decay == 1.0f)
-        for (std::size_t i = 0; i < n; ++i) {
-          const float s = g[i] + e_[first + i];
-          p[i] = r_[first + i] == 0.0f ? s : s + r_[first + i];
-        }
+        for (std::size_t i = 0; i < n; ++i)
+          p[i] = g[i];
       else
         for (std::size_t i = 0; i < n; ++i)
           p[i] = accumulate_value(g[i], e_[first + i], r_[first + i], decay);
@@ -249,21 +266,20 @@ public:
       return std::fabs(x) <= std::numeric_limits<float>::max() ? 0u : 1u;
     };
     const float* const e = e_.data() + first;
+    const float* const a = g.a.data();
     std::size_t bad = 0, i = 0;
-    if (decay == 1.0f) {
+    if (g.b != nullptr) {
       for (; i + 64 <= n; i += 64)
-        bad += detail::accumulate_group(g.data() + i, e + i, p.data() + i);
-      for (; i < n; ++i) {
-        p[i] = g[i] + e[i];
-        bad += bad_of(p[i]);
-      }
+        bad += decay == 1.0f ? detail::accumulate_group(a + i, g.b + i, e + i, p.data() + i)
+                             : detail::accumulate_group(a + i, g.b + i, e + i, p.data() + i, decay);
     } else {
       for (; i + 64 <= n; i += 64)
-        bad += detail::accumulate_group(g.data() + i, e + i, p.data() + i, decay);
-      for (; i < n; ++i) {
-        p[i] = commsgd::detail::add_rn(g[i], commsgd::detail::mul_rn(decay, e[i]));
-        bad += bad_of(p[i]);
-      }
+        bad += decay == 1.0f ? detail::accumulate_group(a + i, e + i, p.data() + i)
+                             : detail::accumulate_group(a + i, e + i, p.data() + i, decay);
+    }
+    for (; i < n; ++i) {
+      p[i] = commsgd::detail::add_rn(g[i], decay == 1.0f ? e[i] : commsgd::detail::mul_rn(decay, e[i]));
+      bad += bad_of(p[i]);
     }
     for (; cursor < low_at_.size() && low_at_[cursor] < first + n; ++cursor) {
       const std::size_t at = low_at_[cursor];
@@ -278,12 +294,13 @@ public:
   // accumulate(g, p) for the values [first, first + g.size()) alone (g and p that part): a compressor that forms
   // p a stretch at a time, to code each stretch from cache. Parts taken in rising order with one `cursor`
   // (0 at the first) read the low words' positions once in all; they must be rising, as commit_split and
-  // replace leave them.
-  void accumulate_part(std::span<const float> g, std::span<float> p, std::size_t first,
+  // replace leave them. g may be a difference a - b, taken in the same pass.
+  void accumulate_part(difference g, std::span<float> p, std::size_t first,
                        std::size_t& cursor) const noexcept {
     const std::size_t n = g.size();
     if (!on_) {
-      std::copy(g.begin(), g.end(), p.begin());
+      for (std::size_t i = 0; i < n; ++i)
+        p[i] = g[i];
       return;
     }
     const float* const e = e_.data() + first;
@@ -295,9 +312,14 @@ public:
       }
       return;
     }
+    const float* const a = g.a.data();
     std::size_t i = 0;
-    for (; i + 64 <= n; i += 64) // in groups the compiler vectorises (their counts unused)
-      detail::accumulate_group(g.data() + i, e + i, p.data() + i);
+    if (g.b != nullptr) // in groups the compiler vectorises (their counts unused)
+      for (; i + 64 <= n; i += 64)
+        detail::accumulate_group(a + i, g.b + i, e + i, p.data() + i);
+    else
+      for (; i + 64 <= n; i += 64)
+        detail::accumulate_group(a + i, e + i, p.data() + i);
     for (; i < n; ++i)
       p[i] = g[i] + e[i];
     for (; cursor < low_at_.size() && low_at_[cursor] < first + n; ++cursor) {

@@ -29,6 +29,7 @@
 #include <commsgd/compress/compressed_reducer.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/compressor_round.hpp>
+#include <commsgd/compress/difference.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/half_convert.hpp>
 #include <commsgd/config.hpp>
@@ -169,7 +170,7 @@ input_verdict half_encode_and_split(std::size_t d, In&& in, const error_feedback
   return encode_stretches<Format>(
       d, clamp, msg,
       [&](std::size_t i, std::size_t m) {
-        ef.accumulate_part(in(i, m), p.subspan(i, m), i, cursor);
+        ef.accumulate_part(stretch_of(in, i, m), p.subspan(i, m), i, cursor);
         return std::span<const float>(p).subspan(i, m);
       },
       [&](std::size_t i, std::size_t m) {

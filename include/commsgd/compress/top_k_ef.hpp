@@ -38,6 +38,7 @@
 #include <commsgd/compress/chunk_selection.hpp>
 #include <commsgd/compress/compressor.hpp>
 #include <commsgd/compress/compressor_round.hpp>
+#include <commsgd/compress/difference.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/top_k_checks.hpp>
 #include <commsgd/config.hpp>
@@ -120,7 +121,6 @@ public:
     msg_.resize(plan_.bytes);
     idx_.resize(k_);
     val_.resize(k_);
-    rel_.resize(plan_.k_full);
     scale_.resize(opt_.two_bit ? plan_.count : 0);
   }
 
@@ -161,7 +161,8 @@ public:
     for (std::size_t first = 0; first < length_; first += stretch) {
       const std::size_t m = std::min(stretch, length_ - first);
       const auto p = std::span<float>(p_).subspan(first, m);
-      const std::size_t here = ef_.accumulate_counted_part(in(first, m), p, first, cursor, opt_.decay);
+      const std::size_t here =
+          ef_.accumulate_counted_part(stretch_of(in, first, m), p, first, cursor, opt_.decay);
       if (here != 0 && bad == 0) first_bad = first + select::find_non_finite(std::span<const float>(p)).first;
       bad += here;
       // Each chunk selected and its new residual split as soon as it is whole, from cache, rather than in a
@@ -294,14 +295,9 @@ private:
     c.all_gather(std::span<const std::byte>(msg_), std::span<std::byte>(all_));
     at_.resize(n * k_);
     sent_val_.resize(n * k_);
-    for (std::size_t r = 0; r < n; ++r) {
-      std::size_t j = r * k_;
-      decode(std::span<const std::byte>(all_).subspan(r * msg_.size(), msg_.size()),
-             [&](std::size_t i, float x) {
-               at_[j] = static_cast<std::uint32_t>(i);
-               sent_val_[j++] = x;
-             });
-    }
+    for (std::size_t r = 0; r < n; ++r)
+      decode(std::span<const std::byte>(all_).subspan(r * msg_.size(), msg_.size()), at_.data() + r * k_,
+             sent_val_.data() + r * k_);
     sum();
     wire_ = (cost::compress_header_traffic(c.size()) + comm::all_gather_traffic(msg_.size(), c.size()))
                 .bytes_sent;
@@ -378,21 +374,28 @@ private:
     return bound.holds(ranks_, opt_.sender_mean ? static_cast<double>(ranks_) : 1.0);
   }
 
-  // Every rank decodes every message, so an index out of its chunk or out of order (a corrupt peer) is
-  // refused on all of them.
-  template <class Sink>
-  void decode(std::span<const std::byte> m, Sink&& sink) const {
+  // A message's k values into at (absolute indices, rising) and val. Every rank decodes every message, so an
+  // index out of its chunk or out of order (a corrupt peer) is refused on all of them: tested as the indices
+  // are unpacked, branch-free, and only where that fails, the first offence found in order and refused.
+  void decode(std::span<const std::byte> m, std::uint32_t* at, float* val) const {
     const auto part = [&](std::uint64_t from, std::uint64_t to) {
       return m.subspan(static_cast<std::size_t>(from), static_cast<std::size_t>(to - from));
     };
     const auto idx = part(plan_.index_offset, plan_.bytes);
-    std::size_t at = 0;
+    const auto codes = part(plan_.code_offset, plan_.index_offset);
+    std::size_t q = 0;
     for (std::uint64_t j = 0; j < plan_.count; ++j) {
       const auto kj = static_cast<std::size_t>(plan_.k_of(j));
-      const auto first = static_cast<std::size_t>(plan_.first(j)), len = plan_.length(j);
-      detail::unpack_bits(idx, at, kj, plan_.index_bits,
-                          [&](std::size_t i, std::uint32_t rel) { rel_[i - at] = rel; });
-      check_chunk(j, kj, len);
+      const auto first = static_cast<std::uint32_t>(plan_.first(j));
+      const auto len = static_cast<std::uint32_t>(plan_.length(j));
+      std::uint32_t bad = 0;
+      std::int64_t prev = -1;
+      detail::unpack_bits(idx, q, kj, plan_.index_bits, [&](std::size_t i, std::uint32_t rel) {
+        bad |= (rel >= len ? 1u : 0u) | (static_cast<std::int64_t>(rel) <= prev ? 1u : 0u);
+        prev = rel;
+        at[i] = first + rel;
+      });
+      if (bad != 0) refuse_chunk(j, at + q, kj, first, len);
       if (opt_.two_bit) {
         // A chunk's values take four values, decoded once: each is then a lookup by its code (value i's two
         // bits at bit 2 i of the codes).
@@ -400,39 +403,28 @@ private:
         std::memcpy(&s, m.data() + 4 * j, 4);
         const float t[4] = {two_bit_code::decode(0, s), two_bit_code::decode(1, s),
                             two_bit_code::decode(2, s), two_bit_code::decode(3, s)};
-        const auto codes = part(plan_.code_offset, plan_.index_offset);
-        for (std::size_t i = at; i < at + kj; ++i) {
-          const auto code = (std::to_integer<unsigned>(codes[i / 4]) >> (2 * (i % 4))) & 3u;
-          sink(first + rel_[i - at], t[code]);
-        }
-      } else {
-        for (std::size_t i = at; i < at + kj; ++i) {
-          float x;
-          std::memcpy(&x, m.data() + 4 * i, 4);
-          sink(first + rel_[i - at], x);
-        }
+        for (std::size_t i = q; i < q + kj; ++i)
+          val[i] = t[(std::to_integer<unsigned>(codes[i / 4]) >> (2 * (i % 4))) & 3u];
       }
-      at += kj;
+      q += kj;
     }
+    if (!opt_.two_bit && k_ != 0) std::memcpy(val, m.data(), 4 * k_); // the values as floats, in order
   }
 
-  // A chunk's kj indices in rel_, each inside the chunk (len values) and rising, as the encoder writes them:
-  // tested in one branch-free pass, and only where that fails, the first offence found in order and refused.
-  void check_chunk(std::uint64_t j, std::size_t kj, std::size_t len) const {
-    if (kj == 0) return;
-    const std::uint32_t* const rel = rel_.data();
-    std::uint32_t bad = rel[0] >= len ? 1u : 0u;
-    for (std::size_t q = 1; q < kj; ++q)
-      bad |= (rel[q] >= len ? 1u : 0u) | (rel[q] <= rel[q - 1] ? 1u : 0u);
-    if (bad == 0) return;
+  // A chunk's kj absolute indices (its first value at `first`, len values) that failed decode's test: the
+  // first index outside the chunk or not above the one before, refused.
+  [[noreturn]] void refuse_chunk(std::uint64_t j, const std::uint32_t* at, std::size_t kj,
+                                 std::uint32_t first, std::uint32_t len) const {
     for (std::size_t q = 0; q < kj; ++q) {
-      if (rel[q] >= len)
-        throw corrupt_data(commsgd::concat(what(), ": a message holds index ", rel[q], " in chunk ", j,
+      const std::uint32_t rel = at[q] - first;
+      if (rel >= len)
+        throw corrupt_data(commsgd::concat(what(), ": a message holds index ", rel, " in chunk ", j,
                                            ", outside [0, its length = ", len, ")"));
-      if (q > 0 && rel[q] <= rel[q - 1])
-        throw corrupt_data(commsgd::concat(what(), ": a message holds index ", rel[q], " in chunk ", j,
-                                           " after ", rel[q - 1], "; a chunk's indices rise"));
+      if (q > 0 && rel <= at[q - 1] - first)
+        throw corrupt_data(commsgd::concat(what(), ": a message holds index ", rel, " in chunk ", j,
+                                           " after ", at[q - 1] - first, "; a chunk's indices rise"));
     }
+    throw corrupt_data(commsgd::concat(what(), ": a message's chunk ", j, " failed its index test"));
   }
 
   // Bytes [from, to) of this rank's message.
@@ -447,7 +439,6 @@ private:
   detail::chunk_selection<S> sel_;
   std::vector<std::uint32_t> idx_;
   std::vector<float> val_, scale_;
-  mutable std::vector<std::uint32_t> rel_; // one chunk's indices while it is decoded
   std::vector<std::byte> msg_, all_;
   std::vector<std::uint32_t> at_;                  // every rank's message decoded: its indices (k a rank) ...
   std::vector<float> sent_val_;                    // ... and values

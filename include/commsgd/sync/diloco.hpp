@@ -69,6 +69,7 @@
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/traffic.hpp>
 #include <commsgd/compress/compressor.hpp>
+#include <commsgd/compress/difference.hpp>
 #include <commsgd/error.hpp>
 #include <commsgd/select/validate.hpp>
 #include <commsgd/state/strategy.hpp>
@@ -514,12 +515,14 @@ private:
   }
 
   // Fragment p's pseudo-gradient (pseudo_gradient_of's values) coded by its compressor, each stretch the code
-  // asks for formed into part_ as it is read.
+  // asks for formed into part_ as it is read; or, to a code that takes it so (compress/difference.hpp), given
+  // as global - params where the stretch lies in one run and the rank's weight is 1, for the code to take the
+  // difference in its own pass.
   void code_pseudo_gradient(std::size_t p, std::span<const float> params) {
     if constexpr (in_parts) {
       const auto& g = global_[p];
       run_cursor c;
-      x_[p].code([&](std::size_t first, std::size_t m) {
+      const auto formed = [&](std::size_t first, std::size_t m) {
         part_.resize(std::max(part_.size(), m));
         walk_runs(p, first, first + m, c, [&](std::size_t i, std::size_t count, std::size_t off) {
           pseudo_gradient_counted(std::span<const float>(g).subspan(i, count), params.subspan(off, count),
@@ -529,7 +532,24 @@ private:
           for (std::size_t j = 0; j < m; ++j)
             part_[j] = math::mul_rn(part_[j], weight_);
         return std::span<const float>(part_.data(), m);
-      });
+      };
+      const auto differenced = [&](std::size_t first, std::size_t m, compress::as_difference_t) {
+        if (weight_ == 1.0f) {
+          const float* local = nullptr;
+          std::size_t pieces = 0;
+          run_cursor at = c;
+          walk_runs(p, first, first + m, at, [&](std::size_t, std::size_t, std::size_t off) {
+            local = params.data() + off;
+            ++pieces;
+          });
+          if (pieces == 1) {
+            c = at;
+            return compress::difference(std::span<const float>(g).subspan(first, m), local);
+          }
+        }
+        return compress::difference(formed(first, m));
+      };
+      x_[p].code(compress::difference_input{formed, differenced});
     }
   }
 
