@@ -23,7 +23,7 @@ struct difference {
   const float* b = nullptr; // null: the values are a's own
 
   difference() = default;
-  difference(std::span<const float> values) noexcept : a(values) {} // NOLINT: a span is a difference of one
+  difference(std::span<const float> values) noexcept : a(values) {} // implicit: a span, nothing taken away
   difference(std::span<const float> minuend, const float* subtrahend) noexcept : a(minuend), b(subtrahend) {}
 
   std::size_t size() const noexcept { return a.size(); }

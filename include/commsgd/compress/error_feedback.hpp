@@ -18,6 +18,7 @@
 #include <commsgd/compress/difference.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/prefetch.hpp>
 #include <commsgd/rounded.hpp>
 #include <commsgd/select/validate.hpp>
 #include <commsgd/state/stream.hpp>
@@ -269,13 +270,20 @@ public:
     const float* const a = g.a.data();
     std::size_t bad = 0, i = 0;
     if (g.b != nullptr) {
-      for (; i + 64 <= n; i += 64)
+      for (; i + 64 <= n; i += 64) {
+        commsgd::detail::prefetch_group(a + i);
+        commsgd::detail::prefetch_group(g.b + i);
+        commsgd::detail::prefetch_group(e + i);
         bad += decay == 1.0f ? detail::accumulate_group(a + i, g.b + i, e + i, p.data() + i)
                              : detail::accumulate_group(a + i, g.b + i, e + i, p.data() + i, decay);
+      }
     } else {
-      for (; i + 64 <= n; i += 64)
+      for (; i + 64 <= n; i += 64) {
+        commsgd::detail::prefetch_group(a + i);
+        commsgd::detail::prefetch_group(e + i);
         bad += decay == 1.0f ? detail::accumulate_group(a + i, e + i, p.data() + i)
                              : detail::accumulate_group(a + i, e + i, p.data() + i, decay);
+      }
     }
     for (; i < n; ++i) {
       p[i] = commsgd::detail::add_rn(g[i], decay == 1.0f ? e[i] : commsgd::detail::mul_rn(decay, e[i]));
@@ -315,11 +323,18 @@ public:
     const float* const a = g.a.data();
     std::size_t i = 0;
     if (g.b != nullptr) // in groups the compiler vectorises (their counts unused)
-      for (; i + 64 <= n; i += 64)
+      for (; i + 64 <= n; i += 64) {
+        commsgd::detail::prefetch_group(a + i);
+        commsgd::detail::prefetch_group(g.b + i);
+        commsgd::detail::prefetch_group(e + i);
         detail::accumulate_group(a + i, g.b + i, e + i, p.data() + i);
+      }
     else
-      for (; i + 64 <= n; i += 64)
+      for (; i + 64 <= n; i += 64) {
+        commsgd::detail::prefetch_group(a + i);
+        commsgd::detail::prefetch_group(e + i);
         detail::accumulate_group(a + i, e + i, p.data() + i);
+      }
     for (; i < n; ++i)
       p[i] = g[i] + e[i];
     for (; cursor < low_at_.size() && low_at_[cursor] < first + n; ++cursor) {

@@ -17,6 +17,7 @@
 
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/prefetch.hpp>
 #include <commsgd/sync/diloco_math.hpp>
 #include <commsgd/sync/streaming_store.hpp>
 
@@ -57,8 +58,11 @@ inline std::size_t pseudo_gradient_group(const float* __restrict global, const f
 inline std::size_t pseudo_gradient_counted(std::span<const float> global, std::span<const float> local,
                                            std::span<float> out) noexcept {
   std::size_t bad = 0, i = 0;
-  for (; i + 64 <= out.size(); i += 64)
+  for (; i + 64 <= out.size(); i += 64) {
+    commsgd::detail::prefetch_group(global.data() + i);
+    commsgd::detail::prefetch_group(local.data() + i);
     bad += detail::pseudo_gradient_group(global.data() + i, local.data() + i, out.data() + i);
+  }
   for (; i < out.size(); ++i) {
     out[i] = math::delta(global[i], local[i]);
     bad += std::fabs(out[i]) <= std::numeric_limits<float>::max() ? 0u : 1u;
@@ -230,14 +234,23 @@ private:
         // i: the values before x's first 16-byte boundary, merged as they are.
         merge_values<Momentum, M>(g, s, v, x, nullptr, i, n, lr, mu, alpha);
         for (; i + 64 <= count; i += 64) {
+          commsgd::detail::prefetch_group<true>(g + i);
+          if (Momentum) commsgd::detail::prefetch_group<true>(v + i);
           merge_group<Momentum, merge_kind::none>(g + i, s + i, Momentum ? v + i : nullptr, nullptr, nullptr,
                                                   n, lr, mu, alpha);
           detail::stream_64(x + i, g + i);
         }
         detail::stream_fence();
       }
-    for (; i + 64 <= count; i += 64)
+    const bool large = global.size() >= streamed_length;
+    for (; i + 64 <= count; i += 64) {
+      if (large) {
+        commsgd::detail::prefetch_group<true>(g + i);
+        if (Momentum) commsgd::detail::prefetch_group<true>(v + i);
+        if (M != merge_kind::none) commsgd::detail::prefetch_group<true>(x + i);
+      }
       merge_group<Momentum, M>(g + i, s + i, Momentum ? v + i : nullptr, x + i, at(i), n, lr, mu, alpha);
+    }
     merge_values<Momentum, M>(g + i, s + i, Momentum ? v + i : nullptr, x + i, at(i), count - i, n, lr, mu,
                               alpha);
   }
