@@ -1,10 +1,9 @@
 // Software prefetch for the loops that stream a DiLoCo round's vectors (the models, the momentum, the
 // residual) through one core. Several streams read at once keep fewer misses in flight than the memory's
 // bandwidth needs on some machines, where a plain memcpy reaches it; asking for each line a few KiB before the
-// loop gets there measured 1.00x to 1.15x on the DiLoCo rounds of a 2-core Xeon VM (medians of three pairs
-// a code and size, bench/results/diloco-round-difference-2026-12-01.md). A hint only: the addresses may
-// lie past the end of the data (they are formed as integers, never dereferenced), and other compilers and
-// nvcc see nothing.
+// loop gets there lets those loops keep more in flight (docs/diloco.md has what it measured). A hint only:
+// the addresses may lie past the end of the data (they are formed as integers, never dereferenced), and
+// other compilers and nvcc see nothing.
 #pragma once
 
 #include <cstddef>

@@ -235,7 +235,7 @@ private:
         merge_values<Momentum, M>(g, s, v, x, nullptr, i, n, lr, mu, alpha);
         for (; i + 64 <= count; i += 64) {
           commsgd::detail::prefetch_group<true>(g + i);
-          if (Momentum) commsgd::detail::prefetch_group<true>(v + i);
+          if constexpr (Momentum) commsgd::detail::prefetch_group<true>(v + i);
           merge_group<Momentum, merge_kind::none>(g + i, s + i, Momentum ? v + i : nullptr, nullptr, nullptr,
                                                   n, lr, mu, alpha);
           detail::stream_64(x + i, g + i);
@@ -246,8 +246,8 @@ private:
     for (; i + 64 <= count; i += 64) {
       if (large) {
         commsgd::detail::prefetch_group<true>(g + i);
-        if (Momentum) commsgd::detail::prefetch_group<true>(v + i);
-        if (M != merge_kind::none) commsgd::detail::prefetch_group<true>(x + i);
+        if constexpr (Momentum) commsgd::detail::prefetch_group<true>(v + i);
+        if constexpr (M != merge_kind::none) commsgd::detail::prefetch_group<true>(x + i);
       }
       merge_group<Momentum, M>(g + i, s + i, Momentum ? v + i : nullptr, x + i, at(i), n, lr, mu, alpha);
     }
