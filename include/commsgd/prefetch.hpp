@@ -14,17 +14,29 @@ namespace commsgd::inline v1::detail {
 // How far ahead of a stream's current group the lines are asked for: 4 KiB of floats.
 inline constexpr std::size_t prefetch_ahead = 1024;
 
+// Asks for the cache line at address `at` (`Write` for a stream the loop also writes).
+template <bool Write = false>
+inline void prefetch_address(std::uintptr_t at) noexcept {
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
+  __builtin_prefetch(reinterpret_cast<const void*>(at), Write ? 1 : 0);
+#else
+  (void)at;
+#endif
+}
+
+// Asks for the cache line 4 KiB past p: for a loop over 64 bytes of a stream at a time (the 16-bit messages).
+template <bool Write = false>
+inline void prefetch_line(const void* p) noexcept {
+  prefetch_address<Write>(reinterpret_cast<std::uintptr_t>(p) + prefetch_ahead * sizeof(float));
+}
+
 // Asks for the four cache lines of the 64 floats `prefetch_ahead` past p: `Write` for a stream the loop also
 // writes.
 template <bool Write = false>
 inline void prefetch_group(const float* p) noexcept {
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + prefetch_ahead * sizeof(float);
   for (std::uintptr_t line = 0; line < 64 * sizeof(float); line += 64)
-    __builtin_prefetch(reinterpret_cast<const void*>(at + line), Write ? 1 : 0);
-#else
-  (void)p;
-#endif
+    prefetch_address<Write>(at + line);
 }
 
 } // namespace commsgd::inline v1::detail

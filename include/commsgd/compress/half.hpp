@@ -35,6 +35,7 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/prefetch.hpp>
 #include <commsgd/select/key.hpp>
 #include <commsgd/select/validate.hpp>
 
@@ -79,6 +80,11 @@ struct fp16_format {
   static void decode_n(std::span<const std::uint16_t> in, std::span<float> out) {
     fp16_bits_to_float(in, out);
   }
+  // The values of p (a span, or a difference of two) encoded in one pass when all are ordinary: see
+  // fp16_encode_finite.
+  static bool encode_finite_n(const difference& p, std::span<std::uint16_t> out) noexcept {
+    return fp16_encode_finite(p.a.data(), p.b, out.data(), p.size());
+  }
 };
 
 struct bf16_format {
@@ -106,6 +112,9 @@ struct bf16_format {
   static void decode_n(std::span<const std::uint16_t> in, std::span<float> out) {
     bf16_bits_to_float(in, out);
   }
+  static bool encode_finite_n(const difference& p, std::span<std::uint16_t> out) noexcept {
+    return bf16_encode_finite(p.a.data(), p.b, out.data(), p.size());
+  }
 };
 
 static_assert(fp16_format::decode(fp16_format::max_finite_bits) == fp16_format::max_finite);
@@ -128,18 +137,34 @@ struct half_options {
 namespace detail {
 
 // p tested and encoded a stretch of 4,096 values at a time, each while it is in cache: form(i, m) returns
-// p's values [i, i + m) (formed then, or read where they lie) and coded(i, m) runs once a stretch is encoded
-// whole. The verdict of testing all of p first: a NaN or inf anywhere outranks an overflow, and the first
-// overflow is named; once there is either, the stretches left are only tested for NaN and inf.
+// p's values [i, i + m) as a compress::difference (a span, or two to subtract: formed then, or read where they
+// lie) and coded(i, m) runs once a stretch is encoded whole. A stretch of ordinary values (the common case)
+// is tested and encoded in one pass (Format::encode_finite_n); one that holds NaN, inf or an overflow is
+// taken again, tested and then encoded. The verdict of testing all of p first: a NaN or inf anywhere outranks
+// an overflow, and the first overflow is named; once there is either, the stretches left are only tested for
+// NaN and inf.
 template <class Format, class Form, class Coded>
 input_verdict encode_stretches(std::size_t d, bool clamp, std::span<std::uint16_t> msg, Form&& form,
                                Coded&& coded) {
   constexpr std::size_t stretch = 4096;
   std::size_t bad = 0, first_bad = 0;
   input_verdict overflow;
+  std::vector<float> formed; // a difference's values, for the careful pass only
   for (std::size_t i = 0; i < d; i += stretch) {
     const std::size_t m = std::min(stretch, d - i);
-    const std::span<const float> part = form(i, m);
+    const difference p = form(i, m);
+    const bool clean = bad == 0 && overflow.problem == input_problem::none;
+    if (clean && Format::encode_finite_n(p, msg.subspan(i, m))) {
+      coded(i, m);
+      continue;
+    }
+    std::span<const float> part = p.a;
+    if (p.b) {
+      formed.resize(m);
+      for (std::size_t j = 0; j < m; ++j)
+        formed[j] = p[j];
+      part = formed;
+    }
     const auto scan = select::find_non_finite(part);
     if (scan.count > 0 && bad == 0) first_bad = i + scan.first;
     bad += scan.count;
@@ -209,7 +234,8 @@ public:
 
   // reduce() in two halves, its sum not written (compress::summed_in_parts). code(in) codes this rank's
   // input of length() values, which in(i, m) gives a stretch at a time (a span of the values [i, i + m),
-  // formed then or read where they lie; called for adjacent stretches in rising order), and keeps the
+  // formed then or read where they lie; called for adjacent stretches in rising order; or, where in answers
+  // in(i, m, as_difference), the two operands of compress/difference.hpp, subtracted as they are encoded), and keeps the
   // verdict; no communication. reduce_coded(c) is the collective rest; for_each_sum_part() then decodes the
   // 16-bit sum a part at a time (until the next round), for a caller that uses each part once while it is in
   // cache (sync::diloco).
@@ -220,8 +246,10 @@ public:
     // round has succeeded.
     const bool clamp = opt_.overflow == half_overflow::clamp;
     verdict_ = ef_.on() ? detail::half_encode_and_split<Format>(length_, in, ef_, clamp, msg_, p_, split_)
-                        : detail::encode_stretches<Format>(length_, clamp, msg_, in,
-                                                           [](std::size_t, std::size_t) {});
+                        : detail::encode_stretches<Format>(
+                              length_, clamp, msg_,
+                              [&](std::size_t i, std::size_t m) { return stretch_of(in, i, m); },
+                              [](std::size_t, std::size_t) {});
   }
   template <comm::communicator C>
   comm::exchange_report reduce_coded(C& c) {
@@ -310,6 +338,8 @@ private:
     wire_scan r;
     std::size_t i = 0;
     for (; i + 64 <= w.size(); i += 64) {
+      commsgd::detail::prefetch_line(w.data() + i);
+      commsgd::detail::prefetch_line(w.data() + i + 32);
       unsigned c = 0;
       for (std::size_t j = 0; j < 64; ++j)
         c += special(w[i + j]);

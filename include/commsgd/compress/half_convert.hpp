@@ -29,6 +29,7 @@
 #include <string>
 
 #include <commsgd/cpu.hpp>
+#include <commsgd/prefetch.hpp>
 
 #if !defined(COMMSGD_FORCE_SCALAR_HALF) && COMMSGD_X86_DISPATCH
 #define COMMSGD_HALF_X86 1
@@ -145,6 +146,21 @@ inline void fp16_sum16_scalar(const std::uint16_t* partial, const std::uint16_t*
         float_to_fp16_bits(fp16_bits_to_float(partial[i]) + fp16_bits_to_float(x[i])), saturate, i,
         first_inf);
 }
+// a[i] - b[i] (b null: a[i]) encoded by Encode into out; whether every result is finite (so no input was NaN
+// or inf and none overflowed), out's values then exactly Encode's. The one-value loop of the encode_finite
+// functions below, and their tail.
+template <std::uint16_t Inf, class Encode>
+inline bool encode_finite_scalar(const float* a, const float* b, std::uint16_t* out, std::size_t n,
+                                 Encode encode) noexcept {
+  unsigned special = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint16_t h = encode(b ? a[i] - b[i] : a[i]);
+    out[i] = h;
+    special |= (h & 0x7fffu) >= Inf ? 1u : 0u;
+  }
+  return special == 0;
+}
+
 inline void fp16_decode_scalar(const std::uint16_t* in, float* out, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i)
     out[i] = fp16_bits_to_float(in[i]);
@@ -302,6 +318,10 @@ COMMSGD_HALF_TARGET inline void fp16_sum16_avx2(const std::uint16_t* partial, co
                                                 std::size_t& first_inf) noexcept {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
+    if (i % 32 == 0) { // the partial sum and this rank's message, streamed from memory
+      commsgd::detail::prefetch_line(partial + i);
+      commsgd::detail::prefetch_line(x + i);
+    }
     const __m256 p = fp16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(partial + i)));
     const __m256 v = fp16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
     const __m128i h = fp16_encode8(_mm256_add_ps(p, v), saturate, i, first_inf);
@@ -319,6 +339,7 @@ COMMSGD_HALF_TARGET inline void fp16_decode_avx2(const std::uint16_t* in, float*
   // 32 values a test for NaN; a block holding one takes the per-8 path, which fixes the NaN lanes.
   const __m128i abs = _mm_set1_epi16(0x7fff), inf = _mm_set1_epi16(0x7c00);
   for (; i + 32 <= n; i += 32) {
+    commsgd::detail::prefetch_line(in + i);
     const auto* p = reinterpret_cast<const __m128i*>(in + i);
     const __m128i h0 = _mm_loadu_si128(p), h1 = _mm_loadu_si128(p + 1), h2 = _mm_loadu_si128(p + 2),
                   h3 = _mm_loadu_si128(p + 3);
@@ -377,6 +398,10 @@ COMMSGD_HALF_TARGET inline void bf16_sum16_avx2(const std::uint16_t* partial, co
                                                 std::size_t& first_inf) noexcept {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
+    if (i % 32 == 0) { // the partial sum and this rank's message, streamed from memory
+      commsgd::detail::prefetch_line(partial + i);
+      commsgd::detail::prefetch_line(x + i);
+    }
     const __m256 p = bf16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(partial + i)));
     const __m256 v = bf16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
     const __m128i h = saturate8(bf16_encode8(_mm256_add_ps(p, v)), 0x7f80u, 0x7f7fu, saturate, i, first_inf);
@@ -391,9 +416,55 @@ COMMSGD_HALF_TARGET inline void bf16_sum16_avx2(const std::uint16_t* partial, co
 COMMSGD_HALF_TARGET inline void bf16_decode_avx2(const std::uint16_t* in, float* out,
                                                  std::size_t n) noexcept {
   std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    commsgd::detail::prefetch_line(in + i);
+    for (std::size_t k = i; k < i + 32; k += 8)
+      _mm256_storeu_ps(out + k, bf16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k))));
+  }
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(out + i, bf16_decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
   bf16_decode_scalar(in + i, out + i, n - i);
+}
+
+// encode_finite_scalar's results, 64 values a round: the subtraction, F16C's conversion or bf16_encode8, and
+// one running test for a result of inf or NaN (a finite float rounds as float_to_fp16_bits does; any other
+// lane makes the call answer false, and its caller redoes the values the careful way).
+template <bool Bf16, bool Difference>
+COMMSGD_HALF_TARGET inline __m128i encode_finite8(const float* a, const float* b, std::uint16_t* out,
+                                                  __m128i special) noexcept {
+  __m256 v = _mm256_loadu_ps(a);
+  if constexpr (Difference) v = _mm256_sub_ps(v, _mm256_loadu_ps(b));
+  __m128i h;
+  if constexpr (Bf16)
+    h = bf16_encode8(v);
+  else
+    h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), h);
+  return _mm_or_si128(special, _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)),
+                                               _mm_set1_epi16(Bf16 ? 0x7f7f : 0x7bff)));
+}
+
+template <bool Bf16, bool Difference>
+COMMSGD_HALF_TARGET inline bool encode_finite_avx2(const float* a, const float* b, std::uint16_t* out,
+                                                   std::size_t n) noexcept {
+  __m128i special = _mm_setzero_si128();
+  const float* const no_b = nullptr;
+  std::size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    // The operands are a DiLoCo round's two models, streamed from memory (commsgd/prefetch.hpp).
+    commsgd::detail::prefetch_group(a + i);
+    if constexpr (Difference) commsgd::detail::prefetch_group(b + i);
+    for (std::size_t k = 0; k < 64; k += 8)
+      special =
+          encode_finite8<Bf16, Difference>(a + i + k, Difference ? b + i + k : no_b, out + i + k, special);
+  }
+  for (; i + 8 <= n; i += 8)
+    special = encode_finite8<Bf16, Difference>(a + i, Difference ? b + i : no_b, out + i, special);
+  const bool tail = Bf16 ? encode_finite_scalar<0x7f80u>(a + i, Difference ? b + i : nullptr, out + i, n - i,
+                                                         [](float f) { return float_to_bf16_bits(f); })
+                         : encode_finite_scalar<0x7c00u>(a + i, Difference ? b + i : nullptr, out + i, n - i,
+                                                         [](float f) { return float_to_fp16_bits(f); });
+  return tail && _mm_movemask_epi8(special) == 0;
 }
 
 #undef COMMSGD_HALF_TARGET
@@ -435,6 +506,30 @@ inline std::size_t float_to_bf16_bits(std::span<const float> in, std::span<std::
 #endif
   detail::bf16_encode_scalar(in.data(), out.data(), in.size(), saturate, first_inf);
   return first_inf == static_cast<std::size_t>(-1) ? in.size() : first_inf;
+}
+
+// The encoding of a difference, for a code that tests its input and encodes it in one pass:
+// out[i] = float_to_fp16_bits(a[i] - b[i]) (b null: of a[i]) for every i, and true, when every result is
+// finite; false when some value of a - b is NaN or inf or overflows the format, out then unspecified (the
+// caller tests and encodes those values again, with the functions above). a, b and out hold n values each.
+inline bool fp16_encode_finite(const float* a, const float* b, std::uint16_t* out, std::size_t n,
+                               [[maybe_unused]] half_path path = half_path::best) noexcept {
+#if COMMSGD_HALF_X86
+  if (detail::take_vector(path))
+    return b ? detail::encode_finite_avx2<false, true>(a, b, out, n)
+             : detail::encode_finite_avx2<false, false>(a, nullptr, out, n);
+#endif
+  return detail::encode_finite_scalar<0x7c00u>(a, b, out, n, [](float f) { return float_to_fp16_bits(f); });
+}
+
+inline bool bf16_encode_finite(const float* a, const float* b, std::uint16_t* out, std::size_t n,
+                               [[maybe_unused]] half_path path = half_path::best) noexcept {
+#if COMMSGD_HALF_X86
+  if (detail::take_vector(path))
+    return b ? detail::encode_finite_avx2<true, true>(a, b, out, n)
+             : detail::encode_finite_avx2<true, false>(a, nullptr, out, n);
+#endif
+  return detail::encode_finite_scalar<0x7f80u>(a, b, out, n, [](float f) { return float_to_bf16_bits(f); });
 }
 
 // One hop of a 16-bit ring: out[i] = float_to_fp16_bits(fp16_bits_to_float(partial[i]) + x[i]), saturated as
