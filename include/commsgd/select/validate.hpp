@@ -5,6 +5,7 @@
 
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
+#include <commsgd/prefetch.hpp>
 #include <commsgd/select/key.hpp>
 #include <commsgd/select/selector.hpp>
 
@@ -31,8 +32,10 @@ inline std::size_t count_non_finite(std::span<const float> x) noexcept {
   std::size_t total = 0;
   const std::size_t n = x.size();
   std::size_t i = 0;
-  for (; i + 64 <= n; i += 64)
+  for (; i + 64 <= n; i += 64) {
+    commsgd::detail::prefetch_group(x.data() + i); // a long x streams from memory (commsgd/prefetch.hpp)
     total += detail::count_non_finite_64(x.data() + i);
+  }
   for (; i < n; ++i)
     total += magnitude_key(x[i]) >= infinite_key;
   return total;
