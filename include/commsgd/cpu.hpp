@@ -18,6 +18,7 @@ struct cpu_features {
   bool avx2 = false;   // AVX2, with the OS saving the YMM registers
   bool f16c = false;   // the float <-> fp16 conversions
   bool popcnt = false; // one instruction for a word's population
+  bool fma = false;    // fused multiply-add on YMM registers (FMA3)
 };
 
 inline const cpu_features& cpu() noexcept {
@@ -31,11 +32,13 @@ inline const cpu_features& cpu() noexcept {
     r.popcnt = (c & (1u << 23)) != 0;
     const bool avx = (c & (1u << 28)) != 0 && (c & (1u << 27)) != 0;
     const bool f16c = (c & (1u << 29)) != 0;
+    const bool fma = (c & (1u << 12)) != 0;
     if (!avx) return r;
     unsigned xcr0 = 0, xcr0_hi = 0;
     __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_hi) : "c"(0));
     if ((xcr0 & 6u) != 6u) return r;
     r.f16c = f16c;
+    r.fma = fma;
     r.avx2 = __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (b & (1u << 5)) != 0;
 #endif
     return r;

@@ -1,9 +1,9 @@
 // Software prefetch for the loops that stream a DiLoCo round's vectors (the models, the momentum, the
-// residual, the 16-bit messages and sum) and long finiteness scans through one core. Several streams read at once keep fewer misses in flight than the memory's
-// bandwidth needs on some machines, where a plain memcpy reaches it; asking for each line a few KiB before the
-// loop gets there lets those loops keep more in flight (docs/diloco.md has what it measured). A hint only:
-// the addresses may lie past the end of the data (they are formed as integers, never dereferenced), and
-// other compilers and nvcc see nothing.
+// residual, the 16-bit messages and sum) and long finiteness scans through one core. Several streams read at
+// once keep fewer misses in flight than the memory's bandwidth needs on some machines, where a plain memcpy
+// reaches it; asking for each line a few KiB before the loop gets there lets those loops keep more in flight
+// (docs/diloco.md has what it measured). A hint only: the addresses may lie past the end of the data (they
+// are formed as integers, never dereferenced), and other compilers and nvcc see nothing.
 #pragma once
 
 #include <cstddef>

@@ -251,36 +251,97 @@ TEST_CASE("int8 and e3m0: the sums block by block equal the reference's, bit for
 }
 
 TEST_CASE("int8: every code decodes as the double formula does, over scales of every binade") {
-  // decode_block forms code * (s / 127) in double; the formula, code * s / 127. Every code, against scales
-  // drawn over the whole float range (random bit patterns), subnormal ones included, and the extremes.
+  // decode_block forms code * (s / 127) in double, or (where the scale allows, with AVX2 and FMA) in floats
+  // split from it; the formula, code * s / 127. Every code (255, which no encoder writes, too), against
+  // scales drawn over the whole float range (random bit patterns, either sign), subnormal ones included, the
+  // extremes, and scales at both ends of the split decode's range.
   std::mt19937 rng(60);
   std::vector<float> scales{std::numeric_limits<float>::denorm_min(),
                             std::numeric_limits<float>::min(),
                             std::numeric_limits<float>::max(),
                             1.0f,
                             127.0f,
-                            1.27f};
-  for (int i = 0; i < 20000; ++i) {
-    const float s = std::bit_cast<float>(static_cast<std::uint32_t>(rng()) & 0x7fffffffu);
+                            1.27f,
+                            -1.0f,
+                            -0.0f,
+                            0.0f};
+  for (float edge : {0x1p-60f, 0x1p120f})
+    for (int u = -3; u <= 3; ++u)
+      for (float sign : {1.0f, -1.0f})
+        scales.push_back(
+            sign * std::bit_cast<float>(std::bit_cast<std::uint32_t>(edge) + static_cast<std::uint32_t>(u)));
+  for (int i = 0; i < 40000; ++i) {
+    const float s = std::bit_cast<float>(static_cast<std::uint32_t>(rng()));
     if (std::isfinite(s)) scales.push_back(s);
   }
-  // One block of 255 values: code c at index c.
-  std::vector<std::byte> msg(4 + 255);
-  for (std::uint32_t c = 0; c < 255; ++c)
+  // One block of 256 values: code c at index c.
+  std::vector<std::byte> msg(4 + 256);
+  for (std::uint32_t c = 0; c < 256; ++c)
     msg[4 + c] = static_cast<std::byte>(c);
-  std::vector<float> got(255);
+  std::vector<float> got(256);
+  std::size_t wrong = 0;
   for (const auto path : paths)
     for (float s : scales) {
-      CAPTURE(static_cast<int>(path));
-      CAPTURE(s);
       std::memcpy(msg.data(), &s, 4);
-      compress::detail::decode_message<compress::int8_code>(msg, 255, 255, got, path);
-      for (std::uint32_t c = 0; c < 255; ++c) {
+      compress::detail::decode_message<compress::int8_code>(msg, 256, 256, got, path);
+      for (std::uint32_t c = 0; c < 256; ++c) {
         const float want = compress::int8_code::decode(c, s);
-        REQUIRE(std::bit_cast<std::uint32_t>(got[c]) == std::bit_cast<std::uint32_t>(want));
+        if (std::bit_cast<std::uint32_t>(got[c]) != std::bit_cast<std::uint32_t>(want) && wrong++ == 0)
+          FAIL_CHECK("path " << static_cast<int>(path) << ", scale " << s << ", code " << c << ": " << got[c]
+                             << ", the formula " << want);
       }
     }
+  CHECK(wrong == 0);
 }
+
+#if COMMSGD_HALF_X86
+TEST_CASE("int8: the split decode puts what the double decode puts, in every mode") {
+  // int8_put_split_avx2 against int8_put_avx2 directly: every code, 200,000 scales log-uniform over the
+  // split's range with random significands and signs, written, started from +0 and added to values already
+  // there (+-0 among them).
+  if (!compress::detail::block_vector_path(compress::half_path::best) || !cpu().fma) {
+    MESSAGE("this CPU has no AVX2 and FMA: the split decode is not taken here, and not tested");
+    return;
+  }
+  namespace d = compress::detail;
+  std::mt19937 rng(61);
+  std::vector<std::byte> codes(256);
+  for (std::uint32_t c = 0; c < 256; ++c)
+    codes[c] = static_cast<std::byte>(c);
+  std::vector<float> base(256), a(256), b(256);
+  std::size_t wrong = 0, checked = 0;
+  for (int i = 0; i < 200000 && wrong == 0; ++i) {
+    const int e = static_cast<int>(rng() % 180) - 60;
+    const float s =
+        std::ldexp(1.0f + static_cast<float>(rng() & 0x7fffffu) * 0x1p-23f, e) * (rng() % 2 ? 1.0f : -1.0f);
+    if (!d::int8_split_fits(s)) continue;
+    const double v = static_cast<double>(s) / 127.0;
+    for (std::size_t j = 0; j < 256; ++j)
+      base[j] = j % 7 == 0 ? (j % 2 ? -0.0f : 0.0f)
+                           : static_cast<float>(static_cast<int>(rng() % 2001) - 1000) * std::fabs(s) / 64.0f;
+    const auto same = [&] {
+      for (std::size_t j = 0; j < 256; ++j)
+        if (std::bit_cast<std::uint32_t>(a[j]) != std::bit_cast<std::uint32_t>(b[j]) && wrong++ == 0)
+          FAIL_CHECK("scale " << s << ", code " << j << ": split " << a[j] << ", double " << b[j]);
+      checked += 256;
+    };
+    CHECK(d::int8_put_split_avx2<d::put_mode::assign>(codes.data(), 256, s, a.data()) == 256);
+    d::int8_put_avx2<d::put_mode::assign>(codes.data(), 256, v, b.data());
+    same();
+    d::int8_put_split_avx2<d::put_mode::first>(codes.data(), 256, s, a.data());
+    d::int8_put_avx2<d::put_mode::first>(codes.data(), 256, v, b.data());
+    same();
+    a = base;
+    b = base;
+    d::int8_put_split_avx2<d::put_mode::add>(codes.data(), 256, s, a.data());
+    d::int8_put_avx2<d::put_mode::add>(codes.data(), 256, v, b.data());
+    same();
+  }
+  MESSAGE(checked << " values checked");
+  CHECK(wrong == 0);
+  CHECK(checked > 100000000);
+}
+#endif
 
 TEST_CASE(
     "int8 and e3m0: messages of any bytes decode and sum alike both ways, as the per-value formulas do") {

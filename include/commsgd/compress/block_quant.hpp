@@ -422,7 +422,9 @@ void decode_block(const std::byte* codes, std::size_t count, float s, float* out
   if constexpr (Code::bits == 8) {
     const double v = static_cast<double>(s) / 127.0;
 #if COMMSGD_HALF_X86
-    if (vector) i = int8_put_avx2<Mode>(codes, count, v, out);
+    if (vector)
+      i = cpu().fma && int8_split_fits(s) ? int8_put_split_avx2<Mode>(codes, count, s, out)
+                                          : int8_put_avx2<Mode>(codes, count, v, out);
 #endif
     for (; i + group <= count; i += group) {
       std::uint8_t c[group];

@@ -3,10 +3,12 @@
 // x86-64 build's loops in block_quant.hpp take two doubles or four floats an instruction, and GCC's own AVX2
 // code for them (target attributes) was slower for int8; these are what a DiLoCo round's code and decode
 // are bound by, not memory (issue 60). Same bits as the portable loops: the same IEEE operations on the same
-// operands (no FMA; the library builds with -ffp-contract=off).
+// operands (no contraction: the library builds with -ffp-contract=off), or for int8's split decode other
+// operations proved to round the same way and tested against them.
 //   scan    a block's largest |p_i| (NaN passed over) and its count of NaN and inf.
 //   int8    codes: p times 127 / s, rounded by adding and taking away 1.5 2^23, the quotients near a half
-//           flagged for the exact path; decode: (c - 127) times v = s / 127 in double, rounded to float.
+//           flagged for the exact path; decode: (c - 127) times v = s / 127 in double, rounded to float, or
+//           (where the CPU has FMA and 2^-60 <= |s| <= 2^120) the same product from v split into two floats.
 //   e3m0    codes: |p|'s bits against the block's seven thresholds; decode: mag[k], its sign flipped by the
 //           code's sign bit, mag[k] the block's eight values made once by the portable formula (one permute
 //           a group of 8 for eight multiplies and the shuffles that interleave a byte's two codes).
@@ -17,6 +19,7 @@
 #include <commsgd/compress/half_convert.hpp>
 
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -60,6 +63,42 @@ COMMSGD_BLOCK_TARGET inline std::size_t int8_put_avx2(const std::byte* codes, st
   }
   return i;
 }
+
+// int8's decode without doubles, for a block whose scale allows it (int8_split_fits): the same bits as
+// int8_put_avx2. v = s / 127 in double is split into floats h + l (h = v rounded, l = v - h rounded), both
+// taken positive and the sign of s put back at the end (so a zero code keeps the double path's -0). With
+// k = c - 127 (exact in float): hi = k h rounded, e = k h - hi (exact, one FMA), t = k l + e (one rounding),
+// x = hi + t (one rounding). hi + t is within 2^-46 of itself of k v, and k v lies at least 2^-40 of itself
+// from every float midpoint (decode_block), so x rounds as k v does. One conversion and five FMA-port
+// operations a group of 8 where the double path spends six conversions and shuffles on one port; the
+// decode-and-sum of the gathered messages is bound by those, not memory.
+inline bool int8_split_fits(float s) noexcept {
+  // No step underflows or overflows, and l keeps its bits under flush-to-zero, in this range.
+  const float a = std::fabs(s);
+  return a >= 0x1p-60f && a <= 0x1p120f;
+}
+
+#define COMMSGD_BLOCK_FMA_TARGET __attribute__((target("avx2,fma")))
+template <put_mode Mode>
+COMMSGD_BLOCK_FMA_TARGET inline std::size_t int8_put_split_avx2(const std::byte* codes, std::size_t count,
+                                                                float s, float* out) noexcept {
+  const double v = static_cast<double>(std::fabs(s)) / 127.0;
+  const float h = static_cast<float>(v), l = static_cast<float>(v - static_cast<double>(h));
+  const __m256 vh = _mm256_set1_ps(h), vl = _mm256_set1_ps(l);
+  const __m256 sign =
+      _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(std::bit_cast<std::uint32_t>(s) & 0x80000000u)));
+  const __m256i bias = _mm256_set1_epi32(127);
+  std::size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m128i c8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i));
+    const __m256 k = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(c8), bias));
+    const __m256 hi = _mm256_mul_ps(k, vh);
+    const __m256 t = _mm256_fmadd_ps(k, vl, _mm256_fmsub_ps(k, vh, hi));
+    put8<Mode>(out + i, _mm256_xor_ps(_mm256_add_ps(hi, t), sign));
+  }
+  return i;
+}
+#undef COMMSGD_BLOCK_FMA_TARGET
 
 // Eight codes, one a byte of `eight`'s low half, as mag[k] with its sign bit flipped by the code's (bit 3).
 // The permute reads each lane's low three bits, the exponent k.

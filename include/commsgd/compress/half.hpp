@@ -137,8 +137,8 @@ struct half_options {
 namespace detail {
 
 // p tested and encoded a stretch of 4,096 values at a time, each while it is in cache: form(i, m) returns
-// p's values [i, i + m) as a compress::difference (a span, or two to subtract: formed then, or read where they
-// lie) and coded(i, m) runs once a stretch is encoded whole. A stretch of ordinary values (the common case)
+// p's values [i, i + m) as a compress::difference (a span, or two to subtract: formed then, or read where
+// they lie) and coded(i, m) runs once a stretch is encoded whole. A stretch of ordinary values (the common case)
 // is tested and encoded in one pass (Format::encode_finite_n); one that holds NaN, inf or an overflow is
 // taken again, tested and then encoded. The verdict of testing all of p first: a NaN or inf anywhere outranks
 // an overflow, and the first overflow is named; once there is either, the stretches left are only tested for
@@ -235,10 +235,10 @@ public:
   // reduce() in two halves, its sum not written (compress::summed_in_parts). code(in) codes this rank's
   // input of length() values, which in(i, m) gives a stretch at a time (a span of the values [i, i + m),
   // formed then or read where they lie; called for adjacent stretches in rising order; or, where in answers
-  // in(i, m, as_difference), the two operands of compress/difference.hpp, subtracted as they are encoded), and keeps the
-  // verdict; no communication. reduce_coded(c) is the collective rest; for_each_sum_part() then decodes the
-  // 16-bit sum a part at a time (until the next round), for a caller that uses each part once while it is in
-  // cache (sync::diloco).
+  // in(i, m, as_difference), the two operands of compress/difference.hpp, subtracted as they are encoded),
+  // and keeps the verdict; no communication. reduce_coded(c) is the collective rest; for_each_sum_part()
+  // then decodes the 16-bit sum a part at a time (until the next round), for a caller that uses each part
+  // once while it is in cache (sync::diloco).
   template <class In>
   void code(In&& in) {
     // Without error feedback p is the input itself, encoded where it lies. With it, p, the message and the
