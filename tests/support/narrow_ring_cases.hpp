@@ -63,6 +63,18 @@ std::vector<float> input(int rank, std::size_t d, std::uint64_t which, bool big)
   return x;
 }
 
+// The inf and NaN of a result, as narrow_ring_sum_wire reports them: how many, the first one's index (0 if
+// none).
+inline commsgd::comm::wire_scan non_finite_of(const std::vector<float>& x) {
+  commsgd::comm::wire_scan r;
+  for (std::size_t i = x.size(); i-- > 0;)
+    if (!std::isfinite(x[i])) {
+      ++r.count;
+      r.first = i;
+    }
+  return r;
+}
+
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
@@ -110,9 +122,48 @@ void check_all(C& c) {
         CHECK(same_bits(mine, want));
         if (saturate) CHECK(std::all_of(mine.begin(), mine.end(), [](float v) { return std::isfinite(v); }));
         // The same ring from the 16-bit values themselves: the same bits.
-        commsgd::comm::narrow_ring_sum_wire<Format>(c, own, saturate, buf);
+        const auto scan = commsgd::comm::narrow_ring_sum_wire<Format>(c, own, saturate, buf);
         CHECK(same_bits(floats_of<Format>(buf.wire), want));
+        // Its count of inf and NaN, made without a pass over the result: that of the reference.
+        const auto bad = non_finite_of(want);
+        CHECK(scan.count == bad.count);
+        CHECK(scan.first == bad.first);
+        // Not vacuous: fp16 partial sums of 40000 overflow.
+        if (Format::max_finite_bits == 0x7bffu && n > 1 && big && !saturate && d > 1000) CHECK(bad.count > 0);
       }
+  // Overflows placed on the chunks' edges: every chunk's first value, its last, the one after its first, in
+  // some chunks and not others (the chunks that hold one travel flagged, and their first values come back).
+  for (const std::size_t d : {std::size_t{3}, static_cast<std::size_t>(8 * n + 3), std::size_t{4099}})
+    for (int pattern = 0; pattern < 4; ++pattern) {
+      CAPTURE(d);
+      CAPTURE(pattern);
+      const float top = Format::decode(Format::max_finite_bits);
+      std::vector<std::vector<float>> all;
+      for (int r = 0; r < n; ++r)
+        all.push_back(input<Format>(r, d, 5000 + d + static_cast<std::size_t>(pattern), false));
+      const auto un = static_cast<std::size_t>(n);
+      std::size_t filled = 0; // chunks that hold a value, so far
+      for (std::size_t j = 0; j < un; ++j) {
+        const std::size_t a = d * j / un, b = d * (j + 1) / un;
+        if (a == b) continue;
+        ++filled;
+        const std::size_t at = pattern == 0   ? a
+                               : pattern == 1 ? b - 1
+                               : pattern == 2 ? std::min(a + 1, b - 1)
+                                              : a;
+        if (pattern == 3 && filled % 2 == 0) continue; // every other chunk
+        for (auto& x : all)
+          x[at] = top;
+      }
+      const auto want = reference<Format>(all, false);
+      const auto own = wire_of<Format>(all[static_cast<std::size_t>(c.rank())]);
+      const auto scan = commsgd::comm::narrow_ring_sum_wire<Format>(c, own, false, buf);
+      CHECK(same_bits(floats_of<Format>(buf.wire), want));
+      const auto bad = non_finite_of(want);
+      CHECK(scan.count == bad.count);
+      CHECK(scan.first == bad.first);
+      if (n > 1) CHECK(bad.count > 0);
+    }
   // A rank that contributes NaN (how a compressor refuses its input) makes every value of every rank's
   // result NaN, and one NaN value reaches exactly that index everywhere.
   for (int bad = 0; bad < n; ++bad) {
@@ -121,16 +172,22 @@ void check_all(C& c) {
     const auto own = wire_of<Format>(mine);
     commsgd::comm::narrow_ring_sum<Format>(c, std::span<float>(mine), false, buf);
     CHECK(std::all_of(mine.begin(), mine.end(), [](float v) { return std::isnan(v); }));
-    commsgd::comm::narrow_ring_sum_wire<Format>(c, own, false, buf);
+    const auto scan = commsgd::comm::narrow_ring_sum_wire<Format>(c, own, false, buf);
     const auto wire_sum = floats_of<Format>(buf.wire);
     CHECK(std::all_of(wire_sum.begin(), wire_sum.end(), [](float v) { return std::isnan(v); }));
+    CHECK(scan.count == 257);
+    CHECK(scan.first == 0);
     std::vector<float> one = input<Format>(c.rank(), 257, 998, false);
     if (c.rank() == bad) one[5] = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> one_in = one;
     commsgd::comm::narrow_ring_sum<Format>(c, std::span<float>(one), false, buf);
     std::size_t wrong = 0;
     for (std::size_t i = 0; i < one.size(); ++i)
       wrong += std::isnan(one[i]) != (i == 5) ? 1 : 0;
     CHECK(wrong == 0);
+    const auto one_scan = commsgd::comm::narrow_ring_sum_wire<Format>(c, wire_of<Format>(one_in), false, buf);
+    CHECK(one_scan.count == 1);
+    CHECK(one_scan.first == 5);
   }
 }
 

@@ -68,11 +68,17 @@ struct narrow_ring_buffers {
   std::vector<std::uint16_t> wire, inbox;
 };
 
+// The inf and NaN values of a ring's result: how many, and the first one's index (0 when there is none).
+struct wire_scan {
+  std::size_t count = 0, first = 0;
+};
+
 namespace detail {
 
 // The ring's schedule, shared by both forms below: `start(a, b)` writes this rank's own chunk [a, b) into
-// buf.wire in the wire format, `hop(a, b, inbox)` writes chunk [a, b)'s partial sum plus this rank's values into
-// buf.wire[a, b) from the partial sum received in inbox. Leaves every rank's result in buf.wire (n >= 2).
+// buf.wire in the wire format, `hop(a, b, inbox, last)` writes chunk [a, b)'s partial sum plus this rank's
+// values into buf.wire[a, b) from the partial sum received in inbox, `last` on the hop that makes the chunk's
+// result (chunk me + 1, which the all-gather then sends on). Leaves every rank's result in buf.wire (n >= 2).
 template <communicator C, class Start, class Hop>
 void narrow_ring_schedule(C& c, std::size_t m, narrow_ring_buffers& buf, Start&& start, Hop&& hop) {
   const int n = c.size();
@@ -100,7 +106,7 @@ void narrow_ring_schedule(C& c, std::size_t m, narrow_ring_buffers& buf, Start&&
   for (int s = 0; s + 1 < n; ++s) {
     const auto [a, b] = chunk(me - 1 - s);
     step(chunk(me - s), buf.inbox.data(), b - a);
-    hop(a, b, std::span<const std::uint16_t>(buf.inbox.data(), b - a));
+    hop(a, b, std::span<const std::uint16_t>(buf.inbox.data(), b - a), s + 2 == n);
   }
   // This rank now holds chunk me + 1's result. All-gather: at step s it sends chunk me + 1 - s and receives
   // chunk me - s, in place.
@@ -133,6 +139,34 @@ bool copy_wire_block(const std::uint16_t* __restrict src, std::uint16_t* __restr
   return special != 0;
 }
 
+// The inf and NaN among n wire values at `at` (indices from `base`), counted 64 at a time (a loop the
+// compiler vectorises); the first one found by a second look only when there is one.
+template <wire_codec Codec>
+wire_scan scan_wire(const std::uint16_t* at, std::size_t n, std::size_t base) noexcept {
+  auto special = [](std::uint16_t h) { return (h & 0x7fffu) >= Codec::inf_bits ? 1u : 0u; };
+  wire_scan r;
+  std::size_t i = 0;
+  for (; i + wire_block <= n; i += wire_block) {
+    unsigned k = 0;
+    for (std::size_t j = 0; j < wire_block; ++j)
+      k += special(at[i + j]);
+    r.count += k;
+  }
+  for (; i < n; ++i)
+    r.count += special(at[i]);
+  if (r.count > 0)
+    while (special(at[r.first]) == 0)
+      ++r.first;
+  r.first += base;
+  return r;
+}
+
+// Adds the scan of a later stretch to `into`.
+inline void add_scan(wire_scan& into, const wire_scan& later) noexcept {
+  if (into.count == 0) into.first = later.first;
+  into.count += later.count;
+}
+
 } // namespace detail
 
 template <wire_codec Codec, communicator C>
@@ -160,7 +194,7 @@ void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffer
           for (std::size_t i = a; i < b; ++i)
             w[i] = detail::narrow<Codec>(x[i], saturate);
       },
-      [&](std::size_t a, std::size_t b, std::span<const std::uint16_t> in) {
+      [&](std::size_t a, std::size_t b, std::span<const std::uint16_t> in, bool) {
         if constexpr (bulk_wire_codec<Codec>)
           Codec::sum_n(in, std::span<const float>(x.data() + a, b - a),
                        std::span<std::uint16_t>(w + a, b - a), saturate);
@@ -181,8 +215,15 @@ void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffer
 // is exact, and a finite wire value encodes back to itself). No float buffer of the whole length is made: a
 // caller that wants floats decodes buf.wire once, where it wants them. `own` must not lie in buf's buffers
 // (the ring writes them while it reads own): commsgd::invalid_argument.
+//
+// Returns the result's inf and NaN (the same on every rank) without a pass over the result: each rank counts
+// them in the chunk it finishes, block by block while the block is in cache. A chunk that holds one leaves
+// its maker with a NaN in its first value, so every rank sees which chunks hold one from a value apiece; only
+// then (a round that is refused anyway) does one small all_reduce_sum share those chunks' counts and put
+// their first values back.
 template <wire_codec Codec, communicator C>
-void narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool saturate, narrow_ring_buffers& buf) {
+wire_scan narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool saturate,
+                               narrow_ring_buffers& buf) {
   const std::size_t m = own.size();
   const auto overlaps = [&](const std::vector<std::uint16_t>& v) {
     const std::less<const std::uint16_t*> below;
@@ -205,15 +246,56 @@ void narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool saturat
     for (; i < b; ++i)
       w[i] = detail::narrow<Codec>(Codec::decode(own[i]), saturate);
   };
-  if (c.size() == 1) return first(0, m);
+  if (c.size() == 1) {
+    first(0, m);
+    return detail::scan_wire<Codec>(w, m, 0);
+  }
+  auto sum = [&](std::size_t a, std::size_t b, std::span<const std::uint16_t> in) {
+    if constexpr (bulk_wire_codec<Codec>)
+      Codec::sum_n(in, own.subspan(a, b - a), std::span<std::uint16_t>(w + a, b - a), saturate);
+    else
+      for (std::size_t i = a; i < b; ++i)
+        w[i] = detail::narrow<Codec>(Codec::decode(in[i - a]) + Codec::decode(own[i]), saturate);
+  };
+  constexpr std::uint16_t flag = Codec::inf_bits | (Codec::inf_bits >> 1); // a quiet NaN
+  wire_scan mine;                                                          // in the chunk this rank finishes
+  std::uint16_t mine_first = 0; // that chunk's first value, before the flag replaced it
   detail::narrow_ring_schedule(
-      c, m, buf, first, [&](std::size_t a, std::size_t b, std::span<const std::uint16_t> in) {
-        if constexpr (bulk_wire_codec<Codec>)
-          Codec::sum_n(in, own.subspan(a, b - a), std::span<std::uint16_t>(w + a, b - a), saturate);
-        else
-          for (std::size_t i = a; i < b; ++i)
-            w[i] = detail::narrow<Codec>(Codec::decode(in[i - a]) + Codec::decode(own[i]), saturate);
+      c, m, buf, first, [&](std::size_t a, std::size_t b, std::span<const std::uint16_t> in, bool last) {
+        if (!last) return sum(a, b, in);
+        constexpr std::size_t block = 4096; // values summed, then counted from L1
+        for (std::size_t i = a; i < b; i += block) {
+          const std::size_t e = std::min(b, i + block);
+          sum(i, e, in.subspan(i - a, e - i));
+          detail::add_scan(mine, detail::scan_wire<Codec>(w + i, e - i, i));
+        }
+        if (mine.count > 0) {
+          mine_first = w[a];
+          w[a] = flag;
+        }
       });
+  const int n = c.size();
+  const auto un = static_cast<std::uint64_t>(n);
+  auto lo = [&](int j) { return static_cast<std::size_t>(m * static_cast<std::uint64_t>(j) / un); };
+  bool any = false;
+  for (int j = 0; j < n && !any; ++j)
+    any = lo(j) < lo(j + 1) && (w[lo(j)] & 0x7fffu) >= Codec::inf_bits;
+  if (!any) return {};
+  // Every rank holds the same bits, so every rank is here. Chunk j's count, first index and first value.
+  std::vector<double> t(3 * static_cast<std::size_t>(n), 0.0);
+  const auto at = 3 * static_cast<std::size_t>((c.rank() + 1) % n);
+  t[at] = static_cast<double>(mine.count);
+  t[at + 1] = static_cast<double>(mine.first);
+  t[at + 2] = static_cast<double>(mine_first);
+  c.all_reduce_sum(std::span<double>(t));
+  wire_scan r;
+  for (int j = 0; j < n; ++j) {
+    const auto k = 3 * static_cast<std::size_t>(j);
+    if (t[k] == 0.0) continue;
+    w[lo(j)] = static_cast<std::uint16_t>(t[k + 2]);
+    detail::add_scan(r, {static_cast<std::size_t>(t[k]), static_cast<std::size_t>(t[k + 1])});
+  }
+  return r;
 }
 
 } // namespace commsgd::inline v1::comm

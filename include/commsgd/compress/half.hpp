@@ -35,7 +35,6 @@
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/error.hpp>
-#include <commsgd/prefetch.hpp>
 #include <commsgd/select/key.hpp>
 #include <commsgd/select/validate.hpp>
 
@@ -271,9 +270,9 @@ public:
     }
   }
 
-  // The NaN and infinities of the sum the last successful reduce wrote into out: none, as reduce tests the
-  // sum while copying it out and refuses it otherwise; a caller that must refuse such a sum need not read it
-  // again.
+  // The NaN and infinities of the sum the last successful reduce wrote into out: none, as the round refuses
+  // a sum with any (the ring counts them as it makes the sum); a caller that must refuse such a sum need not
+  // read it again.
   select::non_finite_scan sum_non_finite() const noexcept { return {0, length_}; }
 
   void save(std::ostream& os) const { detail::save_state(os, kind(), params(), steps_, ef_); }
@@ -298,13 +297,15 @@ private:
     if (v.problem != detail::input_problem::none)
       std::fill(msg_.begin(), msg_.end(),
                 static_cast<std::uint16_t>(Format::inf_bits | (Format::inf_bits >> 1)));
-    comm::narrow_ring_sum_wire<Format>(c, msg_, opt_.overflow == half_overflow::clamp, ring_);
+    // The ring counts the sum's inf and NaN as it makes it (the same answer on every rank), so the sum is
+    // not read again to check it.
+    const comm::wire_scan bad =
+        comm::narrow_ring_sum_wire<Format>(c, msg_, opt_.overflow == half_overflow::clamp, ring_);
     if (v.problem != detail::input_problem::none) {
       const auto mine = detail::verdict_fields(length_, v, 0);
       detail::throw_verdict(what(), "this rank's", mine.data(), range());
     }
-    // The sum is checked in its 16 bits (half the bytes of the floats), then decoded once.
-    if (const auto bad = wire_non_finite(ring_.wire); bad.count > 0)
+    if (bad.count > 0)
       throw non_finite(commsgd::concat(what(),
                                        ": the 16-bit sum (another rank refused its input, or "
                                        "a partial sum left the range ",
@@ -326,31 +327,6 @@ private:
   }
   std::array<std::uint64_t, 3> config() const noexcept {
     return {length_, static_cast<std::uint64_t>(opt_.overflow), ef_.on() ? 1u : 0u};
-  }
-
-  struct wire_scan {
-    std::size_t count = 0, first = 0; // values that are inf or NaN; the first one's index
-  };
-  // The inf and NaN of a 16-bit sum, counted in blocks of 64 (a loop the compiler vectorises); the first one
-  // found by a second look only when there is one.
-  static wire_scan wire_non_finite(std::span<const std::uint16_t> w) noexcept {
-    auto special = [](std::uint16_t h) { return (h & 0x7fffu) >= Format::inf_bits ? 1u : 0u; };
-    wire_scan r;
-    std::size_t i = 0;
-    for (; i + 64 <= w.size(); i += 64) {
-      commsgd::detail::prefetch_line(w.data() + i);
-      commsgd::detail::prefetch_line(w.data() + i + 32);
-      unsigned c = 0;
-      for (std::size_t j = 0; j < 64; ++j)
-        c += special(w[i + j]);
-      r.count += c;
-    }
-    for (; i < w.size(); ++i)
-      r.count += special(w[i]);
-    if (r.count > 0)
-      while (special(w[r.first]) == 0)
-        ++r.first;
-    return r;
   }
 
   half_options opt_;
