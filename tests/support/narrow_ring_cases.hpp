@@ -124,6 +124,12 @@ void check_all(C& c) {
         // The same ring from the 16-bit values themselves: the same bits.
         const auto scan = commsgd::comm::narrow_ring_sum_wire<Format>(c, own, saturate, buf);
         CHECK(same_bits(floats_of<Format>(buf.wire), want));
+        // Every input here is finite (only sums overflow), so it may be sent from where it lies: the same
+        // bits, the same count.
+        const auto sent_in_place = commsgd::comm::narrow_ring_sum_wire<Format>(c, own, saturate, buf, true);
+        CHECK(same_bits(floats_of<Format>(buf.wire), want));
+        CHECK(sent_in_place.count == scan.count);
+        CHECK(sent_in_place.first == scan.first);
         // Its count of inf and NaN, made without a pass over the result: that of the reference.
         const auto bad = non_finite_of(want);
         CHECK(scan.count == bad.count);

@@ -75,8 +75,8 @@ struct wire_scan {
 
 namespace detail {
 
-// The ring's schedule, shared by both forms below: `start(a, b)` writes this rank's own chunk [a, b) into
-// buf.wire in the wire format, `hop(a, b, inbox, last)` writes chunk [a, b)'s partial sum plus this rank's
+// The ring's schedule, shared by both forms below: `start(a, b)` makes this rank's own chunk [a, b) in the wire
+// format and returns where it lies (in buf.wire, or where the caller holds it already), `hop(a, b, inbox, last)` writes chunk [a, b)'s partial sum plus this rank's
 // values into buf.wire[a, b) from the partial sum received in inbox, `last` on the hop that makes the chunk's
 // result (chunk me + 1, which the all-gather then sends on). Leaves every rank's result in buf.wire (n >= 2).
 template <communicator C, class Start, class Hop>
@@ -94,25 +94,30 @@ void narrow_ring_schedule(C& c, std::size_t m, narrow_ring_buffers& buf, Start&&
   buf.inbox.resize(m / un + 1);
   std::uint16_t* w = buf.wire.data();
   // Exchanges one chunk with the neighbours: sends wire[send], receives into `into`.
-  auto step = [&](std::pair<std::size_t, std::size_t> send, std::uint16_t* into, std::size_t count) {
-    send_recv(c, std::span<const std::uint16_t>(w + send.first, send.second - send.first), right,
+  // Exchanges one chunk with the neighbours: sends `count_out` values from `from`, receives into `into`.
+  auto step = [&](const std::uint16_t* from, std::size_t count_out, std::uint16_t* into, std::size_t count) {
+    send_recv(c, std::span<const std::uint16_t>(from, count_out), right,
               std::span<std::uint16_t>(into, count), left, narrow_ring_tag);
   };
+  auto step_wire = [&](std::pair<std::size_t, std::size_t> send, std::uint16_t* into, std::size_t count) {
+    step(w + send.first, send.second - send.first, into, count);
+  };
   // Reduce-scatter: at step s this rank sends chunk me - s and adds its values to chunk me - 1 - s.
-  {
-    const auto [a, b] = chunk(me);
-    start(a, b);
-  }
+  const auto [own_a, own_b] = chunk(me);
+  const std::uint16_t* const own_chunk = start(own_a, own_b);
   for (int s = 0; s + 1 < n; ++s) {
     const auto [a, b] = chunk(me - 1 - s);
-    step(chunk(me - s), buf.inbox.data(), b - a);
+    if (s == 0)
+      step(own_chunk, own_b - own_a, buf.inbox.data(), b - a);
+    else
+      step_wire(chunk(me - s), buf.inbox.data(), b - a);
     hop(a, b, std::span<const std::uint16_t>(buf.inbox.data(), b - a), s + 2 == n);
   }
   // This rank now holds chunk me + 1's result. All-gather: at step s it sends chunk me + 1 - s and receives
   // chunk me - s, in place.
   for (int s = 0; s + 1 < n; ++s) {
     const auto [a, b] = chunk(me - s);
-    step(chunk(me + 1 - s), w + a, b - a);
+    step_wire(chunk(me + 1 - s), w + a, b - a);
   }
 }
 
@@ -186,13 +191,14 @@ void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffer
   }
   detail::narrow_ring_schedule(
       c, m, buf,
-      [&](std::size_t a, std::size_t b) {
+      [&](std::size_t a, std::size_t b) -> const std::uint16_t* {
         if constexpr (bulk_wire_codec<Codec>)
           Codec::encode_n(std::span<const float>(x.data() + a, b - a), std::span<std::uint16_t>(w + a, b - a),
                           saturate);
         else
           for (std::size_t i = a; i < b; ++i)
             w[i] = detail::narrow<Codec>(x[i], saturate);
+        return w + a;
       },
       [&](std::size_t a, std::size_t b, std::span<const std::uint16_t> in, bool) {
         if constexpr (bulk_wire_codec<Codec>)
@@ -221,9 +227,13 @@ void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffer
 // its maker with a NaN in its first value, so every rank sees which chunks hold one from a value apiece; only
 // then (a round that is refused anyway) does one small all_reduce_sum share those chunks' counts and put
 // their first values back.
+//
+// `own_finite`: the caller knows that own holds no inf or NaN (a compressor whose encode said so). A finite
+// wire value goes out as it is, so this rank's first chunk is then sent from own where it lies instead of
+// copied into buf.wire first. Promised wrongly, an inf would go out unsaturated and a NaN with its payload.
 template <wire_codec Codec, communicator C>
 wire_scan narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool saturate,
-                               narrow_ring_buffers& buf) {
+                               narrow_ring_buffers& buf, bool own_finite = false) {
   const std::size_t m = own.size();
   const auto overlaps = [&](const std::vector<std::uint16_t>& v) {
     const std::less<const std::uint16_t*> below;
@@ -237,7 +247,8 @@ wire_scan narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool sa
   std::uint16_t* w = buf.wire.data();
   // A wire value goes out as narrow(decode(h)): itself, but for inf under saturate and a NaN's payload, so
   // the bits are copied and only blocks holding inf or NaN (a test the compiler vectorises) are redone.
-  auto first = [&](std::size_t a, std::size_t b) {
+  auto first = [&](std::size_t a, std::size_t b) -> const std::uint16_t* {
+    if (own_finite && c.size() > 1) return own.data() + a;
     std::size_t i = a;
     for (; i + detail::wire_block <= b; i += detail::wire_block)
       if (detail::copy_wire_block<Codec>(own.data() + i, w + i))
@@ -245,6 +256,7 @@ wire_scan narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool sa
           w[j] = detail::narrow<Codec>(Codec::decode(w[j]), saturate);
     for (; i < b; ++i)
       w[i] = detail::narrow<Codec>(Codec::decode(own[i]), saturate);
+    return w + a;
   };
   if (c.size() == 1) {
     first(0, m);

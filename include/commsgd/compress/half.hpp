@@ -299,8 +299,9 @@ private:
                 static_cast<std::uint16_t>(Format::inf_bits | (Format::inf_bits >> 1)));
     // The ring counts the sum's inf and NaN as it makes it (the same answer on every rank), so the sum is
     // not read again to check it.
-    const comm::wire_scan bad =
-        comm::narrow_ring_sum_wire<Format>(c, msg_, opt_.overflow == half_overflow::clamp, ring_);
+    // A message that passed its encode holds no inf or NaN, so the ring sends from it without a copy.
+    const comm::wire_scan bad = comm::narrow_ring_sum_wire<Format>(
+        c, msg_, opt_.overflow == half_overflow::clamp, ring_, v.problem == detail::input_problem::none);
     if (v.problem != detail::input_problem::none) {
       const auto mine = detail::verdict_fields(length_, v, 0);
       detail::throw_verdict(what(), "this rank's", mine.data(), range());

@@ -454,6 +454,11 @@ COMMSGD_HALF_TARGET inline bool encode_finite_avx2(const float* a, const float* 
     // The operands are a DiLoCo round's two models, streamed from memory (commsgd/prefetch.hpp).
     commsgd::detail::prefetch_group(a + i);
     if constexpr (Difference) commsgd::detail::prefetch_group(b + i);
+    {
+      const auto o = reinterpret_cast<std::uintptr_t>(out + i + commsgd::detail::prefetch_ahead);
+      commsgd::detail::prefetch_address<true>(o);
+      commsgd::detail::prefetch_address<true>(o + 64);
+    }
     for (std::size_t k = 0; k < 64; k += 8)
       special =
           encode_finite8<Bf16, Difference>(a + i + k, Difference ? b + i + k : no_b, out + i + k, special);
