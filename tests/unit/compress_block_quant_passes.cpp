@@ -599,3 +599,92 @@ TEST_CASE("int8 and e3m0 with error feedback: the one-pass round keeps the resid
         same_residual_over_rounds<compress::e3m0_code>(d, b, seed);
       }
 }
+
+TEST_CASE("int8 and e3m0: a stretch given as a difference is formed and scanned in one pass, to the same "
+          "message") {
+  // encode_blocks_from given in(first, m, as_difference) forms p = a - b into its scratch and takes each
+  // block's scale and finiteness in that pass (form_scan_block); it must give encode_blocks' message, scales
+  // and verdict for the difference formed first. p keeps `mixed`'s blocks (ties, thresholds, zeros,
+  // subnormals, values near the largest float) through pairs whose difference is p itself or near it:
+  // (p, +-0), (2p, p), (p + c, c); and now and then a NaN or inf in either operand, or max - (-max).
+  int refused = 0, whole = 0;
+  for (int seed = 0; seed < 6; ++seed)
+    for (std::size_t d : lengths)
+      for (std::size_t b : {std::size_t{1}, std::size_t{7}, std::size_t{16}, std::size_t{40},
+                            std::size_t{256}, std::size_t{257}, std::size_t{4097}})
+        for (const auto path : paths) {
+          CAPTURE(seed);
+          CAPTURE(d);
+          CAPTURE(b);
+          CAPTURE(static_cast<int>(path));
+          std::mt19937 rng(static_cast<unsigned>(seed * 6151 + static_cast<int>(d * 13 + b)));
+          const auto p = mixed(rng, d, b);
+          std::normal_distribution<float> normal(0.0f, 1.0f);
+          std::vector<float> x(d), y(d), formed(d);
+          const bool specials = seed % 2 == 1;
+          for (std::size_t i = 0; i < d; ++i) {
+            switch (rng() % 4) {
+            case 0:
+              x[i] = p[i];
+              y[i] = rng() % 2 ? 0.0f : -0.0f;
+              break;
+            case 1:
+              x[i] = 2.0f * p[i];
+              y[i] = p[i];
+              break;
+            default: {
+              const float c = normal(rng);
+              x[i] = p[i] + c;
+              y[i] = c;
+            }
+            }
+            if (specials && rng() % 500 == 0) {
+              const float big = std::numeric_limits<float>::max();
+              switch (rng() % 4) {
+              case 0:
+                x[i] = std::numeric_limits<float>::quiet_NaN();
+                break;
+              case 1:
+                y[i] = -std::numeric_limits<float>::infinity();
+                break;
+              case 2:
+                x[i] = big;
+                y[i] = -big;
+                break;
+              default:
+                y[i] = std::numeric_limits<float>::quiet_NaN();
+              }
+            }
+            formed[i] = x[i] - y[i];
+          }
+          auto check = [&]<class Code>(Code) {
+            const std::size_t bytes =
+                Code::bits == 8 ? compress::int8::message_bytes(d, b) : compress::e3m0::message_bytes(d, b);
+            std::vector<std::byte> want(bytes, std::byte{0x5a}), got(bytes, std::byte{0x5a});
+            std::vector<float> want_scales, got_scales;
+            const auto w = compress::detail::encode_blocks<Code>(formed, b, want_scales, want, path);
+            compress::detail::encode_scratch s;
+            int differences = 0;
+            const auto in = compress::difference_input{
+                [&](std::size_t first, std::size_t m) {
+                  return std::span<const float>(formed).subspan(first, m);
+                },
+                [&](std::size_t first, std::size_t m, compress::as_difference_t) {
+                  ++differences;
+                  return compress::difference(std::span<const float>(x).subspan(first, m), y.data() + first);
+                }};
+            const auto g = compress::detail::encode_blocks_from<Code>(d, b, got_scales, got, s, in, path);
+            CHECK(g.count == w.count);
+            CHECK(g.first == w.first);
+            CHECK(first_difference(got_scales, want_scales) == -1);
+            CHECK(first_difference(got, want) == -1);
+            CHECK(differences ==
+                  (d == 0 ? 0 : 1 + static_cast<int>((d - 1) / (compress::detail::stretch_blocks(b) * b))));
+            (w.count > 0 ? refused : whole) += 1;
+          };
+          check(compress::int8_code{});
+          check(compress::e3m0_code{});
+        }
+  CHECK(refused > 0); // both verdicts were compared
+  CHECK(whole > 0);
+}

@@ -124,6 +124,14 @@ struct block_scan {
   float scale = 0.0f;
   std::size_t bad = 0;
 };
+// What the encode works in, kept from round to round: a stretch's 4-bit codes before they are packed, and a
+// stretch formed from a difference with its blocks' scans (encode_blocks_from).
+struct encode_scratch {
+  std::vector<std::uint8_t> codes;
+  std::vector<float> formed;
+  std::vector<block_scan> scans;
+};
+
 // With `vector`, the whole groups of 8 by the AVX2 kernel (block_quant_x86.hpp).
 inline block_scan scan_block(const float* p, std::size_t count,
                              [[maybe_unused]] bool vector = false) noexcept {
@@ -146,6 +154,39 @@ inline block_scan scan_block(const float* p, std::size_t count,
     r.bad += a <= std::numeric_limits<float>::max() ? 0u : 1u;
   }
   // The maximum of the same values in another order: the same float, as no NaN takes part.
+  for (std::size_t j = 0; j < group; ++j) {
+    r.scale = r.scale < m[j] ? m[j] : r.scale;
+    r.bad += bad[j];
+  }
+  return r;
+}
+
+// scan_block of the values a[i] - b[i] (math::delta's bits), each also written to out[i]: p formed and
+// scanned in one pass (the pass that reads the two models from memory) instead of formed, then read again.
+inline block_scan form_scan_block(const float* __restrict a, const float* __restrict b, float* __restrict out,
+                                  std::size_t count, [[maybe_unused]] bool vector = false) noexcept {
+  float m[group] = {};
+  std::uint32_t bad[group] = {};
+  std::size_t i = 0;
+  block_scan r;
+#if COMMSGD_HALF_X86
+  if (vector) i = form_scan_avx2(a, b, out, count, r.scale, r.bad);
+#endif
+  for (; i + group <= count; i += group)
+    for (std::size_t j = 0; j < group; ++j) {
+      const float v = commsgd::detail::sub_rn(a[i + j], b[i + j]);
+      out[i + j] = v;
+      const float x = std::fabs(v);
+      m[j] = m[j] < x ? x : m[j];
+      bad[j] += x <= std::numeric_limits<float>::max() ? 0u : 1u;
+    }
+  for (; i < count; ++i) {
+    const float v = commsgd::detail::sub_rn(a[i], b[i]);
+    out[i] = v;
+    const float x = std::fabs(v);
+    r.scale = r.scale < x ? x : r.scale;
+    r.bad += x <= std::numeric_limits<float>::max() ? 0u : 1u;
+  }
   for (std::size_t j = 0; j < group; ++j) {
     r.scale = r.scale < m[j] ? m[j] : r.scale;
     r.bad += bad[j];
@@ -284,11 +325,12 @@ inline std::size_t stretch_blocks(std::size_t b) noexcept {
 // scale and finiteness taken first and its codes while it is in cache. `here` points at p's value k0 b (the
 // stretch's first). `c` holds the 4-bit codes of the stretch before they are packed. Returns how many of the
 // stretch's values are NaN or inf (blocks that hold one are not coded). `path` scalar keeps to the portable
-// loops (tests compare both).
+// loops (tests compare both). `scanned`, where the caller has them: the blocks' scans, scan_block's answers
+// (made as the stretch was formed, form_scan_block), so the stretch is not scanned again.
 template <class Code>
 std::size_t encode_stretch(const float* here, std::size_t d, std::size_t b, std::size_t k0, std::size_t k1,
                            std::vector<float>& scales, std::span<std::byte> msg, std::vector<std::uint8_t>& c,
-                           half_path path = half_path::best) {
+                           half_path path = half_path::best, const block_scan* scanned = nullptr) {
   static_assert(Code::bits == 8 || Code::bits == 4);
   const bool vector = block_vector_path(path);
   const std::size_t blocks = (d + b - 1) / b;
@@ -300,7 +342,7 @@ std::size_t encode_stretch(const float* here, std::size_t d, std::size_t b, std:
     const std::size_t at = k * b, count = std::min(d, at + b) - at;
     std::uint8_t* const to =
         Code::bits == 8 ? reinterpret_cast<std::uint8_t*>(codes) + at : c.data() + (at - first);
-    const auto scan = scan_block(here + (at - first), count, vector);
+    const auto scan = scanned ? scanned[k - k0] : scan_block(here + (at - first), count, vector);
     scales[k] = scan.scale;
     std::memcpy(msg.data() + 4 * k, &scan.scale, 4);
     bad += scan.bad;
@@ -342,18 +384,34 @@ inline select::non_finite_scan first_non_finite(std::span<const float> p, std::s
 // is any, the message is not to be sent (its blocks that hold one are not coded).
 //
 // encode_blocks_from takes p a stretch at a time: in(first, m) returns p's values [first, first + m) (formed
-// then, or read where they lie), called for adjacent stretches in rising order.
+// then, or read where they lie), called for adjacent stretches in rising order; an input that gives them as
+// a difference (compress/difference.hpp) has each stretch formed into s.formed and scanned in one pass.
+// s.codes holds 4-bit codes before they are packed.
 template <class Code, class In>
 select::non_finite_scan encode_blocks_from(std::size_t d, std::size_t b, std::vector<float>& scales,
-                                           std::span<std::byte> msg, std::vector<std::uint8_t>& c, In&& in,
+                                           std::span<std::byte> msg, encode_scratch& s, In&& in,
                                            half_path path = half_path::best) {
   const std::size_t blocks = (d + b - 1) / b, per = stretch_blocks(b);
+  const bool vector = block_vector_path(path);
   scales.resize(blocks);
   std::size_t bad = 0, bad_at = d;
   for (std::size_t k0 = 0; k0 < blocks; k0 += per) {
     const std::size_t k1 = std::min(blocks, k0 + per), first = k0 * b, m = std::min(d, k1 * b) - first;
-    const std::span<const float> p = in(first, m);
-    const std::size_t here = encode_stretch<Code>(p.data(), d, b, k0, k1, scales, msg, c, path);
+    const difference q = stretch_of(in, first, m);
+    std::span<const float> p = q.a;
+    const block_scan* scanned = nullptr;
+    if (q.b) {
+      if (s.formed.size() < m) s.formed.resize(m);
+      if (s.scans.size() < k1 - k0) s.scans.resize(k1 - k0);
+      for (std::size_t k = k0; k < k1; ++k) {
+        const std::size_t at = k * b - first, count = std::min(m, at + b) - at;
+        s.scans[k - k0] = form_scan_block(q.a.data() + at, q.b + at, s.formed.data() + at, count, vector);
+      }
+      p = std::span<const float>(s.formed.data(), m);
+      scanned = s.scans.data();
+    }
+    const std::size_t here =
+        encode_stretch<Code>(p.data(), d, b, k0, k1, scales, msg, s.codes, path, scanned);
     if (here != 0 && bad == 0) bad_at = first + first_non_finite(p, here).first;
     bad += here;
   }
@@ -362,9 +420,9 @@ select::non_finite_scan encode_blocks_from(std::size_t d, std::size_t b, std::ve
 template <class Code>
 select::non_finite_scan encode_blocks(std::span<const float> p, std::size_t b, std::vector<float>& scales,
                                       std::span<std::byte> msg, half_path path = half_path::best) {
-  std::vector<std::uint8_t> c;
+  encode_scratch s;
   return encode_blocks_from<Code>(
-      p.size(), b, scales, msg, c, [&](std::size_t first, std::size_t m) { return p.subspan(first, m); },
+      p.size(), b, scales, msg, s, [&](std::size_t first, std::size_t m) { return p.subspan(first, m); },
       path);
 }
 
@@ -546,11 +604,9 @@ void decode_message(std::span<const std::byte> m, std::size_t d, std::size_t b, 
   }
 }
 
-// What encode_and_split works in, kept from round to round: the 4-bit codes of a stretch, and the split's
-// buffers (error_feedback.hpp).
-struct split_scratch : residual_split {
-  std::vector<std::uint8_t> codes;
-};
+// What encode_and_split works in, kept from round to round: encode_scratch, and the split's buffers
+// (error_feedback.hpp).
+struct split_scratch : residual_split, encode_scratch {};
 
 // With error feedback, the round's own passes in one, a stretch of blocks at a time from cache: p = g + e
 // (+ r where it holds something: error_feedback::accumulate_part), the stretch's scales and codes
@@ -655,10 +711,10 @@ public:
     // committed only once the round has succeeded.
     std::size_t cursor = 0;
     split_.clear_low();
-    const auto bad = ef_.on() ? detail::encode_and_split<Code>(length_, in, ef_, 0, cursor, opt_.block_size,
-                                                               scales_, msg_, p_, split_)
-                              : detail::encode_blocks_from<Code>(length_, opt_.block_size, scales_, msg_,
-                                                                 split_.codes, in);
+    const auto bad =
+        ef_.on() ? detail::encode_and_split<Code>(length_, in, ef_, 0, cursor, opt_.block_size, scales_, msg_,
+                                                  p_, split_)
+                 : detail::encode_blocks_from<Code>(length_, opt_.block_size, scales_, msg_, split_, in);
     verdict_ = {};
     if (bad.count > 0) verdict_ = {detail::input_problem::non_finite, bad.count, bad.first, 0};
   }

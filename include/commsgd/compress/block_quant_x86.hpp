@@ -17,6 +17,7 @@
 #pragma once
 
 #include <commsgd/compress/half_convert.hpp>
+#include <commsgd/prefetch.hpp>
 
 #include <bit>
 #include <cmath>
@@ -143,6 +144,44 @@ COMMSGD_BLOCK_TARGET inline std::size_t scan_avx2(const float* p, std::size_t co
     // NaN and inf lanes compare true (-1), finite ones false (0): taking the masks away counts them.
     n = _mm256_sub_epi32(n, _mm256_castps_si256(_mm256_cmp_ps(a, largest, _CMP_NLE_UQ)));
   }
+  alignas(32) float ms[8];
+  alignas(32) std::int32_t ns[8];
+  _mm256_store_ps(ms, m);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(ns), n);
+  for (int j = 0; j < 8; ++j) {
+    scale = scale < ms[j] ? ms[j] : scale;
+    bad += static_cast<std::size_t>(ns[j]);
+  }
+  return i;
+}
+
+// scan_avx2 on the values a[i] - b[i], each also written to out[i]: a stretch of p formed from the two models
+// it is the difference of and scanned in the one pass that reads them from memory (they are asked for a few
+// KiB ahead, commsgd/prefetch.hpp). Returns the values done.
+COMMSGD_BLOCK_TARGET inline __m256 form_scan8(const float* a, const float* b, float* out, __m256 m,
+                                              __m256i& n) noexcept {
+  const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b));
+  _mm256_storeu_ps(out, v);
+  const __m256 x = _mm256_and_ps(v, abs);
+  n = _mm256_sub_epi32(n, _mm256_castps_si256(_mm256_cmp_ps(
+                              x, _mm256_set1_ps(std::numeric_limits<float>::max()), _CMP_NLE_UQ)));
+  return _mm256_max_ps(x, m);
+}
+COMMSGD_BLOCK_TARGET inline std::size_t form_scan_avx2(const float* a, const float* b, float* out,
+                                                       std::size_t count, float& scale,
+                                                       std::size_t& bad) noexcept {
+  __m256 m = _mm256_setzero_ps();
+  __m256i n = _mm256_setzero_si256();
+  std::size_t i = 0;
+  for (; i + 64 <= count; i += 64) {
+    commsgd::detail::prefetch_group(a + i);
+    commsgd::detail::prefetch_group(b + i);
+    for (std::size_t k = 0; k < 64; k += 8)
+      m = form_scan8(a + i + k, b + i + k, out + i + k, m, n);
+  }
+  for (; i + 8 <= count; i += 8)
+    m = form_scan8(a + i, b + i, out + i, m, n);
   alignas(32) float ms[8];
   alignas(32) std::int32_t ns[8];
   _mm256_store_ps(ms, m);
