@@ -274,6 +274,7 @@ public:
         commsgd::detail::prefetch_group(a + i);
         commsgd::detail::prefetch_group(g.b + i);
         commsgd::detail::prefetch_group(e + i);
+        commsgd::detail::prefetch_group<true>(p.data() + i);
         bad += decay == 1.0f ? detail::accumulate_group(a + i, g.b + i, e + i, p.data() + i)
                              : detail::accumulate_group(a + i, g.b + i, e + i, p.data() + i, decay);
       }
