@@ -282,8 +282,9 @@ TEST_CASE("fp16 and bf16 state continues bit-identically after save and load") {
 }
 
 TEST_CASE("fp16 and bf16 find a bad value anywhere: in the blocks of 64 the scans take and in their tail") {
-  // The input scan and the sum's checked copy go 64 values at a time, then the rest: every place a block can
-  // hold the bad value, with and without error feedback (two different input paths), in place (out = g) too.
+  // The input scan and the ring's count of the sum go 64 values at a time, then the rest: every place a block
+  // can hold the bad value, with and without error feedback (two different input paths), in place (out = g)
+  // too.
   for (std::size_t d : {std::size_t{63}, std::size_t{64}, std::size_t{65}, std::size_t{130}, std::size_t{1000}})
     for (std::size_t at : {std::size_t{0}, std::size_t{63}, std::size_t{64}, d - 1}) {
       if (at >= d) continue;
@@ -309,16 +310,23 @@ TEST_CASE("fp16 and bf16 find a bad value anywhere: in the blocks of 64 the scan
             CHECK((*msgs)[2].find("non-finite") != std::string::npos);
           }
         }
-      // A sum that overflows where no input does (two ranks' 40000 make 80000 > 65504): every rank refuses
-      // it, found by the checked copy.
-      auto msgs = harness::errors_on_every_rank<non_finite>(
-          2, [&](int) { return compress::fp16(d); },
-          [&](int, std::vector<float>& g, std::vector<float>& out) {
-            g.assign(d, 0.25f);
-            g[at] = 40000.0f;
-            out = g;
-          });
-      for (const auto& m : msgs)
-        CHECK(m.find("the 16-bit sum") != std::string::npos);
+      // A sum that overflows where no input does (the ranks' 40000 make 80000 or more > 65504): every rank
+      // refuses it, found by the ring's count on the rank that finishes that chunk and told to the others,
+      // with the same count and index everywhere.
+      for (int n : {2, 3}) {
+        CAPTURE(n);
+        auto msgs = harness::errors_on_every_rank<non_finite>(
+            n, [&](int) { return compress::fp16(d); },
+            [&](int, std::vector<float>& g, std::vector<float>& out) {
+              g.assign(d, 0.25f);
+              g[at] = 40000.0f;
+              out = g;
+            });
+        for (const auto& m : msgs) {
+          CHECK(m.find("the 16-bit sum") != std::string::npos);
+          CHECK(m.find("index " + std::to_string(at)) != std::string::npos);
+          CHECK(m == msgs[0]);
+        }
+      }
     }
 }

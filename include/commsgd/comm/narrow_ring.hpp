@@ -259,6 +259,11 @@ wire_scan narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool sa
     return w + a;
   };
   if (c.size() == 1) {
+    // The result is this rank's values: as they are where they are finite, else narrowed and counted.
+    if (own_finite) {
+      std::copy(own.begin(), own.end(), w);
+      return {};
+    }
     first(0, m);
     return detail::scan_wire<Codec>(w, m, 0);
   }
