@@ -161,3 +161,48 @@ TEST_CASE("a compressor's sum in parts is reduce()'s sum, its round's state the 
               "bf16", d, n, huge, [&](std::size_t m) { return compress::bf16(m, {.error_feedback = ef}); });
         }
 }
+
+TEST_CASE("sum_bound finds each rank's largest magnitude and any NaN or inf wherever they lie") {
+  // The bound takes each rank's values in 16 lanes and a tail: a largest value, or a NaN or inf, at every
+  // position of lengths around the lanes must still decide it. Two ranks, each with its largest magnitude
+  // among small values, the holder's at `at`: (top + top) (1 + 2^-24)^2 below the largest float holds, so tops
+  // of half of it fail the bound and tops just under half hold, whichever rank, sign and position (a bound
+  // that missed the holder's top would hold where it must not).
+  const float half = std::numeric_limits<float>::max() / 2.0f;
+  const float under = half * (1.0f - 0x1p-20f);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int cases = 0;
+  for (std::size_t count : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17},
+                            std::size_t{31}, std::size_t{32}, std::size_t{33}, std::size_t{100}})
+    for (std::size_t at = 0; at < count; ++at)
+      for (int holder : {0, 1}) {
+        CAPTURE(count);
+        CAPTURE(at);
+        CAPTURE(holder);
+        auto ranks = [&](float top, float other) {
+          std::vector<std::vector<float>> v(2, std::vector<float>(count));
+          for (auto& r : v)
+            for (auto& x : r)
+              x = rng() % 7 == 0 ? -0.0f : normal(rng);
+          v[static_cast<std::size_t>(holder)][at] = rng() % 2 ? top : -top;
+          v[static_cast<std::size_t>(1 - holder)][rng() % count] = other; // the other rank's own largest
+          return v;
+        };
+        auto holds = [&](const std::vector<std::vector<float>>& v) {
+          compress::detail::sum_bound b;
+          for (const auto& r : v)
+            b.add(reinterpret_cast<const std::byte*>(r.data()), r.size());
+          return b.holds(2);
+        };
+        CHECK_FALSE(holds(ranks(half, half)));
+        CHECK(holds(ranks(under, under)));
+        for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+          auto v = ranks(1.0f, 1.0f);
+          v[static_cast<std::size_t>(holder)][at] = bad;
+          CHECK_FALSE(holds(v));
+        }
+        ++cases;
+      }
+  CHECK(cases == 490);
+}

@@ -111,18 +111,40 @@ void gather_and_sum(C& c, std::span<const std::byte> msg, std::vector<std::byte>
 // sum to overflow. A NaN or inf among the values fails it. False says only that the sums must be tested.
 class sum_bound {
 public:
-  // One rank's `count` floats from p (any alignment: read through memcpy).
+  // One rank's `count` floats from p (any alignment: read through memcpy). In 16 lanes, each its own largest
+  // magnitude and NaN/inf flag, so no value waits on the last one's maximum and the loop vectorises: the
+  // maximum of the same values taken in another order is the same float (a NaN is passed over, and fails the
+  // bound through its flag).
   void add(const std::byte* p, std::size_t count) noexcept {
-    float top = 0.0f;
+    constexpr std::size_t lanes = 16;
+    constexpr float largest = std::numeric_limits<float>::max();
+    float top[lanes] = {};
+    std::uint32_t bad[lanes] = {};
+    std::size_t j = 0;
+    for (; j + lanes <= count; j += lanes) {
+      float v[lanes];
+      std::memcpy(v, p + 4 * j, sizeof v);
+      for (std::size_t l = 0; l < lanes; ++l) {
+        const float a = std::fabs(v[l]);
+        bad[l] |= a <= largest ? 0u : 1u;
+        top[l] = top[l] < a ? a : top[l];
+      }
+    }
+    float most = 0.0f;
     bool finite = true;
-    for (std::size_t j = 0; j < count; ++j) {
+    for (; j < count; ++j) {
       float v;
       std::memcpy(&v, p + 4 * j, 4);
-      finite &= std::fabs(v) <= std::numeric_limits<float>::max();
-      top = std::max(top, std::fabs(v));
+      const float a = std::fabs(v);
+      finite &= a <= largest;
+      most = most < a ? a : most;
+    }
+    for (std::size_t l = 0; l < lanes; ++l) {
+      finite &= bad[l] == 0;
+      most = most < top[l] ? top[l] : most;
     }
     finite_ = finite_ && finite;
-    total_ += static_cast<double>(top);
+    total_ += static_cast<double>(most);
   }
   bool holds(std::size_t n, double scale = 1.0) const noexcept {
     return finite_ && total_ * scale * std::exp(static_cast<double>(n) * 0x1p-24) <
