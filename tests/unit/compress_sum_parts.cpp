@@ -165,9 +165,9 @@ TEST_CASE("a compressor's sum in parts is reduce()'s sum, its round's state the 
 TEST_CASE("sum_bound finds each rank's largest magnitude and any NaN or inf wherever they lie") {
   // The bound takes each rank's values in 16 lanes and a tail: a largest value, or a NaN or inf, at every
   // position of lengths around the lanes must still decide it. Two ranks, each with its largest magnitude
-  // among small values, the holder's at `at`: (top + top) (1 + 2^-24)^2 below the largest float holds, so tops
-  // of half of it fail the bound and tops just under half hold, whichever rank, sign and position (a bound
-  // that missed the holder's top would hold where it must not).
+  // among small values, the holder's at `at`: (top + top) (1 + 2^-24)^2 below the largest float holds, so
+  // tops of half of it fail the bound and tops just under half hold, whichever rank, sign and position (a
+  // bound that missed the holder's top would hold where it must not).
   const float half = std::numeric_limits<float>::max() / 2.0f;
   const float under = half * (1.0f - 0x1p-20f);
   std::mt19937 rng(7);

@@ -75,10 +75,11 @@ struct wire_scan {
 
 namespace detail {
 
-// The ring's schedule, shared by both forms below: `start(a, b)` makes this rank's own chunk [a, b) in the wire
-// format and returns where it lies (in buf.wire, or where the caller holds it already), `hop(a, b, inbox, last)` writes chunk [a, b)'s partial sum plus this rank's
-// values into buf.wire[a, b) from the partial sum received in inbox, `last` on the hop that makes the chunk's
-// result (chunk me + 1, which the all-gather then sends on). Leaves every rank's result in buf.wire (n >= 2).
+// The ring's schedule, shared by both forms below: `start(a, b)` makes this rank's own chunk [a, b) in the
+// wire format and returns where it lies (in buf.wire, or where the caller holds it already); `hop(a, b, inbox,
+// last)` writes chunk [a, b)'s partial sum plus this rank's values into buf.wire[a, b) from the partial sum
+// received in inbox, `last` on the hop that makes the chunk's result (chunk me + 1, which the all-gather then
+// sends on). Leaves every rank's result in buf.wire (n >= 2).
 template <communicator C, class Start, class Hop>
 void narrow_ring_schedule(C& c, std::size_t m, narrow_ring_buffers& buf, Start&& start, Hop&& hop) {
   const int n = c.size();
@@ -93,12 +94,12 @@ void narrow_ring_schedule(C& c, std::size_t m, narrow_ring_buffers& buf, Start&&
   buf.wire.resize(m);
   buf.inbox.resize(m / un + 1);
   std::uint16_t* w = buf.wire.data();
-  // Exchanges one chunk with the neighbours: sends wire[send], receives into `into`.
   // Exchanges one chunk with the neighbours: sends `count_out` values from `from`, receives into `into`.
   auto step = [&](const std::uint16_t* from, std::size_t count_out, std::uint16_t* into, std::size_t count) {
     send_recv(c, std::span<const std::uint16_t>(from, count_out), right,
               std::span<std::uint16_t>(into, count), left, narrow_ring_tag);
   };
+  // The same, sending buf.wire's values [send.first, send.second).
   auto step_wire = [&](std::pair<std::size_t, std::size_t> send, std::uint16_t* into, std::size_t count) {
     step(w + send.first, send.second - send.first, into, count);
   };
