@@ -132,6 +132,15 @@ struct encode_scratch {
   std::vector<block_scan> scans;
 };
 
+// A scan's group lanes folded into r: the maximum of the same values in another order is the same float, as
+// no NaN takes part.
+inline void fold_groups(const float (&m)[group], const std::uint32_t (&bad)[group], block_scan& r) noexcept {
+  for (std::size_t j = 0; j < group; ++j) {
+    r.scale = r.scale < m[j] ? m[j] : r.scale;
+    r.bad += bad[j];
+  }
+}
+
 // With `vector`, the whole groups of 8 by the AVX2 kernel (block_quant_x86.hpp).
 inline block_scan scan_block(const float* p, std::size_t count,
                              [[maybe_unused]] bool vector = false) noexcept {
@@ -153,11 +162,7 @@ inline block_scan scan_block(const float* p, std::size_t count,
     r.scale = r.scale < a ? a : r.scale;
     r.bad += a <= std::numeric_limits<float>::max() ? 0u : 1u;
   }
-  // The maximum of the same values in another order: the same float, as no NaN takes part.
-  for (std::size_t j = 0; j < group; ++j) {
-    r.scale = r.scale < m[j] ? m[j] : r.scale;
-    r.bad += bad[j];
-  }
+  fold_groups(m, bad, r);
   return r;
 }
 
@@ -187,10 +192,7 @@ inline block_scan form_scan_block(const float* __restrict a, const float* __rest
     r.scale = r.scale < x ? x : r.scale;
     r.bad += x <= std::numeric_limits<float>::max() ? 0u : 1u;
   }
-  for (std::size_t j = 0; j < group; ++j) {
-    r.scale = r.scale < m[j] ? m[j] : r.scale;
-    r.bad += bad[j];
-  }
+  fold_groups(m, bad, r);
   return r;
 }
 

@@ -129,21 +129,16 @@ COMMSGD_BLOCK_TARGET inline std::size_t e3m0_put_avx2(const std::byte* codes, st
   return i;
 }
 
-// The largest |p_i| of p's whole groups of 8 and how many are NaN or inf, as scan_block finds them (a NaN
-// passed over: max(a, m) keeps m where a is NaN, as m < a ? a : m does). Returns the values done.
-COMMSGD_BLOCK_TARGET inline std::size_t scan_avx2(const float* p, std::size_t count, float& scale,
-                                                  std::size_t& bad) noexcept {
-  const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
-  __m256 m = _mm256_setzero_ps();
-  __m256i n = _mm256_setzero_si256();
-  std::size_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(p + i), abs);
-    m = _mm256_max_ps(a, m);
-    // NaN and inf lanes compare true (-1), finite ones false (0): taking the masks away counts them.
-    n = _mm256_sub_epi32(n, _mm256_castps_si256(_mm256_cmp_ps(a, largest, _CMP_NLE_UQ)));
-  }
+// One group of 8 magnitudes x into a scan's running maximum m (returned) and NaN/inf count n. A NaN is passed
+// over: max(x, m) keeps m where x is NaN, as m < a ? a : m does; NaN and inf lanes compare true (-1), finite
+// ones false (0), so taking the masks away counts them.
+COMMSGD_BLOCK_TARGET inline __m256 scan8(__m256 x, __m256 m, __m256i& n) noexcept {
+  n = _mm256_sub_epi32(n, _mm256_castps_si256(_mm256_cmp_ps(
+                              x, _mm256_set1_ps(std::numeric_limits<float>::max()), _CMP_NLE_UQ)));
+  return _mm256_max_ps(x, m);
+}
+// A scan's 8 lanes folded into scale and bad.
+COMMSGD_BLOCK_TARGET inline void fold_scan(__m256 m, __m256i n, float& scale, std::size_t& bad) noexcept {
   alignas(32) float ms[8];
   alignas(32) std::int32_t ns[8];
   _mm256_store_ps(ms, m);
@@ -152,6 +147,19 @@ COMMSGD_BLOCK_TARGET inline std::size_t scan_avx2(const float* p, std::size_t co
     scale = scale < ms[j] ? ms[j] : scale;
     bad += static_cast<std::size_t>(ns[j]);
   }
+}
+
+// The largest |p_i| of p's whole groups of 8 and how many are NaN or inf, as scan_block finds them. Returns
+// the values done.
+COMMSGD_BLOCK_TARGET inline std::size_t scan_avx2(const float* p, std::size_t count, float& scale,
+                                                  std::size_t& bad) noexcept {
+  const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m = _mm256_setzero_ps();
+  __m256i n = _mm256_setzero_si256();
+  std::size_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    m = scan8(_mm256_and_ps(_mm256_loadu_ps(p + i), abs), m, n);
+  fold_scan(m, n, scale, bad);
   return i;
 }
 
@@ -160,13 +168,9 @@ COMMSGD_BLOCK_TARGET inline std::size_t scan_avx2(const float* p, std::size_t co
 // KiB ahead, commsgd/prefetch.hpp). Returns the values done.
 COMMSGD_BLOCK_TARGET inline __m256 form_scan8(const float* a, const float* b, float* out, __m256 m,
                                               __m256i& n) noexcept {
-  const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b));
   _mm256_storeu_ps(out, v);
-  const __m256 x = _mm256_and_ps(v, abs);
-  n = _mm256_sub_epi32(n, _mm256_castps_si256(_mm256_cmp_ps(
-                              x, _mm256_set1_ps(std::numeric_limits<float>::max()), _CMP_NLE_UQ)));
-  return _mm256_max_ps(x, m);
+  return scan8(_mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))), m, n);
 }
 COMMSGD_BLOCK_TARGET inline std::size_t form_scan_avx2(const float* a, const float* b, float* out,
                                                        std::size_t count, float& scale,
@@ -182,14 +186,7 @@ COMMSGD_BLOCK_TARGET inline std::size_t form_scan_avx2(const float* a, const flo
   }
   for (; i + 8 <= count; i += 8)
     m = form_scan8(a + i, b + i, out + i, m, n);
-  alignas(32) float ms[8];
-  alignas(32) std::int32_t ns[8];
-  _mm256_store_ps(ms, m);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(ns), n);
-  for (int j = 0; j < 8; ++j) {
-    scale = scale < ms[j] ? ms[j] : scale;
-    bad += static_cast<std::size_t>(ns[j]);
-  }
+  fold_scan(m, n, scale, bad);
   return i;
 }
 
