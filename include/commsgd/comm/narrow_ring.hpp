@@ -75,6 +75,11 @@ struct wire_scan {
 
 namespace detail {
 
+// Where chunk j of m values begins when n ranks share them (comm::metered's rule): m j / n.
+inline std::size_t ring_chunk_start(std::size_t m, int n, int j) noexcept {
+  return static_cast<std::size_t>(m * static_cast<std::uint64_t>(j) / static_cast<std::uint64_t>(n));
+}
+
 // The ring's schedule, shared by both forms below: `start(a, b)` makes this rank's own chunk [a, b) in the
 // wire format and returns where it lies (in buf.wire, or where the caller holds it already); `hop(a, b, inbox,
 // last)` writes chunk [a, b)'s partial sum plus this rank's values into buf.wire[a, b) from the partial sum
@@ -84,15 +89,14 @@ template <communicator C, class Start, class Hop>
 void narrow_ring_schedule(C& c, std::size_t m, narrow_ring_buffers& buf, Start&& start, Hop&& hop) {
   const int n = c.size();
   const int me = c.rank();
-  const auto un = static_cast<std::uint64_t>(n);
-  auto lo = [&](int j) { return static_cast<std::size_t>(m * static_cast<std::uint64_t>(j) / un); };
+  auto lo = [&](int j) { return ring_chunk_start(m, n, j); };
   auto chunk = [&](int j) {
     j = ((j % n) + n) % n;
     return std::pair<std::size_t, std::size_t>{lo(j), lo(j + 1)};
   };
   const int right = (me + 1) % n, left = (me + n - 1) % n;
   buf.wire.resize(m);
-  buf.inbox.resize(m / un + 1);
+  buf.inbox.resize(m / static_cast<std::size_t>(n) + 1);
   std::uint16_t* w = buf.wire.data();
   // Exchanges one chunk with the neighbours: sends `count_out` values from `from`, receives into `into`.
   auto step = [&](const std::uint16_t* from, std::size_t count_out, std::uint16_t* into, std::size_t count) {
@@ -293,8 +297,7 @@ wire_scan narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool sa
         }
       });
   const int n = c.size();
-  const auto un = static_cast<std::uint64_t>(n);
-  auto lo = [&](int j) { return static_cast<std::size_t>(m * static_cast<std::uint64_t>(j) / un); };
+  auto lo = [&](int j) { return detail::ring_chunk_start(m, n, j); };
   bool any = false;
   for (int j = 0; j < n && !any; ++j)
     any = lo(j) < lo(j + 1) && (w[lo(j)] & 0x7fffu) >= Codec::inf_bits;
