@@ -79,11 +79,18 @@ public:
   int rank() const { return 0; }
   int size() const { return n_; }
   void barrier() {}
+  // The sum's write in place, at memory speed as a transport's would be: 64 values a group, a loop the
+  // compiler vectorises at -O2 (a loop of unknown length stays scalar there, at about half the speed).
   template <comm::reducible T>
   void all_reduce_sum(std::span<T> x) {
     const T n = static_cast<T>(n_);
-    for (auto& v : x)
-      v = v * n;
+    T* const p = x.data();
+    std::size_t i = 0;
+    for (; i + 64 <= x.size(); i += 64)
+      for (std::size_t j = i; j < i + 64; ++j)
+        p[j] = p[j] * n;
+    for (; i < x.size(); ++i)
+      p[i] = p[i] * n;
   }
   template <comm::transferable T>
   void all_gather(std::span<const T> mine, std::span<T> all) {

@@ -10,6 +10,12 @@ TEST_CASE("the 16-bit ring sum over MPI equals the reference, fp16 and bf16") {
   narrow_ring_cases::check_all<commsgd::compress::bf16_format>(c);
 }
 
+TEST_CASE("the 16-bit ring sum over MPI in small pieces equals the reference, fp16 and bf16") {
+  auto c = commsgd::comm::mpi::world();
+  narrow_ring_cases::check_all<commsgd::compress::fp16_format>(c, narrow_ring_cases::pieces::small);
+  narrow_ring_cases::check_all<commsgd::compress::bf16_format>(c, narrow_ring_cases::pieces::small);
+}
+
 TEST_CASE("every MPI rank ends the 16-bit ring with the reference's bits") {
   // What the cases above imply, checked across processes: each rank's result, gathered over MPI, equals
   // the reference every rank computes on its own.

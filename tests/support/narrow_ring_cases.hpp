@@ -96,12 +96,25 @@ std::vector<float> floats_of(const std::vector<std::uint16_t>& h) {
   return x;
 }
 
+// The reduce-scatter's pieces of the cases: the ring's own (chunks of 8 MiB or more go in pieces, none here),
+// and small ones, every chunk of 100 values or more cut into uneven pieces of at most 64.
+enum class pieces { ring_default, small };
+
 // Runs every case on communicator `c` (collective: every rank calls it); narrow_ring_sum_wire too, from the
 // same inputs in the wire format.
 template <class Format, commsgd::comm::communicator C>
-void check_all(C& c) {
+void check_all(C& c, pieces cut = pieces::ring_default) {
   const int n = c.size();
   commsgd::comm::narrow_ring_buffers buf;
+  if (cut == pieces::small) {
+    buf.piece = 64;
+    buf.pieced_from = 100;
+  }
+  // How many pieces each chunk of a hop goes in (1 on one rank, where there are no hops).
+  const auto pieces_of = [&](std::size_t d) {
+    return n > 1 ? commsgd::comm::detail::ring_pieces(d, n, buf.piece, buf.pieced_from) : std::size_t{1};
+  };
+  if (cut == pieces::small && n > 1) CHECK(pieces_of(4099) > 2); // not vacuous
   std::uint64_t which = 0;
   for (const std::size_t d :
        {std::size_t{0}, std::size_t{1}, std::size_t{2}, static_cast<std::size_t>(n - 1),
@@ -137,10 +150,10 @@ void check_all(C& c) {
         // Not vacuous: fp16 partial sums of 40000 overflow.
         if (Format::max_finite_bits == 0x7bffu && n > 1 && big && !saturate && d > 1000) CHECK(bad.count > 0);
       }
-  // Overflows placed on the chunks' edges: every chunk's first value, its last, the one after its first, in
-  // some chunks and not others (the chunks that hold one travel flagged, and their first values come back).
+  // Overflows placed on the chunks' edges: every chunk's first value, its last, the one after its first, a
+  // hop's second piece's first, in some chunks and not others (the chunks that hold one travel flagged, and their first values come back).
   for (const std::size_t d : {std::size_t{3}, static_cast<std::size_t>(8 * n + 3), std::size_t{4099}})
-    for (int pattern = 0; pattern < 4; ++pattern) {
+    for (int pattern = 0; pattern < 5; ++pattern) {
       CAPTURE(d);
       CAPTURE(pattern);
       const float top = Format::decode(Format::max_finite_bits);
@@ -153,9 +166,12 @@ void check_all(C& c) {
         const std::size_t a = d * j / un, b = d * (j + 1) / un;
         if (a == b) continue;
         ++filled;
+        // pattern 4: the first value of a hop's second piece (the chunk's second value when it goes whole)
+        const std::size_t second_piece = a + std::max<std::size_t>(1, (b - a) / pieces_of(d));
         const std::size_t at = pattern == 0   ? a
                                : pattern == 1 ? b - 1
                                : pattern == 2 ? std::min(a + 1, b - 1)
+                               : pattern == 4 ? std::min(second_piece, b - 1)
                                               : a;
         if (pattern == 3 && filled % 2 == 0) continue; // every other chunk
         for (auto& x : all)

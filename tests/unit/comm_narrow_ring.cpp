@@ -24,7 +24,34 @@ TEST_CASE("the 16-bit ring sum equals the reference on 1 to 8 ranks, fp16 and bf
   }
 }
 
-TEST_CASE("the 16-bit ring moves half a float ring's bytes, in 2 (n - 1) messages each way") {
+TEST_CASE(
+    "the 16-bit ring's sum is the same in pieces: the reference on 1 to 8 ranks, hops in uneven pieces") {
+  for (int n = 1; n <= 8; ++n) {
+    CAPTURE(n);
+    comm::local_group(n).run([](comm::local& c) {
+      narrow_ring_cases::check_all<compress::fp16_format>(c, narrow_ring_cases::pieces::small);
+      narrow_ring_cases::check_all<compress::bf16_format>(c, narrow_ring_cases::pieces::small);
+    });
+  }
+}
+
+TEST_CASE("the 16-bit ring cuts a hop into pieces only where its chunks are long") {
+  // The ring's own rule: whole below 2^22 values a chunk, pieces of at most 2^16 from there, none empty.
+  for (const int n : {2, 3, 4, 8}) {
+    const auto un = static_cast<std::size_t>(n);
+    CHECK(comm::detail::ring_pieces(un * comm::narrow_ring_pieced - 1, n) == 1);
+    CHECK(comm::detail::ring_pieces(un * comm::narrow_ring_pieced, n) == 64);
+    CHECK(comm::detail::ring_pieces(un * comm::narrow_ring_pieced + un * 65537, n) == 66);
+    const std::size_t m = std::size_t{1} << 26, shortest = m / un; // a 64 M model's chunks: pieced
+    CHECK(comm::detail::ring_pieces(m, n) == (shortest + 65535) / 65536);
+  }
+  // Set small: pieces of at most `piece` values from `pieced_from` on.
+  CHECK(comm::detail::ring_pieces(1000, 4, 64, 100) == 4);
+  CHECK(comm::detail::ring_pieces(400, 4, 64, 100) == 2);
+  CHECK(comm::detail::ring_pieces(396, 4, 64, 100) == 1);
+}
+
+TEST_CASE("the 16-bit ring moves half a float ring's bytes, in (n - 1) (pieces + 1) messages each way") {
   for (int n = 1; n <= 8; ++n)
     for (const std::size_t d : {std::size_t{0}, std::size_t{3}, std::size_t{1000}, std::size_t{4099}}) {
       CAPTURE(n);
@@ -36,10 +63,17 @@ TEST_CASE("the 16-bit ring moves half a float ring's bytes, in 2 (n - 1) message
           comm::metered<comm::local> c(raw);
           auto x = narrow_ring_cases::input<compress::fp16_format>(c.rank(), d, 5, false);
           comm::narrow_ring_buffers buf;
+          if (out == &second) { // small pieces: the same bytes and bits in more messages
+            buf.piece = 64;
+            buf.pieced_from = 100;
+          }
           comm::narrow_ring_sum<compress::fp16_format>(c, std::span<float>(x), false, buf);
           const auto t = c.counters().total();
           const auto share = comm::ring_all_reduce_share(d, n, c.rank());
-          const std::uint64_t msgs = n > 1 ? 2 * static_cast<std::uint64_t>(n - 1) : 0;
+          // The reduce-scatter's hops go in pieces, the all-gather's whole.
+          const std::uint64_t pieces = comm::detail::ring_pieces(d, n, buf.piece, buf.pieced_from);
+          if (out == &second && d == 4099) CHECK(pieces == (4099 / n + 63) / 64);
+          const std::uint64_t msgs = n > 1 ? static_cast<std::uint64_t>(n - 1) * (pieces + 1) : 0;
           std::lock_guard lock(m);
           CHECK(t.bytes_sent == 2 * share.sent);
           CHECK(t.bytes_received == 2 * share.received);

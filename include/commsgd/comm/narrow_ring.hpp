@@ -5,7 +5,8 @@
 // float after an all_gather costs n-1 copies of every value. This is the ring that PyTorch's fp16 hook
 // relies on its backend for: a reduce-scatter then an all-gather over n chunks (chunk j holds the values
 // [m j / n, m (j + 1) / n), comm::metered's rule), so a rank sends and receives exactly comm::metered's ring
-// share of m values, each in sizeof(wire) bytes: half the bytes of a float all-reduce.
+// share of m values, each in sizeof(wire) bytes: half the bytes of a float all-reduce. The reduce-scatter's
+// hops over long chunks go in pieces (ring_pieces messages a hop), each summed from the cache.
 //
 // Arithmetic (the same bits on every rank and every run; tests/unit/comm_narrow_ring.cpp holds a reference):
 // every rank's input values x_r must be exact in the wire format (the caller rounds them first). Chunk j
@@ -63,9 +64,19 @@ concept bulk_wire_codec = wire_codec<F> &&
   F::decode_n(h, d);
 };
 
-// Reusable buffers of one caller, so a round allocates nothing once warm.
+// The reduce-scatter's hops go in pieces of at most narrow_ring_piece values once a chunk holds
+// narrow_ring_pieced values or more, so that a piece received is summed while it is still in the cache (a
+// whole chunk's inbox, far beyond any cache, is written to memory and read back: about 5 % of an fp16 DiLoCo
+// round at 64 M values). Shorter chunks go whole: a torch bucket (25 MiB by default) then costs the 2 (n - 1)
+// messages it always did, each a wait of its own through c10d.
+inline constexpr std::size_t narrow_ring_piece = std::size_t{1} << 16;  // 128 KiB of 16-bit values
+inline constexpr std::size_t narrow_ring_pieced = std::size_t{1} << 22; // 8 MiB of them
+
+// Reusable buffers of one caller, so a round allocates nothing once warm, and the reduce-scatter's pieces
+// (detail::ring_pieces), which every rank of a ring must set alike (tests make them small).
 struct narrow_ring_buffers {
   std::vector<std::uint16_t> wire, inbox;
+  std::size_t piece = narrow_ring_piece, pieced_from = narrow_ring_pieced;
 };
 
 // The inf and NaN values of a ring's result: how many, and the first one's index (0 when there is none).
@@ -75,6 +86,15 @@ struct wire_scan {
 
 namespace detail {
 
+// How many pieces each chunk of a hop is cut into when n ranks share m values: the same for every chunk and
+// every rank, so that both ends of a hop cut it alike, and no piece is empty.
+inline std::size_t ring_pieces(std::size_t m, int n, std::size_t piece = narrow_ring_piece,
+                               std::size_t pieced_from = narrow_ring_pieced) noexcept {
+  const std::size_t shortest = m / static_cast<std::size_t>(n);
+  if (shortest < pieced_from || piece == 0) return 1;
+  return std::max<std::size_t>(1, (shortest + piece - 1) / piece);
+}
+
 // Where chunk j of m values begins when n ranks share them (comm::metered's rule): m j / n.
 inline std::size_t ring_chunk_start(std::size_t m, int n, int j) noexcept {
   return static_cast<std::size_t>(m * static_cast<std::uint64_t>(j) / static_cast<std::uint64_t>(n));
@@ -82,9 +102,10 @@ inline std::size_t ring_chunk_start(std::size_t m, int n, int j) noexcept {
 
 // The ring's schedule, shared by both forms below: `start(a, b)` makes this rank's own chunk [a, b) in the
 // wire format and returns where it lies (in buf.wire, or where the caller holds it already); `hop(a, b, inbox,
-// last)` writes chunk [a, b)'s partial sum plus this rank's values into buf.wire[a, b) from the partial sum
-// received in inbox, `last` on the hop that makes the chunk's result (chunk me + 1, which the all-gather then
-// sends on). Leaves every rank's result in buf.wire (n >= 2).
+// last)` writes [a, b)'s partial sum plus this rank's values into buf.wire[a, b) from the partial sum received
+// in inbox, `last` on the hops that make the chunk's result (chunk me + 1, which the all-gather then sends
+// on); a hop's chunk comes a piece at a time, in order (ring_pieces). Leaves every rank's result in buf.wire
+// (n >= 2).
 template <communicator C, class Start, class Hop>
 void narrow_ring_schedule(C& c, std::size_t m, narrow_ring_buffers& buf, Start&& start, Hop&& hop) {
   const int n = c.size();
@@ -94,35 +115,38 @@ void narrow_ring_schedule(C& c, std::size_t m, narrow_ring_buffers& buf, Start&&
     j = ((j % n) + n) % n;
     return std::pair<std::size_t, std::size_t>{lo(j), lo(j + 1)};
   };
+  const std::size_t pieces = ring_pieces(m, n, buf.piece, buf.pieced_from);
+  // Piece k of the chunk [a, b): [a + (b - a) k / pieces, a + (b - a) (k + 1) / pieces).
+  auto cut = [&](std::size_t a, std::size_t b, std::size_t k) { return a + (b - a) * k / pieces; };
   const int right = (me + 1) % n, left = (me + n - 1) % n;
   buf.wire.resize(m);
-  buf.inbox.resize(m / static_cast<std::size_t>(n) + 1);
+  buf.inbox.resize(m / static_cast<std::size_t>(n) / pieces + 2);
   std::uint16_t* w = buf.wire.data();
-  // Exchanges one chunk with the neighbours: sends `count_out` values from `from`, receives into `into`.
+  // Exchanges one stretch with the neighbours: sends `count_out` values from `from`, receives into `into`.
   auto step = [&](const std::uint16_t* from, std::size_t count_out, std::uint16_t* into, std::size_t count) {
     send_recv(c, std::span<const std::uint16_t>(from, count_out), right,
               std::span<std::uint16_t>(into, count), left, narrow_ring_tag);
   };
-  // The same, sending buf.wire's values [send.first, send.second).
-  auto step_wire = [&](std::pair<std::size_t, std::size_t> send, std::uint16_t* into, std::size_t count) {
-    step(w + send.first, send.second - send.first, into, count);
-  };
-  // Reduce-scatter: at step s this rank sends chunk me - s and adds its values to chunk me - 1 - s.
+  // Reduce-scatter: at step s this rank sends chunk me - s (its own at s = 0, from where start left it) and
+  // adds its values to chunk me - 1 - s, piece by piece.
   const auto [own_a, own_b] = chunk(me);
   const std::uint16_t* const own_chunk = start(own_a, own_b);
   for (int s = 0; s + 1 < n; ++s) {
     const auto [a, b] = chunk(me - 1 - s);
-    if (s == 0)
-      step(own_chunk, own_b - own_a, buf.inbox.data(), b - a);
-    else
-      step_wire(chunk(me - s), buf.inbox.data(), b - a);
-    hop(a, b, std::span<const std::uint16_t>(buf.inbox.data(), b - a), s + 2 == n);
+    const auto [sa, sb] = chunk(me - s);
+    for (std::size_t k = 0; k < pieces; ++k) {
+      const std::size_t pa = cut(a, b, k), pb = cut(a, b, k + 1);
+      const std::size_t qa = cut(sa, sb, k), qb = cut(sa, sb, k + 1);
+      step(s == 0 ? own_chunk + (qa - sa) : w + qa, qb - qa, buf.inbox.data(), pb - pa);
+      hop(pa, pb, std::span<const std::uint16_t>(buf.inbox.data(), pb - pa), s + 2 == n);
+    }
   }
   // This rank now holds chunk me + 1's result. All-gather: at step s it sends chunk me + 1 - s and receives
-  // chunk me - s, in place.
+  // chunk me - s, in place, whole.
   for (int s = 0; s + 1 < n; ++s) {
     const auto [a, b] = chunk(me - s);
-    step_wire(chunk(me + 1 - s), w + a, b - a);
+    const auto [sa, sb] = chunk(me + 1 - s);
+    step(w + sa, sb - sa, w + a, b - a);
   }
 }
 
@@ -280,7 +304,11 @@ wire_scan narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool sa
         w[i] = detail::narrow<Codec>(Codec::decode(in[i - a]) + Codec::decode(own[i]), saturate);
   };
   constexpr std::uint16_t flag = Codec::inf_bits | (Codec::inf_bits >> 1); // a quiet NaN
-  wire_scan mine;                                                          // in the chunk this rank finishes
+  const int n = c.size();
+  auto lo = [&](int j) { return detail::ring_chunk_start(m, n, j); };
+  // The chunk this rank finishes, [finished_a, finished_b), and the inf and NaN in it.
+  const std::size_t finished_a = lo((c.rank() + 1) % n), finished_b = lo((c.rank() + 1) % n + 1);
+  wire_scan mine;
   std::uint16_t mine_first = 0; // that chunk's first value, before the flag replaced it
   detail::narrow_ring_schedule(
       c, m, buf, first, [&](std::size_t a, std::size_t b, std::span<const std::uint16_t> in, bool last) {
@@ -291,13 +319,11 @@ wire_scan narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool sa
           sum(i, e, in.subspan(i - a, e - i));
           detail::add_scan(mine, detail::scan_wire<Codec>(w + i, e - i, i));
         }
-        if (mine.count > 0) {
-          mine_first = w[a];
-          w[a] = flag;
+        if (b == finished_b && mine.count > 0) { // the chunk's last piece: flag its first value
+          mine_first = w[finished_a];
+          w[finished_a] = flag;
         }
       });
-  const int n = c.size();
-  auto lo = [&](int j) { return detail::ring_chunk_start(m, n, j); };
   bool any = false;
   for (int j = 0; j < n && !any; ++j)
     any = lo(j) < lo(j + 1) && (w[lo(j)] & 0x7fffu) >= Codec::inf_bits;

@@ -3,7 +3,7 @@
 // first round), then moves its payload:
 //
 //   compressor   payload collective      bytes each rank contributes          sent = received (n ranks)
-//   fp16, bf16   16-bit ring all-reduce  2 d, in ring chunks                  ring share of 2 d (+ (n-1) 40)
+//   fp16, bf16   16-bit ring all-reduce  2 d, in ring chunks (and pieces)     ring share of 2 d (+ (n-1) 40)
 //   sign         all_gather              4 L + ceil(d / 8)                    (n-1)(40 + 4 L + ceil(d / 8))
 //   qsgd (s)     all_gather              4 L + ceil(d (1 + bit_width(s)) / 8) likewise
 //   random-k     ring all_reduce_sum     k floats                             (n-1) 40 + ring share of 4 k
@@ -20,6 +20,7 @@
 // 64 / bits.
 #pragma once
 
+#include <commsgd/comm/narrow_ring.hpp>
 #include <commsgd/comm/traffic.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/sparse.hpp>
@@ -80,9 +81,14 @@ constexpr std::uint64_t qsgd_message_bytes(std::uint64_t d, std::uint64_t layers
 }
 
 // Seen from `rank` (the ring's chunks differ by one element between ranks); the first round also gathers
-// the verdict.
+// the verdict. The ring's reduce-scatter hops go in comm::detail::ring_pieces messages each, its all-gather
+// hops in one.
 inline comm::traffic half_traffic(std::uint64_t d, int n, int rank, bool first_round = false) noexcept {
-  const auto ring = comm::ring_all_reduce_traffic(d, 2, n, rank);
+  auto ring = comm::ring_all_reduce_traffic(d, 2, n, rank);
+  if (n > 1) {
+    const auto hops = static_cast<std::uint64_t>(n - 1);
+    ring.messages_sent = ring.messages_received = hops * (comm::detail::ring_pieces(d, n) + 1);
+  }
   return first_round ? compress_header_traffic(n) + ring : ring;
 }
 
