@@ -1,6 +1,7 @@
 // comm::narrow_ring_sum on comm::local with 1 to 8 ranks: the independent reference bit for bit (sizes 0, 1,
 // below and above n, odd, large; overflow refused or saturated; NaN reaching every rank), the bytes comm::metered
-// counts (exactly the float ring's share at 2 bytes a value), and the same bits on a second run.
+// counts (exactly the float ring's share at 2 bytes a value), and the same bits on a second run; all of it
+// again with the reduce-scatter's hops cut into small uneven pieces, and the ring's own rule for cutting them.
 #include "support/narrow_ring_cases.hpp"
 
 #include <commsgd/comm/local.hpp>
@@ -45,6 +46,11 @@ TEST_CASE("the 16-bit ring cuts a hop into pieces only where its chunks are long
     const std::size_t m = std::size_t{1} << 26, shortest = m / un; // a 64 M model's chunks: pieced
     CHECK(comm::detail::ring_pieces(m, n) == (shortest + 65535) / 65536);
   }
+  // cost/'s count: (n - 1) (pieces + 1) messages each way, the bytes of the unpieced ring.
+  constexpr std::size_t long_ring = 4 * comm::narrow_ring_pieced;
+  static_assert(comm::narrow_ring_traffic(long_ring, 4, 1).messages_sent == 3 * 65);
+  CHECK(comm::narrow_ring_traffic(long_ring, 4, 1).bytes_sent ==
+        comm::ring_all_reduce_traffic(long_ring, 2, 4, 1).bytes_sent);
   // Set small: pieces of at most `piece` values from `pieced_from` on.
   CHECK(comm::detail::ring_pieces(1000, 4, 64, 100) == 4);
   CHECK(comm::detail::ring_pieces(400, 4, 64, 100) == 2);
@@ -79,6 +85,12 @@ TEST_CASE("the 16-bit ring moves half a float ring's bytes, in (n - 1) (pieces +
           CHECK(t.bytes_received == 2 * share.received);
           CHECK(t.messages_sent == msgs);
           CHECK(t.messages_received == msgs);
+          if (out == &first) { // the ring's own pieces: what cost/ counts
+            const auto model = comm::narrow_ring_traffic(d, n, c.rank());
+            CHECK(t.messages_sent == model.messages_sent);
+            CHECK(t.bytes_sent == model.bytes_sent);
+            CHECK(t.bytes_received == model.bytes_received);
+          }
           (*out)[static_cast<std::size_t>(c.rank())] = x;
         });
       for (int r = 0; r < n; ++r) {

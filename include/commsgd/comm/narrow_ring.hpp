@@ -22,6 +22,7 @@
 
 #include <commsgd/comm/communicator.hpp>
 #include <commsgd/comm/send_recv.hpp>
+#include <commsgd/comm/traffic.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/error.hpp>
 
@@ -88,8 +89,8 @@ namespace detail {
 
 // How many pieces each chunk of a hop is cut into when n ranks share m values: the same for every chunk and
 // every rank, so that both ends of a hop cut it alike, and no piece is empty.
-inline std::size_t ring_pieces(std::size_t m, int n, std::size_t piece = narrow_ring_piece,
-                               std::size_t pieced_from = narrow_ring_pieced) noexcept {
+constexpr std::size_t ring_pieces(std::size_t m, int n, std::size_t piece = narrow_ring_piece,
+                                  std::size_t pieced_from = narrow_ring_pieced) noexcept {
   const std::size_t shortest = m / static_cast<std::size_t>(n);
   if (shortest < pieced_from || piece == 0) return 1;
   return std::max<std::size_t>(1, (shortest + piece - 1) / piece);
@@ -202,6 +203,16 @@ inline void add_scan(wire_scan& into, const wire_scan& later) noexcept {
 }
 
 } // namespace detail
+
+// What `rank` of n sends and receives in one ring over m values (with the default pieces), as comm::metered
+// counts it: the float ring's share at 2 bytes a value, in (n - 1) (pieces + 1) messages each way.
+constexpr traffic narrow_ring_traffic(std::uint64_t m, int n, int rank) noexcept {
+  auto t = ring_all_reduce_traffic(m, 2, n, rank);
+  if (n > 1)
+    t.messages_sent = t.messages_received =
+        static_cast<std::uint64_t>(n - 1) * (detail::ring_pieces(static_cast<std::size_t>(m), n) + 1);
+  return t;
+}
 
 template <wire_codec Codec, communicator C>
 void narrow_ring_sum(C& c, std::span<float> x, bool saturate, narrow_ring_buffers& buf) {

@@ -80,15 +80,10 @@ constexpr std::uint64_t qsgd_message_bytes(std::uint64_t d, std::uint64_t layers
   return 4 * layers + (d * qsgd_value_bits(s) + 7) / 8;
 }
 
-// Seen from `rank` (the ring's chunks differ by one element between ranks); the first round also gathers
-// the verdict. The ring's reduce-scatter hops go in comm::detail::ring_pieces messages each, its all-gather
-// hops in one.
+// Seen from `rank` (the ring's chunks differ by one element between ranks; its long hops go in pieces,
+// comm::narrow_ring_traffic); the first round also gathers the verdict.
 inline comm::traffic half_traffic(std::uint64_t d, int n, int rank, bool first_round = false) noexcept {
-  auto ring = comm::ring_all_reduce_traffic(d, 2, n, rank);
-  if (n > 1) {
-    const auto hops = static_cast<std::uint64_t>(n - 1);
-    ring.messages_sent = ring.messages_received = hops * (comm::detail::ring_pieces(d, n) + 1);
-  }
+  const auto ring = comm::narrow_ring_traffic(d, n, rank);
   return first_round ? compress_header_traffic(n) + ring : ring;
 }
 

@@ -122,7 +122,7 @@ constexpr std::uint64_t shared_top_k_slot_bytes(const top_k_chunks& c, int n) no
 // and its share of a 16-bit ring all-reduce of the k values.
 constexpr comm::traffic shared_top_k_traffic(const top_k_chunks& c, int n, int rank) noexcept {
   return compress_header_traffic(n) + comm::all_gather_traffic(shared_top_k_slot_bytes(c, n), n) +
-         comm::ring_all_reduce_traffic(c.k(), 2, n, rank);
+         comm::narrow_ring_traffic(c.k(), n, rank);
 }
 
 // region_top_k: the bytes of one block (a rank's picks for one owner, or an owner's cut sums) over n ranks:
