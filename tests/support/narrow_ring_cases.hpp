@@ -151,7 +151,8 @@ void check_all(C& c, pieces cut = pieces::ring_default) {
         if (Format::max_finite_bits == 0x7bffu && n > 1 && big && !saturate && d > 1000) CHECK(bad.count > 0);
       }
   // Overflows placed on the chunks' edges: every chunk's first value, its last, the one after its first, a
-  // hop's second piece's first, in some chunks and not others (the chunks that hold one travel flagged, and their first values come back).
+  // hop's second piece's first, in some chunks and not others (the chunks that hold one travel flagged, and
+  // their first values come back).
   for (const std::size_t d : {std::size_t{3}, static_cast<std::size_t>(8 * n + 3), std::size_t{4099}})
     for (int pattern = 0; pattern < 5; ++pattern) {
       CAPTURE(d);
