@@ -288,7 +288,7 @@ wire_scan narrow_ring_sum_wire(C& c, std::span<const std::uint16_t> own, bool sa
   // A wire value goes out as narrow(decode(h)): itself, but for inf under saturate and a NaN's payload, so
   // the bits are copied and only blocks holding inf or NaN (a test the compiler vectorises) are redone.
   auto first = [&](std::size_t a, std::size_t b) -> const std::uint16_t* {
-    if (own_finite && c.size() > 1) return own.data() + a;
+    if (own_finite) return own.data() + a; // (one rank copies a finite own before this is asked)
     std::size_t i = a;
     for (; i + detail::wire_block <= b; i += detail::wire_block)
       if (detail::copy_wire_block<Codec>(own.data() + i, w + i))
