@@ -41,6 +41,7 @@
 #include <commsgd/compress/difference.hpp>
 #include <commsgd/compress/error_feedback.hpp>
 #include <commsgd/compress/top_k_checks.hpp>
+#include <commsgd/compress/top_k_unpack.hpp>
 #include <commsgd/config.hpp>
 #include <commsgd/cost/compress.hpp>
 #include <commsgd/cost/top_k_plan.hpp>
@@ -383,28 +384,21 @@ private:
     };
     const auto idx = part(plan_.index_offset, plan_.bytes);
     const auto codes = part(plan_.code_offset, plan_.index_offset);
+    const detail::unpack_tables tables(plan_.index_bits);
     std::size_t q = 0;
     for (std::uint64_t j = 0; j < plan_.count; ++j) {
       const auto kj = static_cast<std::size_t>(plan_.k_of(j));
       const auto first = static_cast<std::uint32_t>(plan_.first(j));
       const auto len = static_cast<std::uint32_t>(plan_.length(j));
-      std::uint32_t bad = 0;
-      std::int64_t prev = -1;
-      detail::unpack_bits(idx, q, kj, plan_.index_bits, [&](std::size_t i, std::uint32_t rel) {
-        bad |= (rel >= len ? 1u : 0u) | (static_cast<std::int64_t>(rel) <= prev ? 1u : 0u);
-        prev = rel;
-        at[i] = first + rel;
-      });
-      if (bad != 0) refuse_chunk(j, at + q, kj, first, len);
+      if (!detail::unpack_rising(idx, q, kj, tables, first, len, at + q))
+        refuse_chunk(j, at + q, kj, first, len);
       if (opt_.two_bit) {
-        // A chunk's values take four values, decoded once: each is then a lookup by its code (value i's two
-        // bits at bit 2 i of the codes).
+        // A chunk's values take four values, decoded once: each is then a lookup by its code.
         float s;
         std::memcpy(&s, m.data() + 4 * j, 4);
         const float t[4] = {two_bit_code::decode(0, s), two_bit_code::decode(1, s),
                             two_bit_code::decode(2, s), two_bit_code::decode(3, s)};
-        for (std::size_t i = q; i < q + kj; ++i)
-          val[i] = t[(std::to_integer<unsigned>(codes[i / 4]) >> (2 * (i % 4))) & 3u];
+        detail::two_bit_values(codes, q, kj, t, val + q);
       }
       q += kj;
     }
