@@ -1,14 +1,17 @@
 """Quality at equal steps: the final validation loss of each arm over seeds, against the bytes it sends an
 outer round, from the logs of `links.py run --rates none` (one --out folder a seed).
 
-    python3 examples/diloco_lm/quality.py DIR_SEED1 DIR_SEED2 ... [--md FILE] [--plot FILE]
+    python3 examples/diloco_lm/quality.py DIR_SEED1 DIR_SEED2 ... [--float32 ARM ...] [--md FILE] [--plot FILE]
 
 For each arm: the validation loss at the run's last step (mean, min and max over the seeds that ran it to
-the end), its distance from float32 DiLoCo at the same H and schedule (diloco-h<H>, or diloco-h<H>-stream
-for a streamed arm) over the same seeds, rank 0's bytes per H inner steps (its whole run's bytes times
-H / steps; rank 0's replica's, its ranks summed, where the log has them: replicas of several ranks) with
-float32 DiLoCo's bytes over these, and its bytes per inner step (arms of different H compare there at equal
-bytes). Arms that exchange every step (ddp, fsdp) are listed first, with their losses only. The plot: final loss against bytes per outer round, a panel per H, the named arms only. A run that did not reach its last step is listed as crashed, not used.
+the end), its distance from float32 DiLoCo at the same H and schedule over the same seeds, rank 0's bytes per
+H inner steps (its whole run's bytes times H / steps; rank 0's replica's, its ranks summed, where the log has
+them: replicas of several ranks) with float32 DiLoCo's bytes over these, and its bytes per inner step (arms of
+different H compare there at equal bytes). float32 DiLoCo is diloco-h<H>, or diloco-h<H>-stream for a streamed
+arm, with the arm's shape overrides; `--float32 ARM` names it instead for the arms of ARM's H and kind
+(streamed or not), e.g. `diloco-h30+outer-lr=1+outer-momentum=0` for plain averaging. Arms that exchange every
+step (ddp, fsdp) are listed first, with their losses only. The plot: final loss against bytes per outer round,
+a panel per H, the named arms only. A run that did not reach its last step is listed as crashed, not used.
 """
 import argparse
 import json
@@ -55,7 +58,16 @@ def collect(dirs):
 SHAPE = ("width", "layers", "heads", "context", "batch", "steps", "replica-ranks", "model", "span", "corpus")
 
 
-def reference(arm):
+def kind(arm):
+    """(H, streamed): the arms that one float32 reference serves."""
+    return h_of(arm), "-stream" in arm.split("+")[0]
+
+
+def reference(arm, chosen=()):
+    """float32 DiLoCo's arm that `arm` is held to: one of `chosen` of the same kind if any, else the default."""
+    for c in chosen:
+        if kind(c) == kind(arm):
+            return c
     h = re.search(r"diloco-h\d+", arm).group(0)
     ref = h + "-stream" if "-stream" in arm.split("+")[0] else h
     return ref + "".join("+" + o for o in arm.split("+")[1:] if o.partition("=")[0] in SHAPE)
@@ -64,9 +76,14 @@ def reference(arm):
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dirs", nargs="+")
+    p.add_argument("--float32", action="append", default=[], metavar="ARM",
+                   help="float32 DiLoCo's arm for the arms of its H and kind (streamed or not); repeatable")
     p.add_argument("--md")
     p.add_argument("--plot")
     args = p.parse_args(argv)
+    kinds = [kind(c) for c in args.float32]
+    if any(k[0] is None for k in kinds) or len(set(kinds)) != len(kinds):
+        p.error(f"--float32: each ARM a DiLoCo arm (diloco-h<H>...), one for each H and kind; got {args.float32}")
     runs, crashed = collect(args.dirs)
     every_step = {a: r for a, r in runs.items() if h_of(a) is None}
     runs = {a: r for a, r in runs.items() if h_of(a) is not None}
@@ -75,7 +92,7 @@ def main(argv):
 
     def ref_mean(arm):
         """float32's mean loss over the seeds `arm` ran, or None."""
-        ref = runs.get(reference(arm))
+        ref = runs.get(reference(arm, args.float32))
         if ref is None:
             return None
         by_seed = {d: v for v, _, d in ref}
@@ -88,9 +105,9 @@ def main(argv):
         losses = [v for v, _, _ in r]
         lines.append(f"| {arm} (every step) | {len(losses)} | {statistics.mean(losses):.4f} ({min(losses):.4f}, "
                      f"{max(losses):.4f}) | - | - | - | - |")
-    for arm in sorted(runs, key=lambda a: (reference(a), per_round[a] * -1)):
+    for arm in sorted(runs, key=lambda a: (reference(a, args.float32), per_round[a] * -1)):
         losses = [v for v, _, _ in runs[arm]]
-        ref = reference(arm)
+        ref = reference(arm, args.float32)
         rm = ref_mean(arm)
         vs = f"{100 * (mean[arm] / rm - 1):+.2f} %" if rm else "-"
         ratio = f"{per_round[ref] / per_round[arm]:.1f}x" if ref in per_round else "-"
@@ -104,10 +121,10 @@ def main(argv):
         with open(args.md, "w") as f:
             f.write(text + "\n")
     if args.plot:
-        plot(runs, mean, per_round, args.plot)
+        plot(runs, mean, per_round, args.plot, args.float32)
 
 
-def plot(runs, mean, per_round, path):
+def plot(runs, mean, per_round, path, chosen=()):
     """Final loss against bytes per outer round, one panel per H; the named arms only (an arm with "+option"
     overrides is a sweep's point, in the table)."""
     import matplotlib
@@ -120,7 +137,7 @@ def plot(runs, mean, per_round, path):
         for arm in sorted(a for a in named if h_of(a) == h):
             losses = [v for v, _, _ in runs[arm]]
             m = mean[arm]
-            marker = "s" if "sparse" in arm else ("o" if arm == reference(arm) else "^")
+            marker = "s" if "sparse" in arm else ("o" if arm == reference(arm, chosen) else "^")
             color = "tab:orange" if "-stream" in arm else "tab:blue"
             ax.errorbar(per_round[arm], m, yerr=[[m - min(losses)], [max(losses) - m]], fmt=marker, capsize=3,
                         color=color)

@@ -11,6 +11,9 @@ same arms land within 0.5 % of their loss), never a substitute for them. Variant
   --carry 1         the residual kept in each replica's local model (theta_local <- theta_global - decay e)
                     instead of added to the next accumulator
   --select rand     k random values a chunk (seeded per replica and round; --shared-mask 1: one mask for all)
+  --residual clear  every replica's residual cleared where the common model moved (any sender's index)
+  --residual common every replica's residual taken against what the common model moved there, not against
+                    its own message (acc - mean on the senders' union, acc elsewhere)
 
     python examples/diloco_lm/sim_codes.py --n 4 --steps 3000 --code topk --density 0.01 --tag base
 """
@@ -43,6 +46,7 @@ def parse(argv):
     p.add_argument("--senders", type=int, choices=(0, 1), default=1, help="the mean over the senders")
     p.add_argument("--carry", type=int, choices=(0, 1), default=0)
     p.add_argument("--select", choices=("top", "rand"), default="top")
+    p.add_argument("--residual", choices=("own", "clear", "common"), default="own")
     p.add_argument("--shared-mask", type=int, choices=(0, 1), default=0)
     p.add_argument("--outer-lr", type=float, default=1.0)
     p.add_argument("--outer-momentum", type=float, default=0.0, help="Nesterov when not 0")
@@ -126,6 +130,7 @@ def main(argv):
             scheds[i].step()
         if step % a.H == 0 or step == a.steps:
             total, senders = torch.zeros(d), torch.zeros(d)
+            accs = [None] * a.n
             for i, m in enumerate(models):
                 pg = g - T.flat(m.parameters())
                 if a.code == "dense":
@@ -135,12 +140,20 @@ def main(argv):
                 acc = pg if a.carry else a.decay * res[i] + pg
                 sent, mask = code(acc, i, step // a.H)
                 res[i] = acc - sent
+                accs[i] = acc
                 total += sent
                 senders += mask
             if a.code == "dense" or not a.senders:
                 mean = total / a.n
             else:
                 mean = torch.where(senders > 0, total / senders.clamp(min=1), torch.zeros(d))
+            if a.code == "topk" and a.residual != "own":
+                moved = senders > 0
+                for i in range(a.n):
+                    if a.residual == "clear":
+                        res[i] = torch.where(moved, torch.zeros(d), res[i])
+                    else:
+                        res[i] = torch.where(moved, accs[i] - a.outer_lr * mean, res[i])
             if a.outer_momentum:
                 momentum.mul_(a.outer_momentum).add_(mean)
                 g -= a.outer_lr * (mean + a.outer_momentum * momentum)

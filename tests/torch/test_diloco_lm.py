@@ -85,6 +85,50 @@ def test_the_code_model_is_the_dense_average_at_density_1_and_moves_at_most_n_k_
         assert 0 < int(moved[c0:c0 + 4096].sum()) <= 2 * k  # the union of 2 replicas' k values, no more
 
 
+def test_the_code_models_residual_variants_touch_only_what_they_claim():
+    import sim_codes
+    common = ["--steps", "6", "--H", "3", "--eval-every", "6", "--code", "topk", "--density", "0.02"]
+    one = ["--n", "1"] + common
+
+    def final(argv):
+        return sim_codes.main(argv)[1]
+    # One replica: the common step on its indices is its own message, so holding the residual against it is
+    # holding it against the message, 2-bit values and all.
+    assert torch.equal(final(one + ["--residual", "common"]), final(one))
+    # Float values: the message is the accumulator where it was sent, so the residual is already 0 there and
+    # clearing it there changes nothing; clearing anywhere else would.
+    assert torch.equal(final(one + ["--two-bit", "0", "--residual", "clear"]), final(one + ["--two-bit", "0"]))
+    # 2-bit values leave a remainder where they were sent, which clearing drops.
+    assert not torch.equal(final(one + ["--residual", "clear"]), final(one))
+    two = ["--n", "2"] + common
+    assert not torch.equal(final(two + ["--residual", "common"]), final(two))
+
+
+def test_quality_holds_each_arm_to_the_float32_arm_named_for_its_kind(tmp_path, capsys):
+    import quality
+    losses = {"diloco-h30+outer-lr=1+outer-momentum=0": 2.0, "diloco-h30-sparse0.01-senders": 2.1,
+              "diloco-h30-stream+alpha=0": 3.0, "diloco-h30-stream-sparse0.01-senders+alpha=0": 2.7,
+              "diloco-h30": 1.0}
+    (tmp_path / "none").mkdir()
+    for arm, loss in losses.items():
+        rec = {"step": 60, "of": 60, "val_loss": loss, "bytes_sent": 1000}
+        (tmp_path / "none" / f"{arm}.jsonl").write_text(json.dumps(rec) + "\n")
+
+    def vs(argv):
+        quality.main([str(tmp_path)] + argv)
+        rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| diloco")]
+        return {r[0][2:]: r[3] for r in rows}
+    default = vs([])
+    assert default["diloco-h30-sparse0.01-senders"] == "+110.00 %"  # against diloco-h30
+    assert default["diloco-h30-stream-sparse0.01-senders+alpha=0"] == "-"  # no diloco-h30-stream ran
+    chosen = vs(["--float32", "diloco-h30+outer-lr=1+outer-momentum=0", "--float32", "diloco-h30-stream+alpha=0"])
+    assert chosen["diloco-h30-sparse0.01-senders"] == "+5.00 %"
+    assert chosen["diloco-h30-stream-sparse0.01-senders+alpha=0"] == "-10.00 %"
+    assert chosen["diloco-h30"] == "-50.00 %"
+    with pytest.raises(SystemExit):  # two references for one kind
+        quality.main([str(tmp_path), "--float32", "diloco-h30", "--float32", "diloco-h30+outer-lr=1"])
+
+
 def test_the_two_corpora_split_apart_and_differ():
     for split in (train.stdlib_split, train.docs_split):
         tr, va = split()
