@@ -69,7 +69,7 @@ def reference(arm, chosen=()):
         if kind(c) == kind(arm):
             return c
     h = re.search(r"diloco-h\d+", arm).group(0)
-    ref = h + "-stream" if "-stream" in arm.split("+")[0] else h
+    ref = h + "-stream" if kind(arm)[1] else h
     return ref + "".join("+" + o for o in arm.split("+")[1:] if o.partition("=")[0] in SHAPE)
 
 

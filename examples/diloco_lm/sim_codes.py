@@ -13,7 +13,7 @@ same arms land within 0.5 % of their loss), never a substitute for them. Variant
   --select rand     k random values a chunk (seeded per replica and round; --shared-mask 1: one mask for all)
   --residual clear  every replica's residual cleared where the common model moved (any sender's index)
   --residual common every replica's residual taken against what the common model moved there, not against
-                    its own message (acc - mean on the senders' union, acc elsewhere)
+                    its own message (acc - outer lr x mean on the senders' union, acc elsewhere)
 
     python examples/diloco_lm/sim_codes.py --n 4 --steps 3000 --code topk --density 0.01 --tag base
 """
