@@ -14,6 +14,10 @@ same arms land within 0.5 % of their loss), never a substitute for them. Variant
   --residual clear  every replica's residual cleared where the common model moved (any sender's index)
   --residual common every replica's residual taken against what the common model moved there, not against
                     its own message (acc - outer lr x mean on the senders' union, acc elsewhere)
+  --union 1         every replica sends its own value wherever any replica picked one, so the common model
+                    moves there by the mean over all n (the picks' union), not over the senders
+  --local-momentum  each replica codes its own Nesterov step (outer lr, this momentum) on its pseudo-gradient,
+                    and the common model moves by the mean at lr 1: dense, the common Nesterov step exactly
 
     python examples/diloco_lm/sim_codes.py --n 4 --steps 3000 --code topk --density 0.01 --tag base
 """
@@ -48,7 +52,12 @@ def parse(argv):
     p.add_argument("--select", choices=("top", "rand"), default="top")
     p.add_argument("--residual", choices=("own", "clear", "common"), default="own")
     p.add_argument("--shared-mask", type=int, choices=(0, 1), default=0)
+    p.add_argument("--union", type=int, choices=(0, 1), default=0,
+                   help="every replica sends its values at the union of the picks: a mean over all n there")
     p.add_argument("--outer-lr", type=float, default=1.0)
+    p.add_argument("--local-momentum", type=float, default=0.0,
+                   help="each replica's own Nesterov step on its pseudo-gradient, coded in place of it "
+                        "(the common model then moves by the mean at lr 1)")
     p.add_argument("--outer-momentum", type=float, default=0.0, help="Nesterov when not 0")
     p.add_argument("--model", choices=("transformer", "mlp"), default="transformer")
     p.add_argument("--corpus", choices=sorted(T.CORPORA), default="stdlib")
@@ -88,19 +97,24 @@ def main(argv):
     start = g.clone()
     d = g.numel()
     res = [torch.zeros(d) for _ in range(a.n)]
+    local_u = [torch.zeros(d) for _ in range(a.n)]
     momentum = torch.zeros(d)
 
-    def code(acc, rank, rnd):
-        """(what the message decodes to, as a dense vector; which values it holds)"""
+    def code(acc, rank, rnd, at=None):
+        """(what the message decodes to, as a dense vector; which values it holds); at: the values to send"""
         sent, mask = torch.zeros(d), torch.zeros(d, dtype=torch.bool)
         gen = torch.Generator().manual_seed(1_000_003 * rnd + (0 if a.shared_mask else rank + 1))
         for c0 in range(0, d, a.chunk):
             c = acc[c0:c0 + a.chunk]
             k = math.ceil(a.density * c.numel())
-            if a.select == "rand":
+            if at is not None:
+                idx = at[c0:c0 + a.chunk].nonzero().flatten()
+            elif a.select == "rand":
                 idx = torch.randperm(c.numel(), generator=gen)[:k]
             else:
                 idx = torch.topk(c.abs(), k, sorted=False).indices
+            if idx.numel() == 0:
+                continue
             v = c[idx]
             if a.two_bit:
                 s = v.abs().mean()
@@ -131,14 +145,26 @@ def main(argv):
         if step % a.H == 0 or step == a.steps:
             total, senders = torch.zeros(d), torch.zeros(d)
             accs = [None] * a.n
+            pgs = []
             for i, m in enumerate(models):
                 pg = g - T.flat(m.parameters())
+                if a.local_momentum:
+                    local_u[i].mul_(a.local_momentum).add_(pg)
+                    pg = a.outer_lr * (pg + a.local_momentum * local_u[i])
+                pgs.append(pg)
+            union = None
+            if a.code == "topk" and a.union:
+                union = torch.zeros(d, dtype=torch.bool)
+                for i in range(a.n):
+                    union |= code(a.decay * res[i] + pgs[i], i, step // a.H)[1]
+            for i, m in enumerate(models):
+                pg = pgs[i]
                 if a.code == "dense":
                     total += pg
                     senders += 1
                     continue
                 acc = pg if a.carry else a.decay * res[i] + pg
-                sent, mask = code(acc, i, step // a.H)
+                sent, mask = code(acc, i, step // a.H, union)
                 res[i] = acc - sent
                 accs[i] = acc
                 total += sent
@@ -154,7 +180,9 @@ def main(argv):
                         res[i] = torch.where(moved, torch.zeros(d), res[i])
                     else:
                         res[i] = torch.where(moved, accs[i] - a.outer_lr * mean, res[i])
-            if a.outer_momentum:
+            if a.local_momentum:
+                g -= mean
+            elif a.outer_momentum:
                 momentum.mul_(a.outer_momentum).add_(mean)
                 g -= a.outer_lr * (mean + a.outer_momentum * momentum)
             else:

@@ -104,6 +104,30 @@ def test_the_code_models_residual_variants_touch_only_what_they_claim():
     assert not torch.equal(final(two + ["--residual", "common"]), final(two))
 
 
+def test_the_code_models_union_and_local_momentum_variants():
+    import sim_codes
+    common = ["--steps", "3", "--H", "3", "--eval-every", "3", "--code", "topk", "--density", "0.02"]
+    # One replica: the union of the picks is its own picks, so the union variant is the plain code (float
+    # values: 2-bit scales are means taken in another order there).
+    one = ["--n", "1", "--two-bit", "0"] + common
+    assert torch.equal(sim_codes.main(one + ["--union", "1"])[1], sim_codes.main(one)[1])
+    # Two replicas, one round: both move the model where either replica picked a value, with other values
+    # (every replica's value there against the senders' alone).
+    two = ["--n", "2"] + common
+    start, plain = sim_codes.main(two)
+    _, union = sim_codes.main(two + ["--union", "1"])
+    assert torch.equal(plain != start, union != start)
+    assert not torch.equal(plain, union)
+    # Dense: each replica's own Nesterov step, averaged, is the common model's Nesterov step on the mean
+    # (a linear identity), over rounds in which the momentum carries.
+    dense = ["--n", "2", "--steps", "9", "--H", "3", "--eval-every", "9", "--outer-lr", "0.7"]
+    _, local = sim_codes.main(dense + ["--local-momentum", "0.9"])
+    _, outer = sim_codes.main(dense + ["--outer-momentum", "0.9"])
+    _, none = sim_codes.main(dense)
+    assert torch.allclose(local, outer, rtol=0, atol=1e-5)
+    assert not torch.allclose(local, none, rtol=0, atol=1e-3)
+
+
 def test_quality_holds_each_arm_to_the_float32_arm_named_for_its_kind(tmp_path, capsys):
     import quality
     losses = {"diloco-h30+outer-lr=1+outer-momentum=0": 2.0, "diloco-h30-sparse0.01-senders": 2.1,
