@@ -156,7 +156,7 @@ def main(argv):
             if a.code == "topk" and a.union:
                 union = torch.zeros(d, dtype=torch.bool)
                 for i in range(a.n):
-                    union |= code(a.decay * res[i] + pgs[i], i, step // a.H)[1]
+                    union |= code(pgs[i] if a.carry else a.decay * res[i] + pgs[i], i, step // a.H)[1]
             for i, m in enumerate(models):
                 pg = pgs[i]
                 if a.code == "dense":
