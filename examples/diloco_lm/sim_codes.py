@@ -144,7 +144,6 @@ def main(argv):
             scheds[i].step()
         if step % a.H == 0 or step == a.steps:
             total, senders = torch.zeros(d), torch.zeros(d)
-            accs = [None] * a.n
             pgs = []
             for i, m in enumerate(models):
                 pg = g - T.flat(m.parameters())
@@ -152,21 +151,19 @@ def main(argv):
                     local_u[i].mul_(a.local_momentum).add_(pg)
                     pg = a.outer_lr * (pg + a.local_momentum * local_u[i])
                 pgs.append(pg)
+            accs = [pg if a.carry else a.decay * r + pg for pg, r in zip(pgs, res)]
             union = None
             if a.code == "topk" and a.union:
                 union = torch.zeros(d, dtype=torch.bool)
                 for i in range(a.n):
-                    union |= code(pgs[i] if a.carry else a.decay * res[i] + pgs[i], i, step // a.H)[1]
-            for i, m in enumerate(models):
-                pg = pgs[i]
+                    union |= code(accs[i], i, step // a.H)[1]
+            for i in range(a.n):
                 if a.code == "dense":
-                    total += pg
+                    total += pgs[i]
                     senders += 1
                     continue
-                acc = pg if a.carry else a.decay * res[i] + pg
-                sent, mask = code(acc, i, step // a.H, union)
-                res[i] = acc - sent
-                accs[i] = acc
+                sent, mask = code(accs[i], i, step // a.H, union)
+                res[i] = accs[i] - sent
                 total += sent
                 senders += mask
             if a.code == "dense" or not a.senders:
