@@ -18,6 +18,11 @@ same arms land within 0.5 % of their loss), never a substitute for them. Variant
                     moves there by the mean over all n (the picks' union), not over the senders
   --local-momentum  each replica codes its own Nesterov step (outer lr, this momentum) on its pseudo-gradient,
                     and the common model moves by the mean at lr 1: dense, the common Nesterov step exactly
+  --per-tensor 1    chunks cut at every tensor's end, so each tensor (a layer norm's 64 too) has its own k
+  --subtract s      only s of each sent value taken from the residual, so a sent value is sent again in part
+  --ahead b         each round's replicas start b times the last common step ahead of the common model (a
+                    look-ahead their inner steps correct; dense with plain averaging, a heavy-ball momentum)
+  --lr              the inner AdamW's peak learning rate (train.py's --lr)
 
     python examples/diloco_lm/sim_codes.py --n 4 --steps 3000 --code topk --density 0.01 --tag base
 """
@@ -45,8 +50,12 @@ def parse(argv):
     p.add_argument("--code", choices=("dense", "topk"), default="dense")
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--chunk", type=int, default=4096)
+    p.add_argument("--per-tensor", type=int, choices=(0, 1), default=0,
+                   help="chunks that never cross a tensor's end (each tensor its own k)")
     p.add_argument("--decay", type=float, default=0.95)
     p.add_argument("--two-bit", type=int, choices=(0, 1), default=1)
+    p.add_argument("--subtract", type=float, default=1.0,
+                   help="the share of what was sent taken from the residual (below 1: a sent value stays in part)")
     p.add_argument("--senders", type=int, choices=(0, 1), default=1, help="the mean over the senders")
     p.add_argument("--carry", type=int, choices=(0, 1), default=0)
     p.add_argument("--select", choices=("top", "rand"), default="top")
@@ -55,9 +64,12 @@ def parse(argv):
     p.add_argument("--union", type=int, choices=(0, 1), default=0,
                    help="every replica sends its values at the union of the picks: a mean over all n there")
     p.add_argument("--outer-lr", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=2e-3, help="the inner AdamW's peak learning rate")
     p.add_argument("--local-momentum", type=float, default=0.0,
                    help="each replica's own Nesterov step on its pseudo-gradient, coded in place of it "
                         "(the common model then moves by the mean at lr 1)")
+    p.add_argument("--ahead", type=float, default=0.0,
+                   help="replicas start each round this share of the last common step ahead of the common model")
     p.add_argument("--outer-momentum", type=float, default=0.0, help="Nesterov when not 0")
     p.add_argument("--model", choices=("transformer", "mlp"), default="transformer")
     p.add_argument("--corpus", choices=sorted(T.CORPORA), default="stdlib")
@@ -83,7 +95,7 @@ def main(argv):
             return (step + 1) / 50
         frac = (step - 50) / max(1, a.steps - 50)
         return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac)))
-    opts = [torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.1, betas=(0.9, 0.95)) for m in models]
+    opts = [torch.optim.AdamW(m.parameters(), lr=a.lr, weight_decay=0.1, betas=(0.9, 0.95)) for m in models]
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lr_at) for o in opts]
 
     @torch.no_grad()
@@ -99,16 +111,21 @@ def main(argv):
     res = [torch.zeros(d) for _ in range(a.n)]
     local_u = [torch.zeros(d) for _ in range(a.n)]
     momentum = torch.zeros(d)
+    spans, at = [], 0
+    for q in base.parameters() if a.per_tensor else []:
+        spans += [(c0, min(c0 + a.chunk, at + q.numel())) for c0 in range(at, at + q.numel(), a.chunk)]
+        at += q.numel()
+    spans = spans or [(c0, min(c0 + a.chunk, d)) for c0 in range(0, d, a.chunk)]
 
     def code(acc, rank, rnd, at=None):
         """(what the message decodes to, as a dense vector; which values it holds); at: the values to send"""
         sent, mask = torch.zeros(d), torch.zeros(d, dtype=torch.bool)
         gen = torch.Generator().manual_seed(1_000_003 * rnd + (0 if a.shared_mask else rank + 1))
-        for c0 in range(0, d, a.chunk):
-            c = acc[c0:c0 + a.chunk]
+        for c0, c1 in spans:
+            c = acc[c0:c1]
             k = math.ceil(a.density * c.numel())
             if at is not None:
-                idx = at[c0:c0 + a.chunk].nonzero().flatten()
+                idx = at[c0:c1].nonzero().flatten()
             elif a.select == "rand":
                 idx = torch.randperm(c.numel(), generator=gen)[:k]
             else:
@@ -163,7 +180,7 @@ def main(argv):
                     senders += 1
                     continue
                 sent, mask = code(accs[i], i, step // a.H, union)
-                res[i] = accs[i] - sent
+                res[i] = accs[i] - a.subtract * sent
                 total += sent
                 senders += mask
             if a.code == "dense" or not a.senders:
@@ -177,6 +194,7 @@ def main(argv):
                         res[i] = torch.where(moved, torch.zeros(d), res[i])
                     else:
                         res[i] = torch.where(moved, accs[i] - a.outer_lr * mean, res[i])
+            before = g.clone()
             if a.local_momentum:
                 g -= mean
             elif a.outer_momentum:
@@ -184,8 +202,9 @@ def main(argv):
                 g -= a.outer_lr * (mean + a.outer_momentum * momentum)
             else:
                 g -= a.outer_lr * mean
+            ahead = g + a.ahead * (g - before)
             for i, m in enumerate(models):
-                load(m, g - a.decay * res[i] if a.carry else g)
+                load(m, ahead - a.decay * res[i] if a.carry else ahead)
         if step % a.eval_every == 0 or step == a.steps:
             print(json.dumps({"tag": a.tag, "step": step, "val_loss": round(evaluate(g), 5),
                               "wall_s": round(time.time() - t0, 1)}), flush=True)

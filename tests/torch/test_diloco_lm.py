@@ -3,6 +3,7 @@ loss of the global model is finite and falls, every rank ends holding the same g
 every rank must hold the same local model too it does. (The validation losses are all-reduced: that ranks
 log the same ones proves nothing, so the models themselves are compared.) A helper started as the torchft
 lighthouse is ends with the process that started it, however that ends."""
+import argparse
 import json
 import math
 import os
@@ -126,6 +127,32 @@ def test_the_code_models_union_and_local_momentum_variants():
     _, none = sim_codes.main(dense)
     assert torch.allclose(local, outer, rtol=0, atol=1e-5)
     assert not torch.allclose(local, none, rtol=0, atol=1e-3)
+
+
+def test_the_code_models_per_tensor_chunks_partial_subtraction_and_starting_ahead():
+    import sim_codes
+    common = ["--n", "2", "--steps", "3", "--H", "3", "--eval-every", "3", "--code", "topk", "--density", "0.01"]
+    start, tensors = sim_codes.main(common + ["--per-tensor", "1"])
+    moved, at = (tensors != start).reshape(-1), 0
+    model = train.make_model(argparse.Namespace(model="transformer", layers=2, width=64, heads=4, context=64,
+                                                span=16))
+    for q in model.parameters():  # every tensor its own k a chunk: each moves, none by more than 2 replicas' k
+        for c0 in range(at, at + q.numel(), 4096):
+            c1 = min(c0 + 4096, at + q.numel())
+            assert 0 < int(moved[c0:c1].sum()) <= 2 * math.ceil(0.01 * (c1 - c0)), (c0, c1)
+        at += q.numel()
+    assert at == moved.numel()
+    # Every value sent as a float: what stays of it in the residual reaches the model from the second round on,
+    # as the decayed half of the first round's step.
+    one = common + ["--two-bit", "0", "--density", "1"]  # argparse keeps the last
+    _, whole = sim_codes.main(one)
+    assert torch.equal(sim_codes.main(one + ["--subtract", "0.5"])[1], whole)
+    two = one + ["--steps", "6", "--eval-every", "6"]
+    _, kept = sim_codes.main(two + ["--subtract", "0.5"])
+    assert torch.allclose(kept - sim_codes.main(two)[1], 0.95 * 0.5 * (whole - start), rtol=0, atol=1e-6)
+    # Starting ahead of the common model changes nothing before there is a last step to start ahead by.
+    assert torch.equal(sim_codes.main(one + ["--ahead", "0.5"])[1], whole)
+    assert not torch.equal(sim_codes.main(two + ["--ahead", "0.5"])[1], sim_codes.main(two)[1])
 
 
 def test_quality_holds_each_arm_to_the_float32_arm_named_for_its_kind(tmp_path, capsys):
