@@ -78,6 +78,15 @@ def parse(argv):
     return p.parse_args(argv)
 
 
+def chunk_spans(sizes, chunk):
+    """[start, end) of each chunk of at most `chunk` values, cut afresh at the start of every run of `sizes`"""
+    spans, start = [], 0
+    for size in sizes:
+        spans += [(c0, min(c0 + chunk, start + size)) for c0 in range(start, start + size, chunk)]
+        start += size
+    return spans
+
+
 def main(argv):
     a = parse(argv)
     torch.set_num_threads(1)
@@ -111,11 +120,7 @@ def main(argv):
     res = [torch.zeros(d) for _ in range(a.n)]
     local_u = [torch.zeros(d) for _ in range(a.n)]
     momentum = torch.zeros(d)
-    spans, at = [], 0
-    for q in base.parameters() if a.per_tensor else []:
-        spans += [(c0, min(c0 + a.chunk, at + q.numel())) for c0 in range(at, at + q.numel(), a.chunk)]
-        at += q.numel()
-    spans = spans or [(c0, min(c0 + a.chunk, d)) for c0 in range(0, d, a.chunk)]
+    spans = chunk_spans([q.numel() for q in base.parameters()] if a.per_tensor else [d], a.chunk)
 
     def code(acc, rank, rnd, at=None):
         """(what the message decodes to, as a dense vector; which values it holds); at: the values to send"""
