@@ -23,6 +23,11 @@ same arms land within 0.5 % of their loss), never a substitute for them. Variant
   --ahead b         each round's replicas start b times the last common step ahead of the common model (a
                     look-ahead their inner steps correct; dense with plain averaging, a heavy-ball momentum)
   --lr              the inner AdamW's peak learning rate (train.py's --lr)
+  --outer-wd c      no weight decay in the inner AdamW; the common model decays instead, each round by the
+                    product of the round's steps' (1 - lr x 0.1) raised to c: no bytes, and no part of a code
+  --flush 1         the last round sends every replica's whole accumulator (dense, the mean over all n)
+  --velocity c      the common model also moves c times a running mean of its rounds' steps (decay
+                    --velocity-decay): a momentum whose weight and memory are set apart
 
     python examples/diloco_lm/sim_codes.py --n 4 --steps 3000 --code topk --density 0.01 --tag base
 """
@@ -70,6 +75,10 @@ def parse(argv):
                         "(the common model then moves by the mean at lr 1)")
     p.add_argument("--ahead", type=float, default=0.0,
                    help="replicas start each round this share of the last common step ahead of the common model")
+    p.add_argument("--outer-wd", type=float, default=0.0)
+    p.add_argument("--flush", type=int, choices=(0, 1), default=0)
+    p.add_argument("--velocity", type=float, default=0.0)
+    p.add_argument("--velocity-decay", type=float, default=0.9)
     p.add_argument("--outer-momentum", type=float, default=0.0, help="Nesterov when not 0")
     p.add_argument("--model", choices=("transformer", "mlp"), default="transformer")
     p.add_argument("--corpus", choices=sorted(T.CORPORA), default="stdlib")
@@ -104,7 +113,7 @@ def main(argv):
             return (step + 1) / 50
         frac = (step - 50) / max(1, a.steps - 50)
         return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac)))
-    opts = [torch.optim.AdamW(m.parameters(), lr=a.lr, weight_decay=0.1, betas=(0.9, 0.95)) for m in models]
+    opts = [torch.optim.AdamW(m.parameters(), lr=a.lr, weight_decay=0.0 if a.outer_wd else 0.1, betas=(0.9, 0.95)) for m in models]
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lr_at) for o in opts]
 
     @torch.no_grad()
@@ -120,6 +129,8 @@ def main(argv):
     res = [torch.zeros(d) for _ in range(a.n)]
     local_u = [torch.zeros(d) for _ in range(a.n)]
     momentum = torch.zeros(d)
+    velocity = torch.zeros(d)
+    shrink = 1.0  # the round's product of the steps' (1 - lr x 0.1), for --outer-wd
     spans = chunk_spans([q.numel() for q in base.parameters()] if a.per_tensor else [d], a.chunk)
 
     def code(acc, rank, rnd, at=None):
@@ -160,6 +171,8 @@ def main(argv):
     for step in range(1, a.steps + 1):
         for i, m in enumerate(models):
             x, y = T.batch_rows(train, step - 1, a.seed, 8 * a.n, 64, i, a.n)
+            if i == 0:
+                shrink *= 1 - opts[0].param_groups[0]["lr"] * 0.1
             opts[i].zero_grad()
             T.lm_loss(m, x, y).backward()
             opts[i].step()
@@ -179,20 +192,21 @@ def main(argv):
                 union = torch.zeros(d, dtype=torch.bool)
                 for i in range(a.n):
                     union |= code(accs[i], i, step // a.H)[1]
+            flush = a.flush and step == a.steps
             for i in range(a.n):
-                if a.code == "dense":
-                    total += pgs[i]
+                if a.code == "dense" or flush:
+                    total += accs[i] if flush else pgs[i]
                     senders += 1
                     continue
                 sent, mask = code(accs[i], i, step // a.H, union)
                 res[i] = accs[i] - a.subtract * sent
                 total += sent
                 senders += mask
-            if a.code == "dense" or not a.senders:
+            if a.code == "dense" or flush or not a.senders:
                 mean = total / a.n
             else:
                 mean = torch.where(senders > 0, total / senders.clamp(min=1), torch.zeros(d))
-            if a.code == "topk" and a.residual != "own":
+            if a.code == "topk" and a.residual != "own" and not flush:
                 moved = senders > 0
                 for i in range(a.n):
                     if a.residual == "clear":
@@ -200,6 +214,9 @@ def main(argv):
                     else:
                         res[i] = torch.where(moved, accs[i] - a.outer_lr * mean, res[i])
             before = g.clone()
+            if a.outer_wd:
+                g *= shrink ** a.outer_wd
+            shrink = 1.0
             if a.local_momentum:
                 g -= mean
             elif a.outer_momentum:
@@ -207,6 +224,9 @@ def main(argv):
                 g -= a.outer_lr * (mean + a.outer_momentum * momentum)
             else:
                 g -= a.outer_lr * mean
+            if a.velocity:
+                velocity.mul_(a.velocity_decay).add_(mean, alpha=1 - a.velocity_decay)
+                g -= a.velocity * velocity
             ahead = g + a.ahead * (g - before)
             for i, m in enumerate(models):
                 load(m, ahead - a.decay * res[i] if a.carry else ahead)

@@ -155,6 +155,33 @@ def test_the_code_models_per_tensor_chunks_partial_subtraction_and_starting_ahea
     assert not torch.equal(sim_codes.main(two + ["--ahead", "0.5"])[1], sim_codes.main(two)[1])
 
 
+def test_the_code_models_flush_outer_weight_decay_and_velocity():
+    import sim_codes
+    one_round = ["--n", "2", "--steps", "3", "--H", "3", "--eval-every", "3"]
+    # A flush sends every accumulator whole, and in the first round an accumulator is the pseudo-gradient: the
+    # dense mean, bit for bit; from the second round on the residuals it sends make it another model.
+    _, dense = sim_codes.main(one_round)
+    topk = one_round + ["--code", "topk", "--density", "0.01"]
+    assert torch.equal(sim_codes.main(topk + ["--flush", "1"])[1], dense)
+    two_rounds = topk + ["--steps", "6", "--eval-every", "6"]
+    assert not torch.equal(sim_codes.main(two_rounds + ["--flush", "1"])[1], sim_codes.main(two_rounds)[1])
+    # The common model's decay: the same inner steps (no weight decay inside either way), so doubling the power
+    # of the round's shrink moves the model by the start times shrink^2 - shrink, the schedule's own lrs (up to
+    # float32's rounding of values near 1, 60 times below the largest such move here).
+    start, wd1 = sim_codes.main(one_round + ["--outer-wd", "1"])
+    _, wd2 = sim_codes.main(one_round + ["--outer-wd", "2"])
+    shrink = math.prod(1 - 2e-3 * (s + 1) / 50 * 0.1 for s in range(3))
+    assert torch.allclose(wd2 - wd1, start * (shrink**2 - shrink), rtol=0, atol=4e-7)
+    assert float((start * (shrink**2 - shrink)).abs().max()) > 2e-5
+    # Over one round the decay taken out of the inner steps is nearly the one they would have applied, but not
+    # in the same arithmetic.
+    assert torch.allclose(wd1, dense, rtol=0, atol=1e-5) and not torch.equal(wd1, dense)
+    # One round of velocity: the running mean holds (1 - decay) of the step, so the step is 1 + c (1 - decay)
+    # times the plain one.
+    _, fast = sim_codes.main(one_round + ["--velocity", "2", "--velocity-decay", "0.75"])
+    assert torch.allclose(fast - start, 1.5 * (dense - start), rtol=0, atol=1e-7)
+
+
 def test_quality_holds_each_arm_to_the_float32_arm_named_for_its_kind(tmp_path, capsys):
     import quality
     losses = {"diloco-h30+outer-lr=1+outer-momentum=0": 2.0, "diloco-h30-sparse0.01-senders": 2.1,
