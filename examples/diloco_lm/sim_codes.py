@@ -25,6 +25,9 @@ same arms land within 0.5 % of their loss), never a substitute for them. Variant
   --lr              the inner AdamW's peak learning rate (train.py's --lr)
   --outer-wd c      no weight decay in the inner AdamW; the common model decays instead, each round by the
                     product of the round's steps' (1 - lr x 0.1) raised to c: no bytes, and no part of a code
+  --block b         each chunk cut into runs of b values and the runs with the most energy (sum of squares) sent
+                    whole, as many as fit the bits top-k at --density spends on the chunk (an index of the run
+                    and 2 bits a value, against ceil(log2 chunk) + 2 bits a value): more values for the bytes
   --flush 1         the last round sends every replica's whole accumulator (dense, the mean over all n)
   --velocity c      the common model also moves c times a running mean of its rounds' steps (decay
                     --velocity-decay): a momentum whose weight and memory are set apart
@@ -76,6 +79,7 @@ def parse(argv):
     p.add_argument("--ahead", type=float, default=0.0,
                    help="replicas start each round this share of the last common step ahead of the common model")
     p.add_argument("--outer-wd", type=float, default=0.0)
+    p.add_argument("--block", type=int, default=1)
     p.add_argument("--flush", type=int, choices=(0, 1), default=0)
     p.add_argument("--velocity", type=float, default=0.0)
     p.add_argument("--velocity-decay", type=float, default=0.9)
@@ -142,6 +146,14 @@ def main(argv):
             k = math.ceil(a.density * c.numel())
             if at is not None:
                 idx = at[c0:c1].nonzero().flatten()
+            elif a.block > 1:
+                runs = math.ceil(c.numel() / a.block)
+                bits = k * (math.ceil(math.log2(c.numel())) + 2)  # what top-k at the density spends
+                kb = min(runs, max(1, bits // (max(1, math.ceil(math.log2(runs))) + 2 * a.block)))
+                energy = F.pad(c * c, (0, runs * a.block - c.numel())).view(runs, a.block).sum(1)
+                picked = torch.topk(energy, kb, sorted=False).indices
+                idx = (picked[:, None] * a.block + torch.arange(a.block)).flatten()
+                idx = idx[idx < c.numel()]
             elif a.select == "rand":
                 idx = torch.randperm(c.numel(), generator=gen)[:k]
             else:

@@ -182,6 +182,27 @@ def test_the_code_models_flush_outer_weight_decay_and_velocity():
     assert torch.allclose(fast - start, 1.5 * (dense - start), rtol=0, atol=1e-7)
 
 
+def test_the_code_models_runs_of_values_fill_top_k_bits():
+    import sim_codes
+    one = ["--n", "1", "--steps", "3", "--H", "3", "--eval-every", "3", "--code", "topk", "--density", "0.01"]
+    start, single = sim_codes.main(one)
+    _, runs = sim_codes.main(one + ["--block", "4"])
+    moved, plain, spans = runs != start, single != start, sim_codes.chunk_spans([start.numel()], 4096)
+    picked = 0
+    for c0, c1 in spans:
+        k = math.ceil(0.01 * (c1 - c0))
+        runs_in = math.ceil((c1 - c0) / 4)
+        fit = k * (math.ceil(math.log2(c1 - c0)) + 2) // (math.ceil(math.log2(runs_in)) + 8)
+        touched = moved[c0:c1].nonzero().flatten() // 4
+        assert len(set(touched.tolist())) <= fit, (c0, fit)  # no more runs than the bits pay for
+        picked += len(set(touched.tolist()))
+        assert int(plain[c0:c1].sum()) <= k
+    # Nearly every run paid for moves the model (a value of a run can be exactly 0), and top-k's bits buy three
+    # times the values as runs of 4 (18 bits a run against 14 a value).
+    assert picked >= 0.9 * sum(math.ceil(0.01 * (c1 - c0)) * 14 // 18 for c0, c1 in spans)
+    assert int(moved.sum()) > 2.5 * int(plain.sum())
+
+
 def test_quality_holds_each_arm_to_the_float32_arm_named_for_its_kind(tmp_path, capsys):
     import quality
     losses = {"diloco-h30+outer-lr=1+outer-momentum=0": 2.0, "diloco-h30-sparse0.01-senders": 2.1,
