@@ -28,6 +28,10 @@ same arms land within 0.5 % of their loss), never a substitute for them. Variant
   --block b         each chunk cut into runs of b values and the runs with the most energy (sum of squares) sent
                     whole, as many as fit the bits top-k at --density spends on the chunk (an index of the run
                     and 2 bits a value, against ceil(log2 chunk) + 2 bits a value): more values for the bytes
+  --score adam      each chunk's k values picked by |p| times the replica's AdamW gradient scale (the square root
+                    of its second moment): a first-order guess of what moving each value gains, where |p| alone,
+                    a step AdamW has already scaled, does not say how steep the loss is there; --score
+                    adam-m: times |the first moment| (the recent mean gradient) instead
   --flush 1         the last round sends every replica's whole accumulator (dense, the mean over all n)
   --velocity c      the common model also moves c times a running mean of its rounds' steps (decay
                     --velocity-decay): a momentum whose weight and memory are set apart
@@ -80,6 +84,7 @@ def parse(argv):
                    help="replicas start each round this share of the last common step ahead of the common model")
     p.add_argument("--outer-wd", type=float, default=0.0)
     p.add_argument("--block", type=int, default=1)
+    p.add_argument("--score", choices=("abs", "adam", "adam-m"), default="abs")
     p.add_argument("--flush", type=int, choices=(0, 1), default=0)
     p.add_argument("--velocity", type=float, default=0.0)
     p.add_argument("--velocity-decay", type=float, default=0.9)
@@ -137,7 +142,7 @@ def main(argv):
     shrink = 1.0  # the round's product of the steps' (1 - lr x 0.1), for --outer-wd
     spans = chunk_spans([q.numel() for q in base.parameters()] if a.per_tensor else [d], a.chunk)
 
-    def code(acc, rank, rnd, at=None):
+    def code(acc, rank, rnd, at=None, weight=None):
         """(what the message decodes to, as a dense vector; which values it holds); at: the values to send"""
         sent, mask = torch.zeros(d), torch.zeros(d, dtype=torch.bool)
         gen = torch.Generator().manual_seed(1_000_003 * rnd + (0 if a.shared_mask else rank + 1))
@@ -157,7 +162,8 @@ def main(argv):
             elif a.select == "rand":
                 idx = torch.randperm(c.numel(), generator=gen)[:k]
             else:
-                idx = torch.topk(c.abs(), k, sorted=False).indices
+                score = c.abs() if weight is None else c.abs() * weight[c0:c1]
+                idx = torch.topk(score, k, sorted=False).indices
             if idx.numel() == 0:
                 continue
             v = c[idx]
@@ -210,7 +216,12 @@ def main(argv):
                     total += accs[i] if flush else pgs[i]
                     senders += 1
                     continue
-                sent, mask = code(accs[i], i, step // a.H, union)
+                weight = None
+                if a.score != "abs":
+                    moment = "exp_avg_sq" if a.score == "adam" else "exp_avg"
+                    weight = torch.cat([opts[i].state[q][moment].reshape(-1) for q in models[i].parameters()])
+                    weight = weight.sqrt() if a.score == "adam" else weight.abs()
+                sent, mask = code(accs[i], i, step // a.H, union, weight)
                 res[i] = accs[i] - a.subtract * sent
                 total += sent
                 senders += mask

@@ -203,6 +203,23 @@ def test_the_code_models_runs_of_values_fill_top_k_bits():
     assert int(moved.sum()) > 2.5 * int(plain.sum())
 
 
+def test_the_code_models_adam_scores_pick_k_values_a_chunk_but_other_ones():
+    import sim_codes
+    one = ["--n", "1", "--steps", "3", "--H", "3", "--eval-every", "3", "--code", "topk", "--density", "0.01",
+           "--two-bit", "0"]
+    start, plain = sim_codes.main(one)
+    spans = sim_codes.chunk_spans([start.numel()], 4096)
+    for score in ("adam", "adam-m"):
+        _, scored = sim_codes.main(one + ["--score", score])
+        moved = scored != start
+        for c0, c1 in spans:  # k values a chunk, as top-k's bytes, each moved by its own accumulator (float values)
+            assert int(moved[c0:c1].sum()) <= math.ceil(0.01 * (c1 - c0))
+        assert int(moved.sum()) >= 0.9 * sum(math.ceil(0.01 * (c1 - c0)) for c0, c1 in spans)
+        assert not torch.equal(moved, plain != start), score  # the gradient's scale changes the picks
+        same = moved & (plain != start)  # where both sent, both sent the value itself
+        assert torch.equal(scored[same], plain[same])
+
+
 def test_quality_holds_each_arm_to_the_float32_arm_named_for_its_kind(tmp_path, capsys):
     import quality
     losses = {"diloco-h30+outer-lr=1+outer-momentum=0": 2.0, "diloco-h30-sparse0.01-senders": 2.1,
