@@ -96,6 +96,9 @@ def parse(argv):
     return p.parse_args(argv)
 
 
+WEIGHT_DECAY = 0.1  # train.py's AdamW default; --outer-wd moves it onto the common model
+
+
 def chunk_spans(sizes, chunk):
     """[start, end) of each chunk of at most `chunk` values, cut afresh at the start of every run of `sizes`"""
     spans, start = [], 0
@@ -122,7 +125,8 @@ def main(argv):
             return (step + 1) / 50
         frac = (step - 50) / max(1, a.steps - 50)
         return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac)))
-    opts = [torch.optim.AdamW(m.parameters(), lr=a.lr, weight_decay=0.0 if a.outer_wd else 0.1, betas=(0.9, 0.95)) for m in models]
+    inner_wd = 0.0 if a.outer_wd else WEIGHT_DECAY
+    opts = [torch.optim.AdamW(m.parameters(), lr=a.lr, weight_decay=inner_wd, betas=(0.9, 0.95)) for m in models]
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lr_at) for o in opts]
 
     @torch.no_grad()
@@ -139,7 +143,7 @@ def main(argv):
     local_u = [torch.zeros(d) for _ in range(a.n)]
     momentum = torch.zeros(d)
     velocity = torch.zeros(d)
-    shrink = 1.0  # the round's product of the steps' (1 - lr x 0.1), for --outer-wd
+    shrink = 1.0  # the round's product of the steps' (1 - lr x WEIGHT_DECAY), for --outer-wd
     spans = chunk_spans([q.numel() for q in base.parameters()] if a.per_tensor else [d], a.chunk)
 
     def code(acc, rank, rnd, at=None, weight=None):
@@ -190,7 +194,7 @@ def main(argv):
         for i, m in enumerate(models):
             x, y = T.batch_rows(train, step - 1, a.seed, 8 * a.n, 64, i, a.n)
             if i == 0:
-                shrink *= 1 - opts[0].param_groups[0]["lr"] * 0.1
+                shrink *= 1 - opts[0].param_groups[0]["lr"] * WEIGHT_DECAY
             opts[i].zero_grad()
             T.lm_loss(m, x, y).backward()
             opts[i].step()
