@@ -35,6 +35,12 @@ same arms land within 0.5 % of their loss), never a substitute for them. Variant
   --flush 1         the last round sends every replica's whole accumulator (dense, the mean over all n)
   --velocity c      the common model also moves c times a running mean of its rounds' steps (decay
                     --velocity-decay): a momentum whose weight and memory are set apart
+  --moves 1         every 10 rounds, the share of the model the round moved and the share of those values that
+                    moved in the round before too (each and the mean so far): how steady a coordinate's moves are
+  --masked 1        the outer Nesterov momentum only where the common model moves this round, its buffer there
+                    decayed by the momentum once for every round since that value last moved: no move where no
+                    replica sent (which the residuals still hold), and a value that moves every round gets the
+                    dense step's gain
 
     python examples/diloco_lm/sim_codes.py --n 4 --steps 3000 --code topk --density 0.01 --tag base
 """
@@ -89,6 +95,10 @@ def parse(argv):
     p.add_argument("--velocity", type=float, default=0.0)
     p.add_argument("--velocity-decay", type=float, default=0.9)
     p.add_argument("--outer-momentum", type=float, default=0.0, help="Nesterov when not 0")
+    p.add_argument("--masked", type=int, choices=(0, 1), default=0,
+                   help="the outer momentum only where the model moves, decayed by the rounds since it last did")
+    p.add_argument("--moves", type=int, choices=(0, 1), default=0,
+                   help="report what share of the model each round moves, and how much of it moved the round before")
     p.add_argument("--model", choices=("transformer", "mlp"), default="transformer")
     p.add_argument("--corpus", choices=sorted(T.CORPORA), default="stdlib")
     p.add_argument("--eval-every", type=int, default=300)
@@ -106,6 +116,15 @@ def chunk_spans(sizes, chunk):
         spans += [(c0, min(c0 + chunk, start + size)) for c0 in range(start, start + size, chunk)]
         start += size
     return spans
+
+
+def masked_nesterov(mean, moved, momentum, age, lr, mu):
+    """(the common model's step, the new buffer, the new ages): Nesterov where `moved`, nothing elsewhere; a
+    buffer decays by mu once for each round since its value last moved, so a value that moves every round takes
+    the plain Nesterov step and one that moved long ago starts nearly afresh"""
+    momentum = torch.where(moved, momentum * mu**age + mean, momentum)
+    step = torch.where(moved, lr * (mean + mu * momentum), torch.zeros_like(mean))
+    return step, momentum, torch.where(moved, torch.ones_like(age), age + 1)
 
 
 def main(argv):
@@ -143,6 +162,8 @@ def main(argv):
     local_u = [torch.zeros(d) for _ in range(a.n)]
     momentum = torch.zeros(d)
     velocity = torch.zeros(d)
+    age = torch.ones(d)  # rounds since each value of the common model last moved, for --masked
+    moves, moved_before = [], None  # for --moves: (share moved, share of it moved the round before) a round
     shrink = 1.0  # the round's product of the steps' (1 - lr x WEIGHT_DECAY), for --outer-wd
     spans = chunk_spans([q.numel() for q in base.parameters()] if a.per_tensor else [d], a.chunk)
 
@@ -240,12 +261,26 @@ def main(argv):
                         res[i] = torch.where(moved, torch.zeros(d), res[i])
                     else:
                         res[i] = torch.where(moved, accs[i] - a.outer_lr * mean, res[i])
+            if a.moves:
+                moved_now, rnd = senders > 0, step // a.H
+                if moved_before is not None:
+                    moves.append((moved_now.float().mean().item(),
+                                  (moved_now & moved_before).sum().item() / max(1, moved_now.sum().item())))
+                    if rnd % 10 == 0:
+                        print(json.dumps({"tag": a.tag, "round": rnd, "moved": round(moves[-1][0], 4),
+                                          "again": round(moves[-1][1], 4),
+                                          "mean_moved": round(sum(m for m, _ in moves) / len(moves), 4),
+                                          "mean_again": round(sum(r for _, r in moves) / len(moves), 4)}), flush=True)
+                moved_before = moved_now
             before = g.clone()
             if a.outer_wd:
                 g *= shrink ** a.outer_wd
             shrink = 1.0
             if a.local_momentum:
                 g -= mean
+            elif a.outer_momentum and a.masked:
+                step_, momentum, age = masked_nesterov(mean, senders > 0, momentum, age, a.outer_lr, a.outer_momentum)
+                g -= step_
             elif a.outer_momentum:
                 momentum.mul_(a.outer_momentum).add_(mean)
                 g -= a.outer_lr * (mean + a.outer_momentum * momentum)

@@ -220,6 +220,45 @@ def test_the_code_models_adam_scores_pick_k_values_a_chunk_but_other_ones():
         assert torch.equal(scored[same], plain[same])
 
 
+def test_the_code_models_masked_momentum_moves_only_where_replicas_sent():
+    import sim_codes
+    rounds = ["--n", "2", "--steps", "9", "--H", "3", "--eval-every", "9", "--outer-lr", "0.7",
+              "--outer-momentum", "0.9"]
+    # Dense: every value moves every round, so the masked momentum is the plain Nesterov step, bit for bit.
+    _, masked = sim_codes.main(rounds + ["--masked", "1"])
+    _, plain = sim_codes.main(rounds)
+    assert torch.equal(masked, plain)
+    # The step by hand: value 0 moves every round (plain Nesterov), value 1 in rounds 1 and 3 (its buffer decayed
+    # twice by then), value 2 never (no step, no buffer).
+    mu, lr = 0.5, 0.7
+    momentum, age = torch.zeros(3), torch.ones(3)
+    rounds_ = [([1.0, 2.0, 4.0], [True, True, False]), ([1.0, 0.0, 4.0], [True, False, False]),
+               ([1.0, 2.0, 4.0], [True, True, False])]
+    steps = []
+    for mean, moved in rounds_:
+        step, momentum, age = sim_codes.masked_nesterov(torch.tensor(mean), torch.tensor(moved), momentum, age,
+                                                        lr, mu)
+        steps.append(step)
+    assert torch.allclose(steps[0], torch.tensor([lr * 1.5, lr * 3.0, 0.0]))
+    assert torch.allclose(steps[1], torch.tensor([lr * (1 + mu * 1.5), 0.0, 0.0]))
+    assert torch.allclose(steps[2], torch.tensor([lr * (1 + mu * (1 + mu * 1.5)), lr * (2 + mu * (2 + mu**2 * 2)),
+                                                  0.0]))
+    assert torch.equal(age, torch.tensor([1.0, 1.0, 4.0]))
+
+
+def test_the_code_models_move_report_counts_the_models_share_and_its_repeats(capsys):
+    import sim_codes
+    rounds = ["--n", "2", "--steps", "60", "--H", "3", "--eval-every", "60", "--moves", "1"]
+    sim_codes.main(rounds)  # dense: every value moves every round
+    dense = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"round"' in line]
+    assert [r["round"] for r in dense] == [10, 20] and all(r["moved"] == r["again"] == 1.0 for r in dense)
+    start, final = sim_codes.main(rounds + ["--code", "topk", "--density", "0.01"])
+    sparse = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"round"' in line]
+    spans = sim_codes.chunk_spans([start.numel()], 4096)
+    most = 2 * sum(math.ceil(0.01 * (c1 - c0)) for c0, c1 in spans) / start.numel()
+    assert all(0 < r["moved"] <= most and 0 <= r["again"] < 1 for r in sparse)  # at most the 2 replicas' picks
+
+
 def test_quality_holds_each_arm_to_the_float32_arm_named_for_its_kind(tmp_path, capsys):
     import quality
     losses = {"diloco-h30+outer-lr=1+outer-momentum=0": 2.0, "diloco-h30-sparse0.01-senders": 2.1,
