@@ -127,6 +127,20 @@ def masked_nesterov(mean, moved, momentum, age, lr, mu):
     return step, momentum, torch.where(moved, torch.ones_like(age), age + 1)
 
 
+def report_moves(moves, moved_now, moved_before, rnd, tag):
+    """--moves: append this round's (share of the model moved, share of those moved the round before too) to
+    `moves`, print it and the means so far every 10 rounds, and return what moved now for the next round"""
+    if moved_before is not None:
+        moves.append((moved_now.float().mean().item(),
+                      (moved_now & moved_before).sum().item() / max(1, moved_now.sum().item())))
+        if rnd % 10 == 0:
+            print(json.dumps({"tag": tag, "round": rnd, "moved": round(moves[-1][0], 4),
+                              "again": round(moves[-1][1], 4),
+                              "mean_moved": round(sum(m for m, _ in moves) / len(moves), 4),
+                              "mean_again": round(sum(r for _, r in moves) / len(moves), 4)}), flush=True)
+    return moved_now
+
+
 def main(argv):
     a = parse(argv)
     torch.set_num_threads(1)
@@ -163,7 +177,7 @@ def main(argv):
     momentum = torch.zeros(d)
     velocity = torch.zeros(d)
     age = torch.ones(d)  # rounds since each value of the common model last moved, for --masked
-    moves, moved_before = [], None  # for --moves: (share moved, share of it moved the round before) a round
+    moves, moved_before = [], None  # for --moves
     shrink = 1.0  # the round's product of the steps' (1 - lr x WEIGHT_DECAY), for --outer-wd
     spans = chunk_spans([q.numel() for q in base.parameters()] if a.per_tensor else [d], a.chunk)
 
@@ -262,16 +276,7 @@ def main(argv):
                     else:
                         res[i] = torch.where(moved, accs[i] - a.outer_lr * mean, res[i])
             if a.moves:
-                moved_now, rnd = senders > 0, step // a.H
-                if moved_before is not None:
-                    moves.append((moved_now.float().mean().item(),
-                                  (moved_now & moved_before).sum().item() / max(1, moved_now.sum().item())))
-                    if rnd % 10 == 0:
-                        print(json.dumps({"tag": a.tag, "round": rnd, "moved": round(moves[-1][0], 4),
-                                          "again": round(moves[-1][1], 4),
-                                          "mean_moved": round(sum(m for m, _ in moves) / len(moves), 4),
-                                          "mean_again": round(sum(r for _, r in moves) / len(moves), 4)}), flush=True)
-                moved_before = moved_now
+                moved_before = report_moves(moves, senders > 0, moved_before, step // a.H, a.tag)
             before = g.clone()
             if a.outer_wd:
                 g *= shrink ** a.outer_wd
