@@ -264,19 +264,19 @@ def main(argv):
                 res[i] = accs[i] - a.subtract * sent
                 total += sent
                 senders += mask
+            moved = senders > 0  # where the common model moves this round (everywhere when dense)
             if a.code == "dense" or flush or not a.senders:
                 mean = total / a.n
             else:
-                mean = torch.where(senders > 0, total / senders.clamp(min=1), torch.zeros(d))
+                mean = torch.where(moved, total / senders.clamp(min=1), torch.zeros(d))
             if a.code == "topk" and a.residual != "own" and not flush:
-                moved = senders > 0
                 for i in range(a.n):
                     if a.residual == "clear":
                         res[i] = torch.where(moved, torch.zeros(d), res[i])
                     else:
                         res[i] = torch.where(moved, accs[i] - a.outer_lr * mean, res[i])
             if a.moves:
-                moved_before = report_moves(moves, senders > 0, moved_before, step // a.H, a.tag)
+                moved_before = report_moves(moves, moved, moved_before, step // a.H, a.tag)
             before = g.clone()
             if a.outer_wd:
                 g *= shrink ** a.outer_wd
@@ -284,8 +284,8 @@ def main(argv):
             if a.local_momentum:
                 g -= mean
             elif a.outer_momentum and a.masked:
-                step_, momentum, age = masked_nesterov(mean, senders > 0, momentum, age, a.outer_lr, a.outer_momentum)
-                g -= step_
+                outer_step, momentum, age = masked_nesterov(mean, moved, momentum, age, a.outer_lr, a.outer_momentum)
+                g -= outer_step
             elif a.outer_momentum:
                 momentum.mul_(a.outer_momentum).add_(mean)
                 g -= a.outer_lr * (mean + a.outer_momentum * momentum)

@@ -232,10 +232,10 @@ def test_the_code_models_masked_momentum_moves_only_where_replicas_sent():
     # twice by then), value 2 never (no step, no buffer).
     mu, lr = 0.5, 0.7
     momentum, age = torch.zeros(3), torch.ones(3)
-    rounds_ = [([1.0, 2.0, 4.0], [True, True, False]), ([1.0, 0.0, 4.0], [True, False, False]),
-               ([1.0, 2.0, 4.0], [True, True, False])]
+    schedule = [([1.0, 2.0, 4.0], [True, True, False]), ([1.0, 0.0, 4.0], [True, False, False]),
+                ([1.0, 2.0, 4.0], [True, True, False])]
     steps = []
-    for mean, moved in rounds_:
+    for mean, moved in schedule:
         step, momentum, age = sim_codes.masked_nesterov(torch.tensor(mean), torch.tensor(moved), momentum, age,
                                                         lr, mu)
         steps.append(step)
@@ -252,7 +252,7 @@ def test_the_code_models_move_report_counts_the_models_share_and_its_repeats(cap
     sim_codes.main(rounds)  # dense: every value moves every round
     dense = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"round"' in line]
     assert [r["round"] for r in dense] == [10, 20] and all(r["moved"] == r["again"] == 1.0 for r in dense)
-    start, final = sim_codes.main(rounds + ["--code", "topk", "--density", "0.01"])
+    start, _ = sim_codes.main(rounds + ["--code", "topk", "--density", "0.01"])
     sparse = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"round"' in line]
     spans = sim_codes.chunk_spans([start.numel()], 4096)
     most = 2 * sum(math.ceil(0.01 * (c1 - c0)) for c0, c1 in spans) / start.numel()
