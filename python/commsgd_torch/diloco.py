@@ -167,7 +167,10 @@ class DiLoCo:
             For top-k codes with error feedback, whose residual sends later what a round did not: alpha > 0
             keeps part of that in the local model too, and the next round sends it again.
         compression (str): the code of each rank's pseudo-gradient, a name of one of the forms in
-            :data:`COMPRESSIONS` (``"dense"``, ``"int8"``, ``"topk-0.01-c4096-2bit-b0.95"``, ...).
+            :data:`COMPRESSIONS` (``"dense"``, ``"int8"``, ``"topk-0.01-c4096-2bit-b0.95"``, ...). A
+            ``-fit<x>`` code is chosen here for the model's size and the number of replicas (the gathered
+            ``-2bit-senders`` code while the replicas send at least x times fewer bytes than float32's ring,
+            else ``-regions``); :attr:`compression` then names the code taken.
         replica_group (ProcessGroup, optional): the ranks of this rank's replica when each of them holds the
             whole model (DDP inside): they split every outer round, each exchanging 1/L of every fragment with
             its counterparts in ``process_group``, and gather the result. FSDP2 parameters (DTensors) need
@@ -262,6 +265,7 @@ class DiLoCo:
             return
         total = sum(p.numel() for p in self._order)
         layer_sizes = [sum(p.numel() for p in layer) for layer in layers]
+        self.compression = _C.diloco_code_chosen(code, total, dist.get_world_size(process_group))
         self._device = self._device_of(layer_sizes, num_fragments, layout, device_round)
         if self._device is not None:
             self._in_place = True
@@ -333,6 +337,9 @@ class DiLoCo:
                                        gloo_subgroup(replica_group, _replica.group_ranks(replica_group)), _bad)
         self._plan = plan
         self.process_group = plan.counterparts
+        if plan.counterparts is not None:  # a -fit code: the whole model's choice over the replicas, everywhere
+            self.compression = _C.diloco_code_chosen(self.compression, sum(p.numel() for p in self._order),
+                                                     dist.get_world_size(plan.counterparts))
         self._in_place = False
         self._flat = torch.zeros(sum(plan.lengths), dtype=torch.float32)
         self._offsets = [sum(plan.lengths[:f]) for f in range(len(plan.lengths))]

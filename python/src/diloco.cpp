@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -318,6 +319,13 @@ void bind_diloco(py::module_& m) {
   m.def(
       "diloco_code_name", [](const std::string& text) { return sync::diloco_code::parse(text).name(); },
       py::arg("compression"));
+  m.def(
+      "diloco_code_chosen",
+      [](const std::string& code, std::uint64_t d, int n) {
+        commsgd::check_range("ranks", n, 1, std::numeric_limits<int>::max(), "[1, 2^31 - 1]");
+        return sync::diloco_code::parse(code).chosen(d, n).name();
+      },
+      py::arg("compression"), py::arg("values"), py::arg("ranks"));
   m.def(
       "diloco_code_unit", [](const std::string& code) { return sync::diloco_code::parse(code).unit(); },
       py::arg("compression"));

@@ -78,12 +78,14 @@ def _run(rank, world, code, fragments, delay, alpha, where="cpu", keep=False):
     opt.finish()  # every exchange completed: the engine has counted all it sent
     measured = (opt._engine.traffic()["bytes_sent"] - opt.stats()["broadcast_bytes"], opt.bytes_sent)
     device_round = opt.device_round
+    code_taken = opt.compression
     inner.after = None  # the snapshot's closure holds opt: without it opt ends here, before the group does
     opt.close()
     del opt
     buf = io.BytesIO()
     torch.save({"snaps": torch.stack(snaps), "globals": torch.stack(globals_), "sent": torch.tensor(sent),
-                "layers": layers, "measured": measured, "stats": stats, "device_round": device_round}, buf)
+                "layers": layers, "measured": measured, "stats": stats, "device_round": device_round,
+                "code": code_taken}, buf)
     return buf.getvalue()
 
 
@@ -146,7 +148,8 @@ def test_code_names_and_sizes_come_from_the_engine():
     assert commsgd_torch.COMPRESSIONS == ("dense", "fp16", "bf16", "int8", "e3m0",
                                           "topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]",
                                           "topk-<density>[-c<chunk>][-b<decay>]-shared",
-                                          "topk-<density>[-c<chunk>][-b<decay>]-regions")
+                                          "topk-<density>[-c<chunk>][-b<decay>]-regions",
+                                          "topk-<density>[-c<chunk>][-b<decay>]-fit<fit>")
     for d in (0, 1, 255, 256, 257, 10_000):
         blocks = (d + 255) // 256
         assert _C.diloco_message_bytes("dense", d) == 4 * d
@@ -164,7 +167,8 @@ def test_code_names_and_sizes_come_from_the_engine():
     assert _C.diloco_message_bytes("topk-0.07-c64-shared", 100) == 2 * 8 + 6
     assert _C.diloco_message_bytes("topk-0.07-c64-regions", 100) == 2 * 8 + 6
     for bad in ("fp4", "int8_block", "topk:0.1", "topk-0", "none", "", "topk-0.1-b2", "topk-0.1-c0",
-                "topk-0.1-2bit-shared", "topk-0.1-senders-shared", "topk-0.1-shared-regions"):
+                "topk-0.1-2bit-shared", "topk-0.1-senders-shared", "topk-0.1-shared-regions", "topk-0.1-fit0.5",
+                "topk-0.1-2bit-fit10", "topk-0.1-fit10-senders", "topk-0.1-fit10-regions", "topk-0.1-fitnan"):
         with pytest.raises(commsgd_torch.InvalidArgument, match="compression"):
             _C.diloco_code_name(bad)
     # DiLoCo's refusal of a name lists the engine's forms, each of them.
@@ -177,3 +181,32 @@ def test_code_names_and_sizes_come_from_the_engine():
     t = _C.ring_all_reduce_traffic(1000, 4, 4, 0)
     assert t["bytes_sent"] == 2 * 3 * 250 * 4 and t["messages_sent"] == 6
     assert _C.all_gather_traffic(10, 4)["bytes_sent"] == 30
+
+
+
+def test_a_fit_code_runs_the_code_it_chose_bit_for_bit():
+    """The model's 59 values: on 2 ranks a budget of 3x takes the gathered code (3.47x below the ring, the
+    region sums 2.95x); on 4 ranks one of 1.9x the region sums (1.97x, the gathered code 1.74x)."""
+    for world, fit, want in ((2, "topk-0.2-c16-b0.95-fit3", "topk-0.2-c16-2bit-b0.95-senders"),
+                             (4, "topk-0.2-c16-b0.95-fit1.9", "topk-0.2-c16-b0.95-regions")):
+        assert _C.diloco_code_chosen(fit, 59, world) == want
+        by_rank = run_ranks(_run_codes, world, ([fit, want], 2, 2, 0.0, "cpu", True))
+        runs = [[torch.load(io.BytesIO(r[i])) for r in by_rank] for i in range(2)]
+        for a, b in zip(*runs):
+            assert a["code"] == want and b["code"] == want
+            assert torch.equal(a["globals"].view(torch.int32), b["globals"].view(torch.int32))
+            assert torch.equal(a["sent"], b["sent"])
+        check_agreement(runs[0], want, 2, 2, 0.0, True)
+        # The engine on threads chooses alike.
+        snaps, layers = [r["snaps"] for r in runs[0]], runs[0][0]["layers"]
+        on_threads = [_C.diloco_over_threads(snaps, layers, 4, 2, 2, 0.0, "strided", 0.7, 0.9, code,
+                                             keep_delay_steps=True) for code in (fit, want)]
+        for (g_fit, s_fit), (g_want, s_want) in zip(*on_threads):
+            assert torch.equal(g_fit.view(torch.int32), g_want.view(torch.int32)) and torch.equal(s_fit, s_want)
+    # Past every budget either code meets, the choice is refused, naming what each reaches.
+    with pytest.raises(commsgd_torch.InvalidArgument, match="the allowed fit here is at most 3.47"):
+        _C.diloco_code_chosen("topk-0.2-c16-b0.95-fit50", 59, 2)
+    with pytest.raises(commsgd_torch.InvalidArgument, match="ranks"):
+        _C.diloco_code_chosen("topk-0.2-c16-fit3", 59, 0)
+    with pytest.raises(commsgd_torch.InvalidArgument, match="take chosen"):
+        _C.diloco_round_traffic("topk-0.2-c16-fit3", 59, 2, 0, False)

@@ -203,13 +203,15 @@ def _split_run(rank, world, codes, fragments, delay, alpha):
                     "state": opt._flat.numel(), "whole": snaps[0].numel(),
                     "layers": [sum(p.numel() for p in m.parameters(recurse=False)) for m in (model.a, model.b,
                                                                                            model.c)],
-                    "final": flat()}, buf)
+                    "final": flat(), "code": opt.compression}, buf)
         opt.finish()
         out.append(buf.getvalue())
     return out
 
 
-SPLIT_CODES = ["dense", "fp16", "bf16", "int8", "e3m0", "topk-0.2-c16-2bit-b0.95-senders"]
+# The -fit code: every rank chooses for the whole model over the 2 replicas (the gathered -senders code, 8.6x
+# below the ring), not for the part it exchanges, so a split replica is the one-rank engine of that code.
+SPLIT_CODES = ["dense", "fp16", "bf16", "int8", "e3m0", "topk-0.2-c16-2bit-b0.95-senders", "topk-0.2-c16-b0.95-fit5"]
 
 
 @pytest.mark.parametrize("fragments,delay,alpha", SETTINGS)
@@ -233,6 +235,7 @@ def test_split_replicas_give_the_bits_of_one_rank_replicas(fragments, delay, alp
                     f"rank {r}"
             assert runs[0]["state"] + runs[1]["state"] == runs[0]["whole"]
             assert 0 < runs[0]["state"] < runs[0]["whole"] and 0 < runs[1]["state"] < runs[0]["whole"]
+            assert all(r["code"] == _C.diloco_code_chosen(code, runs[0]["whole"], 2) for r in runs)
         except AssertionError as e:
             failed.append(f"{code}: {e}")
     assert not failed, "\n".join(failed)

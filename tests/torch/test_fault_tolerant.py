@@ -367,6 +367,13 @@ def test_streaming_refuses_a_delay_that_would_meet_a_quorum_in_flight():
                                           sync_every=4, **_streamed(model, {"fragments": 2, "delay": 2}))
 
 
+def test_a_code_chosen_by_the_number_of_replicas_is_refused_where_replicas_come_and_go():
+    model = Dot(SIZES)
+    with pytest.raises(ValueError, match=r"'compression' is 'topk-0.01-c64-fit10'.*no -fit"):
+        commsgd_torch.FaultTolerantDiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), manager=None,
+                                          compression="topk-0.01-c64-fit10")
+
+
 def test_finish_after_a_failed_last_round_runs_none_and_reports_the_steps_unsent():
     # Replica 2 dies in the last round's quorum: both survivors fail that exchange, and their finish() has no
     # round to run on (which fragments to send depends on a round they do not hold): H steps stay local.

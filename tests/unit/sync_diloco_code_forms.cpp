@@ -24,7 +24,7 @@ std::string instance(std::string_view form, bool optional_parts) {
     if (form[i] == '<') {
       const auto end = form.find('>', i);
       const auto what = form.substr(i + 1, end - i - 1);
-      out += what == "density" ? "0.25" : what == "chunk" ? "64" : "0.5";
+      out += what == "density" ? "0.25" : what == "chunk" ? "64" : what == "fit" ? "20" : "0.5";
       i = end;
       continue;
     }
@@ -45,7 +45,7 @@ TEST_CASE("every listed form parses, bare and with all its parts, and writes its
       CHECK(sync::diloco_code::parse(name).name() == name);
     }
   }
-  CHECK(instance(forms.back(), true) == "topk-0.25-c64-b0.5-regions");
+  CHECK(instance(forms.back(), true) == "topk-0.25-c64-b0.5-fit20");
   for (const auto& w : sync::diloco_words)
     CHECK(sync::diloco_code::parse(w.name).format == w.format);
 }

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <istream>
+#include <numeric>
 #include <ostream>
 #include <span>
 #include <string>
@@ -28,9 +29,13 @@ class coded_diloco {
 public:
   using engine = diloco_engine<C>;
 
+  // A -fit code is chosen here, once, for the sum of the layers over c's ranks (diloco_code::chosen).
   coded_diloco(C& c, std::vector<std::size_t> layer_sizes, diloco_options o, diloco_code code)
-      : code_(code), e_(make_diloco_engine(c, std::move(layer_sizes), o, code)) {}
+      : code_(
+            code.chosen(std::accumulate(layer_sizes.begin(), layer_sizes.end(), std::uint64_t{0}), c.size())),
+        e_(make_diloco_engine(c, std::move(layer_sizes), o, code_)) {}
 
+  // The code this engine runs: the one a -fit code chose.
   const diloco_code& code() const noexcept { return code_; }
 
   void start(std::span<float> params, bool broadcast = true) {

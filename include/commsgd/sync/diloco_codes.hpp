@@ -28,6 +28,13 @@
 //                   sums them, takes the mean over the ranks that sent each value (as -senders) and cuts it
 //                   to the chunk's k; the cut sums all-gathered, bf16 values both ways; what a cut drops
 //                   stays in the residuals of the ranks that picked it (not with -2bit, -senders or -shared)
+//     [-fit<x>]     the exchange chosen per n by cost/: the gathered -2bit -senders code while the ranks of a
+//                   round send in all at least x times fewer bytes than float32's ring would, past that the
+//                   region sums (-regions), and a refusal naming what each reaches when neither does (x >= 1;
+//                   not with the parts above, which it picks). The gathered code keeps the loss better (docs/
+//                   diloco.md) and its bytes grow with n, the region sums' do not: this takes the better code
+//                   for as long as a budget allows. chosen(d, n) names the code taken; the engine decides it
+//                   once, for the sum of its layers over its ranks, so every rank takes the same one
 //
 // A shared or regions code's "message" is its round's payload, the k values in 16 bits and their indices:
 // 2 k + ceil(b k / 8).
@@ -51,9 +58,12 @@
 #include <commsgd/select/laplace_bisect.hpp>
 #include <commsgd/sync/diloco.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <numeric>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -80,9 +90,9 @@ inline constexpr diloco_word diloco_words[] = {{diloco_format::dense, "dense"},
 // The forms a top-k code's name takes, and the ranges of their numbers.
 inline constexpr std::string_view diloco_top_k_forms[] = {
     "topk-<density>[-c<chunk>][-2bit][-b<decay>][-senders]", "topk-<density>[-c<chunk>][-b<decay>]-shared",
-    "topk-<density>[-c<chunk>][-b<decay>]-regions"};
+    "topk-<density>[-c<chunk>][-b<decay>]-regions", "topk-<density>[-c<chunk>][-b<decay>]-fit<fit>"};
 inline constexpr std::string_view diloco_top_k_ranges =
-    "a density in (0, 1], a chunk in [1, 2^32 - 1] and a decay in [0, 1]";
+    "a density in (0, 1], a chunk in [1, 2^32 - 1], a decay in [0, 1] and a fit of at least 1";
 
 // Every form a code's name takes, the words first: the list a refusal gives and Python's COMPRESSIONS.
 inline std::vector<std::string_view> diloco_code_forms() {
@@ -119,6 +129,7 @@ struct diloco_code {
   bool sender_mean = false; // top_k: each value the mean over the ranks that sent it
   bool shared = false;      // top_k: one set of indices for all ranks, the values summed by a bf16 ring
   bool regions = false;     // top_k: each chunk's picks summed by its owner and cut to k (region_top_k)
+  double fit = 0.0; // top_k: gathered -2bit -senders or regions, chosen per n (chosen()); 0: not chosen
 
   // From its name; anything else is refused with the allowed names.
   static diloco_code parse(std::string_view text) {
@@ -160,6 +171,10 @@ struct diloco_code {
       } else if (rest.starts_with("-regions") && !c.regions) {
         c.regions = true;
         rest.remove_prefix(8);
+      } else if (rest.starts_with("-fit") && c.fit == 0.0) {
+        rest.remove_prefix(4);
+        number(c.fit);
+        if (!(c.fit >= 1.0 && c.fit <= std::numeric_limits<double>::max())) throw bad();
       } else if (rest.starts_with("-b") && !seen_b) {
         rest.remove_prefix(2);
         number(c.decay);
@@ -171,6 +186,7 @@ struct diloco_code {
     }
     if ((c.shared || c.regions) && (c.two_bit || c.sender_mean)) throw bad();
     if (c.shared && c.regions) throw bad();
+    if (c.fit != 0.0 && (c.two_bit || c.sender_mean || c.shared || c.regions)) throw bad();
     return c;
   }
 
@@ -179,7 +195,7 @@ struct diloco_code {
       return commsgd::concat("topk-", shortest(density), chunk ? commsgd::concat("-c", chunk) : "",
                              two_bit ? "-2bit" : "", decay != 1.0 ? "-b" + shortest(decay) : "",
                              sender_mean ? "-senders" : "", shared ? "-shared" : "",
-                             regions ? "-regions" : "");
+                             regions ? "-regions" : "", fit != 0.0 ? "-fit" + shortest(fit) : "");
     for (const auto& w : diloco_words)
       if (w.format == format) return std::string(w.name);
     return "?";
@@ -187,7 +203,35 @@ struct diloco_code {
 
   bool gathered() const noexcept {
     return format == diloco_format::int8 || format == diloco_format::e3m0 ||
-           (format == diloco_format::top_k && !shared && !regions);
+           (format == diloco_format::top_k && !shared && !regions && fit == 0.0);
+  }
+
+  // The code a -fit code takes for d values over n ranks (any other code: itself). Both candidates are
+  // judged by the bytes all n ranks send in a steady round (cost/), which every rank computes alike.
+  diloco_code chosen(std::uint64_t d, int n) const {
+    if (fit == 0.0) return *this;
+    diloco_code gathered_code = *this, regions_code = *this;
+    gathered_code.fit = regions_code.fit = 0.0;
+    gathered_code.two_bit = gathered_code.sender_mean = true;
+    regions_code.regions = true;
+    auto sent = [&](const diloco_code& c) {
+      std::uint64_t s = 0;
+      for (int r = 0; r < n; ++r)
+        s += c.round_traffic(d, n, r, false).bytes_sent;
+      return static_cast<double>(s);
+    };
+    double ring = 0;
+    for (int r = 0; r < n; ++r)
+      ring += static_cast<double>(comm::ring_all_reduce_traffic(d, sizeof(float), n, r).bytes_sent);
+    const double g = sent(gathered_code), s = sent(regions_code);
+    if (g * fit <= ring) return gathered_code;
+    if (s * fit <= ring) return regions_code;
+    auto times = [&](double b) { return b > 0 ? shortest(ring / b) : std::string("inf"); };
+    throw invalid_argument(
+        commsgd::concat("argument 'compression' = '", name(), "' asks for ", shortest(fit),
+                        "x fewer bytes a round than float32's ring; over ", n, " ranks of ", d, " values ",
+                        gathered_code.name(), " sends ", times(g), "x fewer and ", regions_code.name(), " ",
+                        times(s), "x fewer: the allowed fit here is at most ", times(std::min(g, s))));
   }
 
   // The values this code cuts a fragment by (a block's scale, a chunk's k): a part of a fragment that starts
@@ -218,6 +262,9 @@ struct diloco_code {
     case diloco_format::e3m0:
       return cost::block_quant_message_bytes(d, cost::diloco_block_size, 4);
     case diloco_format::top_k:
+      if (fit != 0.0) // a fragment's size would choose otherwise than the engine's whole model does
+        throw invalid_argument(commsgd::concat("argument 'compression' = '", name(),
+                                               "' has no message size before its choice: take chosen(d, n)"));
       if (shared || regions)
         return cost::top_k_16_bit_payload_bytes(cost::top_k_chunks::of(d, chunk, density));
       return cost::top_k_plan::of(d, chunk, density, two_bit).bytes;
@@ -235,6 +282,9 @@ struct diloco_code {
     case diloco_format::bf16:
       return cost::half_traffic(d, n, rank, first_round);
     case diloco_format::top_k:
+      if (fit != 0.0)
+        throw invalid_argument(commsgd::concat("argument 'compression' = '", name(),
+                                               "' has no round before its choice: take chosen(d, n)"));
       if (shared) return cost::shared_top_k_traffic(cost::top_k_chunks::of(d, chunk, density), n, rank);
       if (regions) return cost::region_top_k_traffic(cost::top_k_chunks::of(d, chunk, density), n);
       [[fallthrough]];
@@ -289,8 +339,10 @@ auto diloco_flat_top_k(const diloco_code& code, S sel) {
 
 template <comm::communicator C>
 diloco_engine<C> make_diloco_engine(C& c, std::vector<std::size_t> layers, diloco_options o,
-                                    const diloco_code& code) {
+                                    const diloco_code& named) {
   using engine = diloco_engine<C>;
+  const diloco_code code =
+      named.chosen(std::accumulate(layers.begin(), layers.end(), std::uint64_t{0}), c.size());
   // The engine over the compressor `make_x` makes for a fragment of n values (its type picks the alternative).
   auto coded = [&](auto make_x) {
     using X = std::invoke_result_t<decltype(make_x), std::size_t>;
