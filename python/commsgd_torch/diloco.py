@@ -265,7 +265,8 @@ class DiLoCo:
             return
         total = sum(p.numel() for p in self._order)
         layer_sizes = [sum(p.numel() for p in layer) for layer in layers]
-        self.compression = _C.diloco_code_chosen(code, total, dist.get_world_size(process_group))
+        if "-fit" in code:  # chosen for the model over the ranks (no group is asked for otherwise)
+            self.compression = _C.diloco_code_chosen(code, total, dist.get_world_size(process_group))
         self._device = self._device_of(layer_sizes, num_fragments, layout, device_round)
         if self._device is not None:
             self._in_place = True
@@ -337,7 +338,7 @@ class DiLoCo:
                                        gloo_subgroup(replica_group, _replica.group_ranks(replica_group)), _bad)
         self._plan = plan
         self.process_group = plan.counterparts
-        if plan.counterparts is not None:  # a -fit code: the whole model's choice over the replicas, everywhere
+        if "-fit" in self.compression and plan.counterparts is not None:  # the whole model's choice, everywhere
             self.compression = _C.diloco_code_chosen(self.compression, sum(p.numel() for p in self._order),
                                                      dist.get_world_size(plan.counterparts))
         self._in_place = False
