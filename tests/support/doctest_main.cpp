@@ -1,5 +1,5 @@
 // The tests' main: doctest's, except that a run filtered to a source file fails when no test case matched
-// (support/source_filter.hpp).
+// (support/source_filter.hpp), and that under ThreadSanitizer the test suite "single_thread" is left out.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <support/source_filter.hpp>
@@ -8,6 +8,11 @@
 
 int main(int argc, char** argv) {
   doctest::Context context(argc, argv);
+#if defined(__SANITIZE_THREAD__)
+  // A test case that starts no thread gives ThreadSanitizer nothing to check, and at its slowdown a large one
+  // costs a minute: such cases in the threads suite's files say so with doctest::test_suite("single_thread").
+  context.addFilter("test-suite-exclude", "single_thread");
+#endif
   const int status = context.run();
   if (context.shouldExit()) return status;
   if (commsgd::test::source_filter_matched_nothing(argc, argv)) {

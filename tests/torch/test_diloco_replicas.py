@@ -96,10 +96,10 @@ def _sharded_run(rank, world, derived, code, fragments, delay, alpha):
             "code": opt.compression}
 
 
-def _sharded_codes(rank, world, derived, settings):
+def _sharded_codes(rank, world, derived, settings, codes):
     out = []
     for fragments, delay, alpha in settings:
-        for code in CODES:
+        for code in codes:
             buf = io.BytesIO()
             torch.save(_sharded_run(rank, world, derived, code, fragments, delay, alpha), buf)
             out.append(buf.getvalue())
@@ -136,13 +136,27 @@ def _check_against_engine(runs, code, fragments, delay, alpha):
     assert runs[0]["stats"]["replica_ranks"] == 2
 
 
+# The group derived from the mesh is the given one whatever the code: a dense, a block and a top-k code show it.
+MESH_CODES = ["dense", "int8", "topk-0.2-c16-2bit-b0.95-senders"]
+_RUNS = {}
+
+
+def _runs(derived):
+    """Every rank's runs of each code and setting (the mesh's: MESH_CODES), run once for the tests that read
+    them."""
+    if derived not in _RUNS:
+        codes = MESH_CODES if derived else CODES
+        _RUNS[derived] = run_ranks(_sharded_codes, 4, (derived, SETTINGS, codes), timeout=600)
+    return _RUNS[derived]
+
+
 @pytest.mark.parametrize("derived", [False, True], ids=["group-given", "group-from-mesh"])
 def test_fsdp2_replicas_are_the_engine_on_each_shard(derived):
-    by_rank = run_ranks(_sharded_codes, 4, (derived, SETTINGS), timeout=600)
+    by_rank = _runs(derived)
     failed = []
     i = 0
     for fragments, delay, alpha in SETTINGS:
-        for code in CODES:
+        for code in MESH_CODES if derived else CODES:
             runs = [torch.load(io.BytesIO(r[i])) for r in by_rank]
             i += 1
             try:
@@ -155,7 +169,8 @@ def test_fsdp2_replicas_are_the_engine_on_each_shard(derived):
 def test_the_bytes_a_replica_sends_do_not_grow_with_its_ranks():
     """A replica of 2 FSDP2 ranks sends over the slow links what a replica of one sends for the whole model,
     within the bytes each shard's own blocks round to: dense exactly by the ring's count, int8 by blocks."""
-    by_rank = run_ranks(_sharded_codes, 4, (False, [(1, 0, 0.0)]), timeout=600)
+    assert SETTINGS[0] == (1, 0, 0.0)  # one fragment, no delay: the given group's first runs
+    by_rank = _runs(False)
     for i, code in enumerate(CODES):
         runs = [torch.load(io.BytesIO(r[i])) for r in by_rank]
         code = _C.diloco_code_chosen(code, runs[0]["whole"], 2)

@@ -91,7 +91,8 @@ sync::outer_sgd_options random_outer(std::mt19937& rng, int kind) {
 
 } // namespace
 
-TEST_CASE("outer_sgd's step, step_on_sum and step_and_merge are the outer step's definition, bit for bit") {
+TEST_CASE("outer_sgd's step, step_on_sum and step_and_merge are the outer step's definition, bit for bit" *
+          doctest::test_suite("single_thread")) {
   for (std::size_t d : {0, 1, 7, 63, 64, 65, 129, 201})
     for (int seed = 0; seed < 6; ++seed)
       for (int kind = 0; kind < 3; ++kind) {
@@ -223,7 +224,8 @@ TEST_CASE("the engine's rounds are the outer step's definition on random models;
         }
 }
 
-TEST_CASE("the outer step and merge in groups give step_on_sum's bits with math::merge and math::carry") {
+TEST_CASE("the outer step and merge in groups give step_on_sum's bits with math::merge and math::carry" *
+          doctest::test_suite("single_thread")) {
   const float alphas[] = {0.0f, 0.5f, 1.0f};
   for (const sync::outer_sgd_options o : {sync::outer_sgd_options{}, sync::outer_sgd_options{1.3f, 0.0f}})
     for (int merge = 0; merge < 4; ++merge) // alpha 0, 0.5, 1, then keep_delay_steps' carry
@@ -272,7 +274,8 @@ TEST_CASE("the outer step and merge in groups give step_on_sum's bits with math:
 // From outer_sgd::streamed_length on, alpha = 0 writes the local model by streaming stores: the same bits
 // as the per-value form, wherever the local model starts against a 16-byte boundary and wherever a run
 // starts, and the values beside the run untouched.
-TEST_CASE("the outer step and merge on a model past streamed_length give step_on_sum's bits") {
+TEST_CASE("the outer step and merge on a model past streamed_length give step_on_sum's bits" *
+          doctest::test_suite("single_thread")) {
   const std::size_t d = sync::outer_sgd::streamed_length + 333;
   for (const sync::outer_sgd_options o : {sync::outer_sgd_options{}, sync::outer_sgd_options{1.0f, 0.0f}})
     for (std::size_t shift : {0, 1, 2, 3}) {
