@@ -2,6 +2,10 @@
 // headers (CUB's among them) for about 15 s of a core before it compiles a line of its own, so one unit
 // instead of four saves CI most of a minute. Each file keeps its helpers in a namespace of its own.
 // Without a device the program prints "skipped: no CUDA device" and returns 77, which ctest reports as skipped.
+// cuda.cuh comes first, before any other header: this unit is also the proof that the one public CUDA header
+// compiles on its own (tests/headers/ says so), and each test file's own include of it proves its guard.
+#include <commsgd/cuda.cuh>
+
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 

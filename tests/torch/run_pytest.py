@@ -26,11 +26,11 @@ import time
 # suite -> (the least number of tests of tests/torch/test_<suite>.py that must pass where the machine lacks
 # nothing, roughly how many seconds it takes beside CI's dev tests on two cores). --jobs starts the long ones
 # first, so that the last to start is a short one.
-SUITES = {"fault_tolerant": (17, 390), "auto": (19, 150), "hooks": (19, 150), "fault_tolerant_links": (1, 65),
-          "fault_tolerant_sharded": (3, 60), "diloco_lm": (15, 60), "sim_codes": (9, 25), "async": (5, 40),
-          "diloco": (61, 40), "diloco_replicas": (7, 30), "fsdp_codes": (6, 35), "hsdp_hooks": (9, 30),
-          "endings": (4, 30), "ddp_links": (4, 25), "compressors": (14, 25), "diloco_conformance": (7, 30),
-          "powersgd": (9, 15), "train": (1, 15), "cuda": (1, 5), "device_round": (23, 10), "run_pytest": (3, 2)}
+SUITES = {"fault_tolerant": (17, 200), "diloco_lm": (15, 165), "auto": (19, 95), "fault_tolerant_sharded": (3, 90),
+          "async": (5, 65), "hooks": (19, 60), "diloco_replicas": (7, 55), "fault_tolerant_links": (1, 55),
+          "hsdp_hooks": (9, 50), "endings": (4, 40), "diloco": (61, 40), "diloco_conformance": (7, 30),
+          "sim_codes": (9, 20), "compressors": (14, 15), "fsdp_codes": (6, 15), "ddp_links": (4, 15),
+          "train": (1, 10), "device_round": (23, 10), "powersgd": (9, 10), "cuda": (1, 5), "run_pytest": (3, 3)}
 
 # Suites of tools that are not the package's (examples/diloco_lm's model of the codes, one process, no ranks):
 # they run on the newest torch only, so that the oldest one's run (scripts/test.sh on Debian's 1.13) spends its

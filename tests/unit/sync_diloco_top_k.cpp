@@ -192,7 +192,9 @@ TEST_CASE("2-bit values: the sign and half or one and a half times the mean magn
   CHECK(compress::two_bit_code::decode(compress::two_bit_code::encode(-big, big), big) == -big);
 }
 
-TEST_CASE("top_k_ef conserves every value with its residual, with float and 2-bit values, exact and radix") {
+// One rank and a few hundred values (no selector thread starts): ThreadSanitizer's run leaves it out.
+TEST_CASE("top_k_ef conserves every value with its residual, with float and 2-bit values, exact and radix" *
+          doctest::test_suite("single_thread")) {
   for (std::size_t d : {0u, 1u, 2u, 7u, 33u, 257u})
     for (double density : {0.01, 0.1, 0.37, 0.5, 1.0})
       for (const bool two_bit : {false, true})
@@ -212,7 +214,8 @@ TEST_CASE("top_k_ef conserves every value with its residual, with float and 2-bi
 }
 
 TEST_CASE(
-    "chunked top-k with a decayed residual: each chunk's own k largest, and nothing lost but the decay") {
+    "chunked top-k with a decayed residual: each chunk's own k largest, and nothing lost but the decay" *
+    doctest::test_suite("single_thread")) {
   // Chunks of 1 (every value sent), chunks that do and do not divide d, one chunk larger than d; decay 1,
   // SparseLoCo's 0.95, an awkward 0.3 and 0 (no error feedback at all). (d, chunk) pairs rather than every
   // combination: each chunk is a selector call, and a thousand chunks of one value prove nothing five don't.
