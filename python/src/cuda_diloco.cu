@@ -7,6 +7,8 @@
 // ordered on the stream it is given, and only verdict() waits for the device.
 #include <commsgd/cuda.cuh>
 #include <commsgd/error.hpp>
+
+#include "cuda_handles.hpp"
 #include <commsgd/sync/diloco_codes.hpp>
 
 #include <pybind11/pybind11.h>
@@ -33,13 +35,8 @@ using owned = std::unique_ptr<cu::diloco_fragment<Code>>;
 using any_fragment = std::variant<owned<cu::dense_code>, owned<compress::int8_code>,
                                   owned<compress::e3m0_code>, owned<cu::top_k_code>>;
 
-cudaStream_t stream_of(std::uintptr_t s) {
-  return reinterpret_cast<cudaStream_t>(s);
-}
-template <class T>
-T* pointer_of(std::uintptr_t p) {
-  return reinterpret_cast<T*>(p);
-}
+using commsgd_torch_cuda::pointer_of;
+using commsgd_torch_cuda::stream_of;
 
 // Why a code, on a fragment of `length` values, has no device round (empty: it has one). The 16-bit codes
 // sum in a ring that rounds at every hop and the flat-in-n top-k codes route their values through owners:

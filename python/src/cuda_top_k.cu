@@ -6,10 +6,14 @@
 // and the device code never meets torch's CUDA version. The caller owns the device and the stream: the step
 // runs on the current device, on the stream it is given, and never synchronises the host.
 //
+// The module is compiled as one unit, cuda_module.cu, which includes this file and cuda_diloco.cu.
+//
 // Errors are the package's own classes (commsgd_torch.NonFinite and the like), looked up in commsgd_torch._C
 // when one is raised, so this module has no order of import to keep.
 #include <commsgd/cuda.cuh>
 #include <commsgd/error.hpp>
+
+#include "cuda_handles.hpp"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -30,14 +34,8 @@ template <class G>
 using batched = std::unique_ptr<commsgd::cuda::batched_top_k<G>>;
 using any_batched = std::variant<batched<float>, batched<__half>, batched<__nv_bfloat16>>;
 
-cudaStream_t stream_of(std::uintptr_t s) {
-  return reinterpret_cast<cudaStream_t>(s);
-}
-
-template <class T>
-T* pointer_of(std::uintptr_t p) {
-  return reinterpret_cast<T*>(p);
-}
+using commsgd_torch_cuda::pointer_of;
+using commsgd_torch_cuda::stream_of;
 
 class top_k {
   // Calls f on the step of this dtype (the pointer is const, the step is not: the Python object owns it).

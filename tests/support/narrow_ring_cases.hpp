@@ -15,7 +15,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace narrow_ring_cases {
@@ -96,6 +100,28 @@ std::vector<float> floats_of(const std::vector<std::uint16_t>& h) {
   return x;
 }
 
+// Every rank's input of one case and their reference sum. Ranks that share a process (comm::local's threads)
+// share them, and so do the two piece settings, which run the same cases: made once a process, not once a rank
+// and run (most of the test's time went to n^2 inputs and n references a case).
+struct expected_case {
+  std::vector<std::vector<float>> inputs;
+  std::vector<float> sum;
+};
+
+template <class Format>
+const expected_case& expected(int n, std::size_t d, std::uint64_t which, bool big, bool saturate) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, std::size_t, std::uint64_t, bool, bool>, expected_case> made;
+  const std::lock_guard lock(mutex);
+  const auto key = std::make_tuple(n, d, which, big, saturate);
+  if (const auto it = made.find(key); it != made.end()) return it->second;
+  expected_case e;
+  for (int r = 0; r < n; ++r)
+    e.inputs.push_back(input<Format>(r, d, which, big));
+  e.sum = reference<Format>(e.inputs, saturate);
+  return made.emplace(key, std::move(e)).first->second; // a map's elements stay where they are
+}
+
 // The reduce-scatter's pieces of the cases: the ring's own (chunks of 8 MiB or more go in pieces, none here),
 // and small ones, every chunk of 100 values or more cut into uneven pieces of at most 64.
 enum class pieces { ring_default, small };
@@ -125,13 +151,10 @@ void check_all(C& c, pieces cut = pieces::ring_default) {
         CAPTURE(d);
         CAPTURE(big);
         CAPTURE(saturate);
-        std::vector<std::vector<float>> all;
-        for (int r = 0; r < n; ++r)
-          all.push_back(input<Format>(r, d, which, big));
+        const auto& [all, want] = expected<Format>(n, d, which, big, saturate);
         auto mine = all[static_cast<std::size_t>(c.rank())];
         const auto own = wire_of<Format>(mine);
         commsgd::comm::narrow_ring_sum<Format>(c, std::span<float>(mine), saturate, buf);
-        const auto want = reference<Format>(all, saturate);
         CHECK(same_bits(mine, want));
         if (saturate) CHECK(std::all_of(mine.begin(), mine.end(), [](float v) { return std::isfinite(v); }));
         // The same ring from the 16-bit values themselves: the same bits.

@@ -4,7 +4,7 @@
     run_pytest.py --all [pytest-args...]   every suite in one pytest run
     run_pytest.py --all --jobs N [...]     every suite, N suites at a time, each in its own pytest run
                                            (scripts/test_torch_pypi.sh: the ranks of one test wait on each
-                                           other's sockets often enough that two suites share two cores well)
+                                           other's sockets often enough that suites share the cores well)
     run_pytest.py --list                   the suite names, ';'-separated, for CMake
     run_pytest.py --machine-skips          the skip reasons this machine implies, ';'-separated, for scripts
                                            that opt in to them (scripts/test.sh, scripts/test_torch_pypi.sh)
