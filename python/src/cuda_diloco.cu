@@ -7,9 +7,9 @@
 // ordered on the stream it is given, and only verdict() waits for the device.
 #include <commsgd/cuda.cuh>
 #include <commsgd/error.hpp>
+#include <commsgd/sync/diloco_codes.hpp>
 
 #include "cuda_handles.hpp"
-#include <commsgd/sync/diloco_codes.hpp>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -105,6 +105,8 @@ std::vector<std::vector<float>> trace(const std::vector<std::size_t>& sizes, int
   return out;
 }
 
+using top_k = compress::top_k_ef<select::chunked>;
+
 template <class X, class MakeX>
 void engine_alike(const char* what, MakeX make_x) {
   // Runs that cross the parts' edges (8,192 values; top-k 4,096), an empty layer, one fragment of nothing.
@@ -155,7 +157,6 @@ TEST_CASE("the engine's outer step from a sum in parts is the outer step from th
   engine_alike<compress::int8>(
       "int8", [](std::size_t m) { return compress::int8(m, {.block_size = 256, .error_feedback = false}); });
   engine_alike<compress::fp16>("fp16", [](std::size_t m) { return compress::fp16(m); });
-  using top_k = compress::top_k_ef<select::chunked>;
   engine_alike<top_k>("top-k 2-bit senders", [](std::size_t m) {
     return top_k(m, {.density = 0.03, .two_bit = true, .chunk = 4096, .decay = 0.95f, .sender_mean = true});
   });
@@ -167,6 +168,5 @@ TEST_CASE("the outer step from a sum in parts is that of the whole sum for the o
     return compress::e3m0(m, {.block_size = 257, .error_feedback = true});
   });
   engine_alike<compress::bf16>("bf16", [](std::size_t m) { return compress::bf16(m); });
-  using top_k = compress::top_k_ef<select::chunked>;
   engine_alike<top_k>("top-k", [](std::size_t m) { return top_k(m, {.density = 0.01, .chunk = 4096}); });
 }
