@@ -11,11 +11,14 @@ rate "none" starts the ranks on plain loopback with the rendezvous in the enviro
 sets it; torchrun's parser would take a script's options for abbreviations of its own); any other rate runs
 `netcluster exec -n RANKS --rate RATE run -- CMD`, which removes its cluster however the run ends.
 """
+import contextlib
 import csv
 import math
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 NETCLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netcluster")
@@ -52,24 +55,61 @@ def loadavg():
 def ranks(cmd, ranks, rate, port, label="", stdout=None, env=None, cluster=()):
     """Runs `cmd` once per rank at `rate`, one thread each; returns (exit code, the first non-zero one or 0;
     wall seconds; load average before; after; the command line as run). `cluster`: more options of
-    `netcluster up` (groups, say)."""
+    `netcluster up` (groups, say). However the driver leaves (an exception, Ctrl-C, SIGTERM from a timeout),
+    no rank it started outlives this call."""
     env = dict(os.environ if env is None else env, OMP_NUM_THREADS="1")
     before, t0 = loadavg(), time.monotonic()
-    if rate == "none":
-        print(f"== none {label}: {ranks} x {' '.join(cmd)}", flush=True)
-        procs = [subprocess.Popen(cmd, stdout=stdout, env=dict(
-            env, RANK=str(r), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-            GLOO_SOCKET_IFNAME="lo")) for r in range(ranks)]
-        codes = [p.wait() for p in procs]
-        code = next((c for c in codes if c != 0), 0)
-    else:
-        cmd = [NETCLUSTER, "exec", "-n", str(ranks), "--rate", rate] + list(cluster) + ["run", "--"] + cmd
-        print(f"== {rate} {label}: {' '.join(cmd)}", flush=True)
-        code = subprocess.call(cmd, env=env, stdout=stdout)
+    procs = []
+    with _sigterm_as_exit():
+        try:
+            if rate == "none":
+                print(f"== none {label}: {ranks} x {' '.join(cmd)}", flush=True)
+                for r in range(ranks):
+                    procs.append(subprocess.Popen(cmd, stdout=stdout, env=dict(
+                        env, RANK=str(r), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                        GLOO_SOCKET_IFNAME="lo")))
+                codes = [p.wait() for p in procs]
+                code = next((c for c in codes if c != 0), 0)
+            else:
+                cmd = [NETCLUSTER, "exec", "-n", str(ranks), "--rate", rate] + list(cluster) + ["run", "--"] + cmd
+                print(f"== {rate} {label}: {' '.join(cmd)}", flush=True)
+                procs.append(subprocess.Popen(cmd, env=env, stdout=stdout))
+                code = procs[0].wait()
+        finally:
+            _end(procs)
     wall = round(time.monotonic() - t0, 1)
     if code != 0:
         print(f"{os.path.basename(sys.argv[0])}: {rate} {label} exited {code}", file=sys.stderr)
     return code, wall, before, loadavg(), " ".join(cmd)
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit():
+    """SIGTERM raised as SystemExit while ranks run, so that the `finally` that ends them runs: Python's default
+    for SIGTERM is to die at once, leaving every rank behind (only the main thread may set a handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _end(procs, grace_s=10.0):
+    """Ends the processes of `procs` still running: SIGTERM (netcluster exec then removes its cluster), SIGKILL
+    for one still there after `grace_s`."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in live:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 class RunLog:
