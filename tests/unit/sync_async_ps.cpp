@@ -188,9 +188,11 @@ TEST_CASE("the staleness bound holds back a worker too far ahead") {
       ++count[u.worker];
     }
   }
-  // Without a bound the fast workers do run ahead of the slow one (the bound above is not vacuous).
+  // Without a bound the fast workers do run ahead of the slow one (the bound above is not vacuous). The slow
+  // worker takes 20 ms a step here, so that a loaded machine (ThreadSanitizer beside other jobs on two cores)
+  // cannot starve the fast one into its pace: at 4 ms a step it once did.
   const int n = 3, steps = 10;
-  auto delay = [](int rank, std::mt19937&) { return rank == 1 ? 4 : 0; };
+  auto delay = [](int rank, std::mt19937&) { return rank == 1 ? 20 : 0; };
   const auto o = run_ps(
       n, {.lr = 1.0f}, steps, [](int) { return steps; }, delay);
   std::vector<sync::applied_update> by_arrival = o.log;
