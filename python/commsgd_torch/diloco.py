@@ -48,6 +48,11 @@ def _code_name(compression: Any) -> str:
     raise _bad("compression", compression, _C.diloco_codes_allowed())
 
 
+def _chooses_by_ranks(code: str) -> bool:
+    """Whether an engine's code name is a -fit<x> code, whose exchange is chosen by the number of ranks."""
+    return code.rsplit("-", 1)[-1].startswith("fit")
+
+
 def _group_ranks(group: Optional[dist.ProcessGroup]) -> List[int]:
     """The global ranks of a group's members, in group rank order."""
     if group is None or group is dist.group.WORLD:
@@ -265,7 +270,7 @@ class DiLoCo:
             return
         total = sum(p.numel() for p in self._order)
         layer_sizes = [sum(p.numel() for p in layer) for layer in layers]
-        if "-fit" in code:  # chosen for the model over the ranks (no group is asked for otherwise)
+        if _chooses_by_ranks(code):  # chosen for the model over the ranks (no group is asked for otherwise)
             self.compression = _C.diloco_code_chosen(code, total, dist.get_world_size(process_group))
         self._device = self._device_of(layer_sizes, num_fragments, layout, device_round)
         if self._device is not None:
@@ -338,7 +343,7 @@ class DiLoCo:
                                        gloo_subgroup(replica_group, _replica.group_ranks(replica_group)), _bad)
         self._plan = plan
         self.process_group = plan.counterparts
-        if "-fit" in self.compression and plan.counterparts is not None:  # the whole model's choice, everywhere
+        if _chooses_by_ranks(self.compression) and plan.counterparts is not None:  # the whole model's choice, everywhere
             self.compression = _C.diloco_code_chosen(self.compression, sum(p.numel() for p in self._order),
                                                      dist.get_world_size(plan.counterparts))
         self._in_place = False

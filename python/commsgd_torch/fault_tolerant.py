@@ -19,7 +19,7 @@ import torch
 
 from . import _torchft
 from ._C import CommError, NonFinite
-from .diloco import DiLoCo, _bad, _code_name
+from .diloco import DiLoCo, _bad, _chooses_by_ranks, _code_name
 
 __all__ = ["FaultTolerantDiLoCo", "ReplicaGroup"]
 
@@ -144,7 +144,7 @@ class FaultTolerantDiLoCo(DiLoCo):
                  compression: str = "dense", fragments: Any = 1, delay: int = 0, alpha: float = 0.0,
                  keep_delay_steps: bool = False, deadline_multiple: float = 4.0, deadline_floor: float = 1.0,
                  deadline_ceiling: Optional[float] = None) -> None:
-        if "-fit" in _code_name(compression):
+        if _chooses_by_ranks(_code_name(compression)):
             raise _bad("compression", compression, "a code that does not choose by the number of replicas (no "
                        "-fit): here replicas leave and join")
         view = _torchft.ManagerView(manager)
