@@ -343,7 +343,8 @@ class DiLoCo:
                                        gloo_subgroup(replica_group, _replica.group_ranks(replica_group)), _bad)
         self._plan = plan
         self.process_group = plan.counterparts
-        if _chooses_by_ranks(self.compression) and plan.counterparts is not None:  # the whole model's choice, everywhere
+        # A -fit code is chosen for the whole model, alike everywhere.
+        if _chooses_by_ranks(self.compression) and plan.counterparts is not None:
             self.compression = _C.diloco_code_chosen(self.compression, sum(p.numel() for p in self._order),
                                                      dist.get_world_size(plan.counterparts))
         self._in_place = False
