@@ -325,8 +325,8 @@ def main(argv):
     r.add_argument("--ranks", type=int, default=4)
     r.add_argument("--python", default=sys.executable)
     r.add_argument("--quiet", action="store_true", help="no training output on the terminal")
-    r.add_argument("--port", type=int, default=29533,
-                   help="the ranks' rendezvous port on loopback (another for each run side by side)")
+    r.add_argument("--port", type=int, default=None,
+                   help="the ranks' rendezvous port on loopback (default: a free one for each arm)")
     r.add_argument("--group-rate", default=None,
                    help="with --group-size: the rate among the ranks of a group (netcluster --groups), the rate "
                         "of --rates everywhere else")

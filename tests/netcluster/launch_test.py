@@ -1,12 +1,14 @@
 """tools/netcluster/launch.py's ranks on plain loopback (rate "none"; no root, no namespaces): the first non-zero
-exit is the run's, and a driver stopped by SIGTERM (a timeout, a kill) ends every rank it started before it
-leaves, where Python's default for SIGTERM left them all running."""
+exit is the run's, a driver stopped by SIGTERM (a timeout, a kill) ends every rank it started before it
+leaves, where Python's default for SIGTERM left them all running, and drivers side by side rendezvous on ports
+of their own (a fixed default port made the second one's rank 0 fail to bind)."""
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 
 TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "netcluster")
@@ -29,6 +31,60 @@ def exit_codes():
     assert code == 3, f"the first non-zero exit in rank order is 3, ranks() said {code}"
     assert wall >= 0
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "ranks() must put SIGTERM's handler back"
+
+
+# Rank 0 listens on MASTER_PORT until every other rank has connected and sent its rank; the others retry for a
+# while, as a rendezvous does. Two runs on one port: one rank 0 cannot bind (exit 4) or the ranks meet the
+# wrong run (exit 6).
+RENDEZVOUS = textwrap.dedent("""
+    import os, socket, sys, time
+    rank, n, port = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["MASTER_PORT"])
+    run = sys.argv[1]
+    if rank == 0:
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            sys.exit(4)
+        s.listen(n)
+        seen = set()
+        while len(seen) < n - 1:
+            c, _ = s.accept()
+            got = c.recv(64).decode().split()
+            if got[0] != run:
+                sys.exit(6)
+            seen.add(int(got[1]))
+            time.sleep(0.5)  # hold the port while the other run starts
+        sys.exit(0)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port)) as c:
+                c.sendall(f"{run} {rank}".encode())
+            sys.exit(0)
+        except OSError:
+            if time.monotonic() > deadline:
+                sys.exit(5)
+            time.sleep(0.05)
+""")
+
+
+def side_by_side(folder, port=None):
+    script = os.path.join(folder, "rendezvous.py")
+    with open(script, "w") as f:
+        f.write(RENDEZVOUS)
+    codes = {}
+
+    def run(name):
+        codes[name] = launch.ranks([sys.executable, script, name], ranks=3, rate="none", port=port, label=name)[0]
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert not any(t.is_alive() for t in threads), "a driver did not return within 90 s"
+    assert codes == {"a": 0, "b": 0}, f"two drivers at once, each on a free port, exit 0 and 0, not {codes}"
 
 
 def sigterm_ends_ranks(folder):
@@ -71,5 +127,6 @@ def sigterm_ends_ranks(folder):
 if __name__ == "__main__":
     exit_codes()
     with tempfile.TemporaryDirectory() as folder:
+        side_by_side(folder)
         sigterm_ends_ranks(folder)
     print("launch_test: ok")

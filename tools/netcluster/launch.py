@@ -2,7 +2,7 @@
 `links.py` builds its own command lines and tables; how a run reaches the links lives here once).
 
     import launch
-    code, wall_s, load_before, load_after, command = launch.ranks(cmd, ranks=4, rate="100mbit", port=29541)
+    code, wall_s, load_before, load_after, command = launch.ranks(cmd, ranks=4, rate="100mbit")
     launch.netcluster("port", "--name", name, 2, "down")   # any other netcluster command, checked
     with launch.RunLog(out_dir, ["rate", "arm", "exit", ...]) as runs:   # DIR/runs.csv, a row a run
         runs.row([rate, arm, code, ...])
@@ -16,6 +16,7 @@ import csv
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -52,17 +53,19 @@ def loadavg():
         return f.read().split()[0]
 
 
-def ranks(cmd, ranks, rate, port, label="", stdout=None, env=None, cluster=()):
+def ranks(cmd, ranks, rate, port=None, label="", stdout=None, env=None, cluster=()):
     """Runs `cmd` once per rank at `rate`, one thread each; returns (exit code, the first non-zero one or 0;
-    wall seconds; load average before; after; the command line as run). `cluster`: more options of
-    `netcluster up` (groups, say). However the driver leaves (an exception, Ctrl-C, SIGTERM from a timeout),
-    no rank it started outlives this call."""
+    wall seconds; load average before; after; the command line as run). `port`: the rendezvous port on
+    loopback, None for one free now (so that drivers side by side do not meet on a fixed one; a cluster's
+    namespaces have their own). `cluster`: more options of `netcluster up` (groups, say). However the driver
+    leaves (an exception, Ctrl-C, SIGTERM from a timeout), no rank it started outlives this call."""
     env = dict(os.environ if env is None else env, OMP_NUM_THREADS="1")
     before, t0 = loadavg(), time.monotonic()
     procs = []
     with _sigterm_as_exit():
         try:
             if rate == "none":
+                port = free_port() if port is None else port
                 print(f"== none {label}: {ranks} x {' '.join(cmd)}", flush=True)
                 for r in range(ranks):
                     procs.append(subprocess.Popen(cmd, stdout=stdout, env=dict(
@@ -81,6 +84,14 @@ def ranks(cmd, ranks, rate, port, label="", stdout=None, env=None, cluster=()):
     if code != 0:
         print(f"{os.path.basename(sys.argv[0])}: {rate} {label} exited {code}", file=sys.stderr)
     return code, wall, before, loadavg(), " ".join(cmd)
+
+
+def free_port():
+    """A TCP port on loopback that no socket holds now. Another process may take it before the ranks bind it,
+    but two drivers each asking here do not get the same one while the first one's ranks hold it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
