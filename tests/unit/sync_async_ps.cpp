@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -189,10 +190,22 @@ TEST_CASE("the staleness bound holds back a worker too far ahead") {
     }
   }
   // Without a bound the fast workers do run ahead of the slow one (the bound above is not vacuous). The slow
-  // worker takes 20 ms a step here, so that a loaded machine (ThreadSanitizer beside other jobs on two cores)
-  // cannot starve the fast one into its pace: at 4 ms a step it once did.
+  // worker stops before its third step until the fast one has begun its last (5 s at most), then takes 20 ms:
+  // a pace alone (4 ms, then 20 ms a step) let a loaded machine (ThreadSanitizer beside other jobs on two
+  // cores) starve the fast worker into the slow one's pace. With a bound the fast one could not get there.
   const int n = 3, steps = 10;
-  auto delay = [](int rank, std::mt19937&) { return rank == 1 ? 20 : 0; };
+  std::atomic<int> fast_started{0};
+  int slow_started = 0; // rank 1's thread alone
+  auto delay = [&](int rank, std::mt19937&) {
+    if (rank == 2) ++fast_started;
+    if (rank != 1) return 0;
+    if (++slow_started == 3) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (fast_started.load() < steps && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return 20;
+  };
   const auto o = run_ps(
       n, {.lr = 1.0f}, steps, [](int) { return steps; }, delay);
   std::vector<sync::applied_update> by_arrival = o.log;
