@@ -267,7 +267,9 @@ def _auto(rank, world, network, steps):
             "params": [p.numpy().copy() for p in _local(model)], "losses": losses}
 
 
-@pytest.mark.parametrize("network, compressed", [((1e-3, 1e5), True), ((1e-6, 1e12), False)])
+# 10 kB/s: the codes' saving must stand well clear of the 5 % margin and of a loaded machine's step times (at
+# 100 kB/s it was 7 ms of 304 once, and dense won).
+@pytest.mark.parametrize("network, compressed", [((1e-3, 1e4), True), ((1e-6, 1e12), False)])
 def test_auto_chooses_among_dense_fp16_and_powersgd_under_hsdp(network, compressed):
     got = run_ranks(_auto, WORLD, (network, 10))
     choices = {r["choice"] for r in got}
