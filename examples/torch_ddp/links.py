@@ -132,8 +132,8 @@ def run(args):
                            "--data", args.data, "--log", log]
                     if stop is not None:  # 0 stops at the first evaluation
                         cmd += ["--stop-at", f"{stop:.6f}"]
-                    code, wall, before, after, command = launch.ranks(cmd, args.ranks, rate, None,
-                                                                      f"{model} {scheme}")
+                    code, wall, before, after, command = launch.ranks(cmd, args.ranks, rate,
+                                                                      label=f"{model} {scheme}")
                     runs.row([rate, model, scheme, args.ranks, args.repeat or "", code, wall, before, after, command])
 
 

@@ -128,16 +128,17 @@ fi
 if [[ -n $mpi_fault_program ]]; then
   # The ranks must reach step 3 before the cable is pulled. On a loaded machine a rank has once been slower
   # to start than the 2 s timeout (both failed their first all-reduce, no cable touched): start again, once.
+  started() { grep -qs '^step 3$' "$logs/rank0.log" && grep -qs '^step 3$' "$logs/rank1.log"; }
   for attempt in 1 2; do
     logs=$(mktemp -d)
     timeout 120 "$tool" mpirun --name "$name" -- -np 2 "$mpi_fault_program" "$logs/rank%r.log" 2 >"$logs/mpirun.out" 2>&1 &
     mpirun_pid=$!
     for ((i = 0; i < 300; i++)); do
-      grep -qs '^step 3$' "$logs/rank0.log" && grep -qs '^step 3$' "$logs/rank1.log" && break
+      started && break
       grep -qs '^failed' "$logs/rank0.log" "$logs/rank1.log" && break
       sleep 0.1
     done
-    grep -qs '^step 3$' "$logs/rank1.log" && grep -qs '^step 3$' "$logs/rank0.log" && break
+    started && break
     ((attempt == 2)) && fail "the fault program did not start: $(cat "$logs"/*)"
     echo "the fault program did not start (a rank's first all-reduce timed out); once more: $(grep -h '^failed' "$logs"/rank*.log | cut -c1-80)"
     wait "$mpirun_pid"
